@@ -1,0 +1,109 @@
+// attncore: the attention operations every built-in attnhost plugin is made of.
+//
+// One plain parameter struct per operation (FlashAttention's Flash_fwd_params, made smaller); the
+// same struct drives the CUDA kernels (attncore/cuda.h) and the CPU reference (attncore/cpu.h), so a
+// plugin's CPU path and CUDA path are one schedule with two back ends.
+//
+// Conventions
+//  - Tensors are [batch, token, head, dim] with `dim` contiguous (stride 1) and the other three
+//    strides given in elements. Packed variable-length tensors use batch = 1 and segments.
+//  - Positions: row i of a call has global position q_pos0 + i, column j has kv_pos0 + j (within a
+//    segment: seg.q_pos0 + (i - seg.q_begin)). Masks are evaluated on global positions, so a ring
+//    step that attends a remote K/V block gets the right causal/window mask from offsets alone.
+//  - Mask: key j is visible to query i iff (!causal || j <= i) and (window_left < 0 || j >= i - window_left)
+//    and (window_right < 0 || j <= i + window_right).
+//  - LSE is the natural log of sum(exp(scale * q.k)) over visible keys, fp32; -inf for a row that
+//    sees no key, whose output is 0 (never NaN) and whose gradients are 0.
+//  - GQA: query head h reads key/value head h / (heads_q / heads_kv).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace attncore {
+
+// Values equal attnhost_dtype's, so a plugin can cast.
+enum class DType : int32_t { bf16 = 1, fp16 = 2, fp32 = 3, fp64 = 4 };
+
+inline int dtype_bytes(DType t) { return t == DType::fp64 ? 8 : t == DType::fp32 ? 4 : 2; }
+
+// A [batch, token, head, dim] view with dim contiguous.
+struct TensorRef {
+  void* data = nullptr;
+  int64_t batch_stride = 0;
+  int64_t token_stride = 0;
+  int64_t head_stride = 0;
+};
+
+// A [batch, head, token] fp32 view with token contiguous (LSE, delta).
+struct RowStatsRef {
+  float* data = nullptr;
+  int64_t batch_stride = 0;
+  int64_t head_stride = 0;
+};
+
+struct Mask {
+  bool causal = false;
+  int64_t window_left = -1;  // -1: unbounded
+  int64_t window_right = -1; // -1: unbounded
+  int64_t q_pos0 = 0;        // global position of row 0 (when there are no segments)
+  int64_t kv_pos0 = 0;       // global position of column 0 (when there are no segments)
+};
+
+// Variable length: rows [q_begin, q_end) attend only columns [kv_begin, kv_end) of the same segment.
+// A row belongs to at most one segment of a call; rows in no segment are left untouched.
+struct Segment {
+  int32_t q_begin, q_end;
+  int32_t kv_begin, kv_end;
+  int64_t q_pos0;  // global position of row q_begin
+  int64_t kv_pos0; // global position of column kv_begin
+};
+
+// Block-sparse visiting order: for each (head, query block) the key blocks to visit, CSR.
+// Blocks not listed cost nothing. masked[k] = 1 when block k needs element masking (a causal or
+// window edge); 0 when every pair in it is visible. Block sizes are 64 or 128.
+struct BlockList {
+  int32_t block_q = 128;
+  int32_t block_kv = 128;
+  int32_t num_q_blocks = 0;
+  int32_t heads = 1;                 // 1: shared by every query head; else heads_q
+  const int32_t* row_ptr = nullptr;  // [heads * num_q_blocks + 1]
+  const int32_t* kv_block = nullptr; // [row_ptr[last]]
+  const uint8_t* masked = nullptr;   // [row_ptr[last]]
+};
+
+struct ForwardParams {
+  DType dtype = DType::bf16;          // Q, K, V (and O unless o_fp32)
+  int32_t batch = 1, heads_q = 1, heads_kv = 1, head_dim = 128;
+  int64_t seqlen_q = 0, seqlen_kv = 0; // rows and columns of this call
+  float softmax_scale = 0.f;
+  TensorRef q, k, v;
+  TensorRef o;        // output: dtype, or fp32 when o_fp32 (a partial to be merged)
+  bool o_fp32 = false;
+  RowStatsRef lse;    // output
+  Mask mask;
+  const Segment* segments = nullptr; // device memory for CUDA calls, host memory for CPU calls
+  int32_t num_segments = 0;
+  const BlockList* blocks = nullptr; // pointers inside live where segments live
+};
+
+struct BackwardParams {
+  DType dtype = DType::bf16;
+  int32_t batch = 1, heads_q = 1, heads_kv = 1, head_dim = 128;
+  int64_t seqlen_q = 0, seqlen_kv = 0;
+  float softmax_scale = 0.f;
+  TensorRef q, k, v, d_o;  // dtype
+  RowStatsRef lse;         // of the final output (exact for ring and dilated)
+  RowStatsRef delta;       // rowsum(dO * O_final), from compute_delta
+  TensorRef dq, dk, dv;    // fp32 accumulators: the call adds its contribution
+  Mask mask;
+  const Segment* segments = nullptr;
+  int32_t num_segments = 0;
+  const BlockList* blocks = nullptr;
+  bool deterministic = false; // bitwise reproducible dq/dk/dv
+};
+
+// Empty when the core supports the configuration, else one line naming what is supported.
+std::string check_supported(DType dtype, int32_t head_dim);
+
+} // namespace attncore
