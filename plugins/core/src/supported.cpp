@@ -1,4 +1,17 @@
 #include "attncore/attention.h"
+
 namespace attncore {
-std::string check_supported(DType, int32_t) { return "attncore: not built yet"; }
+
+// The native kernels' instantiations (src/cuda/*_hdim*.cu): keep this list and them in step.
+std::string check_supported(DType dtype, int32_t head_dim) {
+  if (dtype != DType::bf16 && dtype != DType::fp16)
+    return "attncore: the CUDA kernels take bf16 or fp16 (the CPU reference also takes fp32)";
+  switch (head_dim) {
+  case 64: case 80: case 96: case 128: case 256: return {};
+  default:
+    return "attncore: head_dim " + std::to_string(head_dim) +
+           " is not supported by the CUDA kernels; supported: 64, 80, 96, 128, 256";
+  }
 }
+
+} // namespace attncore

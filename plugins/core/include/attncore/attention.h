@@ -18,6 +18,7 @@
 #pragma once
 
 #include <cstdint>
+#include <stdexcept>
 #include <string>
 
 namespace attncore {
@@ -70,6 +71,12 @@ struct BlockList {
   const int32_t* row_ptr = nullptr;  // [heads * num_q_blocks + 1]
   const int32_t* kv_block = nullptr; // [row_ptr[last]]
   const uint8_t* masked = nullptr;   // [row_ptr[last]]
+  // Appended: the same list by key block (CSC), which the CUDA backward walks (one CTA per key
+  // block). make_block_list (attncore/block_list.h) fills both from one description.
+  int32_t num_kv_blocks = 0;
+  const int32_t* col_ptr = nullptr;  // [heads * num_kv_blocks + 1]
+  const int32_t* q_block = nullptr;  // [col_ptr[last]]
+  const uint8_t* q_masked = nullptr; // [col_ptr[last]]
 };
 
 struct ForwardParams {
@@ -105,5 +112,57 @@ struct BackwardParams {
 
 // Empty when the core supports the configuration, else one line naming what is supported.
 std::string check_supported(DType dtype, int32_t head_dim);
+
+// ---- Appended below: the operations around the attention kernels, and their conventions ----
+//
+// Where things live. For a CUDA call every data pointer (tensors, row stats, segments, the arrays
+// inside a BlockList) is device memory, while the BlockList struct itself is read on the host; for
+// a CPU call everything is host memory. Block lists: each row of the CSR (and column of the CSC)
+// is sorted ascending without duplicates; a listed block is visited once. Block lists cannot be
+// combined with segments. When a block list is given, key j is visible to row i iff j's block is
+// listed for i's block, j < seqlen_kv, and (the entry is not masked or the Mask admits (i, j)).
+//
+// Errors: every operation (CPU and CUDA) throws attncore::Error, a std::runtime_error with a
+// one-line message, for an unsupported or malformed call; the CUDA ones also for a failed launch.
+
+struct Error : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// delta[b, h, i] = sum_d dO[b, i, h, d] * O[b, i, h, d] in fp32: the row term of the softmax
+// gradient, computed from the final output.
+struct DeltaParams {
+  DType dtype = DType::bf16; // dO, and O unless o_fp32
+  int32_t batch = 1, heads = 1, head_dim = 128;
+  int64_t seqlen = 0;
+  TensorRef o, d_o;
+  bool o_fp32 = false;
+  RowStatsRef delta; // output
+};
+
+// In place, fp32: (o_acc, lse_acc) <- merge((o_acc, lse_acc), (o_part, lse_part)) with
+//   lse = logaddexp(lse_acc, lse_part), o = exp(lse_acc - lse) o_acc + exp(lse_part - lse) o_part.
+// A side whose LSE is -inf weighs 0; two empty sides stay (0, -inf). An accumulator starts as
+// (0, -inf), or is simply the first partial.
+struct MergeParams {
+  int32_t batch = 1, heads = 1, head_dim = 128;
+  int64_t seqlen = 0;
+  TensorRef o_acc;      // fp32, in/out
+  RowStatsRef lse_acc;  // in/out
+  TensorRef o_part;     // fp32
+  RowStatsRef lse_part;
+};
+
+// dst = src rounded to dtype (round to nearest even): a merged fp32 output, or fp32 gradient
+// accumulators, turned into the output dtype once at the end.
+struct ConvertParams {
+  DType dtype = DType::bf16; // of dst; src is fp32
+  int32_t batch = 1, heads = 1, head_dim = 128;
+  int64_t seqlen = 0;
+  TensorRef src, dst;
+};
+
+// The CPU reference takes any head_dim >= 1 and bf16, fp16 or fp32 inputs.
+std::string check_supported_cpu(DType dtype, int32_t head_dim);
 
 } // namespace attncore

@@ -1,0 +1,444 @@
+// attncore CPU reference against naive float64 attention, feature by feature and combined.
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>
+
+#include <string>
+#include <thread>
+
+#include "attncore/cpu.h"
+#include "problem.h"
+
+using namespace coretest;
+
+namespace {
+
+constexpr float kPoison = 777.f; // written into outputs first: rows a call must not touch keep it
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+struct Outputs {
+  Tensor o, o32;          // the dtype output and the fp32 (partial-mode) output
+  Stats lse, lse32, delta;
+  Tensor dq, dk, dv;      // fp32 accumulators, started at zero
+};
+
+template <class Acc> Outputs run(Problem& p, bool grads) {
+  Outputs r;
+  r.o = Tensor(p.dtype, p.B, p.Sq, p.Hq, p.D);
+  r.o32 = Tensor(DType::fp32, p.B, p.Sq, p.Hq, p.D);
+  r.o.fill(kPoison);
+  r.o32.fill(kPoison);
+  r.lse = Stats(p.B, p.Hq, p.Sq, kPoison);
+  r.lse32 = Stats(p.B, p.Hq, p.Sq, kPoison);
+  cpu::forward<Acc>(p.forward_params(r.o, r.lse, false));
+  cpu::forward<Acc>(p.forward_params(r.o32, r.lse32, true));
+  if (!grads) return r;
+  r.delta = Stats(p.B, p.Hq, p.Sq, 0.f);
+  DeltaParams dp;
+  dp.dtype = p.dtype;
+  dp.batch = p.B;
+  dp.heads = p.Hq;
+  dp.head_dim = p.D;
+  dp.seqlen = p.Sq;
+  dp.o = r.o32.ref();
+  dp.o_fp32 = true;
+  dp.d_o = p.d_o.ref();
+  dp.delta = r.delta.ref();
+  cpu::compute_delta<Acc>(dp);
+  r.dq = Tensor(DType::fp32, p.B, p.Sq, p.Hq, p.D);
+  r.dk = Tensor(DType::fp32, p.B, p.Skv, p.Hkv, p.D);
+  r.dv = Tensor(DType::fp32, p.B, p.Skv, p.Hkv, p.D);
+  cpu::backward<Acc>(p.backward_params(r.lse32, r.delta, r.dq, r.dk, r.dv));
+  return r;
+}
+
+double output_tolerance(DType t, bool acc_double) {
+  switch (t) {
+  case DType::bf16: return 6e-3; // one rounding to 8 significant bits
+  case DType::fp16: return 1.5e-3;
+  default: return acc_double ? 1e-6 : 3e-5;
+  }
+}
+
+// Everything the CPU computes for `p`, against the naive float64 attention.
+template <class Acc> void check_against_naive(Problem& p, bool grads) {
+  constexpr bool kDouble = std::is_same_v<Acc, double>;
+  INFO("Acc=", std::string(kDouble ? "double" : "float"));
+  const Naive n = naive_attention(p, grads);
+  const Outputs r = run<Acc>(p, grads);
+  const double tol32 = kDouble ? 1e-6 : 3e-5, tol_lse = kDouble ? 1e-6 : 1e-5;
+  const double tol_grad = kDouble ? 2e-5 : 2e-4;
+  ErrorStat eo, eo32, edq, edk, edv, edelta;
+  int lse_bad = 0, untouched_bad = 0, empty_rows = 0;
+  for (int64_t b = 0; b < p.B; ++b)
+    for (int32_t h = 0; h < p.Hq; ++h)
+      for (int64_t i = 0; i < p.Sq; ++i) {
+        if (!p.row_covered(i)) { // rows outside every segment stay as they were
+          untouched_bad += r.lse.at(b, h, i) != kPoison || r.lse32.at(b, h, i) != kPoison ||
+                           r.o32.get(b, i, h, 0) != kPoison;
+          continue;
+        }
+        const double L = n.L(b, h, i);
+        if (std::isinf(L)) {
+          ++empty_rows;
+          lse_bad += r.lse.at(b, h, i) != kNegInf || r.lse32.at(b, h, i) != kNegInf;
+        } else {
+          lse_bad += std::abs(r.lse.at(b, h, i) - L) > tol_lse * (1 + std::abs(L));
+          lse_bad += std::abs(r.lse32.at(b, h, i) - L) > tol_lse * (1 + std::abs(L));
+        }
+        for (int32_t d = 0; d < p.D; ++d) {
+          eo.add(r.o.get(b, i, h, d), n.O(b, i, h, d));
+          eo32.add(r.o32.get(b, i, h, d), n.O(b, i, h, d));
+          if (grads) edq.add(r.dq.get(b, i, h, d), n.dQ(b, i, h, d));
+        }
+        if (grads) edelta.add(r.delta.at(b, h, i), n.Dl(b, h, i));
+      }
+  if (grads)
+    for (int64_t b = 0; b < p.B; ++b)
+      for (int64_t j = 0; j < p.Skv; ++j)
+        for (int32_t h = 0; h < p.Hkv; ++h)
+          for (int32_t d = 0; d < p.D; ++d) {
+            edk.add(r.dk.get(b, j, h, d), n.dK(b, j, h, d));
+            edv.add(r.dv.get(b, j, h, d), n.dV(b, j, h, d));
+          }
+  INFO("empty rows: ", empty_rows);
+  CHECK(lse_bad == 0);
+  CHECK(untouched_bad == 0);
+  CHECK(eo.finite);
+  CHECK(eo32.finite);
+  CHECK(eo.rel() < output_tolerance(p.dtype, kDouble));
+  CHECK(eo32.rel() < tol32);
+  if (grads) {
+    CHECK(edq.finite);
+    CHECK(edk.finite);
+    CHECK(edv.finite);
+    CHECK(edelta.rel() < tol32 * 10);
+    CHECK(edq.rel(1e-2) < tol_grad);
+    CHECK(edk.rel(1e-2) < tol_grad);
+    CHECK(edv.rel(1e-2) < tol_grad);
+  }
+}
+
+void check_both(Problem& p, bool grads = true) {
+  check_against_naive<float>(p, grads);
+  check_against_naive<double>(p, grads);
+}
+
+struct Case {
+  const char* name;
+  DType dtype;
+  int32_t B, Hq, Hkv, D;
+  int64_t Sq, Skv;
+  bool causal;
+  int64_t wl, wr, q_pos0, kv_pos0;
+};
+
+Problem make(const Case& c, uint64_t seed, int64_t pad = 0) {
+  Problem p;
+  p.dtype = c.dtype;
+  p.B = c.B;
+  p.Hq = c.Hq;
+  p.Hkv = c.Hkv;
+  p.D = c.D;
+  p.Sq = c.Sq;
+  p.Skv = c.Skv;
+  p.mask.causal = c.causal;
+  p.mask.window_left = c.wl;
+  p.mask.window_right = c.wr;
+  p.mask.q_pos0 = c.q_pos0;
+  p.mask.kv_pos0 = c.kv_pos0;
+  std::mt19937_64 rng(seed);
+  p.randomize(rng, pad);
+  return p;
+}
+
+} // namespace
+
+TEST_CASE("bf16 and fp16 conversions round to nearest even") {
+  CHECK(float_to_bf16(1.0f) == 0x3f80);
+  CHECK(float_to_bf16(1.00390625f) == 0x3f80); // 1 + 2^-8: a tie, to the even 1.0
+  CHECK(float_to_bf16(1.01171875f) == 0x3f82); // 1 + 3 * 2^-8: a tie, to the even 1 + 2^-6
+  CHECK(float_to_bf16(-2.0f) == 0xc000);
+  CHECK(std::isnan(bf16_to_float(float_to_bf16(std::numeric_limits<float>::quiet_NaN()))));
+  CHECK(float_to_fp16(1.0f) == 0x3c00);
+  CHECK(float_to_fp16(65504.f) == 0x7bff);
+  CHECK(float_to_fp16(65519.f) == 0x7bff);
+  CHECK(float_to_fp16(65520.f) == 0x7c00); // a tie between the largest half and 2^16: to inf
+  CHECK(float_to_fp16(std::ldexp(1.f, -24)) == 0x0001);
+  CHECK(float_to_fp16(std::ldexp(1.f, -25)) == 0x0000);
+  CHECK(float_to_fp16(std::ldexp(1.5f, -25)) == 0x0001);
+  CHECK(float_to_fp16(std::ldexp(1.f, -14)) == 0x0400);
+  CHECK(float_to_fp16(1.f + std::ldexp(1.f, -11)) == 0x3c00);
+  CHECK(float_to_fp16(1.f + 3 * std::ldexp(1.f, -11)) == 0x3c02);
+  CHECK(float_to_fp16(-2.f) == 0xc000);
+  CHECK(std::isnan(fp16_to_float(float_to_fp16(std::numeric_limits<float>::quiet_NaN()))));
+  int bad = 0;
+  for (uint32_t h = 0; h < 65536; ++h) {
+    const float f16 = fp16_to_float(uint16_t(h)), b16 = bf16_to_float(uint16_t(h));
+    if (!std::isnan(f16)) bad += float_to_fp16(f16) != h;
+    if (!std::isnan(b16)) bad += float_to_bf16(b16) != h;
+  }
+  CHECK(bad == 0);
+}
+
+TEST_CASE("cpu forward and backward match naive float64 attention") {
+  using D = DType;
+  const Case cases[] = {
+      {"plain", D::bf16, 2, 2, 2, 32, 37, 45, false, -1, -1, 0, 0},
+      {"plain fp16", D::fp16, 1, 3, 3, 64, 20, 81, false, -1, -1, 0, 0},
+      {"plain fp32, odd head dim", D::fp32, 1, 2, 2, 19, 33, 29, false, -1, -1, 0, 0},
+      {"causal square", D::bf16, 1, 2, 1, 40, 70, 70, true, -1, -1, 0, 0},
+      {"causal, queries after keys (a remote block: all visible)", D::bf16, 1, 2, 2, 16, 30, 40, true, -1, -1, 100, 0},
+      {"causal, keys after queries (a skipped block: all empty)", D::fp16, 1, 1, 1, 16, 20, 30, true, -1, -1, 0, 100},
+      {"causal, diagonal inside the block", D::bf16, 2, 1, 1, 16, 50, 90, true, -1, -1, 40, 0},
+      {"causal, first rows see nothing", D::bf16, 1, 2, 2, 32, 40, 40, true, -1, -1, 0, 10},
+      {"window left", D::bf16, 1, 2, 2, 32, 90, 90, false, 10, -1, 0, 0},
+      {"window left and right", D::fp16, 1, 2, 2, 32, 90, 100, false, 7, 5, 0, 0},
+      {"window right only", D::bf16, 1, 1, 1, 32, 70, 70, false, -1, 3, 0, 0},
+      {"causal and window", D::bf16, 1, 2, 2, 32, 150, 150, true, 20, -1, 0, 0},
+      {"window zero (self only)", D::bf16, 1, 1, 1, 16, 40, 40, true, 0, 0, 0, 0},
+      {"window with offsets, some rows empty", D::fp16, 1, 2, 1, 48, 60, 50, false, 5, 5, 0, 30},
+  };
+  uint64_t seed = 1;
+  for (const Case& c : cases) {
+    SUBCASE(c.name) {
+      Problem p = make(c, seed);
+      check_both(p);
+    }
+    ++seed;
+  }
+}
+
+TEST_CASE("cpu: strided tensors (token stride larger than heads x dim)") {
+  Problem p = make({"strided", DType::bf16, 2, 4, 2, 32, 41, 41, true, -1, -1, 0, 0}, 7, /*pad=*/24);
+  check_both(p);
+}
+
+TEST_CASE("cpu: GQA ratios 1 to 8") {
+  for (int ratio = 1; ratio <= 8; ++ratio) {
+    CAPTURE(ratio);
+    Problem p = make({"gqa", DType::bf16, 1, 2 * ratio, 2, 16, 33, 47, ratio % 2 == 0, -1, -1, 14, 0},
+                     100 + uint64_t(ratio));
+    check_both(p);
+  }
+}
+
+TEST_CASE("cpu: segments (packed variable length)") {
+  for (int causal = 0; causal < 2; ++causal) {
+    CAPTURE(causal);
+    Problem p = make({"varlen", DType::bf16, 1, 2, 1, 32, 100, 100, causal == 1, -1, -1, 0, 0}, 200);
+    p.segments = {
+        {0, 30, 0, 30, 0, 0},
+        {30, 30, 30, 30, 0, 0},  // an empty sequence
+        {30, 71, 30, 71, 0, 0},
+        {75, 100, 75, 100, 0, 0}, // rows 71..74 belong to no segment and stay untouched
+    };
+    check_both(p);
+    SUBCASE("queries attend another range of keys at other positions, with a window") {
+      p.mask.window_left = 9;
+      p.segments = {{0, 20, 50, 90, 100, 60}, {20, 60, 0, 50, 0, 0}};
+      check_both(p);
+    }
+  }
+}
+
+TEST_CASE("cpu: block lists (64 and 128, shared and per head, with masked edges)") {
+  for (int bq : {64, 128})
+    for (int bk : {64, 128})
+      for (int per_head = 0; per_head < 2; ++per_head) {
+        CAPTURE(bq);
+        CAPTURE(bk);
+        CAPTURE(per_head);
+        Problem p = make({"blocks", DType::bf16, 1, 2, 1, 16, 200, 260, true, 150, -1, 60, 0},
+                         uint64_t(300 + bq + bk + per_head));
+        const int32_t nq = int32_t((p.Sq + bq - 1) / bq), nk = int32_t((p.Skv + bk - 1) / bk);
+        std::mt19937_64 rng(uint64_t(bq * 7 + bk + per_head));
+        std::vector<BlockState> st(size_t(2 * nq * nk));
+        for (auto& s : st) s = BlockState(rng() % 3);
+        p.blocks = make_block_list(bq, bk, nq, nk, per_head ? p.Hq : 1,
+                                   [&](int32_t h, int32_t qb, int32_t kb) { return st[size_t((h * nq + qb) * nk + kb)]; });
+        check_both(p);
+      }
+}
+
+TEST_CASE("cpu: a block list made from the mask computes what the mask computes") {
+  Problem p = make({"mask blocks", DType::bf16, 1, 2, 2, 32, 300, 300, true, 100, -1, 0, 0}, 400);
+  Outputs plain = run<double>(p, true);
+  p.blocks = block_list_from_mask(p.mask, p.Sq, p.Skv, 64, 128);
+  Outputs blocked = run<double>(p, true);
+  ErrorStat eo, edq, edk;
+  for (int64_t i = 0; i < p.Sq; ++i)
+    for (int32_t h = 0; h < p.Hq; ++h)
+      for (int32_t d = 0; d < p.D; ++d) {
+        eo.add(blocked.o32.get(0, i, h, d), plain.o32.get(0, i, h, d));
+        edq.add(blocked.dq.get(0, i, h, d), plain.dq.get(0, i, h, d));
+        edk.add(blocked.dk.get(0, i, h, d), plain.dk.get(0, i, h, d));
+      }
+  CHECK(eo.rel() < 1e-6);
+  CHECK(edq.rel() < 1e-6);
+  CHECK(edk.rel() < 1e-6);
+  check_both(p);
+}
+
+// A ring in miniature: keys in three blocks at their global positions, each attended as an fp32
+// partial, merged by LSE, converted once; then the backward of each block with the final LSE.
+TEST_CASE("cpu: partial forward + merge equals one shot; per-block backward sums to one shot") {
+  for (int causal = 0; causal < 2; ++causal) {
+    CAPTURE(causal);
+    Problem p = make({"ring", DType::bf16, 2, 4, 2, 32, 60, 150, causal == 1, -1, -1, 60, 0}, 500);
+    Outputs one = run<float>(p, true);
+
+    Tensor acc(DType::fp32, p.B, p.Sq, p.Hq, p.D), part(DType::fp32, p.B, p.Sq, p.Hq, p.D);
+    Stats lse_acc(p.B, p.Hq, p.Sq, kNegInf), lse_part(p.B, p.Hq, p.Sq);
+    acc.fill(0);
+    const int64_t starts[] = {0, 50, 100, 150};
+    const auto slice = [&](Tensor& t, int64_t j0) {
+      TensorRef r = t.ref();
+      r.data = static_cast<uint8_t*>(r.data) + j0 * t.token_stride() * dtype_bytes(t.dtype);
+      return r;
+    };
+    for (int s = 0; s < 3; ++s) {
+      ForwardParams f = p.forward_params(part, lse_part, true);
+      f.seqlen_kv = starts[s + 1] - starts[s];
+      f.mask.kv_pos0 = starts[s];
+      f.k = slice(p.k, starts[s]);
+      f.v = slice(p.v, starts[s]);
+      cpu::forward<float>(f);
+      MergeParams m;
+      m.batch = p.B;
+      m.heads = p.Hq;
+      m.head_dim = p.D;
+      m.seqlen = p.Sq;
+      m.o_acc = acc.ref();
+      m.lse_acc = lse_acc.ref();
+      m.o_part = part.ref();
+      m.lse_part = lse_part.ref();
+      cpu::merge_partial(m);
+    }
+    Tensor out(p.dtype, p.B, p.Sq, p.Hq, p.D);
+    ConvertParams cv;
+    cv.dtype = p.dtype;
+    cv.batch = p.B;
+    cv.heads = p.Hq;
+    cv.head_dim = p.D;
+    cv.seqlen = p.Sq;
+    cv.src = acc.ref();
+    cv.dst = out.ref();
+    cpu::convert(cv);
+    ErrorStat e32, e16;
+    int lse_bad = 0;
+    for (int64_t b = 0; b < p.B; ++b)
+      for (int32_t h = 0; h < p.Hq; ++h)
+        for (int64_t i = 0; i < p.Sq; ++i) {
+          lse_bad += std::abs(lse_acc.at(b, h, i) - one.lse32.at(b, h, i)) > 1e-5;
+          for (int32_t d = 0; d < p.D; ++d) {
+            e32.add(acc.get(b, i, h, d), one.o32.get(b, i, h, d));
+            e16.add(out.get(b, i, h, d), one.o.get(b, i, h, d));
+            // convert is exactly the rounding of the merged fp32 value
+            lse_bad += out.get(b, i, h, d) != bf16_to_float(float_to_bf16(float(acc.get(b, i, h, d))));
+          }
+        }
+    CHECK(lse_bad == 0);
+    CHECK(e32.rel() < 2e-6);
+    CHECK(e16.rel() < 8e-3); // at most one bf16 step apart where the two roundings differ
+
+    Tensor dq(DType::fp32, p.B, p.Sq, p.Hq, p.D), dk(DType::fp32, p.B, p.Skv, p.Hkv, p.D),
+        dv(DType::fp32, p.B, p.Skv, p.Hkv, p.D);
+    for (int s = 0; s < 3; ++s) {
+      BackwardParams g = p.backward_params(one.lse32, one.delta, dq, dk, dv);
+      g.seqlen_kv = starts[s + 1] - starts[s];
+      g.mask.kv_pos0 = starts[s];
+      g.k = slice(p.k, starts[s]);
+      g.v = slice(p.v, starts[s]);
+      g.dk = slice(dk, starts[s]);
+      g.dv = slice(dv, starts[s]);
+      cpu::backward<float>(g);
+    }
+    ErrorStat edq, edk, edv;
+    for (size_t x = 0; x < dq.bytes.size() / 4; ++x)
+      edq.add(reinterpret_cast<const float*>(dq.bytes.data())[x], reinterpret_cast<const float*>(one.dq.bytes.data())[x]);
+    for (size_t x = 0; x < dk.bytes.size() / 4; ++x) {
+      edk.add(reinterpret_cast<const float*>(dk.bytes.data())[x], reinterpret_cast<const float*>(one.dk.bytes.data())[x]);
+      edv.add(reinterpret_cast<const float*>(dv.bytes.data())[x], reinterpret_cast<const float*>(one.dv.bytes.data())[x]);
+    }
+    CHECK(edq.rel() < 1e-5);
+    CHECK(edk.rel() < 1e-5);
+    CHECK(edv.rel() < 1e-5);
+  }
+}
+
+TEST_CASE("cpu: rows with no key give O = 0, LSE = -inf, zero gradients, no NaN") {
+  // Causal with the keys after every query: nothing is visible at all.
+  Problem p = make({"empty", DType::bf16, 1, 2, 1, 32, 20, 20, true, -1, -1, 0, 1000}, 600);
+  Outputs r = run<float>(p, true);
+  int bad = 0;
+  for (int32_t h = 0; h < p.Hq; ++h)
+    for (int64_t i = 0; i < p.Sq; ++i) {
+      bad += r.lse.at(0, h, i) != kNegInf;
+      for (int32_t d = 0; d < p.D; ++d) bad += r.o.get(0, i, h, d) != 0.0 || r.dq.get(0, i, h, d) != 0.0;
+    }
+  for (int64_t j = 0; j < p.Skv; ++j)
+    for (int32_t d = 0; d < p.D; ++d) bad += r.dk.get(0, j, 0, d) != 0.0 || r.dv.get(0, j, 0, d) != 0.0;
+  CHECK(bad == 0);
+}
+
+TEST_CASE("cpu: merge of two empty sides stays (0, -inf); one empty side passes the other") {
+  Tensor acc(DType::fp32, 1, 2, 1, 4), part(DType::fp32, 1, 2, 1, 4);
+  Stats la(1, 1, 2, kNegInf), lp(1, 1, 2, kNegInf);
+  acc.fill(0);
+  part.fill(3);
+  lp.at(0, 0, 1) = 0.5f;
+  MergeParams m;
+  m.batch = 1;
+  m.heads = 1;
+  m.head_dim = 4;
+  m.seqlen = 2;
+  m.o_acc = acc.ref();
+  m.lse_acc = la.ref();
+  m.o_part = part.ref();
+  m.lse_part = lp.ref();
+  cpu::merge_partial(m);
+  CHECK(la.at(0, 0, 0) == kNegInf);
+  CHECK(acc.get(0, 0, 0, 0) == 0.0);
+  CHECK(la.at(0, 0, 1) == 0.5f);
+  CHECK(acc.get(0, 1, 0, 3) == doctest::Approx(3.0));
+}
+
+TEST_CASE("cpu: malformed calls throw attncore::Error") {
+  Problem p = make({"err", DType::bf16, 1, 3, 2, 16, 8, 8, false, -1, -1, 0, 0}, 700);
+  Tensor o(p.dtype, 1, 8, 3, 16);
+  Stats lse(1, 3, 8);
+  CHECK_THROWS_AS(cpu::forward<float>(p.forward_params(o, lse, false)), Error); // 3 % 2 != 0
+  p.Hkv = 3;
+  std::mt19937_64 rng(1);
+  p.randomize(rng);
+  p.segments = {{0, 8, 0, 8, 0, 0}};
+  p.blocks = block_list_from_mask(p.mask, p.Sq, p.Skv, 64, 64);
+  CHECK_THROWS_AS(cpu::forward<float>(p.forward_params(o, lse, false)), Error); // blocks + segments
+  p.segments.clear();
+  p.blocks->kv_block = {3};
+  CHECK_THROWS_AS(cpu::forward<float>(p.forward_params(o, lse, false)), Error); // block out of range
+  p.blocks.reset();
+  p.segments = {{0, 6, 0, 8, 0, 0}, {5, 8, 0, 8, 0, 0}};
+  CHECK_THROWS_AS(cpu::forward<float>(p.forward_params(o, lse, false)), Error); // overlapping rows
+  CHECK(check_supported_cpu(DType::fp64, 64) != "");
+  CHECK(check_supported(DType::bf16, 72).find("64, 80, 96, 128, 256") != std::string::npos);
+  CHECK(check_supported(DType::fp16, 128).empty());
+}
+
+TEST_CASE("cpu: concurrent calls on disjoint outputs give the sequential result") {
+  Problem p = make({"threads", DType::bf16, 1, 4, 2, 32, 90, 90, true, -1, -1, 0, 0}, 800);
+  Tensor ref_o(p.dtype, 1, 90, 4, 32);
+  Stats ref_lse(1, 4, 90);
+  cpu::forward<float>(p.forward_params(ref_o, ref_lse, false));
+  std::vector<Tensor> outs(4, Tensor(p.dtype, 1, 90, 4, 32));
+  std::vector<Stats> lses(4, Stats(1, 4, 90));
+  std::vector<ForwardParams> params;
+  for (int t = 0; t < 4; ++t) params.push_back(p.forward_params(outs[size_t(t)], lses[size_t(t)], false));
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) threads.emplace_back([&, t] { cpu::forward<float>(params[size_t(t)]); });
+  for (auto& th : threads) th.join();
+  for (int t = 0; t < 4; ++t) {
+    CHECK(outs[size_t(t)].bytes == ref_o.bytes);
+    CHECK(lses[size_t(t)].v == ref_lse.v);
+  }
+}
