@@ -42,6 +42,8 @@ struct SeqlenSpec {
   int64_t total_tokens = 0;         // budget for a distribution
   int64_t min_length = 1, max_length = 0; // bounds of a distribution (0: total_tokens)
   uint64_t seed = 0;
+  int64_t median_length = 0;        // lognormal: median length (0: geometric mean of the bounds)
+  double sigma = 1.0;               // lognormal: standard deviation of log(length)
 };
 
 struct Problem {
@@ -86,7 +88,7 @@ struct Data {
 struct SourceLocation {
   std::string file;
   int64_t line = 0, column = 0;
-  std::string str() const;          // "file:line:column"
+  std::string str() const;          // "file:line:column" ("file" alone when line is 0)
 };
 
 struct Case {
@@ -101,6 +103,7 @@ struct Case {
   Check check;
   Data data;
   SourceLocation where;             // where the case was declared
+  int64_t tokens = 0;               // batch = "auto": the token budget that sized the batch; else 0
 };
 
 struct Outputs {

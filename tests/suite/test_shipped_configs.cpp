@@ -1,0 +1,178 @@
+// The configs the project ships: every preset of the ring-attention benchmark family with the
+// shape issue 2 gives it, the named sets and ranges, and every example suite loads and expands.
+#include "suite_test_support.h"
+
+#include <filesystem>
+#include <set>
+
+using namespace attnhost::suite;
+using namespace attnhost::suite::testing;
+
+namespace {
+
+struct Shape {
+  const char* name;
+  int64_t batch;
+  int32_t heads, kv_heads, head_dim;
+  int64_t seqlen;
+  const char* dtype;
+  bool causal;
+  int64_t window_left, window_right;
+};
+
+// Issue 2, part 5 (BxHxD = batch x heads x head dim), completed from the benchmark family.
+const Shape kShapes[] = {
+    {"tiny", 2, 8, 8, 64, 1024, "bf16", true, -1, -1},
+    {"small", 4, 12, 12, 128, 4096, "bf16", true, -1, -1},
+    {"small_fp16", 4, 12, 12, 128, 4096, "fp16", false, -1, -1},
+    {"small_window", 4, 12, 12, 128, 4096, "bf16", true, 512, 0},
+    {"medium", 4, 24, 24, 128, 8192, "bf16", true, -1, -1},
+    {"medium_large_head", 4, 12, 12, 256, 8192, "bf16", false, -1, -1},
+    {"medium_many_heads", 4, 32, 32, 128, 8192, "bf16", true, -1, -1},
+    {"medium_fp16", 4, 24, 24, 128, 8192, "fp16", true, -1, -1},
+    {"medium_window", 4, 24, 24, 128, 8192, "bf16", true, 512, 0},
+    {"large", 4, 32, 32, 128, 16384, "bf16", true, -1, -1},
+    {"large_seq", 4, 24, 24, 128, 32768, "bf16", true, -1, -1},
+    {"large_head", 4, 24, 24, 256, 16384, "bf16", false, -1, -1},
+    {"xlarge", 8, 32, 32, 128, 32768, "bf16", true, -1, -1},
+    {"large_window", 4, 32, 32, 128, 16384, "bf16", true, 512, 0},
+    {"qwen3_235b_a22b", 2, 64, 4, 64, 16384, "bf16", true, -1, -1},
+    {"qwen3_30b_a3b", 4, 32, 4, 64, 16384, "bf16", true, -1, -1},
+    {"qwen3_4b", 4, 32, 4, 80, 16384, "bf16", true, -1, -1},
+    {"qwen3_32b", 2, 64, 8, 128, 16384, "bf16", true, -1, -1},
+    {"qwen3_14b", 4, 40, 8, 128, 16384, "bf16", true, -1, -1},
+    {"zigzag_tiny", 2, 8, 8, 64, 1024, "bf16", true, -1, -1},
+    {"zigzag_small", 4, 12, 12, 128, 4096, "bf16", true, -1, -1},
+    {"zigzag_medium", 4, 24, 24, 128, 8192, "bf16", true, -1, -1},
+    {"zigzag_large", 4, 32, 32, 128, 16384, "bf16", true, -1, -1},
+    {"zigzag_fp16", 4, 12, 12, 128, 4096, "fp16", true, -1, -1},
+    {"zigzag_gqa", 4, 32, 8, 128, 8192, "bf16", true, -1, -1},
+};
+
+Suite load_shipped_suite(const std::string& name) {
+  return load_suite(std::filesystem::path(ATTNHOST_TEST_CONFIGS_DIR) / "suites" / (name + ".toml"),
+                    shipped_library(), test_catalog());
+}
+
+} // namespace
+
+TEST_CASE("presets: every preset of the benchmark family, with its shape") {
+  const PresetLibrary& library = shipped_library();
+  CHECK(library.presets.size() == std::size(kShapes));
+  for (const Shape& shape : kShapes) {
+    CAPTURE(shape.name);
+    const Preset* preset = library.find(shape.name);
+    REQUIRE(preset);
+    const Problem& p = preset->problem;
+    CHECK(p.batch == shape.batch);
+    CHECK(p.heads_q == shape.heads);
+    CHECK(p.heads_kv == shape.kv_heads);
+    CHECK(p.head_dim == shape.head_dim);
+    CHECK(p.seqlen_q == shape.seqlen);
+    CHECK(p.seqlen_kv == shape.seqlen);
+    CHECK(p.dtype == shape.dtype);
+    CHECK(p.causal == shape.causal);
+    CHECK(p.window_left == shape.window_left);
+    CHECK(p.window_right == shape.window_right);
+    CHECK_FALSE(p.varlen);
+    CHECK_FALSE(preset->description.empty());
+    CHECK(validate_problem(p).empty());
+  }
+}
+
+TEST_CASE("presets: presets keep the file's order and find() misses unknown names") {
+  const PresetLibrary& library = shipped_library();
+  CHECK(library.presets.front().name == "tiny");
+  CHECK(library.presets.back().name == "zigzag_gqa");
+  CHECK(library.find("no_such_preset") == nullptr);
+}
+
+TEST_CASE("presets: the named sets") {
+  const auto& sets = shipped_library().sets;
+  CHECK(sets.size() == 5);
+  CHECK(sets.at("correctness") == std::vector<std::string>{"tiny", "small", "medium"});
+  CHECK(sets.at("performance") == std::vector<std::string>{"medium", "large"});
+  CHECK(sets.at("multi_gpu") == std::vector<std::string>{"small", "medium"});
+  CHECK(sets.at("gqa") == std::vector<std::string>{"qwen3_4b", "qwen3_14b", "qwen3_32b"});
+  CHECK(sets.at("zigzag") == std::vector<std::string>{"zigzag_tiny", "zigzag_small", "zigzag_medium"});
+}
+
+TEST_CASE("ranges: the named sequence ranges") {
+  const auto& ranges = shipped_library().ranges;
+  CHECK(ranges.size() == 6);
+  CHECK(ranges.at("production") == std::vector<int64_t>{1024, 2048, 4096, 8192, 12288, 16384});
+  CHECK(ranges.at("medium") == std::vector<int64_t>{32768, 49152, 65536, 98304, 131072});
+  CHECK(ranges.at("long") == std::vector<int64_t>{262144, 393216, 524288, 786432, 1048576});
+  CHECK(ranges.at("document") == std::vector<int64_t>{512, 1024, 2048, 4096});
+  CHECK(ranges.at("context") == std::vector<int64_t>{4096, 8192, 16384, 32768});
+  CHECK(ranges.at("book") == std::vector<int64_t>{51200, 102400, 204800});
+}
+
+TEST_CASE("suites: every shipped suite loads") {
+  std::set<std::string> names;
+  for (const auto& entry : std::filesystem::directory_iterator(std::filesystem::path(ATTNHOST_TEST_CONFIGS_DIR) / "suites")) {
+    CAPTURE(entry.path().string());
+    const Suite suite = load_suite(entry.path(), shipped_library(), test_catalog());
+    CHECK_FALSE(suite.cases.empty());
+    CHECK_FALSE(suite.description.empty());
+    CHECK(suite.path == entry.path());
+    names.insert(suite.name);
+  }
+  CHECK(names == std::set<std::string>{"quick", "ring_vs_zigzag", "gqa", "scaling"});
+}
+
+TEST_CASE("suites: quick runs small problems with the example plugin, at world sizes 1 and 2") {
+  const Suite suite = load_shipped_suite("quick");
+  CHECK(ids_of(suite) == std::vector<std::string>{
+                             "naive_attention/tiny", "ring/tiny", "zigzag/tiny",
+                             "naive_attention/tiny_gqa", "ring/tiny_gqa", "zigzag/tiny_gqa",
+                             "ring/tiny_window", "varlen/tiny_documents"});
+  for (const Case& c : suite.cases) {
+    CAPTURE(c.id);
+    CHECK(c.world_sizes == std::vector<int>{1, 2});
+    CHECK(c.timing.method == "warmup");
+    CHECK(c.timing.warmup_runs == 1);
+    CHECK(c.timing.timing_runs == 3);
+    CHECK(c.problem.batch * c.problem.seqlen_q <= 4096);  // small enough for the CPU
+  }
+  CHECK(suite.cases.at(3).problem.heads_kv == 2);
+  CHECK(suite.cases.at(6).problem.window_left == 256);
+  CHECK(suite.cases.at(7).problem.varlen->distribution == "documents");
+}
+
+TEST_CASE("suites: ring_vs_zigzag puts the two side by side over medium and large presets") {
+  const Suite suite = load_shipped_suite("ring_vs_zigzag");
+  CHECK(ids_of(suite) == std::vector<std::string>{"ring/medium", "zigzag/medium",
+                                                  "ring/medium_many_heads", "zigzag/medium_many_heads",
+                                                  "ring/large", "zigzag/large",
+                                                  "ring/large_seq", "zigzag/large_seq"});
+  for (const Case& c : suite.cases) {
+    CHECK(c.world_sizes == std::vector<int>{1, 2});
+    CHECK(c.problem.causal);  // zigzag is causal only
+    CHECK(c.problem.window_left == -1);
+    CHECK(c.problem.seqlen_q % 4 == 0);  // zigzag cuts S into 2 x world size chunks
+  }
+}
+
+TEST_CASE("suites: gqa covers the Qwen3 shapes and packed GQA documents") {
+  const Suite suite = load_shipped_suite("gqa");
+  CHECK(suite.cases.size() == 11);
+  for (const Case& c : suite.cases) CHECK(c.problem.heads_kv < c.problem.heads_q);
+  CHECK(suite.cases.back().id == "varlen/documents_64k");
+  CHECK(suite.cases.back().problem.seqlen_q == 65536);
+}
+
+TEST_CASE("suites: scaling sweeps named ranges with a batch sized from a token budget") {
+  const Suite suite = load_shipped_suite("scaling");
+  CHECK(suite.cases.size() == 2 * 6 + 2 * 5);
+  CHECK(suite.cases.at(0).id == "ring/production/seqlen=1024");
+  CHECK(suite.cases.at(1).id == "zigzag/production/seqlen=1024");
+  CHECK(suite.cases.at(0).problem.batch == 64);
+  CHECK(suite.cases.at(0).tokens == 65536);
+  CHECK(suite.cases.at(8).id == "ring/production/seqlen=12288");
+  CHECK(suite.cases.at(8).problem.batch == 5);  // 65536 / 12288, rounded down
+  CHECK(suite.cases.at(12).id == "ring/long_context/seqlen=32768");
+  CHECK(suite.cases.at(12).problem.batch == 4);  // 131072 / 32768
+  CHECK(suite.cases.back().problem.batch == 1);
+  CHECK(suite.cases.at(0).timing.method == "adaptive");
+}
