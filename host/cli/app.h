@@ -1,0 +1,54 @@
+// The command line: one function per command, over a shared context (plugins, presets, backend).
+#pragma once
+
+#include "plugins/loader.h"
+#include "report/records.h"
+#include "runtime/backend.h"
+#include "suite/suite.h"
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+namespace attnhost::cli {
+
+struct CommonOptions {
+  std::vector<std::string> plugin_dirs, plugin_files;
+  bool allow_insecure = false;
+  std::string configs_dir;  // "" : beside the executable
+  BackendOptions backend;
+  bool quiet = false, verbose = false, debug = false;
+};
+
+// What every command that runs or lists needs; built lazily so `--help` costs nothing.
+struct Context {
+  CommonOptions options;
+  std::vector<std::string> argv;
+  PluginRegistry registry;
+  suite::PresetLibrary presets;
+  std::filesystem::path configs;
+
+  void load_plugins();             // prints one warning line per rejected plugin
+  void load_presets();             // throws UsageError
+  suite::PluginCatalog catalog() const;
+};
+
+int run_command(Context& ctx, const std::vector<std::string>& args);      // attnhost run
+int compare_command(Context& ctx, const std::vector<std::string>& args);  // attnhost compare
+int verify_command(Context& ctx, const std::vector<std::string>& args);   // attnhost verify
+int list_command(Context& ctx, const std::vector<std::string>& args);     // attnhost list
+int info_command(Context& ctx, const std::vector<std::string>& args);      // attnhost info
+
+// Runs an expanded suite and writes its outputs; returns the exit code.
+struct ExecuteOptions {
+  bool dry_run = false;
+  bool comparison = false;   // print the side-by-side table (compare)
+  bool summary_only = false; // no per-case blocks (verify)
+  std::string out_dir;       // overrides the suite's
+  std::vector<std::string> formats;
+};
+int execute_suite(Context& ctx, const suite::Suite& suite, const ExecuteOptions& options);
+
+std::filesystem::path default_configs_dir();
+
+}  // namespace attnhost::cli

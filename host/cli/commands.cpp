@@ -1,0 +1,322 @@
+#include "cli/app.h"
+#include "cli/options.h"
+#include "common/errors.h"
+#include "common/log.h"
+#include "report/console.h"
+#include "report/files.h"
+#include "runtime/environment.h"
+#include "runtime/runner.h"
+
+#include <algorithm>
+#include <iostream>
+#include <set>
+
+namespace attnhost::cli {
+
+namespace fs = std::filesystem;
+
+fs::path default_configs_dir() {
+  fs::path beside = (executable_dir() / ".." / "share" / "attnhost" / "configs").lexically_normal();
+  return beside;
+}
+
+void Context::load_plugins() {
+  LoaderOptions lo;
+  for (const std::string& d : options.plugin_dirs) lo.dirs.emplace_back(d);
+  for (const std::string& f : options.plugin_files) lo.files.emplace_back(f);
+  lo.allow_insecure = options.allow_insecure;
+  std::vector<std::string> warnings;
+  registry = PluginRegistry::load(lo, warnings);
+  for (const std::string& w : warnings) log::warn(w);
+}
+
+void Context::load_presets() {
+  configs = options.configs_dir.empty() ? default_configs_dir() : fs::path(options.configs_dir);
+  if (!fs::is_directory(configs)) throw UsageError("configs folder " + configs.string() + " not found (use --configs DIR)");
+  presets = suite::load_presets(configs);
+}
+
+suite::PluginCatalog Context::catalog() const {
+  suite::PluginCatalog out;
+  for (const auto& p : registry.plugins()) {
+    suite::PluginSchema s{p->name(), {}};
+    for (const ParamSpec& spec : p->description().params)
+      s.params.push_back({spec.name, spec.type, spec.default_value, spec.help, spec.choices});
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+namespace {
+
+void apply_common(Context& ctx, const po::variables_map& vm) {
+  log::set_quiet(ctx.options.quiet);
+  log::set_verbose(ctx.options.debug);
+  double seconds = vm["comm-timeout"].as<double>();
+  if (seconds <= 0) throw UsageError("--comm-timeout must be positive");
+  ctx.options.backend.comm_timeout = std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
+}
+
+std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> out;
+  std::string item;
+  for (char c : s + ",") {
+    if (c == ',') {
+      if (!item.empty()) out.push_back(item);
+      item.clear();
+    } else if (c != ' ') {
+      item += c;
+    }
+  }
+  return out;
+}
+
+void apply_output_options(const po::variables_map& vm, ExecuteOptions& ex) {
+  if (vm.count("out")) ex.out_dir = vm["out"].as<std::string>();
+  if (vm.count("format")) {
+    ex.formats = split_list(vm["format"].as<std::string>());
+    for (const std::string& f : ex.formats)
+      if (f != "console" && f != "json" && f != "csv" && f != "markdown")
+        throw UsageError("--format: unknown format '" + f + "' (console, json, csv, markdown)");
+  }
+}
+
+// A suite given by name ("quick") is looked up among the shipped suites.
+fs::path resolve_suite(const Context& ctx, const std::string& arg) {
+  fs::path p(arg);
+  if (fs::exists(p)) return p;
+  fs::path shipped = ctx.configs / "suites" / (arg + (p.extension() == ".toml" ? "" : ".toml"));
+  if (fs::exists(shipped)) return shipped;
+  throw UsageError("suite file " + arg + " not found");
+}
+
+}  // namespace
+
+int run_command(Context& ctx, const std::vector<std::string>& args) {
+  po::options_description desc;
+  desc.add(common_options(ctx.options)).add(timing_options()).add(problem_options()).add(output_options());
+  po::options_description own("Run");
+  own.add_options()("suite", po::value<std::string>(), "suite file, or the name of a shipped suite")
+                   ("dry-run", "print the expanded case list and stop")
+                   ("no-check", "skip the correctness check");
+  desc.add(own);
+  po::positional_options_description pos;
+  pos.add("suite", 1);
+  po::variables_map vm;
+  if (!parse(args, desc, pos, vm, "usage: attnhost run SUITE.toml [options]")) return kExitOk;
+  apply_common(ctx, vm);
+  if (!vm.count("suite")) throw UsageError("run: which suite? (attnhost run SUITE.toml)");
+  ctx.load_presets();
+  ctx.load_plugins();
+  suite::Suite s = suite::load_suite(resolve_suite(ctx, vm["suite"].as<std::string>()), ctx.presets, ctx.catalog());
+  suite::apply_overrides(s, overrides_from(vm));
+  if (vm.count("no-check"))
+    for (suite::Case& c : s.cases) c.check.enabled = false;
+  ExecuteOptions ex;
+  ex.dry_run = vm.count("dry-run") > 0;
+  apply_output_options(vm, ex);
+  return execute_suite(ctx, s, ex);
+}
+
+int compare_command(Context& ctx, const std::vector<std::string>& args) {
+  po::options_description desc;
+  desc.add(common_options(ctx.options)).add(timing_options()).add(problem_options()).add(output_options());
+  po::options_description own("Compare");
+  own.add_options()("plugins", po::value<std::vector<std::string>>()->multitoken(), "plugins to compare")
+                   ("config", po::value<std::string>(), "preset to run (attnhost list configs)")
+                   ("dry-run", "print the expanded case list and stop")
+                   ("no-check", "skip the correctness check");
+  desc.add(own);
+  po::positional_options_description pos;
+  pos.add("plugins", -1);
+  po::variables_map vm;
+  if (!parse(args, desc, pos, vm, "usage: attnhost compare P1 P2 [...] --config NAME [options]")) return kExitOk;
+  apply_common(ctx, vm);
+  if (!vm.count("plugins")) throw UsageError("compare: name at least one plugin (attnhost list plugins)");
+  if (!vm.count("config")) throw UsageError("compare: which preset? add --config NAME (attnhost list configs)");
+  ctx.load_presets();
+  ctx.load_plugins();
+  suite::Suite s = suite::make_compare_suite(vm["plugins"].as<std::vector<std::string>>(), vm["config"].as<std::string>(),
+                                             ctx.presets, ctx.catalog());
+  suite::apply_overrides(s, overrides_from(vm));
+  if (vm.count("no-check"))
+    for (suite::Case& c : s.cases) c.check.enabled = false;
+  ExecuteOptions ex;
+  ex.dry_run = vm.count("dry-run") > 0;
+  ex.comparison = true;
+  apply_output_options(vm, ex);
+  if (ex.formats.empty()) ex.formats = {"console"};
+  return execute_suite(ctx, s, ex);
+}
+
+int execute_suite(Context& ctx, const suite::Suite& s, const ExecuteOptions& options) {
+  if (options.dry_run) {
+    std::cout << s.cases.size() << " cases in " << (s.name.empty() ? s.path.string() : s.name) << ":\n";
+    for (const suite::Case& c : s.cases) {
+      std::cout << "  " << c.id << "  " << report::problem_line(c.problem) << "  world sizes";
+      for (int w : c.world_sizes) std::cout << ' ' << w;
+      std::cout << "  timing " << c.timing.method << "\n";
+    }
+    return kExitOk;
+  }
+  std::unique_ptr<Backend> backend = make_backend(ctx.options.backend);
+  const bool leader = backend->process_rank() == 0;
+  Environment env = probe_environment(*backend);
+  env.argv = ctx.argv;
+  for (const auto& p : ctx.registry.plugins()) env.plugins[p->name()] = p->description().version;
+
+  std::vector<std::string> formats = options.formats.empty() ? s.outputs.formats : options.formats;
+  const bool console = std::find(formats.begin(), formats.end(), "console") != formats.end();
+  const bool files = std::any_of(formats.begin(), formats.end(), [](const std::string& f) { return f != "console"; });
+  std::unique_ptr<report::ResultFolder> folder;
+  if (leader && files) {
+    fs::path dir = !options.out_dir.empty() ? fs::path(options.out_dir)
+                   : !s.outputs.dir.empty() ? fs::path(s.outputs.dir)
+                                            : fs::path("results") / now_compact();
+    folder = std::make_unique<report::ResultFolder>(dir, formats);
+    folder->begin(env, s.name, s.text);
+  }
+  if (leader && !ctx.options.quiet)
+    std::cout << "attnhost: " << s.cases.size() << " cases on " << env.device << "\n";
+
+  RunnerOptions ro;
+  ro.progress = [&](const std::string& line) { log::info(line); };
+  std::vector<CaseResult> results;
+  for (size_t i = 0; i < s.cases.size(); ++i) {
+    const suite::Case& c = s.cases[i];
+    std::shared_ptr<const Plugin> plugin = ctx.registry.find(c.plugin);
+    CaseResult r;
+    if (!plugin) {  // the suite was validated against the loaded plugins; this is a lost race
+      r.spec = c;
+      RunResult missing;
+      missing.status = "ERROR";
+      missing.error = "plugin '" + c.plugin + "' is not loaded";
+      r.runs.push_back(missing);
+    } else {
+      if (leader && !ctx.options.quiet)
+        log::info("case " + std::to_string(i + 1) + " of " + std::to_string(s.cases.size()) + ": " + c.id);
+      r = run_case(c, plugin, *backend, ro);
+    }
+    backend->sync_processes();
+    if (!leader) continue;
+    if (console && !ctx.options.quiet && !options.comparison && !options.summary_only) report::print_case(std::cout, r);
+    if (folder) folder->append(r);
+    results.push_back(std::move(r));
+  }
+  if (!leader) return kExitOk;
+  if (console) {
+    if (options.comparison) report::print_comparison(std::cout, results);
+    else report::print_summary(std::cout, results);
+  }
+  if (folder) {
+    auto written = folder->finish(env, s.name, s.text, results);
+    if (!ctx.options.quiet) std::cout << "\nresults in " << folder->dir().string() << "\n";
+  }
+  bool failed = std::any_of(results.begin(), results.end(), [](const CaseResult& r) { return r.failed(); });
+  return failed ? kExitCheckFailed : kExitOk;
+}
+
+int list_command(Context& ctx, const std::vector<std::string>& args) {
+  po::options_description desc;
+  desc.add(common_options(ctx.options));
+  po::options_description own("List");
+  own.add_options()("what", po::value<std::string>(), "configs | plugins | suites");
+  desc.add(own);
+  po::positional_options_description pos;
+  pos.add("what", 1);
+  po::variables_map vm;
+  if (!parse(args, desc, pos, vm, "usage: attnhost list configs|plugins|suites [-v]")) return kExitOk;
+  apply_common(ctx, vm);
+  std::string what = vm.count("what") ? vm["what"].as<std::string>() : "";
+  if (what == "plugins") {
+    ctx.load_plugins();
+    if (ctx.registry.plugins().empty()) std::cout << "no plugins loaded\n";
+    for (const auto& p : ctx.registry.plugins()) {
+      const PluginDescription& d = p->description();
+      std::cout << d.name << " " << d.version << "  " << d.description << "\n";
+      if (!ctx.options.verbose) continue;
+      std::cout << "    file: " << p->file().string() << "\n";
+      std::cout << "    devices: " << devices_string(d.devices) << "  dtypes: " << dtypes_string(d.dtypes)
+                << "  features: " << features_string(d.features) << "\n";
+      std::cout << "    world sizes: " << d.min_world_size << ".."
+                << (d.max_world_size > 0 ? std::to_string(d.max_world_size) : std::string("any"));
+      std::cout << "  head dims: ";
+      if (d.head_dims.empty()) std::cout << "any multiple of 8";
+      for (size_t i = 0; i < d.head_dims.size(); ++i) std::cout << (i ? "," : "") << d.head_dims[i];
+      std::cout << "\n";
+      if (d.params.empty()) std::cout << "    parameters: none\n";
+      for (const ParamSpec& s : d.params) {
+        std::cout << "    param " << s.name << " (" << param_type_name(s.type) << ", default " << s.default_value;
+        if (!s.choices.empty()) {
+          std::cout << ", one of";
+          for (const std::string& c : s.choices) std::cout << " " << c;
+        }
+        std::cout << "): " << s.help << "\n";
+      }
+    }
+    return kExitOk;
+  }
+  if (what == "configs") {
+    ctx.load_presets();
+    for (const suite::Preset& p : ctx.presets.presets) {
+      std::cout << p.name << std::string(p.name.size() < 20 ? 20 - p.name.size() : 1, ' ') << report::problem_line(p.problem);
+      if (ctx.options.verbose && !p.description.empty()) std::cout << "  - " << p.description;
+      std::cout << "\n";
+    }
+    std::cout << "\nsets:";
+    for (const auto& [name, members] : ctx.presets.sets) std::cout << " " << name << "(" << members.size() << ")";
+    std::cout << "\nranges:";
+    for (const auto& [name, values] : ctx.presets.ranges) std::cout << " " << name << "(" << values.size() << ")";
+    std::cout << "\n";
+    return kExitOk;
+  }
+  if (what == "suites") {
+    ctx.load_presets();
+    ctx.load_plugins();
+    std::vector<fs::path> files;
+    for (const auto& e : fs::directory_iterator(ctx.configs / "suites"))
+      if (e.path().extension() == ".toml") files.push_back(e.path());
+    std::sort(files.begin(), files.end());
+    for (const fs::path& f : files) {
+      try {
+        suite::Suite s = suite::load_suite(f, ctx.presets, ctx.catalog());
+        std::cout << f.stem().string() << "  (" << s.cases.size() << " cases)  " << s.description << "\n";
+      } catch (const std::exception& e) {
+        std::cout << f.stem().string() << "  (not runnable here: " << e.what() << ")\n";
+      }
+    }
+    return kExitOk;
+  }
+  throw UsageError("list what? configs, plugins or suites (got '" + what + "')");
+}
+
+int info_command(Context& ctx, const std::vector<std::string>& args) {
+  po::options_description desc;
+  desc.add(common_options(ctx.options));
+  po::variables_map vm;
+  if (!parse(args, desc, {}, vm, "usage: attnhost info")) return kExitOk;
+  apply_common(ctx, vm);
+  ctx.load_plugins();
+  std::unique_ptr<Backend> backend = make_backend(ctx.options.backend);
+  Environment env = probe_environment(*backend);
+  std::cout << "attnhost " << env.attnhost_version << " (" << env.git_revision << "), plugin ABI " << ATTNHOST_ABI_MAJOR
+            << "." << ATTNHOST_ABI_MINOR << "\n"
+            << "device:  " << env.device << "\n"
+            << "driver:  " << env.driver << "\n"
+            << "CUDA:    " << env.cuda << "\n"
+            << "NCCL:    " << env.nccl << "\n"
+            << "cuDNN:   " << env.cudnn << "\n"
+            << "MPI:     " << (started_under_mpi() ? "started under mpirun" : "not under mpirun")
+#if ATTNHOST_HAVE_MPI
+            << " (built with MPI)\n"
+#else
+            << " (built without MPI)\n"
+#endif
+            << "configs: " << (ctx.options.configs_dir.empty() ? default_configs_dir().string() : ctx.options.configs_dir) << "\n"
+            << "plugin folders and files searched:\n";
+  for (const PluginSource& s : ctx.registry.searched()) std::cout << "  " << s.path.string() << "  (" << s.origin << ")\n";
+  std::cout << "plugins loaded: " << ctx.registry.plugins().size() << "\n";
+  return kExitOk;
+}
+
+}  // namespace attnhost::cli

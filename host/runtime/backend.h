@@ -1,0 +1,51 @@
+// Where ranks run. A backend turns "world size N" into N ranks, each with a Device, a
+// Communicator and a RankGroup, and runs the same function on every rank (SPMD). Threads in
+// one process (CPU: in-process communicator; CUDA: one GPU per thread, NCCL), or MPI processes.
+#pragma once
+
+#include "report/records.h"
+#include "runtime/comm.h"
+#include "runtime/device.h"
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+
+namespace attnhost {
+
+struct RankEnv {
+  int rank = 0, world_size = 1;
+  Device& device;
+  Communicator& comm;
+  RankGroup& group;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual DeviceKind device_kind() const = 0;
+  virtual int max_world_size() const = 0;     // GPUs visible, MPI processes, or unlimited threads
+  virtual std::string describe() const = 0;   // "cpu (threads)", "cuda: 2 x NVIDIA H200 (NCCL)"
+  virtual int process_rank() const { return 0; } // this process's rank under MPI, else 0
+  // Runs body on every rank of a world of `world_size`; returns rank 0's result (in MPI mode, on
+  // world rank 0; other processes get an empty result). Exceptions from body are rank errors.
+  virtual RunResult run_world(int world_size, const std::function<RunResult(RankEnv&)>& body) = 0;
+  // Under MPI, every process must agree to skip or run a case: everything else is a no-op.
+  virtual void sync_processes() {}
+};
+
+struct BackendOptions {
+  std::string device = "auto";                 // auto | cpu | cuda
+  int gpus = 0;                                // 0: all visible
+  std::chrono::milliseconds comm_timeout{60000};
+};
+
+// Picks the backend for the options and the environment (mpirun, visible GPUs); throws
+// UsageError when the request cannot be met ("--device cuda" without a GPU).
+std::unique_ptr<Backend> make_backend(const BackendOptions& options);
+std::unique_ptr<Backend> make_thread_backend(DeviceKind kind, int gpus, std::chrono::milliseconds timeout);
+
+bool started_under_mpi();
+
+}  // namespace attnhost

@@ -1,0 +1,84 @@
+// Communicators behind the ABI's host services: one interface, three implementations
+// (in-process threads on the CPU, MPI processes on the CPU, NCCL on GPUs). Semantics follow
+// NCCL's: point-to-point inside group_start/group_end progresses together in any order;
+// collectives are called by every rank in the same order. Failures throw RuntimeFailure with a
+// message that names the ranks and sizes involved.
+#pragma once
+
+#include <attnhost/plugin.h>
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace attnhost {
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual const char* kind() const = 0;  // "inproc", "mpi", "nccl"
+
+  virtual void send(const void* buf, size_t count, int32_t dtype, int peer, void* stream) = 0;
+  virtual void recv(void* buf, size_t count, int32_t dtype, int peer, void* stream) = 0;
+  virtual void group_start() = 0;
+  virtual void group_end() = 0;
+  virtual void all_gather(const void* send, void* recv, size_t count_per_rank, int32_t dtype, void* stream) = 0;
+  virtual void all_reduce(const void* send, void* recv, size_t count, int32_t dtype, int32_t op, void* stream) = 0;
+  virtual void reduce_scatter(const void* send, void* recv, size_t count_per_rank, int32_t dtype, int32_t op,
+                              void* stream) = 0;
+  virtual void barrier() = 0;
+  virtual void* native() { return nullptr; }
+
+  // Bytes this rank has handed to send/all_gather/all_reduce/reduce_scatter since the last reset.
+  uint64_t bytes_sent() const { return bytes_sent_; }
+  void reset_bytes_sent() { bytes_sent_ = 0; }
+
+ protected:
+  void count_sent(uint64_t bytes) { bytes_sent_ += bytes; }
+
+ private:
+  uint64_t bytes_sent_ = 0;
+};
+
+size_t dtype_bytes(int32_t dtype);
+
+// Host-level coordination among the ranks of one case (not the plugin's communicator): agree on
+// errors, align samples, take maxima, gather results to rank 0. Values are host values.
+class RankGroup {
+ public:
+  virtual ~RankGroup() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual void barrier() = 0;
+  virtual std::vector<double> max(const std::vector<double>& values) = 0; // elementwise, on every rank
+  virtual std::vector<double> sum(const std::vector<double>& values) = 0;
+  virtual std::vector<std::string> gather(const std::string& bytes) = 0; // all ranks' at rank 0
+  // The first error any rank reported ("rank R: message"), or "" when every rank is fine.
+  std::string agree(const std::string& my_error);
+};
+
+// ---- in-process (threads) --------------------------------------------------------------------
+// One World per world size; each rank thread takes its Communicator and RankGroup from it.
+class InprocWorld {
+ public:
+  InprocWorld(int size, std::chrono::milliseconds timeout);
+  ~InprocWorld();
+  int size() const;
+  std::unique_ptr<Communicator> communicator(int rank);
+  std::unique_ptr<RankGroup> group(int rank);
+
+  struct State;
+
+ private:
+  std::shared_ptr<State> state_;
+};
+
+// Reduction on the host for any dtype the ABI allows (bf16/fp16 accumulate in float).
+void reduce_into(void* acc, const void* in, size_t count, int32_t dtype, int32_t op);
+
+}  // namespace attnhost

@@ -1,0 +1,25 @@
+// Communicators that need a collective set-up (NCCL), and the MPI backend.
+#pragma once
+
+#include "runtime/backend.h"
+#include "runtime/comm.h"
+
+#include <memory>
+
+namespace attnhost {
+
+// Creates rank r's communicator of one world; every rank of the world calls create concurrently.
+class CommFactory {
+ public:
+  virtual ~CommFactory() = default;
+  virtual std::unique_ptr<Communicator> create(int rank) = 0;
+};
+
+// NCCL communicators for `world_size` threads of this process, one GPU each. Built once per world
+// size and kept for the life of the process (initialization costs far more than a case).
+std::unique_ptr<CommFactory> nccl_factory(int world_size);
+
+// The MPI backend; throws UsageError when attnhost was built without MPI.
+std::unique_ptr<Backend> make_mpi_backend(DeviceKind kind, std::chrono::milliseconds timeout);
+
+}  // namespace attnhost

@@ -1,0 +1,106 @@
+// A rank's device: memory (accounted), streams, timers, and the few kernels the host itself
+// needs (data generation, poisoning, non-finite scans). One implementation for the CPU, one for
+// CUDA (cuda_device.cu); the runner is written once against this interface.
+#pragma once
+
+#include "runtime/data.h"
+
+#include <attnhost/plugin.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace attnhost {
+
+enum class DeviceKind { cpu, cuda };
+
+const char* device_kind_name(DeviceKind kind);
+
+// Thrown by Device::alloc: the case ends as OOM with both sizes.
+struct OutOfMemory : std::exception {
+  OutOfMemory(size_t asked, size_t free, int rank);
+  const char* what() const noexcept override { return message.c_str(); }
+  size_t asked, free;
+  std::string message;
+};
+
+// A point in a stream's timeline (a CUDA event, or a steady-clock reading on the CPU).
+class Marker {
+ public:
+  virtual ~Marker() = default;
+  virtual void record(void* stream) = 0;
+  // Milliseconds from `start` to this marker; both recorded, this one complete.
+  virtual double since(const Marker& start) const = 0;
+};
+
+// Where generated data goes: a local [B, tokens, H, D] (or LSE-like [B, H, tokens]) tensor.
+struct GenerateSpec {
+  data::Params params;
+  uint32_t tensor = data::kQ;
+  int32_t dtype = ATTNHOST_DTYPE_BF16;
+  int64_t batch = 1, local_tokens = 0;
+  int32_t heads = 1, head_dim = 1;
+  std::vector<attnhost_token_range> ranges; // global token of each local slot
+};
+
+class Device {
+ public:
+  virtual ~Device() = default;
+  virtual DeviceKind kind() const = 0;
+  virtual int ordinal() const = 0;
+  virtual std::string name() const = 0;
+
+  // Memory, accounted per rank. alloc throws OutOfMemory; free(nullptr) is a no-op.
+  void* alloc(size_t bytes);
+  void free(void* ptr);
+  size_t current_bytes() const { return current_; }
+  size_t peak_bytes() const { return peak_; }
+  void reset_peak() { peak_ = current_; }
+  size_t live_allocations() const { return sizes_.size(); }
+
+  virtual void copy_to_host(void* dst, const void* src, size_t bytes) = 0;
+  virtual void copy_from_host(void* dst, const void* src, size_t bytes) = 0;
+  virtual void fill_bytes(void* dst, int value, size_t bytes) = 0;
+
+  virtual void* stream(int index) = 0; // 0 timed, 1 and 2 auxiliary; NULL on the CPU
+  virtual void synchronize() = 0;      // waits for every stream
+  virtual std::unique_ptr<Marker> marker() = 0;
+  virtual void flush_l2() = 0;         // evicts caches between timed samples
+
+  // Host kernels: fill a local tensor with generated data (padding slots get zero); fill it with
+  // NaN so unwritten results show; count non-finite elements of real tokens (NaN, +/-inf; with
+  // allow_neg_inf, -inf does not count).
+  virtual void generate(void* dst, const GenerateSpec& spec) = 0;
+  virtual void poison(void* dst, int32_t dtype, size_t count) = 0;
+  virtual int64_t count_nonfinite(const void* src, int32_t dtype, size_t count, bool allow_neg_inf) = 0;
+
+  int rank = 0; // for messages
+
+ protected:
+  virtual void* raw_alloc(size_t bytes) = 0;       // nullptr when out of memory
+  virtual void raw_free(void* ptr) = 0;
+  virtual size_t free_memory() const = 0;
+
+ private:
+  size_t current_ = 0, peak_ = 0;
+  std::vector<std::pair<void*, size_t>> sizes_;
+};
+
+std::unique_ptr<Device> make_cpu_device();
+#if ATTNHOST_HAVE_CUDA
+std::unique_ptr<Device> make_cuda_device(int ordinal);
+int cuda_device_count();          // 0 when no driver or no GPU
+#endif
+
+// Fill on the CPU: shared by the CPU device and the reference check.
+void generate_cpu(void* dst, const GenerateSpec& spec);
+// One element as the plugin sees it (rounded to dtype), widened to double.
+double generated_element(const data::Params& params, uint32_t tensor, int32_t dtype, int64_t batch,
+                         int64_t token, int32_t head, int32_t dim);
+// Element i of a buffer of dtype, widened to double.
+double load_element(const void* base, int32_t dtype, size_t i);
+
+}  // namespace attnhost

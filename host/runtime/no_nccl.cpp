@@ -1,0 +1,9 @@
+// Built when NCCL (or CUDA) is absent: GPU worlds cannot be made.
+#include "common/errors.h"
+#include "runtime/comm_factory.h"
+
+namespace attnhost {
+std::unique_ptr<CommFactory> nccl_factory(int) {
+  throw RuntimeFailure(ATTNHOST_ERR_UNSUPPORTED, "this attnhost was built without NCCL: GPU worlds are unavailable");
+}
+}  // namespace attnhost

@@ -1,0 +1,111 @@
+// Ranks as threads of this process. Host-level coordination is in-process for both devices; the
+// plugin's communicator is in-process on the CPU and NCCL on GPUs.
+#include "common/errors.h"
+#include "common/log.h"
+#include "runtime/backend.h"
+#include "runtime/comm_factory.h"
+
+#include <cstdlib>
+#include <thread>
+
+namespace attnhost {
+
+namespace {
+
+class ThreadBackend final : public Backend {
+ public:
+  ThreadBackend(DeviceKind kind, int gpus, std::chrono::milliseconds timeout)
+      : kind_(kind), gpus_(gpus), timeout_(timeout) {}
+
+  DeviceKind device_kind() const override { return kind_; }
+  int max_world_size() const override { return kind_ == DeviceKind::cpu ? 1 << 16 : gpus_; }
+  std::string describe() const override {
+    return kind_ == DeviceKind::cpu ? "cpu (one thread per rank, in-process communicator)"
+                                    : "cuda (" + std::to_string(gpus_) + " GPUs, one thread each, NCCL)";
+  }
+
+  RunResult run_world(int world_size, const std::function<RunResult(RankEnv&)>& body) override {
+    InprocWorld world(world_size, timeout_);
+    std::unique_ptr<CommFactory> comms = kind_ == DeviceKind::cpu ? nullptr : nccl_factory(world_size);
+    std::vector<RunResult> results(world_size);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < world_size; ++r)
+      threads.emplace_back([&, r] { results[r] = run_rank(world, comms.get(), r, world_size, body); });
+    for (std::thread& t : threads) t.join();
+    return results[0];
+  }
+
+ private:
+  RunResult run_rank(InprocWorld& world, CommFactory* comms, int r, int ws,
+                     const std::function<RunResult(RankEnv&)>& body) {
+    try {
+      std::unique_ptr<Device> device = make_device(r);
+      device->rank = r;
+      std::unique_ptr<Communicator> comm = comms ? comms->create(r) : world.communicator(r);
+      std::unique_ptr<RankGroup> group = world.group(r);
+      RankEnv env{r, ws, *device, *comm, *group};
+      return body(env);
+    } catch (const std::exception& e) {
+      RunResult failed;
+      failed.world_size = ws;
+      failed.status = "ERROR";
+      failed.error = "rank " + std::to_string(r) + ": " + e.what();
+      return failed;
+    }
+  }
+
+  std::unique_ptr<Device> make_device(int rank) {
+#if ATTNHOST_HAVE_CUDA
+    if (kind_ == DeviceKind::cuda) return make_cuda_device(rank);
+#endif
+    (void)rank;
+    return make_cpu_device();
+  }
+
+  DeviceKind kind_;
+  int gpus_;
+  std::chrono::milliseconds timeout_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_thread_backend(DeviceKind kind, int gpus, std::chrono::milliseconds timeout) {
+  return std::make_unique<ThreadBackend>(kind, gpus, timeout);
+}
+
+bool started_under_mpi() {
+  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS"})
+    if (std::getenv(v)) return true;
+  return false;
+}
+
+std::unique_ptr<Backend> make_backend(const BackendOptions& o) {
+  int gpus = 0;
+#if ATTNHOST_HAVE_CUDA
+  gpus = cuda_device_count();
+#endif
+  DeviceKind kind;
+  if (o.device == "cpu") {
+    kind = DeviceKind::cpu;
+  } else if (o.device == "cuda") {
+#if !ATTNHOST_HAVE_CUDA
+    throw UsageError("--device cuda: this attnhost was built without CUDA");
+#endif
+    if (gpus == 0) throw UsageError("--device cuda: no GPU is visible");
+    kind = DeviceKind::cuda;
+  } else if (o.device == "auto") {
+    kind = gpus > 0 ? DeviceKind::cuda : DeviceKind::cpu;
+    if (gpus == 0) log::info("no GPU visible: running on the CPU");
+  } else {
+    throw UsageError("--device must be auto, cuda or cpu, not '" + o.device + "'");
+  }
+  if (kind == DeviceKind::cuda && o.gpus > 0) {
+    if (o.gpus > gpus)
+      throw UsageError("--gpus " + std::to_string(o.gpus) + ": only " + std::to_string(gpus) + " visible");
+    gpus = o.gpus;
+  }
+  if (started_under_mpi()) return make_mpi_backend(kind, o.comm_timeout);
+  return make_thread_backend(kind, gpus, o.comm_timeout);
+}
+
+}  // namespace attnhost
