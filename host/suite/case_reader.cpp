@@ -6,6 +6,7 @@
 #include "suite/varlen.h"
 
 #include <algorithm>
+#include <cctype>
 
 namespace attnhost::suite::detail {
 namespace {
