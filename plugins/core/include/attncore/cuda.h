@@ -1,0 +1,44 @@
+// attncore on the GPU: the native flash-attention kernels and the small operations around them.
+//
+// Each function validates its call on the host, enqueues its kernels on `stream` (a cudaStream_t;
+// nullptr is the legacy default stream) and returns without synchronizing. A malformed or
+// unsupported call, or a failed launch, throws attncore::Error (one line: what, and why); an error
+// inside a kernel surfaces at the caller's next synchronization, as with any CUDA work.
+//
+// Supported: bf16 and fp16 inputs, head_dim 64, 80, 96, 128, 256 (check_supported says so in one
+// line); all of the Mask, GQA, segments and block lists (attention.h). Every data pointer is device
+// memory, except the BlockList struct itself (host). Q, K, V, dO and a dtype O need a 16-byte
+// aligned base and strides that are multiples of 8 elements; fp32 tensors (partial O, dQ/dK/dV)
+// 8-byte aligned and even strides. Lengths up to 2^31 - 1.
+//
+// Only available when attncore was built with CUDA (ATTNCORE_HAVE_CUDA is then defined to 1 for
+// everything that links attncore); a CPU-only plugin includes attncore/cpu.h alone.
+#pragma once
+
+#if !defined(ATTNCORE_HAVE_CUDA) || !ATTNCORE_HAVE_CUDA
+#error "attncore/cuda.h: attncore was built without CUDA; guard the include with #if ATTNCORE_HAVE_CUDA"
+#endif
+
+#include "attncore/attention.h"
+
+namespace attncore {
+
+// O and LSE (O in fp32 when p.o_fp32: a partial to merge). Rows outside every segment are untouched.
+void forward_cuda(const ForwardParams& p, void* stream);
+
+// delta = rowsum(dO * O), fp32.
+void compute_delta_cuda(const DeltaParams& p, void* stream);
+
+// Adds dQ, dK, dV into the fp32 accumulators p.dq, p.dk, p.dv, from the final LSE and delta.
+// p.deterministic: bitwise reproducible (dQ by its own kernel, no atomics; about 1.4x the work),
+// provided no two segments share keys. Otherwise dQ is added with fp32 atomics, whose order
+// varies between runs.
+void backward_cuda(const BackwardParams& p, void* stream);
+
+// In place fp32 merge of a partial into an accumulator (MergeParams).
+void merge_partial_cuda(const MergeParams& p, void* stream);
+
+// fp32 -> bf16 / fp16 / fp32.
+void convert_cuda(const ConvertParams& p, void* stream);
+
+} // namespace attncore

@@ -1,0 +1,48 @@
+// Kernel arguments: the public parameter structs, flattened into what a kernel reads by value.
+#pragma once
+
+#include <cstdint>
+
+#include "attncore/attention.h"
+#include "tiles.cuh"
+
+namespace attncore::cuda {
+
+struct AttnArgs {
+  TensorRef q, k, v, d_o, o; // o: forward output (dtype or fp32)
+  RowStatsRef lse, delta;
+  TensorRef dq, dk, dv;      // fp32 accumulators (backward)
+  int32_t seqlen_q = 0, seqlen_kv = 0, heads_q = 1, group = 1;
+  float scale = 0.f, scale_log2 = 0.f; // softmax scale, and times log2(e)
+  bool o_fp32 = false;
+  bool accumulate_dq = false; // dK/dV kernel also adds dQ (atomically)
+  MaskArgs mask;
+  const Segment* segs = nullptr;
+  int32_t nseg = 0;
+  BlockArgs blocks; // heads == 0: no block list
+};
+
+inline BlockArgs make_block_args(const BlockList* b) {
+  BlockArgs a;
+  if (!b) return a;
+  a.block_q = b->block_q;
+  a.block_kv = b->block_kv;
+  a.num_q_blocks = b->num_q_blocks;
+  a.num_kv_blocks = b->num_kv_blocks;
+  a.heads = b->heads;
+  a.row_ptr = b->row_ptr;
+  a.kv_block = b->kv_block;
+  a.masked = b->masked;
+  a.col_ptr = b->col_ptr;
+  a.q_block = b->q_block;
+  a.q_masked = b->q_masked;
+  return a;
+}
+
+// CTAs along x: tiles of `block` over `len`, plus one per segment (each segment's last tile may be
+// partial), when segments are given: their lengths live on the device and are not read here.
+inline int64_t tile_grid(int64_t len, int32_t block, int32_t nseg) {
+  return (len + block - 1) / block + nseg;
+}
+
+} // namespace attncore::cuda

@@ -1,0 +1,7 @@
+// Backward kernels (dK/dV, and dQ for deterministic mode) for head dim 96, bf16 and fp16.
+#include "backward.cuh"
+
+namespace attncore::cuda {
+template void launch_backward<__nv_bfloat16, 96>(const BackwardParams&, cudaStream_t);
+template void launch_backward<__half, 96>(const BackwardParams&, cudaStream_t);
+} // namespace attncore::cuda

@@ -1,0 +1,172 @@
+// The device vocabulary of the native kernels: element types, async copies, ldmatrix, the
+// m16n8k16 tensor-core product, and the warp reductions of the online softmax. Each kernel is
+// written in these words so that it reads as its algorithm.
+//
+// Fragment layouts (PTX ISA, mma.m16n8k16, 32 lanes; g = lane / 4, t = lane % 4):
+//   A 16x16 (4 regs of 2 halves): a0 (g, 2t..), a1 (g+8, 2t..), a2 (g, 2t+8..), a3 (g+8, 2t+8..)
+//   B 16x8  (2 regs):             b0 (k 2t.., n g), b1 (k 2t+8.., n g)
+//   C 16x8  (4 floats):           c0,c1 (g, 2t, 2t+1), c2,c3 (g+8, 2t, 2t+1)
+// Two adjacent C tiles (columns 0-7 and 8-15) hold exactly an A fragment of those 16 columns, so a
+// score tile becomes the A operand of the next product without leaving registers.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+namespace attncore::cuda {
+
+constexpr float kLog2e = 1.4426950408889634f; // exp(x) = exp2(x log2 e): ex2 is one instruction
+constexpr float kLn2 = 0.6931471805599453f;
+constexpr unsigned kFullMask = 0xffffffffu;
+
+// ---- element types -------------------------------------------------------------------------
+
+// Two floats rounded (nearest even) into one 32-bit register of two 16-bit elements, lo first.
+template <class T> __device__ __forceinline__ uint32_t pack2(float lo, float hi);
+template <> __device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+template <> __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
+  __half2 v = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+template <class T> __device__ __forceinline__ float2 unpack2(uint32_t x);
+template <> __device__ __forceinline__ float2 unpack2<__nv_bfloat16>(uint32_t x) {
+  return __bfloat1622float2(*reinterpret_cast<__nv_bfloat162*>(&x));
+}
+template <> __device__ __forceinline__ float2 unpack2<__half>(uint32_t x) {
+  return __half22float2(*reinterpret_cast<__half2*>(&x));
+}
+
+// ---- tensor cores ----------------------------------------------------------------------------
+
+// c += a (16x16, row) * b (16x8, col), fp32 accumulate.
+template <class T>
+__device__ __forceinline__ void mma_16x8x16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);
+template <>
+__device__ __forceinline__ void mma_16x8x16<__nv_bfloat16>(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                                           uint32_t b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+               "{%0,%1,%2,%3};\n"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+template <>
+__device__ __forceinline__ void mma_16x8x16<__half>(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                                    uint32_t b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+               "{%0,%1,%2,%3};\n"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// ---- shared memory -> registers ----------------------------------------------------------------
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return uint32_t(__cvta_generic_to_shared(p));
+}
+
+// Four 8x8 matrices; lanes 8i..8i+7 give the row addresses of matrix i, register i receives it.
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void ldmatrix_x2_trans(uint32_t (&r)[2], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n"
+               : "=r"(r[0]), "=r"(r[1])
+               : "r"(smem_addr(p)));
+}
+
+// A fragment of rows [row0, row0+16) x cols [col0, col0+16) of a row-major tile.
+template <class T>
+__device__ __forceinline__ void load_a(uint32_t (&a)[4], const T* tile, int pitch, int row0, int col0, int lane) {
+  ldmatrix_x4(a, tile + (row0 + (lane & 15)) * pitch + col0 + (lane >> 4) * 8);
+}
+// A fragment of the transpose: A(m, k) = tile[k][m], for m in [m0, m0+16), k in [k0, k0+16).
+template <class T>
+__device__ __forceinline__ void load_a_trans(uint32_t (&a)[4], const T* tile, int pitch, int m0, int k0, int lane) {
+  ldmatrix_x4_trans(a, tile + (k0 + (lane & 7) + (lane >> 4) * 8) * pitch + m0 + ((lane >> 3) & 1) * 8);
+}
+// B fragments of two n-tiles, B(k, n) = tile[n][k] (the tile holds B's columns as rows: K in Q K^T):
+// n in [n0, n0+16), k in [k0, k0+16). b[0], b[1]: n-tile n0; b[2], b[3]: n-tile n0+8.
+template <class T>
+__device__ __forceinline__ void load_b_nk(uint32_t (&b)[4], const T* tile, int pitch, int n0, int k0, int lane) {
+  ldmatrix_x4(b, tile + (n0 + (lane & 7) + (lane >> 4) * 8) * pitch + k0 + ((lane >> 3) & 1) * 8);
+}
+// B fragments of two n-tiles, B(k, n) = tile[k][n] (row-major B: V in P V): k in [k0, k0+16),
+// n in [n0, n0+16). b[0], b[1]: n-tile n0; b[2], b[3]: n-tile n0+8.
+template <class T>
+__device__ __forceinline__ void load_b_kn(uint32_t (&b)[4], const T* tile, int pitch, int k0, int n0, int lane) {
+  ldmatrix_x4_trans(b, tile + (k0 + (lane & 7) + ((lane >> 3) & 1) * 8) * pitch + n0 + (lane >> 4) * 8);
+}
+// One n-tile of the same (n in [n0, n0+8)).
+template <class T>
+__device__ __forceinline__ void load_b_kn_single(uint32_t (&b)[2], const T* tile, int pitch, int k0, int n0, int lane) {
+  ldmatrix_x2_trans(b, tile + (k0 + (lane & 7) + ((lane >> 3) & 1) * 8) * pitch + n0);
+}
+
+// A fragment (16 x 16 over columns 16j..16j+15) from two C tiles of scores 2j and 2j+1.
+template <class T>
+__device__ __forceinline__ void c_to_a(uint32_t (&a)[4], const float (&c0)[4], const float (&c1)[4]) {
+  a[0] = pack2<T>(c0[0], c0[1]);
+  a[1] = pack2<T>(c0[2], c0[3]);
+  a[2] = pack2<T>(c1[0], c1[1]);
+  a[3] = pack2<T>(c1[2], c1[3]);
+}
+
+// ---- global -> shared, asynchronous ------------------------------------------------------------
+
+// 16 bytes; when !valid nothing is read and the destination is zero-filled.
+__device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+               "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+// Rows [0, kRows) x kDim elements of a strided global tile into a padded shared tile; rows >= valid
+// are zero-filled (no NaN from beyond a tensor can reach a product).
+template <int kRows, int kDim, int kThreads, class T>
+__device__ __forceinline__ void load_tile_async(T* smem, int pitch, const T* gmem, int64_t row_stride, int valid,
+                                                int tid) {
+  constexpr int kChunksPerRow = kDim / 8; // 16-byte chunks
+  static_assert(kDim % 8 == 0, "rows are copied in 16-byte chunks");
+#pragma unroll
+  for (int c = tid; c < kRows * kChunksPerRow; c += kThreads) {
+    const int row = c / kChunksPerRow, col = (c % kChunksPerRow) * 8;
+    const bool ok = row < valid;
+    cp_async_16(smem + row * pitch + col, ok ? gmem + row * row_stride + col : gmem, ok);
+  }
+}
+
+// ---- arithmetic --------------------------------------------------------------------------------
+
+__device__ __forceinline__ float fast_exp2(float x) { // ex2.approx: exp2(-inf) = +0
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Reductions over the 4 lanes (t = 0..3) that share a row of a C fragment.
+__device__ __forceinline__ float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(kFullMask, x, 1));
+  return fmaxf(x, __shfl_xor_sync(kFullMask, x, 2));
+}
+__device__ __forceinline__ float quad_sum(float x) {
+  x += __shfl_xor_sync(kFullMask, x, 1);
+  return x + __shfl_xor_sync(kFullMask, x, 2);
+}
+
+} // namespace attncore::cuda

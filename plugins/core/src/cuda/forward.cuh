@@ -1,0 +1,290 @@
+// Flash-attention forward (FlashAttention-2's algorithm) on mma.sync m16n8k16.
+//
+// A CTA of 4 warps owns kBlockM query rows of one (batch, head); each warp owns kWarpRows of them
+// (two m16 tiles for D <= 128: every K/V fragment read from shared memory feeds two products).
+// It walks the key tiles its rows can see (KvWalk), double-buffered with cp.async:
+//     S = Q K^T;  mask (edge tiles only);  m' = max(m, rowmax S);  P = exp2(S c - m' c);
+//     l = l e^(m - m') + rowsum P;  O = O e^(m - m') + P V
+// and ends with O / l and LSE = ln 2 (m c + log2 l), c = scale log2(e). A row that sees no key has
+// l = 0: O = 0, LSE = -inf.
+#pragma once
+
+#include "args.h"
+#include "device.cuh"
+#include "launch.h"
+#include "tiles.cuh"
+
+namespace attncore::cuda {
+
+template <class T, int D> struct ForwardConfig {
+  static constexpr int kWarps = 4;
+  static constexpr int kThreads = kWarps * 32;
+  static constexpr int kMTiles = D <= 128 ? 2 : 1; // m16 tiles per warp (register budget at D = 256)
+  static constexpr int kWarpRows = 16 * kMTiles;
+  static constexpr int kBlockM = kWarps * kWarpRows;
+  static constexpr int kBlockN = D <= 128 ? 64 : 32;
+  static constexpr int kPitch = D + 8; // +16 bytes: the 8 rows of an ldmatrix land in distinct banks
+  static constexpr int kSTiles = kBlockN / 8; // score n-tiles
+  static constexpr int kOTiles = D / 8;       // output n-tiles
+  static constexpr size_t kSmemBytes = size_t(kBlockM + 2 * 2 * kBlockN) * kPitch * sizeof(T);
+  static_assert(D % 16 == 0, "head dim must be a multiple of 16");
+  static_assert(kBlockM <= 128, "a row tile spans at most two query blocks of a block list");
+  static_assert(64 % kBlockN == 0, "key tiles must divide the block-list block sizes");
+  static_assert(kSmemBytes <= 160 * 1024, "must fit an sm_80 CTA");
+};
+
+template <class T, int D> struct ForwardWarp {
+  using C = ForwardConfig<T, D>;
+  float o[C::kMTiles][C::kOTiles][4];
+  float row_max[C::kMTiles][2]; // raw scores (unscaled); -inf until a key is seen
+  float row_sum[C::kMTiles][2]; // this lane's share of l
+
+  __device__ void init() {
+#pragma unroll
+    for (int mt = 0; mt < C::kMTiles; ++mt) {
+#pragma unroll
+      for (int j = 0; j < C::kOTiles; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o[mt][j][e] = 0.f;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        row_max[mt][h] = -INFINITY;
+        row_sum[mt][h] = 0.f;
+      }
+    }
+  }
+
+  // S = Q K^T for this warp's rows and the key tile in sK.
+  __device__ void scores(float (&s)[C::kMTiles][C::kSTiles][4], const T* sQ, const T* sK, int row0, int lane) {
+#pragma unroll
+    for (int mt = 0; mt < C::kMTiles; ++mt)
+#pragma unroll
+      for (int j = 0; j < C::kSTiles; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[mt][j][e] = 0.f;
+#pragma unroll
+    for (int k0 = 0; k0 < D; k0 += 16) {
+      uint32_t a[C::kMTiles][4];
+#pragma unroll
+      for (int mt = 0; mt < C::kMTiles; ++mt) load_a<T>(a[mt], sQ, C::kPitch, row0 + mt * 16, k0, lane);
+#pragma unroll
+      for (int n0 = 0; n0 < C::kBlockN; n0 += 16) {
+        uint32_t b[4];
+        load_b_nk<T>(b, sK, C::kPitch, n0, k0, lane);
+#pragma unroll
+        for (int mt = 0; mt < C::kMTiles; ++mt) {
+          mma_16x8x16<T>(s[mt][n0 / 8], a[mt], b[0], b[1]);
+          mma_16x8x16<T>(s[mt][n0 / 8 + 1], a[mt], b[2], b[3]);
+        }
+      }
+    }
+  }
+
+  // -inf for pairs the mask hides (when `masked`) and for columns past the region (when `cross`).
+  __device__ void mask_scores(float (&s)[C::kMTiles][C::kSTiles][4], const MaskArgs& mask, const Region& reg,
+                              int32_t row0, int32_t c0, bool masked, int lane) {
+    const int32_t base = reg.diff(row0, c0); // diff of (row0, c0); (row, col) adds col - row
+#pragma unroll
+    for (int mt = 0; mt < C::kMTiles; ++mt)
+#pragma unroll
+      for (int j = 0; j < C::kSTiles; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int r = mt * 16 + (lane >> 2) + (e >= 2 ? 8 : 0);
+          const int c = j * 8 + (lane & 3) * 2 + (e & 1);
+          const bool ok = c0 + c < reg.col_end && (!masked || visible(mask, base + c - r));
+          if (!ok) s[mt][j][e] = -INFINITY;
+        }
+  }
+
+  // The online-softmax step: new maxima, rescale O and l, S becomes P.
+  __device__ void softmax_step(float (&s)[C::kMTiles][C::kSTiles][4], float scale_log2) {
+#pragma unroll
+    for (int mt = 0; mt < C::kMTiles; ++mt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float mx = row_max[mt][h];
+#pragma unroll
+        for (int j = 0; j < C::kSTiles; ++j) mx = fmaxf(mx, fmaxf(s[mt][j][2 * h], s[mt][j][2 * h + 1]));
+        mx = quad_max(mx);
+        // A row that has seen nothing yet subtracts 0, not -inf: exp2(-inf - -inf) would be NaN.
+        const float m_scaled = mx == -INFINITY ? 0.f : mx * scale_log2;
+        const float alpha = fast_exp2(row_max[mt][h] * scale_log2 - m_scaled);
+        row_max[mt][h] = mx;
+        float sum = 0.f;
+#pragma unroll
+        for (int j = 0; j < C::kSTiles; ++j)
+#pragma unroll
+          for (int e = 2 * h; e < 2 * h + 2; ++e) {
+            s[mt][j][e] = fast_exp2(fmaf(s[mt][j][e], scale_log2, -m_scaled));
+            sum += s[mt][j][e];
+          }
+        row_sum[mt][h] = row_sum[mt][h] * alpha + sum;
+#pragma unroll
+        for (int j = 0; j < C::kOTiles; ++j) {
+          o[mt][j][2 * h] *= alpha;
+          o[mt][j][2 * h + 1] *= alpha;
+        }
+      }
+  }
+
+  // O += P V, P straight from the score registers.
+  __device__ void accumulate_pv(const float (&p)[C::kMTiles][C::kSTiles][4], const T* sV, int lane) {
+#pragma unroll
+    for (int k0 = 0; k0 < C::kBlockN; k0 += 16) {
+      uint32_t a[C::kMTiles][4];
+#pragma unroll
+      for (int mt = 0; mt < C::kMTiles; ++mt) c_to_a<T>(a[mt], p[mt][k0 / 8], p[mt][k0 / 8 + 1]);
+#pragma unroll
+      for (int n0 = 0; n0 < D; n0 += 16) {
+        uint32_t b[4];
+        load_b_kn<T>(b, sV, C::kPitch, k0, n0, lane);
+#pragma unroll
+        for (int mt = 0; mt < C::kMTiles; ++mt) {
+          mma_16x8x16<T>(o[mt][n0 / 8], a[mt], b[0], b[1]);
+          mma_16x8x16<T>(o[mt][n0 / 8 + 1], a[mt], b[2], b[3]);
+        }
+      }
+    }
+  }
+
+  // O / l (in dtype or fp32) and LSE of the warp's rows that lie in [.., row_end).
+  __device__ void store(const AttnArgs& a, int b, int h, int32_t row0, int32_t row_end, int lane) {
+    float* lse = a.lse.data + b * a.lse.batch_stride + h * a.lse.head_stride;
+#pragma unroll
+    for (int mt = 0; mt < C::kMTiles; ++mt)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int32_t r = row0 + mt * 16 + (lane >> 2) + hh * 8;
+        const float l = quad_sum(row_sum[mt][hh]);
+        if (r >= row_end) continue;
+        const float inv = l > 0.f ? 1.f / l : 0.f;
+        const int64_t off = b * a.o.batch_stride + int64_t(r) * a.o.token_stride + h * a.o.head_stride;
+#pragma unroll
+        for (int j = 0; j < C::kOTiles; ++j) {
+          const int col = j * 8 + (lane & 3) * 2;
+          const float x0 = o[mt][j][2 * hh] * inv, x1 = o[mt][j][2 * hh + 1] * inv;
+          if (a.o_fp32)
+            *reinterpret_cast<float2*>(static_cast<float*>(a.o.data) + off + col) = make_float2(x0, x1);
+          else
+            *reinterpret_cast<uint32_t*>(static_cast<T*>(a.o.data) + off + col) = pack2<T>(x0, x1);
+        }
+        if ((lane & 3) == 0)
+          lse[r] = l > 0.f ? (row_max[mt][hh] * a.scale_log2 + __log2f(l)) * kLn2 : -INFINITY;
+      }
+  }
+};
+
+template <class T, int D>
+__global__ void __launch_bounds__(ForwardConfig<T, D>::kThreads, 2) flash_forward_kernel(const __grid_constant__ AttnArgs a) {
+  using C = ForwardConfig<T, D>;
+  extern __shared__ __align__(16) unsigned char smem[];
+  T* sQ = reinterpret_cast<T*>(smem);
+  T* sK = sQ + C::kBlockM * C::kPitch; // two buffers
+  T* sV = sK + 2 * C::kBlockN * C::kPitch;
+
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int head = blockIdx.y, batch = blockIdx.z, kv_head = head / a.group;
+  const int32_t x = int32_t(gridDim.x - 1 - blockIdx.x); // last tiles first: causal ones are heaviest
+
+  Region reg;
+  int32_t m0;
+  if (a.nseg > 0) {
+    int32_t seg, tile;
+    if (!locate_tile(a.segs, a.nseg, x, C::kBlockM, true, seg, tile)) return;
+    reg = segment_region(a.segs[seg]);
+    m0 = reg.row_begin + tile * C::kBlockM;
+  } else {
+    reg = whole_call(a.mask, a.seqlen_q, a.seqlen_kv);
+    m0 = x * C::kBlockM;
+  }
+  const int32_t m1 = min(m0 + C::kBlockM, reg.row_end);
+  const int32_t warp_row0 = warp * C::kWarpRows;
+
+  const T* q = static_cast<const T*>(a.q.data) + batch * a.q.batch_stride + head * a.q.head_stride;
+  const T* k = static_cast<const T*>(a.k.data) + batch * a.k.batch_stride + kv_head * a.k.head_stride;
+  const T* v = static_cast<const T*>(a.v.data) + batch * a.v.batch_stride + kv_head * a.v.head_stride;
+  load_tile_async<C::kBlockM, D, C::kThreads>(sQ, C::kPitch, q + int64_t(m0) * a.q.token_stride,
+                                              a.q.token_stride, m1 - m0, tid);
+
+  KvWalk<C::kBlockN> walk;
+  int list = 0; // which of the (at most two) query blocks of a block list this warp's rows are in
+  if (a.blocks.heads > 0) {
+    const int32_t row = (a.blocks.heads == 1 ? 0 : head) * a.blocks.num_q_blocks;
+    const int32_t qb0 = m0 / a.blocks.block_q, qb1 = (m1 - 1) / a.blocks.block_q;
+    walk.init_blocks(a.mask, reg, a.blocks, row + qb0, row + qb1);
+    list = (m0 + warp_row0) / a.blocks.block_q == qb0 ? 0 : 1;
+  } else {
+    walk.init_interval(a.mask, reg, m0, m1);
+  }
+
+  const auto load_kv = [&](int buf, int32_t c0) {
+    load_tile_async<C::kBlockN, D, C::kThreads>(sK + buf * C::kBlockN * C::kPitch, C::kPitch,
+                                                k + int64_t(c0) * a.k.token_stride, a.k.token_stride,
+                                                reg.col_end - c0, tid);
+    load_tile_async<C::kBlockN, D, C::kThreads>(sV + buf * C::kBlockN * C::kPitch, C::kPitch,
+                                                v + int64_t(c0) * a.v.token_stride, a.v.token_stride,
+                                                reg.col_end - c0, tid);
+  };
+
+  ForwardWarp<T, D> w;
+  w.init();
+  KvStep cur;
+  bool have = walk.next(cur);
+  if (have) load_kv(0, cur.c0);
+  cp_async_commit();
+  int buf = 0;
+  while (have) {
+    KvStep nxt;
+    const bool have_next = walk.next(nxt);
+    if (have_next) load_kv(buf ^ 1, nxt.c0); // the next tile streams in while this one is used
+    cp_async_commit();
+    cp_async_wait<1>();
+    __syncthreads();
+    // (selects, not cur.active[list]: a run-time index would put the step in local memory)
+    const bool active = list ? cur.active[1] : cur.active[0];
+    const bool masked = list ? cur.masked[1] : cur.masked[0];
+    if (active) {
+      float s[C::kMTiles][C::kSTiles][4];
+      w.scores(s, sQ, sK + buf * C::kBlockN * C::kPitch, warp_row0, lane);
+      if (masked || cur.cross) w.mask_scores(s, a.mask, reg, m0 + warp_row0, cur.c0, masked, lane);
+      w.softmax_step(s, a.scale_log2);
+      w.accumulate_pv(s, sV + buf * C::kBlockN * C::kPitch, lane);
+    }
+    __syncthreads(); // everyone is done with `buf` before it is refilled
+    cur = nxt;
+    have = have_next;
+    buf ^= 1;
+  }
+  cp_async_wait<0>();
+  w.store(a, batch, head, m0 + warp_row0, m1, lane);
+}
+
+template <class T, int D> void launch_forward(const ForwardParams& p, cudaStream_t stream) {
+  using C = ForwardConfig<T, D>;
+  AttnArgs a;
+  a.q = p.q;
+  a.k = p.k;
+  a.v = p.v;
+  a.o = p.o;
+  a.lse = p.lse;
+  a.o_fp32 = p.o_fp32;
+  a.seqlen_q = int32_t(p.seqlen_q);
+  a.seqlen_kv = int32_t(p.seqlen_kv);
+  a.heads_q = p.heads_q;
+  a.group = p.heads_q / p.heads_kv;
+  a.scale = p.softmax_scale;
+  a.scale_log2 = p.softmax_scale * kLog2e;
+  a.mask = make_mask_args(p.mask);
+  a.segs = p.segments;
+  a.nseg = p.num_segments;
+  a.blocks = make_block_args(p.blocks);
+  const auto kernel = flash_forward_kernel<T, D>;
+  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(C::kSmemBytes));
+  const dim3 grid(unsigned(tile_grid(p.seqlen_q, C::kBlockM, p.num_segments)), unsigned(p.heads_q),
+                  unsigned(p.batch));
+  kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(a);
+  check_launch("flash forward");
+}
+
+} // namespace attncore::cuda

@@ -1,0 +1,34 @@
+// Host-side contract between the dispatcher (api.cu) and the per-head-dim translation units
+// (fwd_hdim*.cu, bwd_hdim*.cu): one launcher per (element type, head dim), instantiated there.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime_api.h>
+
+#include <string>
+
+#include "attncore/attention.h"
+
+namespace attncore::cuda {
+
+template <class T, int D> void launch_forward(const ForwardParams& p, cudaStream_t stream);
+template <class T, int D> void launch_backward(const BackwardParams& p, cudaStream_t stream);
+
+// Throws attncore::Error naming the operation when the last launch failed.
+void check_launch(const char* what);
+
+#define ATTNCORE_DECLARE_HDIM(D)                                                                   \
+  extern template void launch_forward<__nv_bfloat16, D>(const ForwardParams&, cudaStream_t);    \
+  extern template void launch_forward<__half, D>(const ForwardParams&, cudaStream_t);           \
+  extern template void launch_backward<__nv_bfloat16, D>(const BackwardParams&, cudaStream_t);  \
+  extern template void launch_backward<__half, D>(const BackwardParams&, cudaStream_t);
+
+ATTNCORE_DECLARE_HDIM(64)
+ATTNCORE_DECLARE_HDIM(80)
+ATTNCORE_DECLARE_HDIM(96)
+ATTNCORE_DECLARE_HDIM(128)
+ATTNCORE_DECLARE_HDIM(256)
+#undef ATTNCORE_DECLARE_HDIM
+
+} // namespace attncore::cuda

@@ -1,0 +1,323 @@
+// Which tiles a CTA visits, and which pairs inside a tile are visible. Shared by every kernel.
+//
+// A CTA owns a tile of rows (forward, dQ) or of columns (dK/dV) inside one region: the whole call,
+// or one segment. Positions are global (attention.h), so the causal/window mask of a pair depends
+// only on diff = key position - query position: visible iff lo <= diff <= hi. Tiles wholly outside
+// the mask are never visited; tiles wholly inside skip the per-element test.
+#pragma once
+
+#include <climits>
+#include <cstdint>
+
+#include "attncore/attention.h"
+#include "device.cuh"
+
+namespace attncore::cuda {
+
+// Windows are clamped to 2^29 positions and diffs to 2^30, so per-element tests stay in int32.
+constexpr int64_t kMaxWindow = int64_t(1) << 29;
+constexpr int64_t kDiffClamp = int64_t(1) << 30;
+
+struct MaskArgs {
+  bool causal = false;
+  int64_t window_left = -1, window_right = -1;
+  int64_t q_pos0 = 0, kv_pos0 = 0;
+  int32_t diff_lo = INT_MIN, diff_hi = INT_MAX; // visible iff diff_lo <= diff <= diff_hi
+};
+
+inline MaskArgs make_mask_args(const Mask& m) {
+  MaskArgs a;
+  a.causal = m.causal;
+  a.window_left = m.window_left < 0 ? -1 : (m.window_left < kMaxWindow ? m.window_left : kMaxWindow);
+  a.window_right = m.window_right < 0 ? -1 : (m.window_right < kMaxWindow ? m.window_right : kMaxWindow);
+  a.q_pos0 = m.q_pos0;
+  a.kv_pos0 = m.kv_pos0;
+  if (a.window_left >= 0) a.diff_lo = -int32_t(a.window_left);
+  if (a.causal) a.diff_hi = 0;
+  if (a.window_right >= 0 && a.window_right < a.diff_hi) a.diff_hi = int32_t(a.window_right);
+  return a;
+}
+
+// Block list as the kernels read it (device arrays; heads == 0: none).
+struct BlockArgs {
+  int32_t block_q = 0, block_kv = 0, num_q_blocks = 0, num_kv_blocks = 0, heads = 0;
+  const int32_t* row_ptr = nullptr;
+  const int32_t* kv_block = nullptr;
+  const uint8_t* masked = nullptr;
+  const int32_t* col_ptr = nullptr;
+  const int32_t* q_block = nullptr;
+  const uint8_t* q_masked = nullptr;
+};
+
+struct Region {
+  int32_t row_begin, row_end, col_begin, col_end;
+  int64_t row_pos0, col_pos0; // global positions of row_begin and col_begin
+
+  __device__ int64_t row_pos(int32_t r) const { return row_pos0 + (r - row_begin); }
+  __device__ int64_t col_pos(int32_t c) const { return col_pos0 + (c - col_begin); }
+  __device__ int32_t col_of(int64_t pos) const { return clamp_index(pos - col_pos0 + col_begin); }
+  __device__ int32_t row_of(int64_t pos) const { return clamp_index(pos - row_pos0 + row_begin); }
+  __device__ static int32_t clamp_index(int64_t x) {
+    return int32_t(x < -1 ? -1 : (x > int64_t(INT_MAX) - 1 ? int64_t(INT_MAX) - 1 : x));
+  }
+  // diff of (row r, col c), clamped: per-element diffs add small tile offsets to it.
+  __device__ int32_t diff(int32_t r, int32_t c) const {
+    const int64_t d = col_pos(c) - row_pos(r);
+    return int32_t(d < -kDiffClamp ? -kDiffClamp : (d > kDiffClamp ? kDiffClamp : d));
+  }
+};
+
+__device__ __forceinline__ bool visible(const MaskArgs& m, int32_t diff) {
+  return diff >= m.diff_lo && diff <= m.diff_hi;
+}
+
+// Every pair of rows at positions [qf, ql] and keys at [kf, kl] is visible.
+__device__ __forceinline__ bool all_visible(const MaskArgs& m, int64_t qf, int64_t ql, int64_t kf, int64_t kl) {
+  return (!m.causal || kl <= qf) && (m.window_left < 0 || kf >= ql - m.window_left) &&
+         (m.window_right < 0 || kl <= qf + m.window_right);
+}
+
+// Columns [lo, hi) of `reg` that some row in [r_first, r_last] sees: the rows' intervals move by
+// one per row and never vanish, so their union is one interval.
+__device__ __forceinline__ void visible_cols(const MaskArgs& m, const Region& reg, int32_t r_first, int32_t r_last,
+                                             int32_t& lo, int32_t& hi) {
+  lo = reg.col_begin;
+  hi = reg.col_end;
+  if (m.window_left >= 0) lo = max(lo, reg.col_of(reg.row_pos(r_first) - m.window_left));
+  if (m.causal) hi = min(hi, reg.col_of(reg.row_pos(r_last)) + 1);
+  if (m.window_right >= 0) hi = min(hi, reg.col_of(reg.row_pos(r_last) + m.window_right) + 1);
+}
+
+// Rows [lo, hi) of `reg` that see some column in [c_first, c_last].
+__device__ __forceinline__ void visible_rows(const MaskArgs& m, const Region& reg, int32_t c_first, int32_t c_last,
+                                             int32_t& lo, int32_t& hi) {
+  lo = reg.row_begin;
+  hi = reg.row_end;
+  if (m.causal) lo = max(lo, reg.row_of(reg.col_pos(c_first)));
+  if (m.window_right >= 0) lo = max(lo, reg.row_of(reg.col_pos(c_first) - m.window_right));
+  if (m.window_left >= 0) hi = min(hi, reg.row_of(reg.col_pos(c_last) + m.window_left) + 1);
+}
+
+__device__ __forceinline__ Region whole_call(const MaskArgs& m, int32_t seqlen_q, int32_t seqlen_kv) {
+  return Region{0, seqlen_q, 0, seqlen_kv, m.q_pos0, m.kv_pos0};
+}
+__device__ __forceinline__ Region segment_region(const Segment& s) {
+  return Region{s.q_begin, s.q_end, s.kv_begin, s.kv_end, s.q_pos0, s.kv_pos0};
+}
+
+// The CTA's tile `x` among all segments' tiles (tiles of `block` rows, or columns when !by_rows),
+// counted segment by segment. Called by whole warps: 32 segments per step, a warp prefix sum.
+// Returns false when x is past the last tile (the launch is sized for the worst case).
+__device__ inline bool locate_tile(const Segment* segs, int32_t nseg, int32_t x, int32_t block, bool by_rows,
+                                   int32_t& seg, int32_t& tile) {
+  const int lane = threadIdx.x & 31;
+  int32_t base = 0;
+  for (int32_t s0 = 0; s0 < nseg; s0 += 32) {
+    const int32_t s = s0 + lane;
+    int32_t count = 0;
+    if (s < nseg) {
+      const Segment g = segs[s];
+      const int32_t len = by_rows ? g.q_end - g.q_begin : g.kv_end - g.kv_begin;
+      count = len > 0 ? (len + block - 1) / block : 0;
+    }
+    int32_t inclusive = count;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int32_t y = __shfl_up_sync(kFullMask, inclusive, o);
+      if (lane >= o) inclusive += y;
+    }
+    const int32_t total = __shfl_sync(kFullMask, inclusive, 31);
+    if (x < base + total) {
+      const unsigned past = __ballot_sync(kFullMask, x < base + inclusive);
+      const int first = __ffs(int(past)) - 1;
+      seg = s0 + first;
+      tile = x - base - __shfl_sync(kFullMask, inclusive - count, first);
+      return true;
+    }
+    base += total;
+  }
+  return false;
+}
+
+// One step of a row tile's walk over key tiles: the tile's first column, and for each of the (at
+// most two) query blocks in the row tile whether it visits the tile and must mask it per element.
+struct KvStep {
+  int32_t c0;
+  bool active[2];
+  bool masked[2]; // apply the causal/window mask per element
+  bool cross;     // the tile runs past the region's last column: mask columns per element
+};
+
+// Walks the key tiles of width kN that rows [r0, r1) visit, in increasing order, either the
+// interval the mask allows or the union of (at most two) block-list rows, all sorted ascending.
+template <int kN> struct KvWalk {
+  // interval mode
+  int32_t t, t_end;
+  int64_t qf, ql;
+  // block mode
+  bool blocks;
+  const int32_t* kv;
+  const uint8_t* msk;
+  int32_t e[2], end[2], block, sub, tiles_per_block;
+  bool act[2], m[2];
+  // both (copies: a pointer to a kernel parameter or a local would push them to local memory)
+  MaskArgs mask;
+  Region reg;
+
+  __device__ void init_interval(const MaskArgs& mk, const Region& rg, int32_t r0, int32_t r1) {
+    blocks = false;
+    mask = mk;
+    reg = rg;
+    qf = rg.row_pos(r0);
+    ql = rg.row_pos(r1 - 1);
+    int32_t lo, hi;
+    visible_cols(mk, rg, r0, r1 - 1, lo, hi);
+    if (hi <= lo) {
+      t = t_end = 0;
+      return;
+    }
+    t = (lo - rg.col_begin) / kN;
+    t_end = (hi - rg.col_begin + kN - 1) / kN;
+  }
+  // rows_a, rows_b: block-list rows (CSR) of the two query blocks (the same row when only one).
+  __device__ void init_blocks(const MaskArgs& mk, const Region& rg, const BlockArgs& bl, int32_t row_a, int32_t row_b) {
+    blocks = true;
+    mask = mk;
+    reg = rg;
+    kv = bl.kv_block;
+    msk = bl.masked;
+    e[0] = bl.row_ptr[row_a];
+    end[0] = bl.row_ptr[row_a + 1];
+    if (row_b != row_a) {
+      e[1] = bl.row_ptr[row_b];
+      end[1] = bl.row_ptr[row_b + 1];
+    } else {
+      e[1] = end[1] = 0;
+    }
+    sub = 0;
+    tiles_per_block = bl.block_kv / kN;
+  }
+
+  __device__ bool next(KvStep& s) {
+    if (!blocks) {
+      if (t >= t_end) return false;
+      s.c0 = reg.col_begin + t * kN;
+      const bool full = all_visible(mask, qf, ql, reg.col_pos(s.c0), reg.col_pos(s.c0 + kN - 1));
+      s.active[0] = s.active[1] = true;
+      s.masked[0] = s.masked[1] = !full;
+      s.cross = s.c0 + kN > reg.col_end;
+      ++t;
+      return true;
+    }
+    while (true) {
+      if (sub == 0) { // the smallest block either list still holds
+        const int32_t h0 = e[0] < end[0] ? kv[e[0]] : INT_MAX;
+        const int32_t h1 = e[1] < end[1] ? kv[e[1]] : INT_MAX;
+        block = min(h0, h1);
+        if (block == INT_MAX) return false;
+        act[0] = h0 == block;
+        act[1] = h1 == block;
+        m[0] = act[0] && msk[e[0]];
+        m[1] = act[1] && msk[e[1]];
+        e[0] += act[0];
+        e[1] += act[1];
+      }
+      const int32_t c0 = (block * tiles_per_block + sub) * kN;
+      sub = sub + 1 == tiles_per_block ? 0 : sub + 1;
+      if (c0 >= reg.col_end) continue; // the last block is shorter than the others
+      s.c0 = c0;
+      s.active[0] = act[0];
+      s.active[1] = act[1];
+      s.masked[0] = m[0];
+      s.masked[1] = m[1];
+      s.cross = c0 + kN > reg.col_end;
+      return true;
+    }
+  }
+};
+
+// One step of a key tile's walk over query tiles (dK/dV): the query head and the tile's first row.
+struct QStep {
+  int32_t head; // query head
+  int32_t r0;
+  bool masked;  // apply the causal/window mask per element
+};
+
+// Walks, for the key tile [c0, c0 + kN), every (query head of the group, query tile of kM rows)
+// that sees it: heads in order, tiles in increasing order within a head.
+template <int kM, int kN> struct QWalk {
+  int32_t head, head_end, t, t_begin, t_end;
+  int64_t kf, kl;
+  bool blocks;
+  BlockArgs bl;
+  int32_t kv_block_index, e, e_end, sub, tiles_per_block;
+  MaskArgs mask;
+  Region reg;
+
+  __device__ void init(const MaskArgs& mk, const Region& rg, const BlockArgs& b, int32_t head0, int32_t group,
+                       int32_t c0) {
+    mask = mk;
+    reg = rg;
+    head = head0;
+    head_end = head0 + group;
+    kf = rg.col_pos(c0);
+    kl = rg.col_pos(c0 + kN - 1);
+    blocks = b.heads > 0;
+    bl = b;
+    if (!blocks) {
+      int32_t lo, hi;
+      visible_rows(mk, rg, c0, c0 + kN - 1, lo, hi);
+      if (hi <= lo) {
+        head = head_end; // nothing sees this tile
+        return;
+      }
+      t_begin = (lo - rg.row_begin) / kM;
+      t_end = (hi - rg.row_begin + kM - 1) / kM;
+      t = t_begin;
+    } else {
+      kv_block_index = c0 / b.block_kv;
+      tiles_per_block = b.block_q / kM;
+      start_head_list();
+    }
+  }
+  __device__ void start_head_list() {
+    const int32_t col = (bl.heads == 1 ? 0 : head) * bl.num_kv_blocks + kv_block_index;
+    e = bl.col_ptr[col];
+    e_end = bl.col_ptr[col + 1];
+    sub = 0;
+  }
+
+  __device__ bool next(QStep& s) {
+    while (head < head_end) {
+      if (!blocks) {
+        if (t < t_end) {
+          s.head = head;
+          s.r0 = reg.row_begin + t * kM;
+          const int32_t r_last = min(s.r0 + kM, reg.row_end) - 1;
+          s.masked = !all_visible(mask, reg.row_pos(s.r0), reg.row_pos(r_last), kf, kl);
+          ++t;
+          return true;
+        }
+        t = t_begin;
+      } else {
+        while (e < e_end) {
+          const int32_t r0 = (bl.q_block[e] * tiles_per_block + sub) * kM;
+          const bool masked = bl.q_masked[e] != 0;
+          if (++sub == tiles_per_block) {
+            sub = 0;
+            ++e;
+          }
+          if (r0 >= reg.row_end) continue;
+          s.head = head;
+          s.r0 = r0;
+          s.masked = masked;
+          return true;
+        }
+      }
+      if (++head < head_end && blocks) start_head_list();
+    }
+    return false;
+  }
+};
+
+} // namespace attncore::cuda
