@@ -61,7 +61,7 @@ class NaiveAttention {
     auto chunk = [&](int64_t n) { return (n + r.world_size - 1) / r.world_size; };
     g_ = {r.batch, r.seqlen_q, r.seqlen_kv, r.heads_q, r.heads_kv, r.head_dim, r.causal, r.window_left,
           r.window_right, static_cast<float>(r.softmax_scale), r.world_size, r.rank, chunk(r.seqlen_q),
-          chunk(r.seqlen_kv), r.num_seqs, p.packed() ? p.cu_seqlens_q().data() : nullptr};
+          chunk(r.seqlen_kv), r.num_seqs, problem_.packed() ? problem_.cu_seqlens_q().data() : nullptr};
     cuda_ = r.device_type == ATTNHOST_DEVICE_CUDA;
     fp64_ = p.get_string("cpu_accumulate") == "fp64";
     threads_ = static_cast<int>(p.get_int("threads_per_block"));
@@ -85,7 +85,7 @@ class NaiveAttention {
 #if NAIVE_HAVE_CUDA
     if (cuda_ && p.packed()) {
       cu_device_ = attnhost::HostBuffer(host_, p.cu_seqlens_q().size() * sizeof(int64_t));
-      naive::upload_cuda(cu_device_.get(), p.cu_seqlens_q().data(), cu_device_.bytes());
+      naive::upload_cuda(cu_device_.get(), problem_.cu_seqlens_q().data(), cu_device_.bytes());
       device_g_ = g_;
       device_g_.cu_seqlens = cu_device_.as<int64_t>();
     }

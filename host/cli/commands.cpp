@@ -5,6 +5,7 @@
 #include "report/console.h"
 #include "report/files.h"
 #include "runtime/environment.h"
+#include "runtime/problem.h"
 #include "runtime/runner.h"
 
 #include <algorithm>
@@ -75,9 +76,13 @@ void apply_output_options(const po::variables_map& vm, ExecuteOptions& ex) {
   if (vm.count("out")) ex.out_dir = vm["out"].as<std::string>();
   if (vm.count("format")) {
     ex.formats = split_list(vm["format"].as<std::string>());
+    static const std::vector<std::string> known = {"console", "json", "jsonl", "csv", "markdown", "trace", "charts"};
     for (const std::string& f : ex.formats)
-      if (f != "console" && f != "json" && f != "csv" && f != "markdown")
-        throw UsageError("--format: unknown format '" + f + "' (console, json, csv, markdown)");
+      if (std::find(known.begin(), known.end(), f) == known.end()) {
+        std::string hint = suite::did_you_mean(f, known);
+        throw UsageError("--format: unknown format '" + f + "'" + (hint.empty() ? "" : " (did you mean '" + hint + "'?)") +
+                         "; formats: console, json, jsonl, csv, markdown, trace, charts");
+      }
   }
 }
 
@@ -149,6 +154,28 @@ int compare_command(Context& ctx, const std::vector<std::string>& args) {
   return execute_suite(ctx, s, ex);
 }
 
+// Before anything runs: say which runs the plugins will refuse (they are still reported, as
+// UNSUPPORTED or SKIPPED, in their place).
+void preflight(const Context& ctx, const suite::Suite& s, const Backend& backend) {
+  const int32_t device = backend.device_kind() == DeviceKind::cuda ? ATTNHOST_DEVICE_CUDA : ATTNHOST_DEVICE_CPU;
+  for (const suite::Case& c : s.cases) {
+    std::shared_ptr<const Plugin> plugin = ctx.registry.find(c.plugin);
+    if (!plugin) continue;
+    try {
+      ProblemBinding binding(c, plugin->description(), device);
+      for (int ws : c.world_sizes) {
+        std::string why = ws > backend.max_world_size()
+                              ? "needs " + std::to_string(ws) + " ranks, " + std::to_string(backend.max_world_size()) + " available"
+                              : capability_mismatch(c, plugin->description(), backend.device_kind(), ws);
+        if (why.empty()) why = plugin->validate(binding.at(0, ws));
+        if (!why.empty()) log::info("will not run " + c.id + " at world size " + std::to_string(ws) + ": " + why);
+      }
+    } catch (const std::exception& e) {
+      log::warn(c.id + ": " + e.what());
+    }
+  }
+}
+
 int execute_suite(Context& ctx, const suite::Suite& s, const ExecuteOptions& options) {
   if (options.dry_run) {
     std::cout << s.cases.size() << " cases in " << (s.name.empty() ? s.path.string() : s.name) << ":\n";
@@ -178,6 +205,7 @@ int execute_suite(Context& ctx, const suite::Suite& s, const ExecuteOptions& opt
   }
   if (leader && !ctx.options.quiet)
     std::cout << "attnhost: " << s.cases.size() << " cases on " << env.device << "\n";
+  if (leader) preflight(ctx, s, *backend);
 
   RunnerOptions ro;
   ro.progress = [&](const std::string& line) { log::info(line); };

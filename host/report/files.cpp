@@ -24,7 +24,8 @@ bool ResultFolder::wants(const std::string& f) const {
 }
 
 void ResultFolder::begin(const Environment& env, const std::string& suite_name, const std::string&) {
-  if (!wants("json")) return;
+  // results.jsonl is the run's journal: written whenever there is a folder at all, so that an
+  // interrupted run keeps every finished case whatever formats were asked for.
   jsonl_.open(dir_ / "results.jsonl", std::ios::app);
   if (!jsonl_) throw UsageError("cannot write " + (dir_ / "results.jsonl").string());
   json::Value header = json::Object{{"schema_version", kSchemaVersion}, {"kind", "run"}, {"suite", suite_name},
@@ -48,15 +49,15 @@ std::vector<fs::path> ResultFolder::finish(const Environment& env, const std::st
     if (!f) throw UsageError("cannot write " + (dir_ / name).string());
     written.push_back(dir_ / name);
   };
+  written.push_back(dir_ / "results.jsonl");
   if (wants("json")) {
     json::Array all;
     for (const CaseResult& c : cases) all.push_back(to_json(c));
     json::Value doc = json::Object{{"schema_version", kSchemaVersion}, {"suite", suite_name},
                                    {"suite_text", suite_text}, {"environment", to_json(env)}, {"cases", all}};
     write("results.json", doc.dump(1) + "\n");
-    written.push_back(dir_ / "results.jsonl");
-    write("trace.json", chrome_trace(cases));
   }
+  if (wants("json") || wants("trace")) write("trace.json", chrome_trace(cases));
   if (wants("csv")) write("results.csv", csv(cases));
   if (wants("markdown")) write("report.md", markdown(env, suite_name, cases));
   return written;

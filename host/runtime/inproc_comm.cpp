@@ -100,12 +100,12 @@ struct InprocWorld::State {
       return;
     }
     if (!cv.wait_for(lock, limit, [&] { return generation != gen; })) {
-      const int missing = size - arrived;
+      const int present = arrived;
       --arrived;  // withdraw, so that the rendezvous still counts right for the next operation
       throw RuntimeFailure(ATTNHOST_ERR_COMMUNICATION,
                            std::string(what) + " on rank " + std::to_string(rank) + " timed out after " +
-                               std::to_string(limit.count()) + " ms: " + std::to_string(missing) + " of " +
-                               std::to_string(size) + " ranks never arrived");
+                               std::to_string(limit.count()) + " ms with " + std::to_string(present) + " of " +
+                               std::to_string(size) + " ranks waiting");
     }
   }
 

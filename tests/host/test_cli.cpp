@@ -1,0 +1,137 @@
+// The attnhost binary as a new user meets it: each bad input prints one line and exits 2.
+#include <doctest/doctest.h>
+
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Outcome {
+  int code;
+  std::string out;  // stdout and stderr together
+};
+
+Outcome attnhost(const std::string& args) {
+  std::string cmd = std::string(ATTNHOST_BINARY) + " " + args + " 2>&1";
+  FILE* pipe = ::popen(cmd.c_str(), "r");
+  REQUIRE(pipe);
+  Outcome o{};
+  std::array<char, 4096> buf{};
+  size_t n;
+  while ((n = std::fread(buf.data(), 1, buf.size(), pipe)) > 0) o.out.append(buf.data(), n);
+  int status = ::pclose(pipe);
+  o.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return o;
+}
+
+// The one line a failing command printed.
+void one_line_error(const Outcome& o, const std::string& expected, int code = 2) {
+  CHECK(o.code == code);
+  CHECK(o.out == "attnhost: error: " + expected + "\n");
+}
+
+fs::path write_suite(const std::string& name, const std::string& text) {
+  fs::path p = fs::temp_directory_path() / ("attnhost-cli-" + std::to_string(::getpid()) + "-" + name + ".toml");
+  std::ofstream(p) << text;
+  return p;
+}
+
+const std::string kPlugins = std::string(" --plugin-dir ") + TEST_PLUGIN_DIR + "/faulty";
+
+}  // namespace
+
+TEST_CASE("cli: version, help and an unknown command") {
+  CHECK(attnhost("--version").out.rfind("attnhost ", 0) == 0);
+  CHECK(attnhost("--help").code == 0);
+  CHECK(attnhost("run --help").out.find("--timing-method") != std::string::npos);
+  one_line_error(attnhost("rnu x.toml"), "unknown command 'rnu' (did you mean 'run'?); see attnhost --help");
+}
+
+TEST_CASE("cli: list plugins -v shows the example plugin with capabilities and parameters") {
+  Outcome o = attnhost("list plugins -v");
+  CHECK(o.code == 0);
+  CHECK(o.out.find("naive_attention 1.0.0") != std::string::npos);
+  CHECK(o.out.find("features: causal,noncausal,window,gqa,varlen,backward") != std::string::npos);
+  CHECK(o.out.find("param cpu_accumulate (string, default \"fp32\", one of fp32 fp64)") != std::string::npos);
+}
+
+TEST_CASE("cli: bad usage") {
+  one_line_error(attnhost("run"), "run: which suite? (attnhost run SUITE.toml)");
+  one_line_error(attnhost("run /nonexistent/suite.toml"), "suite file /nonexistent/suite.toml not found");
+  one_line_error(attnhost("compare naive_attention"), "compare: which preset? add --config NAME (attnhost list configs)");
+  one_line_error(attnhost("compare naive_atention --config tiny --dry-run"),
+                 "command line: unknown plugin 'naive_atention' (did you mean 'naive_attention'?)");
+  one_line_error(attnhost("compare naive_attention --config tiyn --dry-run"),
+                 "--config: unknown preset or preset set 'tiyn' (did you mean 'tiny'?)");
+  one_line_error(attnhost("compare naive_attention --config tiny --world-sizes 1,x"), "--world-sizes: 'x' is not an integer");
+  one_line_error(attnhost("compare naive_attention --config tiny --window 5"), "--window takes two values L,R (e.g. 512,0)");
+  one_line_error(attnhost("list things"), "list what? configs, plugins or suites (got 'things')");
+  one_line_error(attnhost("run x.toml --device gpu"), "suite file x.toml not found");
+  Outcome bad_option = attnhost("run x.toml --frobnicate");
+  CHECK(bad_option.code == 2);
+  CHECK(bad_option.out == "attnhost: error: unrecognised option '--frobnicate' (see attnhost run --help)\n");
+}
+
+TEST_CASE("cli: a bad suite names file:line:column") {
+  fs::path syntax = write_suite("syntax", "name = \"x\"\n[[case]\nplugins = 1\n");
+  Outcome o = attnhost("run " + syntax.string());
+  CHECK(o.code == 2);
+  CHECK(o.out.rfind("attnhost: error: " + syntax.string() + ":2:", 0) == 0);
+  CHECK(std::count(o.out.begin(), o.out.end(), '\n') == 1);
+  fs::path unknown = write_suite("unknown", "[[case]]\nplugins = [\"naive_attention\"]\npresets = [\"tiny\"]\nhaeds = 4\n");
+  Outcome u = attnhost("run " + unknown.string());
+  CHECK(u.code == 2);
+  CHECK(u.out.find(unknown.string() + ":4:1: ") != std::string::npos);
+  CHECK(u.out.find("did you mean 'heads'?") != std::string::npos);
+  fs::remove(syntax);
+  fs::remove(unknown);
+}
+
+TEST_CASE("cli: a failed check exits 1 and the run still writes its results") {
+  fs::path out = fs::temp_directory_path() / ("attnhost-cli-out-" + std::to_string(::getpid()));
+  fs::path suite = write_suite("faulty", R"([[case]]
+name = "planted"
+plugins = ["faulty"]
+batch = 1
+seqlen = 64
+heads = 4
+head_dim = 16
+causal = true
+world_sizes = [1, 2]
+[case.params]
+fault = "o_element"
+[[case]]
+name = "clean"
+plugins = ["naive_attention"]
+batch = 1
+seqlen = 64
+heads = 4
+head_dim = 16
+)");
+  Outcome o = attnhost("run " + suite.string() + kPlugins + " --device cpu --timing-method simple --out " + out.string());
+  CHECK(o.code == 1);
+  CHECK(o.out.find("FAILED") != std::string::npos);
+  CHECK(fs::exists(out / "results.json"));
+  std::ifstream jsonl(out / "results.jsonl");
+  int lines = 0;
+  for (std::string line; std::getline(jsonl, line);) ++lines;
+  CHECK(lines == 3);  // the header and both cases
+  fs::remove_all(out);
+  fs::remove(suite);
+}
+
+TEST_CASE("cli: compare prints plugins side by side with ratios") {
+  Outcome o = attnhost("compare naive_attention faulty --config tiny --seqlen 64 --batch 1 --heads 2 --world-sizes 1,2 "
+                       "--timing-method simple --device cpu" + kPlugins);
+  CHECK(o.code == 0);
+  CHECK(o.out.find("plugin (ws=2)") != std::string::npos);
+  CHECK(o.out.find("ratio to the first plugin") != std::string::npos);
+}

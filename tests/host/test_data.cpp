@@ -1,0 +1,86 @@
+// The deterministic data: conversions match the hardware's, values do not depend on sharding.
+#include "runtime/data.h"
+#include "runtime/device.h"
+
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+
+using namespace attnhost;
+
+TEST_CASE("fp16 rounding matches the compiler's conversion for every class of value") {
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<uint32_t> bits;
+  int checked = 0;
+  for (int i = 0; i < 2000000; ++i) {
+    uint32_t u = bits(rng);
+    if (i % 4 == 1) u = (u & 0x807fffffu) | ((100u + u % 60u) << 23);  // around fp16's range, subnormals too
+    float f;
+    std::memcpy(&f, &u, 4);
+    if (std::isnan(f)) continue;
+    _Float16 want = static_cast<_Float16>(f);
+    uint16_t want_bits;
+    std::memcpy(&want_bits, &want, 2);
+    REQUIRE_MESSAGE(data::to_fp16(f) == want_bits, "f = ", f);
+    CHECK(data::from_fp16(want_bits) == static_cast<float>(want));
+    ++checked;
+  }
+  CHECK(checked > 1000000);
+}
+
+TEST_CASE("bf16 rounding is round-to-nearest-even") {
+  CHECK(data::to_bf16(1.0f) == 0x3f80);
+  float halfway;  // 1 + 2^-8: exactly between two bf16 values, rounds to even (1.0)
+  uint32_t u = 0x3f808000u;
+  std::memcpy(&halfway, &u, 4);
+  CHECK(data::to_bf16(halfway) == 0x3f80);
+  u = 0x3f818000u;  // between 0x3f81 and 0x3f82: rounds to even 0x3f82
+  std::memcpy(&halfway, &u, 4);
+  CHECK(data::to_bf16(halfway) == 0x3f82);
+  CHECK(std::isnan(data::from_bf16(data::to_bf16(std::nanf("")))));
+}
+
+TEST_CASE("generated values depend on the global token, not on where it is stored") {
+  data::Params p;
+  p.seed = 42;
+  GenerateSpec whole{p, data::kK, ATTNHOST_DTYPE_BF16, 2, 64, 3, 16, {{0, 0, 64}}};
+  std::vector<uint16_t> a(2 * 64 * 3 * 16);
+  generate_cpu(a.data(), whole);
+  // The second half, held by "rank 1" with two padding slots in front.
+  GenerateSpec half{p, data::kK, ATTNHOST_DTYPE_BF16, 2, 34, 3, 16, {{32, 2, 32}}};
+  std::vector<uint16_t> b(2 * 34 * 3 * 16);
+  generate_cpu(b.data(), half);
+  for (int64_t batch = 0; batch < 2; ++batch)
+    for (int64_t t = 0; t < 32; ++t)
+      for (int i = 0; i < 3 * 16; ++i)
+        REQUIRE(a[(batch * 64 + 32 + t) * 48 + i] == b[(batch * 34 + 2 + t) * 48 + i]);
+  CHECK(b[0] == 0);  // padding is zero
+  CHECK(generated_element(p, data::kK, ATTNHOST_DTYPE_BF16, 1, 40, 2, 5) == data::from_bf16(a[(64 + 40) * 48 + 2 * 16 + 5]));
+}
+
+TEST_CASE("the normal distribution has mean 0 and variance 1; tensors and seeds differ") {
+  data::Params p;
+  double sum = 0, sq = 0;
+  const int n = 200000;
+  for (int i = 0; i < n; ++i) {
+    double v = data::element_value(p, data::kQ, 0, i, 0, 0);
+    sum += v;
+    sq += v * v;
+  }
+  CHECK(std::fabs(sum / n) < 0.01);
+  CHECK(std::fabs(sq / n - 1.0) < 0.02);
+  CHECK(data::element_value(p, data::kQ, 0, 5, 0, 0) != data::element_value(p, data::kK, 0, 5, 0, 0));
+  data::Params other = p;
+  other.seed = 2;
+  CHECK(data::element_value(p, data::kQ, 0, 5, 0, 0) != data::element_value(other, data::kQ, 0, 5, 0, 0));
+  data::Params uniform = p;
+  uniform.distribution = data::kUniform;
+  uniform.scale = 3.0f;
+  for (int i = 0; i < 1000; ++i) {
+    float v = data::element_value(uniform, data::kV, 0, i, 1, 2);
+    REQUIRE(v >= -3.0f);
+    REQUIRE(v < 3.0f);
+  }
+}

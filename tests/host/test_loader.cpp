@@ -1,0 +1,172 @@
+// The loader: what it accepts, and one clear line for each file it rejects.
+#include "plugins/loader.h"
+
+#include <doctest/doctest.h>
+
+#include <filesystem>
+#include <fstream>
+
+using namespace attnhost;
+namespace fs = std::filesystem;
+
+namespace {
+
+fs::path variant(const std::string& name) {
+  return fs::path(TEST_PLUGIN_DIR) / name / ("libabi_" + name + ".so");
+}
+
+struct Loaded {
+  PluginRegistry registry;
+  std::vector<std::string> warnings;
+};
+
+Loaded load_files(std::vector<fs::path> files, std::vector<fs::path> dirs = {}, bool insecure = false) {
+  LoaderOptions o;
+  o.builtin = false;
+  o.environment = false;
+  o.files = std::move(files);
+  o.dirs = std::move(dirs);
+  o.allow_insecure = insecure;
+  Loaded l;
+  l.registry = PluginRegistry::load(o, l.warnings);
+  return l;
+}
+
+fs::path temp_dir(const std::string& name) {
+  fs::path d = fs::temp_directory_path() / ("attnhost-test-" + name + "-" + std::to_string(::getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d);
+  fs::permissions(d, fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec |
+                         fs::perms::others_read | fs::perms::others_exec);
+  return d;
+}
+
+}  // namespace
+
+TEST_CASE("a valid plugin loads and describes itself") {
+  Loaded l = load_files({variant("good")});
+  REQUIRE(l.warnings.empty());
+  REQUIRE(l.registry.plugins().size() == 1);
+  const PluginDescription& d = l.registry.plugins()[0]->description();
+  CHECK(d.name == "abi_good");
+  CHECK(d.version == "1.0.0");
+  CHECK(d.max_world_size == 1);
+  CHECK_FALSE(d.has_backward);
+}
+
+TEST_CASE("a file that is not a shared library is rejected") {
+  fs::path dir = temp_dir("text");
+  std::ofstream(dir / "notes.so") << "not a library\n";
+  Loaded l = load_files({dir / "notes.so"});
+  CHECK(l.registry.plugins().empty());
+  REQUIRE(l.warnings.size() == 1);
+  CHECK(l.warnings[0] == "plugin " + (dir / "notes.so").string() + ": not a shared library (no ELF header); skipped");
+  fs::remove_all(dir);
+}
+
+TEST_CASE("a library without the entry symbol is rejected") {
+  Loaded l = load_files({variant("no_entry")});
+  REQUIRE(l.warnings.size() == 1);
+  CHECK(l.warnings[0] == "plugin " + variant("no_entry").string() +
+                             ": no entry symbol 'attnhost_plugin_entry' (not an attnhost plugin); skipped");
+}
+
+TEST_CASE("a different ABI major is rejected with both versions") {
+  Loaded l = load_files({variant("abi_major_2")});
+  REQUIRE(l.warnings.size() == 1);
+  CHECK(l.warnings[0] == "plugin " + variant("abi_major_2").string() +
+                             ": built for plugin ABI 2.0; this host speaks ABI 1.0; skipped");
+}
+
+TEST_CASE("a plugin that refuses the host's version is rejected") {
+  Loaded l = load_files({variant("refuses")});
+  REQUIRE(l.warnings.size() == 1);
+  CHECK(l.warnings[0] == "plugin " + variant("refuses").string() + ": refused the host's ABI 1.0; skipped");
+}
+
+TEST_CASE("a table smaller than the ABI requires is rejected") {
+  Loaded l = load_files({variant("small_table")});
+  REQUIRE(l.warnings.size() == 1);
+  CHECK(l.warnings[0] == "plugin " + variant("small_table").string() + ": function table smaller than ABI 1.0 requires; skipped");
+}
+
+TEST_CASE("describe that fails or throws is rejected") {
+  Loaded l = load_files({variant("describe_fails"), variant("describe_throws")});
+  CHECK(l.registry.plugins().empty());
+  REQUIRE(l.warnings.size() == 2);
+  CHECK(l.warnings[0] == "plugin " + variant("describe_fails").string() +
+                             ": describe failed: describe: licence file not found; skipped");
+  CHECK(l.warnings[1] == "plugin " + variant("describe_throws").string() +
+                             ": describe threw an exception across the ABI; skipped");
+}
+
+TEST_CASE("a missing symbol fails at load, not later") {
+  Loaded l = load_files({variant("missing_symbol")});
+  REQUIRE(l.warnings.size() == 1);
+  CHECK(l.warnings[0].find("load failed: ") != std::string::npos);
+  CHECK(l.warnings[0].find("attnhost_test_symbol_nobody_defines") != std::string::npos);
+}
+
+TEST_CASE("a duplicate name: the first wins and the warning names both files") {
+  Loaded l = load_files({variant("good"), variant("duplicate")});
+  REQUIRE(l.registry.plugins().size() == 1);
+  CHECK(l.registry.plugins()[0]->description().version == "1.0.0");
+  REQUIRE(l.warnings.size() == 1);
+  CHECK(l.warnings[0] == "plugin 'abi_good' in " + variant("duplicate").string() +
+                             " duplicates the one already loaded from " + variant("good").string() + "; the first wins");
+}
+
+TEST_CASE("a plugin folder writable by others is refused unless allowed") {
+  fs::path dir = temp_dir("insecure");
+  fs::copy_file(variant("good"), dir / "libgood.so");
+  fs::permissions(dir, fs::perms::others_write, fs::perm_options::add);
+  Loaded refused = load_files({}, {dir});
+  CHECK(refused.registry.plugins().empty());
+  REQUIRE(refused.warnings.size() == 1);
+  CHECK(refused.warnings[0] == "plugin folder " + dir.string() +
+                                   ": writable by others; skipped (use --allow-insecure-plugins to load it anyway)");
+  Loaded allowed = load_files({}, {dir}, true);
+  CHECK(allowed.registry.plugins().size() == 1);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("folders: only .so files are considered, and a missing folder is named") {
+  fs::path dir = temp_dir("folder");
+  fs::copy_file(variant("good"), dir / "libgood.so");
+  std::ofstream(dir / "README.txt") << "plugins live here\n";
+  Loaded l = load_files({}, {dir, dir / "nope"});
+  CHECK(l.registry.plugins().size() == 1);
+  REQUIRE(l.warnings.size() == 1);
+  CHECK(l.warnings[0] == "plugin folder " + (dir / "nope").string() + " (--plugin-dir): not a folder; skipped");
+  fs::remove_all(dir);
+}
+
+TEST_CASE("ATTNHOST_PLUGIN_PATH is searched, colon-separated") {
+  fs::path a = temp_dir("env-a"), b = temp_dir("env-b");
+  fs::copy_file(variant("good"), a / "libgood.so");
+  fs::copy_file(fs::path(TEST_PLUGIN_DIR) / "faulty" / "libfaulty.so", b / "libfaulty.so");
+  ::setenv("ATTNHOST_PLUGIN_PATH", (a.string() + ":" + b.string()).c_str(), 1);
+  LoaderOptions o;
+  o.builtin = false;
+  std::vector<std::string> warnings;
+  PluginRegistry r = PluginRegistry::load(o, warnings);
+  ::unsetenv("ATTNHOST_PLUGIN_PATH");
+  CHECK(warnings.empty());
+  CHECK(r.find("abi_good"));
+  CHECK(r.find("faulty"));
+  fs::remove_all(a);
+  fs::remove_all(b);
+}
+
+TEST_CASE("a library stays loaded while an object it made is alive") {
+  std::shared_ptr<const Plugin> plugin;
+  {
+    Loaded l = load_files({variant("good")});
+    plugin = l.registry.find("abi_good");
+  }  // the registry is gone; the plugin (and its library) is not
+  REQUIRE(plugin);
+  CHECK(plugin->description().name == "abi_good");
+  attnhost_problem p{};
+  p.struct_size = sizeof p;
+  CHECK(plugin->validate(p) == "this test plugin computes nothing");
+}

@@ -1,0 +1,146 @@
+// The runtime end to end on the CPU: real attention passes its check at every world size, each
+// planted fault is caught or contained, and a failing case never stops the next.
+#include "plugins/loader.h"
+#include "runtime/backend.h"
+#include "runtime/runner.h"
+
+#include <doctest/doctest.h>
+
+using namespace attnhost;
+
+namespace {
+
+PluginRegistry& registry() {
+  static PluginRegistry r = [] {
+    LoaderOptions o;
+    o.builtin = false;
+    o.environment = false;
+    o.dirs = {BUILTIN_PLUGIN_DIR, std::string(TEST_PLUGIN_DIR) + "/faulty"};
+    std::vector<std::string> warnings;
+    return PluginRegistry::load(o, warnings);
+  }();
+  return r;
+}
+
+suite::Case make_case(const std::string& plugin, std::vector<int> world_sizes, int64_t seqlen = 96, int32_t heads = 4,
+                      int32_t kv_heads = 2, int32_t head_dim = 16, bool causal = true) {
+  suite::Case c;
+  c.id = plugin + "/test";
+  c.plugin = plugin;
+  c.problem.batch = 2;
+  c.problem.seqlen_q = c.problem.seqlen_kv = seqlen;
+  c.problem.heads_q = heads;
+  c.problem.heads_kv = kv_heads;
+  c.problem.head_dim = head_dim;
+  c.problem.causal = causal;
+  c.world_sizes = std::move(world_sizes);
+  c.timing.method = "simple";
+  c.timing.passes = {"fwd", "bwd"};
+  return c;
+}
+
+CaseResult run(const suite::Case& c) {
+  auto backend = make_thread_backend(DeviceKind::cpu, 0, std::chrono::milliseconds(2000));
+  auto plugin = registry().find(c.plugin);
+  REQUIRE(plugin);
+  return run_case(c, plugin, *backend, RunnerOptions{});
+}
+
+suite::Case faulty(const std::string& fault, std::vector<int> ws) {
+  suite::Case c = make_case("faulty", std::move(ws));
+  c.params["fault"] = fault;
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("naive attention passes its check at world sizes 1, 2 and 4") {
+  CaseResult r = run(make_case("naive_attention", {1, 2, 4}));
+  REQUIRE(r.runs.size() == 3);
+  for (const RunResult& run : r.runs) {
+    INFO("world size ", run.world_size, ": ", run.error);
+    CHECK(run.status == "PASSED");
+    CHECK(run.check.ran);
+    CHECK(run.check.rows == 2 * 4 * 96);  // small problems are checked completely
+    CHECK(run.check.columns == 2 * 2 * 96);
+    REQUIRE(run.passes.size() == 2);
+    CHECK(run.passes[0].time_ms.count == 1);
+    CHECK(run.total_pairs == 2 * 4 * 96 * 97 / 2);
+    CHECK(run.peak_bytes.size() == static_cast<size_t>(run.world_size));
+  }
+  CHECK(r.runs[2].sent_bytes_fwd[0] > 0);
+  CHECK(r.runs[1].passes[0].speedup > 0);
+}
+
+TEST_CASE("sliding window, non-causal, MQA, a length that does not divide, fp32 and packed sequences pass") {
+  suite::Case window = make_case("naive_attention", {1, 3}, 100, 4, 1, 24);
+  window.problem.window_left = 17;
+  window.problem.window_right = 5;
+  CHECK(run(window).runs[1].status == "PASSED");
+  suite::Case full = make_case("naive_attention", {2}, 64, 2, 2, 32, false);
+  full.problem.dtype = "fp32";
+  CaseResult f = run(full);
+  CHECK(f.runs[0].status == "PASSED");
+  CHECK(f.runs[0].check.tensors[0].rel_l2_err < 1e-5);
+  suite::Case packed = make_case("naive_attention", {1, 2});
+  packed.problem.batch = 1;
+  packed.problem.varlen = suite::SeqlenSpec{{1, 37, 5, 53}};
+  packed.problem.seqlen_q = packed.problem.seqlen_kv = 96;
+  CaseResult p = run(packed);
+  for (const RunResult& run : p.runs) CHECK_MESSAGE(run.status == "PASSED", run.error);
+}
+
+TEST_CASE("one wrong element of O is caught at every world size") {
+  CaseResult r = run(faulty("o_element", {1, 2}));
+  for (const RunResult& run : r.runs) {
+    CHECK(run.status == "FAILED");
+    CHECK(run.error.rfind("check failed: O: max error", 0) == 0);
+  }
+}
+
+TEST_CASE("one wrong element of dK is caught") {
+  CaseResult r = run(faulty("dk_element", {1, 2}));
+  for (const RunResult& run : r.runs) {
+    CHECK(run.status == "FAILED");
+    CHECK(run.error.find("dK: max error") != std::string::npos);
+    CHECK(run.error.find("O:") == std::string::npos);
+  }
+}
+
+TEST_CASE("a fault only on rank 1 passes alone and is caught with two ranks") {
+  CaseResult r = run(faulty("rank1_o", {1, 2}));
+  CHECK(r.runs[0].status == "PASSED");
+  CHECK(r.runs[1].status == "FAILED");
+}
+
+TEST_CASE("a plugin error ends its case with the plugin's message, on every rank, and the next case runs") {
+  CaseResult r = run(faulty("forward_error", {1, 2}));
+  CHECK(r.runs[0].status == "ERROR");
+  CHECK(r.runs[0].error == "fwd: planted forward error");
+  CHECK(r.runs[1].status == "ERROR");
+  CHECK(r.runs[1].error == "rank 0: fwd: planted forward error");
+  CHECK(run(faulty("backward_error", {2})).runs[0].error == "rank 0: bwd: planted backward error");
+  CHECK(run(faulty("none", {1, 2})).runs[1].status == "PASSED");
+}
+
+TEST_CASE("out of memory: the plugin's workspace and a problem larger than memory") {
+  CaseResult r = run(faulty("alloc_huge", {1}));
+  CHECK(r.runs[0].status == "OOM");
+  CHECK(r.runs[0].error.find("out of memory on rank 0: asked 1048576.00 GiB") != std::string::npos);
+  suite::Case huge = make_case("naive_attention", {1}, 1 << 20, 64, 64, 256);
+  huge.problem.batch = 4096;
+  CaseResult h = run(huge);
+  CHECK(h.runs[0].status == "OOM");
+  CHECK(h.runs[0].error.find("out of memory on rank 0: asked ") != std::string::npos);
+  CHECK(run(make_case("naive_attention", {1})).runs[0].status == "PASSED");  // and the next case runs
+}
+
+TEST_CASE("a plugin that refuses the problem, and a capability the plugin lacks") {
+  CaseResult r = run(faulty("refuse", {1}));
+  CHECK(r.runs[0].status == "UNSUPPORTED");
+  CHECK(r.runs[0].error == "plugin 'faulty' refused the problem: faulty refuses every problem");
+  suite::Case fp16 = faulty("none", {1});
+  fp16.problem.dtype = "fp16";
+  CHECK(run(fp16).runs[0].error == "plugin 'faulty' does not support fp16 (supports bf16,fp32)");
+  CHECK_FALSE(run(fp16).failed());
+}
