@@ -1,0 +1,32 @@
+# A third party's view: install attnhost (without the example), build the example plugin out of
+# tree against the installed package only, drop it into the installed plugin folder, then list,
+# run and check it with the installed binary.
+set(prefix "${WORK_DIR}/prefix")
+file(REMOVE_RECURSE "${WORK_DIR}")
+function(run)
+  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "failed (${rc}): ${ARGN}\n${out}\n${err}")
+  endif()
+  set(out "${out}" PARENT_SCOPE)
+endfunction()
+
+run(${CMAKE_COMMAND} --install ${BUILD_DIR} --prefix ${prefix} --component Unspecified)
+if(EXISTS "${prefix}/${PLUGIN_SUBDIR}/libnaive_attention.so")
+  message(FATAL_ERROR "the host's install must not contain the example")
+endif()
+run(${CMAKE_COMMAND} -S ${SOURCE_DIR}/examples/naive_attention -B ${WORK_DIR}/build -G ${GENERATOR}
+    -DCMAKE_PREFIX_PATH=${prefix} -DCMAKE_BUILD_TYPE=Release)
+run(${CMAKE_COMMAND} --build ${WORK_DIR}/build)
+file(COPY ${WORK_DIR}/build/libnaive_attention.so DESTINATION ${prefix}/${PLUGIN_SUBDIR})
+
+run(${prefix}/bin/attnhost list plugins -v)
+if(NOT out MATCHES "naive_attention 1.0.0" OR NOT out MATCHES "param cpu_accumulate")
+  message(FATAL_ERROR "the dropped-in plugin is not listed:\n${out}")
+endif()
+run(${prefix}/bin/attnhost compare naive_attention --config tiny --seqlen 128 --batch 1 --world-sizes 1,2
+    --timing-method simple --device cpu)
+if(NOT out MATCHES "naive_attention +[0-9.]+ ms")
+  message(FATAL_ERROR "the dropped-in plugin did not run:\n${out}")
+endif()
+message(STATUS "out-of-tree plugin: built against ${prefix}, listed, run and checked")
