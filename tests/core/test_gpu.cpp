@@ -566,3 +566,18 @@ TEST_CASE("gpu: unsupported calls throw attncore::Error with a one-line reason")
   f.q.token_stride += 1;
   CHECK_THROWS_AS(forward_cuda(f, nullptr), Error);
 }
+
+TEST_CASE("gpu: one-stage dK/dV pipeline (what an sm_80 gets), with segments and block lists") {
+  REQUIRE(device_count() > 0);
+  setenv("ATTNCORE_BWD_STAGES", "1", 1);
+  std::mt19937_64 rng(31);
+  for (int32_t D : {80, 128, 256}) {
+    Problem p = random_problem(rng, DType::fp16, D, 2, 400);
+    p.mask.causal = true;
+    CAPTURE(D);
+    check_all(p);
+    p.blocks = block_list_from_mask(p.mask, p.Sq, p.Skv, 64, 64);
+    check_all(p);
+  }
+  unsetenv("ATTNCORE_BWD_STAGES");
+}

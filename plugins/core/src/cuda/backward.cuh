@@ -3,15 +3,18 @@
 //     P = exp(scale q.k - LSE),  dP = dO V^T,  dS = P (dP - delta),
 //     dV += P^T dO,  dK += scale dS^T Q,  dQ += scale dS K.
 //
-// dK/dV kernel: a CTA of 8 warps owns 64 keys of one (batch, kv head) and walks every (query head
-// of the GQA group, 64-row query tile) that sees them (QWalk), so dK and dV are summed in registers
-// and written once, without atomics: deterministic. Warp (r, h) computes S^T and dP^T for keys
-// 16r..16r+15 and queries 32h..32h+31; P^T and dS^T go through shared memory to become the A
-// operands of dV and dK, whose columns are split between the two warps of a row (h = half).
-// With accumulate_dq it also adds dQ = scale dS K into the fp32 accumulator atomically (the
-// default, fast path). Deterministic mode leaves dQ to the dQ kernel below, which recomputes S and
-// dP per query tile and owns its rows: two more products, no atomics.
+// dK/dV kernel: a CTA of 8 warps owns 128 keys (64 at D = 256) of one (batch, kv head) and walks
+// every (query head of the GQA group, 64-row query tile) that sees them (QWalk), so dK and dV are
+// summed in registers and added once. Warp (r, h) computes S^T and dP^T for keys 32r..32r+31 (two
+// m16 tiles, so every Q/dO fragment loaded feeds two products) and queries 32h..32h+31; P^T and
+// dS^T go through shared memory to become the A operands of dV and dK, whose columns are split
+// between the two warps of a key slice (h = half). With accumulate_dq it also adds
+// dQ = scale dS K into the fp32 accumulator atomically (the default path). Deterministic mode
+// leaves dQ to the dQ kernel below, which recomputes S and dP per query tile and owns its rows:
+// two more products, no atomics.
 #pragma once
+
+#include <cstdlib>
 
 #include "args.h"
 #include "device.cuh"
@@ -23,75 +26,82 @@ namespace attncore::cuda {
 template <class T, int D> struct BackwardConfig {
   static constexpr int kWarps = 8;
   static constexpr int kThreads = kWarps * 32;
-  static constexpr int kBlockN = 64; // keys per CTA
-  static constexpr int kBlockM = 64; // queries per step
-  static constexpr int kStages = D <= 128 ? 2 : 1; // Q/dO double buffer where shared memory allows
+  static constexpr int kMTiles = D <= 128 ? 2 : 1; // key m16 tiles per warp (dK, dV registers at D = 256)
+  static constexpr int kWarpN = 16 * kMTiles;
+  static constexpr int kBlockN = 4 * kWarpN; // keys per CTA: 128, or 64 at D = 256
+  static constexpr int kBlockM = 64;         // queries per step
   static constexpr int kPitch = D + 8;
   static constexpr int kPitchP = kBlockM + 8;
   static constexpr int kHalfTiles = D / 16; // output n-tiles per warp (half of D / 8)
-  static constexpr size_t kSmemBytes = size_t(2 * kBlockN + 2 * kStages * kBlockM) * kPitch * sizeof(T) +
-                                       size_t(2 * kBlockN * kPitchP) * sizeof(T) +
-                                       size_t(2 * kStages * kBlockM) * sizeof(float);
+  // Q/dO (and their row statistics) are double-buffered where the device's shared memory allows.
+  static constexpr size_t smem_bytes(int stages) {
+    return size_t(2 * kBlockN + 2 * stages * kBlockM) * kPitch * sizeof(T) + size_t(2 * kBlockN * kPitchP) * sizeof(T) +
+           size_t(2 * stages * kBlockM) * sizeof(float);
+  }
   static_assert(D % 16 == 0, "head dim must be a multiple of 16");
-  static_assert(kSmemBytes <= 160 * 1024, "must fit an sm_80 CTA");
+  static_assert(smem_bytes(1) <= 160 * 1024, "one stage must fit an sm_80 CTA");
+  static_assert(smem_bytes(2) <= 227 * 1024, "two stages must fit an sm_90 CTA");
 };
 
-// out[j] += A (16 x 64 over queries, from a [16 rows][kPitchP] tile) times B (queries x this warp's
-// half of the head dim), for the 64 queries of one step.
+// Two consecutive floats added atomically (one vector atomic on sm_90, two scalar ones before).
+__device__ __forceinline__ void atomic_add2(float* p, float x, float y) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  atomicAdd(reinterpret_cast<float2*>(p), make_float2(x, y));
+#else
+  atomicAdd(p, x);
+  atomicAdd(p + 1, y);
+#endif
+}
+
+// out[mt][j] += A (kMTiles x 16 rows over 64 queries, from a [rows][kPitchP] tile) times
+// B (64 queries x this warp's half of the head dim).
 template <class T, int D>
-__device__ __forceinline__ void accumulate_half(float (&out)[D / 16][4], const T* a_tile, int a_row0, const T* b_tile,
-                                                int col0, int lane) {
+__device__ __forceinline__ void accumulate_half(float (&out)[BackwardConfig<T, D>::kMTiles][D / 16][4], const T* a_tile,
+                                                int a_row0, const T* b_tile, int col0, int lane) {
   using C = BackwardConfig<T, D>;
 #pragma unroll
   for (int k0 = 0; k0 < C::kBlockM; k0 += 16) {
-    uint32_t a[4];
-    load_a<T>(a, a_tile, C::kPitchP, a_row0, k0, lane);
+    uint32_t a[C::kMTiles][4];
+#pragma unroll
+    for (int mt = 0; mt < C::kMTiles; ++mt) load_a<T>(a[mt], a_tile, C::kPitchP, a_row0 + 16 * mt, k0, lane);
 #pragma unroll
     for (int j = 0; j < C::kHalfTiles; j += 2) {
       if (j + 1 < C::kHalfTiles) {
         uint32_t b[4];
         load_b_kn<T>(b, b_tile, C::kPitch, k0, col0 + j * 8, lane);
-        mma_16x8x16<T>(out[j], a, b[0], b[1]);
-        mma_16x8x16<T>(out[j + 1], a, b[2], b[3]);
+#pragma unroll
+        for (int mt = 0; mt < C::kMTiles; ++mt) {
+          mma_16x8x16<T>(out[mt][j], a[mt], b[0], b[1]);
+          mma_16x8x16<T>(out[mt][j + 1], a[mt], b[2], b[3]);
+        }
       } else { // an odd count of n-tiles (D = 80)
         uint32_t b[2];
         load_b_kn_single<T>(b, b_tile, C::kPitch, k0, col0 + j * 8, lane);
-        mma_16x8x16<T>(out[j], a, b[0], b[1]);
+#pragma unroll
+        for (int mt = 0; mt < C::kMTiles; ++mt) mma_16x8x16<T>(out[mt][j], a[mt], b[0], b[1]);
       }
     }
   }
 }
 
+// dK and dV of the key tile [n0, n0 + kBlockN) of `reg` (one kv head), over every query tile that
+// sees it. `stages`: 2 overlaps the next step's loads with this step's products.
 template <class T, int D>
-__global__ void __launch_bounds__(BackwardConfig<T, D>::kThreads, 1)
-    flash_backward_dkdv_kernel(const __grid_constant__ AttnArgs a) {
+__device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, const Region& reg, int32_t n0,
+                          int kv_head, int batch) {
   using C = BackwardConfig<T, D>;
-  extern __shared__ __align__(16) unsigned char smem[];
   T* sK = reinterpret_cast<T*>(smem);
   T* sV = sK + C::kBlockN * C::kPitch;
-  T* sQ = sV + C::kBlockN * C::kPitch;          // [kStages][kBlockM][kPitch]
-  T* sdO = sQ + C::kStages * C::kBlockM * C::kPitch;
-  T* sP = sdO + C::kStages * C::kBlockM * C::kPitch; // P^T  [kBlockN][kPitchP]
-  T* sdS = sP + C::kBlockN * C::kPitchP;            // dS^T
-  float* sLse2 = reinterpret_cast<float*>(sdS + C::kBlockN * C::kPitchP); // [kStages][kBlockM]
-  float* sDelta = sLse2 + C::kStages * C::kBlockM;
+  T* sQ = sV + C::kBlockN * C::kPitch; // [stages][kBlockM][kPitch]
+  T* sdO = sQ + stages * C::kBlockM * C::kPitch;
+  T* sP = sdO + stages * C::kBlockM * C::kPitch; // P^T  [kBlockN][kPitchP]
+  T* sdS = sP + C::kBlockN * C::kPitchP;         // dS^T
+  float* sLse2 = reinterpret_cast<float*>(sdS + C::kBlockN * C::kPitchP); // [stages][kBlockM]
+  float* sDelta = sLse2 + stages * C::kBlockM;
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const int wr = warp & 3, wh = warp >> 2; // 16-key slice, half
-  const int kv_head = blockIdx.y, batch = blockIdx.z;
-  const int32_t x = int32_t(blockIdx.x);
-
-  Region reg;
-  int32_t n0;
-  if (a.nseg > 0) {
-    int32_t seg, tile;
-    if (!locate_tile(a.segs, a.nseg, x, C::kBlockN, false, seg, tile)) return;
-    reg = segment_region(a.segs[seg]);
-    n0 = reg.col_begin + tile * C::kBlockN;
-  } else {
-    reg = whole_call(a.mask, a.seqlen_q, a.seqlen_kv);
-    n0 = x * C::kBlockN;
-  }
+  const int wr = warp & 3, wh = warp >> 2; // key slice, half
+  const int wrow0 = wr * C::kWarpN;        // this warp's first key in the tile
 
   const T* k = static_cast<const T*>(a.k.data) + batch * a.k.batch_stride + kv_head * a.k.head_stride;
   const T* v = static_cast<const T*>(a.v.data) + batch * a.v.batch_stride + kv_head * a.v.head_stride;
@@ -102,6 +112,8 @@ __global__ void __launch_bounds__(BackwardConfig<T, D>::kThreads, 1)
 
   QWalk<C::kBlockM, C::kBlockN> walk;
   walk.init(a.mask, reg, a.blocks, kv_head * a.group, a.group, n0);
+  // With a block list of 64-key blocks, the two halves of a 128-key tile follow their own columns.
+  const int list = a.blocks.heads > 0 && (n0 + wrow0) / a.blocks.block_kv != n0 / a.blocks.block_kv ? 1 : 0;
 
   // Q, dO, and the rows' statistics of one step into stage `st`. Rows past the region get
   // LSE = +inf (so P = 0) and delta = 0: they add nothing, whatever their Q.
@@ -127,11 +139,13 @@ __global__ void __launch_bounds__(BackwardConfig<T, D>::kThreads, 1)
     }
   };
 
-  float dk[C::kHalfTiles][4], dv[C::kHalfTiles][4];
+  float dk[C::kMTiles][C::kHalfTiles][4], dv[C::kMTiles][C::kHalfTiles][4];
 #pragma unroll
-  for (int j = 0; j < C::kHalfTiles; ++j)
+  for (int mt = 0; mt < C::kMTiles; ++mt)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) dk[j][e] = dv[j][e] = 0.f;
+    for (int j = 0; j < C::kHalfTiles; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dk[mt][j][e] = dv[mt][j][e] = 0.f;
 
   QStep cur;
   bool have = walk.next(cur);
@@ -141,7 +155,7 @@ __global__ void __launch_bounds__(BackwardConfig<T, D>::kThreads, 1)
   while (have) {
     QStep nxt;
     const bool have_next = walk.next(nxt);
-    if constexpr (C::kStages == 2) {
+    if (stages == 2) {
       if (have_next) load_step(st ^ 1, nxt);
       cp_async_commit();
       cp_async_wait<1>();
@@ -153,53 +167,99 @@ __global__ void __launch_bounds__(BackwardConfig<T, D>::kThreads, 1)
     const T* do_s = sdO + st * C::kBlockM * C::kPitch;
     const float* lse2 = sLse2 + st * C::kBlockM;
     const float* delta = sDelta + st * C::kBlockM;
+    const bool active = list ? cur.active[1] : cur.active[0];
+    const bool masked = list ? cur.masked[1] : cur.masked[0];
 
-    // 1. S^T = K Q^T and dP^T = V dO^T for keys 16 wr.., queries 32 wh..
-    float s[4][4], dp[4][4];
+    // 1. S^T = K Q^T for this warp's keys and queries 32 wh..; P^T = exp(S^T - LSE), masked (all
+    //    zero for a warp whose keys this step does not visit), into shared memory.
+    const int32_t base = reg.diff(cur.r0, n0); // (row r0 + m, key n0 + n) has diff base + n - m
+    const bool check = masked || n0 + C::kBlockN > reg.col_end;
+    float p[C::kMTiles][4][4];
 #pragma unroll
-    for (int j = 0; j < 4; ++j)
+    for (int mt = 0; mt < C::kMTiles; ++mt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) s[j][e] = dp[j][e] = 0.f;
+      for (int j = 0; j < 4; ++j)
 #pragma unroll
-    for (int k0 = 0; k0 < D; k0 += 16) {
-      uint32_t ak[4], av[4];
-      load_a<T>(ak, sK, C::kPitch, 16 * wr, k0, lane);
-      load_a<T>(av, sV, C::kPitch, 16 * wr, k0, lane);
+        for (int e = 0; e < 4; ++e) p[mt][j][e] = 0.f;
+    if (active) {
+#pragma unroll 2
+      for (int k0 = 0; k0 < D; k0 += 16) {
+        uint32_t ak[C::kMTiles][4];
 #pragma unroll
-      for (int j = 0; j < 4; j += 2) {
-        uint32_t bq[4], bo[4];
-        load_b_nk<T>(bq, q_s, C::kPitch, 32 * wh + j * 8, k0, lane);
-        load_b_nk<T>(bo, do_s, C::kPitch, 32 * wh + j * 8, k0, lane);
-        mma_16x8x16<T>(s[j], ak, bq[0], bq[1]);
-        mma_16x8x16<T>(s[j + 1], ak, bq[2], bq[3]);
-        mma_16x8x16<T>(dp[j], av, bo[0], bo[1]);
-        mma_16x8x16<T>(dp[j + 1], av, bo[2], bo[3]);
+        for (int mt = 0; mt < C::kMTiles; ++mt) load_a<T>(ak[mt], sK, C::kPitch, wrow0 + 16 * mt, k0, lane);
+#pragma unroll
+        for (int j = 0; j < 4; j += 2) {
+          uint32_t bq[4];
+          load_b_nk<T>(bq, q_s, C::kPitch, 32 * wh + j * 8, k0, lane);
+#pragma unroll
+          for (int mt = 0; mt < C::kMTiles; ++mt) {
+            mma_16x8x16<T>(p[mt][j], ak[mt], bq[0], bq[1]);
+            mma_16x8x16<T>(p[mt][j + 1], ak[mt], bq[2], bq[3]);
+          }
+        }
       }
     }
-    // 2. P^T and dS^T, masked, into shared memory.
-    const int32_t base = reg.diff(cur.r0, n0); // (row r0 + m, key n0 + n) has diff base + n - m
 #pragma unroll
-    for (int j = 0; j < 4; ++j)
+    for (int mt = 0; mt < C::kMTiles; ++mt)
 #pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const int n = 16 * wr + (lane >> 2) + hh * 8;
-        const int m = 32 * wh + j * 8 + (lane & 3) * 2;
-        float p[2], ds[2];
+      for (int j = 0; j < 4; ++j)
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          p[e] = fast_exp2(fmaf(s[j][2 * hh + e], a.scale_log2, -lse2[m + e]));
-          const bool ok = n0 + n < reg.col_end && (!cur.masked || visible(a.mask, base + n - (m + e)));
-          if (!ok) p[e] = 0.f;
-          ds[e] = p[e] * (dp[j][2 * hh + e] - delta[m + e]);
+        for (int hh = 0; hh < 2; ++hh) {
+          const int n = wrow0 + 16 * mt + (lane >> 2) + hh * 8;
+          const int m = 32 * wh + j * 8 + (lane & 3) * 2;
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const bool ok = active && (!check || (n0 + n < reg.col_end && (!masked || visible(a.mask, base + n - (m + e)))));
+            p[mt][j][2 * hh + e] = ok ? fast_exp2(fmaf(p[mt][j][2 * hh + e], a.scale_log2, -lse2[m + e])) : 0.f;
+          }
+          *reinterpret_cast<uint32_t*>(sP + n * C::kPitchP + m) = pack2<T>(p[mt][j][2 * hh], p[mt][j][2 * hh + 1]);
         }
-        *reinterpret_cast<uint32_t*>(sP + n * C::kPitchP + m) = pack2<T>(p[0], p[1]);
-        *reinterpret_cast<uint32_t*>(sdS + n * C::kPitchP + m) = pack2<T>(ds[0], ds[1]);
+
+    // 2. dP^T = V dO^T, then dS^T = P^T (dP^T - delta) into shared memory (P is 0 where masked).
+    float dp[C::kMTiles][4][4];
+#pragma unroll
+    for (int mt = 0; mt < C::kMTiles; ++mt)
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) dp[mt][j][e] = 0.f;
+    if (active) {
+#pragma unroll 2
+      for (int k0 = 0; k0 < D; k0 += 16) {
+        uint32_t av[C::kMTiles][4];
+#pragma unroll
+        for (int mt = 0; mt < C::kMTiles; ++mt) load_a<T>(av[mt], sV, C::kPitch, wrow0 + 16 * mt, k0, lane);
+#pragma unroll
+        for (int j = 0; j < 4; j += 2) {
+          uint32_t bo[4];
+          load_b_nk<T>(bo, do_s, C::kPitch, 32 * wh + j * 8, k0, lane);
+#pragma unroll
+          for (int mt = 0; mt < C::kMTiles; ++mt) {
+            mma_16x8x16<T>(dp[mt][j], av[mt], bo[0], bo[1]);
+            mma_16x8x16<T>(dp[mt][j + 1], av[mt], bo[2], bo[3]);
+          }
+        }
       }
+    }
+#pragma unroll
+    for (int mt = 0; mt < C::kMTiles; ++mt)
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const int n = wrow0 + 16 * mt + (lane >> 2) + hh * 8;
+          const int m = 32 * wh + j * 8 + (lane & 3) * 2;
+          const float ds0 = p[mt][j][2 * hh] * (dp[mt][j][2 * hh] - delta[m]);
+          const float ds1 = p[mt][j][2 * hh + 1] * (dp[mt][j][2 * hh + 1] - delta[m + 1]);
+          *reinterpret_cast<uint32_t*>(sdS + n * C::kPitchP + m) = pack2<T>(ds0, ds1);
+        }
     __syncthreads();
 
     // 3. dV += P^T dO, dK += dS^T Q on this warp's keys and half of the head dim.
-    accumulate_half<T, D>(dv, sP, 16 * wr, do_s, wh * (D / 2), lane);
-    accumulate_half<T, D>(dk, sdS, 16 * wr, q_s, wh * (D / 2), lane);
+    if (active) {
+      accumulate_half<T, D>(dv, sP, wrow0, do_s, wh * (D / 2), lane);
+      accumulate_half<T, D>(dk, sdS, wrow0, q_s, wh * (D / 2), lane);
+    }
 
     // 4. dQ += scale dS K for queries 16 wr.., this half of the head dim, added atomically.
     if (a.accumulate_dq) {
@@ -233,20 +293,17 @@ __global__ void __launch_bounds__(BackwardConfig<T, D>::kThreads, 1)
         if (r >= reg.row_end) continue;
         float* row = dq_g + int64_t(r) * a.dq.token_stride + wh * (D / 2) + (lane & 3) * 2;
 #pragma unroll
-        for (int j = 0; j < C::kHalfTiles; ++j) {
-          atomicAdd(row + j * 8, a.scale * dq[j][2 * hh]);
-          atomicAdd(row + j * 8 + 1, a.scale * dq[j][2 * hh + 1]);
-        }
+        for (int j = 0; j < C::kHalfTiles; ++j) atomic_add2(row + j * 8, a.scale * dq[j][2 * hh], a.scale * dq[j][2 * hh + 1]);
       }
     }
     __syncthreads(); // sP, sdS and this stage are free again
-    if constexpr (C::kStages == 1) {
+    if (stages == 1) {
       if (have_next) load_step(0, nxt);
       cp_async_commit();
     }
     cur = nxt;
     have = have_next;
-    st ^= C::kStages - 1;
+    st ^= stages - 1;
   }
   cp_async_wait<0>();
 
@@ -256,19 +313,40 @@ __global__ void __launch_bounds__(BackwardConfig<T, D>::kThreads, 1)
   float* dk_g = static_cast<float*>(a.dk.data) + batch * a.dk.batch_stride + kv_head * a.dk.head_stride;
   float* dv_g = static_cast<float*>(a.dv.data) + batch * a.dv.batch_stride + kv_head * a.dv.head_stride;
 #pragma unroll
-  for (int hh = 0; hh < 2; ++hh) {
-    const int32_t n = n0 + 16 * wr + (lane >> 2) + hh * 8;
-    if (n >= reg.col_end) continue;
-    const int col = wh * (D / 2) + (lane & 3) * 2;
-    float* pk = dk_g + int64_t(n) * a.dk.token_stride + col;
-    float* pv = dv_g + int64_t(n) * a.dv.token_stride + col;
+  for (int mt = 0; mt < C::kMTiles; ++mt)
 #pragma unroll
-    for (int j = 0; j < C::kHalfTiles; ++j) {
-      atomicAdd(pk + j * 8, a.scale * dk[j][2 * hh]);
-      atomicAdd(pk + j * 8 + 1, a.scale * dk[j][2 * hh + 1]);
-      atomicAdd(pv + j * 8, dv[j][2 * hh]);
-      atomicAdd(pv + j * 8 + 1, dv[j][2 * hh + 1]);
+    for (int hh = 0; hh < 2; ++hh) {
+      const int32_t n = n0 + wrow0 + 16 * mt + (lane >> 2) + hh * 8;
+      if (n >= reg.col_end) continue;
+      const int col = wh * (D / 2) + (lane & 3) * 2;
+      float* pk = dk_g + int64_t(n) * a.dk.token_stride + col;
+      float* pv = dv_g + int64_t(n) * a.dv.token_stride + col;
+#pragma unroll
+      for (int j = 0; j < C::kHalfTiles; ++j) {
+        atomic_add2(pk + j * 8, a.scale * dk[mt][j][2 * hh], a.scale * dk[mt][j][2 * hh + 1]);
+        atomic_add2(pv + j * 8, dv[mt][j][2 * hh], dv[mt][j][2 * hh + 1]);
+      }
     }
+}
+
+template <class T, int D>
+__global__ void __launch_bounds__(BackwardConfig<T, D>::kThreads, 1)
+    flash_backward_dkdv_kernel(const __grid_constant__ AttnArgs a, int stages) {
+  using C = BackwardConfig<T, D>;
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int kv_head = blockIdx.y, batch = blockIdx.z;
+  if (a.nseg == 0) {
+    const int32_t n0 = int32_t(blockIdx.x) * C::kBlockN;
+    if (n0 < a.seqlen_kv) dkdv_tile<T, D>(a, smem, stages, whole_call(a.mask, a.seqlen_q, a.seqlen_kv), n0, kv_head, batch);
+    return;
+  }
+  // Segments may share keys, so their key tiles can outnumber the grid: stride over them.
+  for (int32_t x = int32_t(blockIdx.x);; x += int32_t(gridDim.x)) {
+    int32_t seg, tile;
+    if (!locate_tile(a.segs, a.nseg, x, C::kBlockN, false, seg, tile)) return;
+    const Region reg = segment_region(a.segs[seg]);
+    dkdv_tile<T, D>(a, smem, stages, reg, reg.col_begin + tile * C::kBlockN, kv_head, batch);
+    __syncthreads(); // the next tile reuses shared memory
   }
 }
 
@@ -277,24 +355,27 @@ __global__ void __launch_bounds__(BackwardConfig<T, D>::kThreads, 1)
 template <class T, int D> struct DqConfig {
   static constexpr int kWarps = 4;
   static constexpr int kThreads = kWarps * 32;
-  static constexpr int kBlockM = 64; // 16 rows per warp
-  static constexpr int kBlockN = 64;
-  static constexpr int kStages = D <= 128 ? 2 : 1;
+  static constexpr int kMTiles = D <= 128 ? 2 : 1; // query m16 tiles per warp
+  static constexpr int kWarpRows = 16 * kMTiles;
+  static constexpr int kBlockM = kWarps * kWarpRows;
+  static constexpr int kBlockN = 32; // narrow key tiles: S and dP of 32 rows stay in registers beside dQ
   static constexpr int kPitch = D + 8;
   static constexpr int kSTiles = kBlockN / 8;
   static constexpr int kOTiles = D / 8;
-  static constexpr size_t kSmemBytes = size_t(2 * kBlockM + 2 * kStages * kBlockN) * kPitch * sizeof(T);
+  static constexpr size_t kSmemBytes = size_t(2 * kBlockM + 2 * 2 * kBlockN) * kPitch * sizeof(T);
+  static_assert(kBlockM <= 128, "a row tile spans at most two query blocks of a block list");
   static_assert(kSmemBytes <= 160 * 1024, "must fit an sm_80 CTA");
 };
 
 template <class T, int D>
 __global__ void __launch_bounds__(DqConfig<T, D>::kThreads, 1) flash_backward_dq_kernel(const __grid_constant__ AttnArgs a) {
   using C = DqConfig<T, D>;
+  constexpr int MT = C::kMTiles;
   extern __shared__ __align__(16) unsigned char smem[];
   T* sQ = reinterpret_cast<T*>(smem);
   T* sdO = sQ + C::kBlockM * C::kPitch;
-  T* sK = sdO + C::kBlockM * C::kPitch; // [kStages][kBlockN][kPitch]
-  T* sV = sK + C::kStages * C::kBlockN * C::kPitch;
+  T* sK = sdO + C::kBlockM * C::kPitch; // [2][kBlockN][kPitch]
+  T* sV = sK + 2 * C::kBlockN * C::kPitch;
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int head = blockIdx.y, batch = blockIdx.z, kv_head = head / a.group;
@@ -312,7 +393,7 @@ __global__ void __launch_bounds__(DqConfig<T, D>::kThreads, 1) flash_backward_dq
     m0 = x * C::kBlockM;
   }
   const int32_t m1 = min(m0 + C::kBlockM, reg.row_end);
-  const int32_t row0 = m0 + warp * 16;
+  const int32_t warp_row0 = warp * C::kWarpRows;
 
   const int64_t qoff = batch * a.q.batch_stride + head * a.q.head_stride + int64_t(m0) * a.q.token_stride;
   const int64_t ooff = batch * a.d_o.batch_stride + head * a.d_o.head_stride + int64_t(m0) * a.d_o.token_stride;
@@ -323,24 +404,29 @@ __global__ void __launch_bounds__(DqConfig<T, D>::kThreads, 1) flash_backward_dq
   const T* k = static_cast<const T*>(a.k.data) + batch * a.k.batch_stride + kv_head * a.k.head_stride;
   const T* v = static_cast<const T*>(a.v.data) + batch * a.v.batch_stride + kv_head * a.v.head_stride;
 
-  // This lane's two rows: LSE (log2 units; +inf where there is no key or no row) and delta.
-  float lse2[2], delta[2];
+  // This lane's rows: LSE (log2 units; +inf where there is no key or no row) and delta.
+  float lse2[MT][2], delta[MT][2];
 #pragma unroll
-  for (int hh = 0; hh < 2; ++hh) {
-    const int32_t r = row0 + (lane >> 2) + hh * 8;
-    lse2[hh] = INFINITY;
-    delta[hh] = 0.f;
-    if (r < m1) {
-      const float lse = a.lse.data[batch * a.lse.batch_stride + head * a.lse.head_stride + r];
-      lse2[hh] = lse == -INFINITY ? INFINITY : lse * kLog2e;
-      delta[hh] = a.delta.data[batch * a.delta.batch_stride + head * a.delta.head_stride + r];
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int32_t r = m0 + warp_row0 + 16 * mt + (lane >> 2) + hh * 8;
+      lse2[mt][hh] = INFINITY;
+      delta[mt][hh] = 0.f;
+      if (r < m1) {
+        const float lse = a.lse.data[batch * a.lse.batch_stride + head * a.lse.head_stride + r];
+        lse2[mt][hh] = lse == -INFINITY ? INFINITY : lse * kLog2e;
+        delta[mt][hh] = a.delta.data[batch * a.delta.batch_stride + head * a.delta.head_stride + r];
+      }
     }
-  }
 
-  KvWalk<C::kBlockN> walk; // a 64-row tile lies in one query block of a block list
+  KvWalk<C::kBlockN> walk;
+  int list = 0;
   if (a.blocks.heads > 0) {
-    const int32_t row = (a.blocks.heads == 1 ? 0 : head) * a.blocks.num_q_blocks + m0 / a.blocks.block_q;
-    walk.init_blocks(a.mask, reg, a.blocks, row, row);
+    const int32_t row = (a.blocks.heads == 1 ? 0 : head) * a.blocks.num_q_blocks;
+    const int32_t qb0 = m0 / a.blocks.block_q, qb1 = (m1 - 1) / a.blocks.block_q;
+    walk.init_blocks(a.mask, reg, a.blocks, row + qb0, row + qb1);
+    list = (m0 + warp_row0) / a.blocks.block_q == qb0 ? 0 : 1;
   } else {
     walk.init_interval(a.mask, reg, m0, m1);
   }
@@ -353,11 +439,13 @@ __global__ void __launch_bounds__(DqConfig<T, D>::kThreads, 1) flash_backward_dq
                                                 reg.col_end - c0, tid);
   };
 
-  float dq[C::kOTiles][4];
+  float dq[MT][C::kOTiles][4];
 #pragma unroll
-  for (int j = 0; j < C::kOTiles; ++j)
+  for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) dq[j][e] = 0.f;
+    for (int j = 0; j < C::kOTiles; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dq[mt][j][e] = 0.f;
 
   KvStep cur;
   bool have = walk.next(cur);
@@ -367,91 +455,110 @@ __global__ void __launch_bounds__(DqConfig<T, D>::kThreads, 1) flash_backward_dq
   while (have) {
     KvStep nxt;
     const bool have_next = walk.next(nxt);
-    if constexpr (C::kStages == 2) {
-      if (have_next) load_kv(st ^ 1, nxt.c0);
-      cp_async_commit();
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
+    if (have_next) load_kv(st ^ 1, nxt.c0);
+    cp_async_commit();
+    cp_async_wait<1>();
     __syncthreads();
     const T* k_s = sK + st * C::kBlockN * C::kPitch;
     const T* v_s = sV + st * C::kBlockN * C::kPitch;
-
-    // S = Q K^T, dP = dO V^T for this warp's 16 rows.
-    float s[C::kSTiles][4], dp[C::kSTiles][4];
+    const bool active = list ? cur.active[1] : cur.active[0];
+    const bool masked = list ? cur.masked[1] : cur.masked[0];
+    if (active) {
+      // S = Q K^T, dP = dO V^T for this warp's rows.
+      float s[MT][C::kSTiles][4], dp[MT][C::kSTiles][4];
 #pragma unroll
-    for (int j = 0; j < C::kSTiles; ++j)
+      for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) s[j][e] = dp[j][e] = 0.f;
+        for (int j = 0; j < C::kSTiles; ++j)
 #pragma unroll
-    for (int k0 = 0; k0 < D; k0 += 16) {
-      uint32_t aq[4], ao[4];
-      load_a<T>(aq, sQ, C::kPitch, warp * 16, k0, lane);
-      load_a<T>(ao, sdO, C::kPitch, warp * 16, k0, lane);
+          for (int e = 0; e < 4; ++e) s[mt][j][e] = dp[mt][j][e] = 0.f;
 #pragma unroll
-      for (int n0 = 0; n0 < C::kBlockN; n0 += 16) {
-        uint32_t bk[4], bv[4];
-        load_b_nk<T>(bk, k_s, C::kPitch, n0, k0, lane);
-        load_b_nk<T>(bv, v_s, C::kPitch, n0, k0, lane);
-        mma_16x8x16<T>(s[n0 / 8], aq, bk[0], bk[1]);
-        mma_16x8x16<T>(s[n0 / 8 + 1], aq, bk[2], bk[3]);
-        mma_16x8x16<T>(dp[n0 / 8], ao, bv[0], bv[1]);
-        mma_16x8x16<T>(dp[n0 / 8 + 1], ao, bv[2], bv[3]);
+      for (int k0 = 0; k0 < D; k0 += 16) {
+        uint32_t aq[MT][4], ao[MT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          load_a<T>(aq[mt], sQ, C::kPitch, warp_row0 + 16 * mt, k0, lane);
+          load_a<T>(ao[mt], sdO, C::kPitch, warp_row0 + 16 * mt, k0, lane);
+        }
+#pragma unroll
+        for (int n0 = 0; n0 < C::kBlockN; n0 += 16) {
+          uint32_t bk[4], bv[4];
+          load_b_nk<T>(bk, k_s, C::kPitch, n0, k0, lane);
+          load_b_nk<T>(bv, v_s, C::kPitch, n0, k0, lane);
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) {
+            mma_16x8x16<T>(s[mt][n0 / 8], aq[mt], bk[0], bk[1]);
+            mma_16x8x16<T>(s[mt][n0 / 8 + 1], aq[mt], bk[2], bk[3]);
+            mma_16x8x16<T>(dp[mt][n0 / 8], ao[mt], bv[0], bv[1]);
+            mma_16x8x16<T>(dp[mt][n0 / 8 + 1], ao[mt], bv[2], bv[3]);
+          }
+        }
       }
-    }
-    // dS = P (dP - delta), masked; it stays in s.
-    const bool masked = cur.masked[0];
-    const int32_t base = reg.diff(row0, cur.c0);
+      // dS = P (dP - delta), masked; it replaces S.
+      const int32_t base = reg.diff(m0 + warp_row0, cur.c0);
+      const bool check = masked || cur.cross;
 #pragma unroll
-    for (int j = 0; j < C::kSTiles; ++j)
+      for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int hh = e >> 1;
-        const int r = (lane >> 2) + hh * 8, c = j * 8 + (lane & 3) * 2 + (e & 1);
-        float p = fast_exp2(fmaf(s[j][e], a.scale_log2, -lse2[hh]));
-        if ((cur.cross || masked) && !(cur.c0 + c < reg.col_end && (!masked || visible(a.mask, base + c - r))))
-          p = 0.f;
-        s[j][e] = p * (dp[j][e] - delta[hh]);
-      }
-    // dQ += dS K.
+        for (int j = 0; j < C::kSTiles; ++j)
 #pragma unroll
-    for (int k0 = 0; k0 < C::kBlockN; k0 += 16) {
-      uint32_t ads[4];
-      c_to_a<T>(ads, s[k0 / 8], s[k0 / 8 + 1]);
+          for (int e = 0; e < 4; ++e) {
+            const int hh = e >> 1;
+            const int r = 16 * mt + (lane >> 2) + hh * 8, c = j * 8 + (lane & 3) * 2 + (e & 1);
+            const bool ok = !check || (cur.c0 + c < reg.col_end && (!masked || visible(a.mask, base + c - r)));
+            const float p = ok ? fast_exp2(fmaf(s[mt][j][e], a.scale_log2, -lse2[mt][hh])) : 0.f;
+            s[mt][j][e] = p * (dp[mt][j][e] - delta[mt][hh]);
+          }
+      // dQ += dS K.
 #pragma unroll
-      for (int n0 = 0; n0 < D; n0 += 16) {
-        uint32_t b[4];
-        load_b_kn<T>(b, k_s, C::kPitch, k0, n0, lane);
-        mma_16x8x16<T>(dq[n0 / 8], ads, b[0], b[1]);
-        mma_16x8x16<T>(dq[n0 / 8 + 1], ads, b[2], b[3]);
+      for (int k0 = 0; k0 < C::kBlockN; k0 += 16) {
+        uint32_t ads[MT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) c_to_a<T>(ads[mt], s[mt][k0 / 8], s[mt][k0 / 8 + 1]);
+#pragma unroll
+        for (int n0 = 0; n0 < D; n0 += 16) {
+          uint32_t b[4];
+          load_b_kn<T>(b, k_s, C::kPitch, k0, n0, lane);
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) {
+            mma_16x8x16<T>(dq[mt][n0 / 8], ads[mt], b[0], b[1]);
+            mma_16x8x16<T>(dq[mt][n0 / 8 + 1], ads[mt], b[2], b[3]);
+          }
+        }
       }
     }
     __syncthreads();
-    if constexpr (C::kStages == 1) {
-      if (have_next) load_kv(0, nxt.c0);
-      cp_async_commit();
-    }
     cur = nxt;
     have = have_next;
-    st ^= C::kStages - 1;
+    st ^= 1;
   }
   cp_async_wait<0>();
 
+  // This CTA owns its rows (rows lie in at most one segment): plain read-add-write.
   float* dq_g = static_cast<float*>(a.dq.data) + batch * a.dq.batch_stride + head * a.dq.head_stride;
 #pragma unroll
-  for (int hh = 0; hh < 2; ++hh) {
-    const int32_t r = row0 + (lane >> 2) + hh * 8;
-    if (r >= m1) continue;
+  for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-    for (int j = 0; j < C::kOTiles; ++j) {
-      float2* p = reinterpret_cast<float2*>(dq_g + int64_t(r) * a.dq.token_stride + j * 8 + (lane & 3) * 2);
-      float2 x2 = *p;
-      x2.x += a.scale * dq[j][2 * hh];
-      x2.y += a.scale * dq[j][2 * hh + 1];
-      *p = x2;
+    for (int hh = 0; hh < 2; ++hh) {
+      const int32_t r = m0 + warp_row0 + 16 * mt + (lane >> 2) + hh * 8;
+      if (r >= m1) continue;
+#pragma unroll
+      for (int j = 0; j < C::kOTiles; ++j) {
+        float2* p = reinterpret_cast<float2*>(dq_g + int64_t(r) * a.dq.token_stride + j * 8 + (lane & 3) * 2);
+        float2 x2 = *p;
+        x2.x += a.scale * dq[mt][j][2 * hh];
+        x2.y += a.scale * dq[mt][j][2 * hh + 1];
+        *p = x2;
+      }
     }
-  }
+}
+
+// Shared memory per block this device allows (opt-in), read once per device.
+inline int max_smem_per_block() {
+  int dev = 0, bytes = 0;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+  return bytes;
 }
 
 template <class T, int D> void launch_backward(const BackwardParams& p, cudaStream_t stream) {
@@ -479,10 +586,14 @@ template <class T, int D> void launch_backward(const BackwardParams& p, cudaStre
   {
     using C = BackwardConfig<T, D>;
     const auto kernel = flash_backward_dkdv_kernel<T, D>;
-    cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(C::kSmemBytes));
+    // Two stages where they fit (sm_90); ATTNCORE_BWD_STAGES=1 forces one (tests cover both paths).
+    const char* force = std::getenv("ATTNCORE_BWD_STAGES");
+    const int stages = (force && force[0] == '1') || size_t(max_smem_per_block()) < C::smem_bytes(2) ? 1 : 2;
+    const size_t smem = C::smem_bytes(stages);
+    cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
     const dim3 grid(unsigned(tile_grid(p.seqlen_kv, C::kBlockN, p.num_segments)), unsigned(p.heads_kv),
                     unsigned(p.batch));
-    kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(a);
+    kernel<<<grid, C::kThreads, smem, stream>>>(a, stages);
     check_launch("flash backward dK/dV");
   }
   if (p.deterministic) {

@@ -236,21 +236,29 @@ template <int kN> struct KvWalk {
   }
 };
 
-// One step of a key tile's walk over query tiles (dK/dV): the query head and the tile's first row.
+// One step of a key tile's walk over query tiles (dK/dV): the query head, the tile's first row,
+// and for each of the (at most two) key blocks of a block list in the key tile whether it is seen
+// by this query tile and must be masked per element.
 struct QStep {
   int32_t head; // query head
   int32_t r0;
-  bool masked;  // apply the causal/window mask per element
+  bool active[2];
+  bool masked[2];
 };
 
 // Walks, for the key tile [c0, c0 + kN), every (query head of the group, query tile of kM rows)
-// that sees it: heads in order, tiles in increasing order within a head.
+// that sees it: heads in order, tiles in increasing order within a head; with a block list, the
+// union of the (at most two) key blocks' CSC columns, each sorted ascending.
 template <int kM, int kN> struct QWalk {
-  int32_t head, head_end, t, t_begin, t_end;
+  int32_t head, head_end;
+  // interval mode
+  int32_t t, t_begin, t_end;
   int64_t kf, kl;
+  // block mode
   bool blocks;
   BlockArgs bl;
-  int32_t kv_block_index, e, e_end, sub, tiles_per_block;
+  int32_t kb0, kb1, e[2], end[2], block, sub, tiles_per_block;
+  bool act[2], m[2];
   MaskArgs mask;
   Region reg;
 
@@ -275,15 +283,22 @@ template <int kM, int kN> struct QWalk {
       t_end = (hi - rg.row_begin + kM - 1) / kM;
       t = t_begin;
     } else {
-      kv_block_index = c0 / b.block_kv;
+      kb0 = c0 / b.block_kv;
+      kb1 = (min(c0 + kN, rg.col_end) - 1) / b.block_kv;
       tiles_per_block = b.block_q / kM;
-      start_head_list();
+      start_head();
     }
   }
-  __device__ void start_head_list() {
-    const int32_t col = (bl.heads == 1 ? 0 : head) * bl.num_kv_blocks + kv_block_index;
-    e = bl.col_ptr[col];
-    e_end = bl.col_ptr[col + 1];
+  __device__ void start_head() {
+    const int32_t col = (bl.heads == 1 ? 0 : head) * bl.num_kv_blocks;
+    e[0] = bl.col_ptr[col + kb0];
+    end[0] = bl.col_ptr[col + kb0 + 1];
+    if (kb1 != kb0) {
+      e[1] = bl.col_ptr[col + kb1];
+      end[1] = bl.col_ptr[col + kb1 + 1];
+    } else {
+      e[1] = end[1] = 0;
+    }
     sub = 0;
   }
 
@@ -294,27 +309,41 @@ template <int kM, int kN> struct QWalk {
           s.head = head;
           s.r0 = reg.row_begin + t * kM;
           const int32_t r_last = min(s.r0 + kM, reg.row_end) - 1;
-          s.masked = !all_visible(mask, reg.row_pos(s.r0), reg.row_pos(r_last), kf, kl);
+          s.active[0] = s.active[1] = true;
+          s.masked[0] = s.masked[1] = !all_visible(mask, reg.row_pos(s.r0), reg.row_pos(r_last), kf, kl);
           ++t;
           return true;
         }
-        t = t_begin;
       } else {
-        while (e < e_end) {
-          const int32_t r0 = (bl.q_block[e] * tiles_per_block + sub) * kM;
-          const bool masked = bl.q_masked[e] != 0;
-          if (++sub == tiles_per_block) {
-            sub = 0;
-            ++e;
+        while (true) {
+          if (sub == 0) { // the smallest query block either column still holds
+            const int32_t h0 = e[0] < end[0] ? bl.q_block[e[0]] : INT_MAX;
+            const int32_t h1 = e[1] < end[1] ? bl.q_block[e[1]] : INT_MAX;
+            block = min(h0, h1);
+            if (block == INT_MAX) break;
+            act[0] = h0 == block;
+            act[1] = h1 == block;
+            m[0] = act[0] && bl.q_masked[e[0]];
+            m[1] = act[1] && bl.q_masked[e[1]];
+            e[0] += act[0];
+            e[1] += act[1];
           }
-          if (r0 >= reg.row_end) continue;
+          const int32_t r0 = (block * tiles_per_block + sub) * kM;
+          sub = sub + 1 == tiles_per_block ? 0 : sub + 1;
+          if (r0 >= reg.row_end) continue; // the last block is shorter than the others
           s.head = head;
           s.r0 = r0;
-          s.masked = masked;
+          s.active[0] = act[0];
+          s.active[1] = act[1];
+          s.masked[0] = m[0];
+          s.masked[1] = m[1];
           return true;
         }
       }
-      if (++head < head_end && blocks) start_head_list();
+      if (++head < head_end) {
+        if (blocks) start_head();
+        else t = t_begin;
+      }
     }
     return false;
   }
