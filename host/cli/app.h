@@ -38,12 +38,15 @@ int compare_command(Context& ctx, const std::vector<std::string>& args);  // att
 int verify_command(Context& ctx, const std::vector<std::string>& args);   // attnhost verify
 int list_command(Context& ctx, const std::vector<std::string>& args);     // attnhost list
 int info_command(Context& ctx, const std::vector<std::string>& args);      // attnhost info
+int isolated_case_command(Context& ctx, const std::vector<std::string>& args); // attnhost _case (internal)
 
 // Runs an expanded suite and writes its outputs; returns the exit code.
 struct ExecuteOptions {
   bool dry_run = false;
   bool comparison = false;   // print the side-by-side table (compare)
   bool summary_only = false; // no per-case blocks (verify)
+  bool isolate = false;      // each case in a child process
+  double case_timeout = 600; // seconds, with isolate
   std::string out_dir;       // overrides the suite's
   std::vector<std::string> formats;
 };

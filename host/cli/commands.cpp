@@ -5,6 +5,7 @@
 #include "report/console.h"
 #include "report/files.h"
 #include "runtime/environment.h"
+#include "runtime/isolate.h"
 #include "runtime/problem.h"
 #include "runtime/runner.h"
 
@@ -103,7 +104,9 @@ int run_command(Context& ctx, const std::vector<std::string>& args) {
   po::options_description own("Run");
   own.add_options()("suite", po::value<std::string>(), "suite file, or the name of a shipped suite")
                    ("dry-run", "print the expanded case list and stop")
-                   ("no-check", "skip the correctness check");
+                   ("no-check", "skip the correctness check")
+                   ("isolate", "run each case in its own process: a crash or hang costs that case only")
+                   ("case-timeout", po::value<double>()->default_value(600), "with --isolate: seconds a case may take");
   desc.add(own);
   po::positional_options_description pos;
   pos.add("suite", 1);
@@ -119,8 +122,55 @@ int run_command(Context& ctx, const std::vector<std::string>& args) {
     for (suite::Case& c : s.cases) c.check.enabled = false;
   ExecuteOptions ex;
   ex.dry_run = vm.count("dry-run") > 0;
+  ex.isolate = vm.count("isolate") > 0;
+  ex.case_timeout = vm["case-timeout"].as<double>();
+  if (ex.case_timeout <= 0) throw UsageError("--case-timeout must be positive");
   apply_output_options(vm, ex);
   return execute_suite(ctx, s, ex);
+}
+
+// The options a child process of --isolate needs to see the same plugins and devices.
+std::vector<std::string> child_arguments(const Context& ctx) {
+  const CommonOptions& o = ctx.options;
+  std::vector<std::string> args = {"--device", o.backend.device, "--gpus", std::to_string(o.backend.gpus),
+                                   "--comm-timeout", std::to_string(o.backend.comm_timeout.count() / 1000.0)};
+  for (const std::string& d : o.plugin_dirs) args.insert(args.end(), {"--plugin-dir", d});
+  for (const std::string& f : o.plugin_files) args.insert(args.end(), {"--plugin", f});
+  if (o.allow_insecure) args.push_back("--allow-insecure-plugins");
+  if (o.debug) args.push_back("--debug");
+  return args;
+}
+
+// attnhost _case CASE.json RESULTS.jsonl [common options]: the child of --isolate.
+int isolated_case_command(Context& ctx, const std::vector<std::string>& args) {
+  po::options_description desc;
+  desc.add(common_options(ctx.options));
+  po::options_description own("Isolated case");
+  own.add_options()("files", po::value<std::vector<std::string>>(), "case and result files");
+  desc.add(own);
+  po::positional_options_description pos;
+  pos.add("files", 2);
+  po::variables_map vm;
+  if (!parse(args, desc, pos, vm, "usage: attnhost _case CASE.json RESULTS.jsonl (used by --isolate)")) return kExitOk;
+  apply_common(ctx, vm);
+  std::vector<std::string> files = vm.count("files") ? vm["files"].as<std::vector<std::string>>() : std::vector<std::string>{};
+  if (files.size() != 2) throw UsageError("_case needs a case file and a result file");
+  ctx.load_plugins();
+  std::unique_ptr<Backend> backend = make_backend(ctx.options.backend);
+  return isolated_child(files[0], files[1], [&](const suite::Case& c, const std::function<void(const CaseResult&)>& finished) {
+    std::shared_ptr<const Plugin> plugin = ctx.registry.find(c.plugin);
+    if (!plugin) throw UsageError("plugin '" + c.plugin + "' is not loaded in the isolated process");
+    RunnerOptions ro;
+    ro.on_run = [&](const RunResult& r) {
+      CaseResult one;
+      one.spec = c;
+      one.plugin_version = plugin->description().version;
+      one.device = device_kind_name(backend->device_kind());
+      one.runs = {r};
+      finished(one);
+    };
+    run_case(c, plugin, *backend, ro);
+  });
 }
 
 int compare_command(Context& ctx, const std::vector<std::string>& args) {
@@ -223,7 +273,20 @@ int execute_suite(Context& ctx, const suite::Suite& s, const ExecuteOptions& opt
     } else {
       if (leader && !ctx.options.quiet)
         log::info("case " + std::to_string(i + 1) + " of " + std::to_string(s.cases.size()) + ": " + c.id);
-      r = run_case(c, plugin, *backend, ro);
+      if (options.isolate) {
+        IsolateOptions io;
+        io.child_args = child_arguments(ctx);
+        io.timeout_seconds = options.case_timeout;
+        r = run_case_isolated(c, io);
+        if (r.plugin_version.empty()) r.plugin_version = plugin->description().version;
+        if (r.device.empty()) r.device = device_kind_name(backend->device_kind());
+        if (ro.progress)
+          for (const RunResult& run : r.runs)
+            ro.progress(c.id + " ws=" + std::to_string(run.world_size) + ": " + run.status +
+                        (run.error.empty() ? "" : " (" + run.error + ")"));
+      } else {
+        r = run_case(c, plugin, *backend, ro);
+      }
     }
     backend->sync_processes();
     if (!leader) continue;

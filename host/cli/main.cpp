@@ -53,6 +53,7 @@ int main(int argc, char** argv) {
     if (command == "verify") return cli::verify_command(ctx, rest);
     if (command == "list") return cli::list_command(ctx, rest);
     if (command == "info") return cli::info_command(ctx, rest);
+    if (command == "_case") return cli::isolated_case_command(ctx, rest);
     std::string hint = suite::did_you_mean(command, {"run", "compare", "verify", "list", "info"});
     throw UsageError("unknown command '" + command + "'" + (hint.empty() ? "" : " (did you mean '" + hint + "'?)") +
                      "; see attnhost --help");

@@ -58,6 +58,11 @@ std::filesystem::path builtin_plugin_dir() {
   return (executable_dir() / ".." / "lib" / "attnhost" / "plugins").lexically_normal();
 }
 
+std::filesystem::path user_plugin_dir() {
+  const char* home = std::getenv("HOME");
+  return home && *home ? fs::path(home) / ".local" / "lib" / "attnhost" / "plugins" : fs::path();
+}
+
 std::shared_ptr<const Plugin> load_plugin_file(const fs::path& file) {
   std::error_code ec;
   if (!fs::is_regular_file(file, ec)) throw Rejected("not a regular file");
@@ -121,6 +126,7 @@ PluginRegistry PluginRegistry::load(const LoaderOptions& options, std::vector<st
   PluginRegistry registry;
   std::vector<PluginSource> dirs;
   if (options.builtin) dirs.push_back({builtin_plugin_dir(), "built-in"});
+  if (options.user && !user_plugin_dir().empty()) dirs.push_back({user_plugin_dir(), "user"});
   if (options.environment) {
     if (const char* env = std::getenv("ATTNHOST_PLUGIN_PATH")) {
       std::stringstream ss(env);
@@ -142,7 +148,7 @@ PluginRegistry PluginRegistry::load(const LoaderOptions& options, std::vector<st
     registry.searched_.push_back(dir);
     std::error_code ec;
     if (!fs::is_directory(dir.path, ec)) {
-      if (dir.origin != "built-in" || fs::exists(dir.path, ec))
+      if ((dir.origin != "built-in" && dir.origin != "user") || fs::exists(dir.path, ec))
         warnings.push_back("plugin folder " + dir.path.string() + " (" + dir.origin + "): not a folder; skipped");
       continue;
     }

@@ -13,6 +13,7 @@ namespace attnhost {
 
 struct LoaderOptions {
   bool builtin = true;                       // <exe>/../lib/attnhost/plugins
+  bool user = true;                          // ~/.local/lib/attnhost/plugins, when it exists
   bool environment = true;                   // ATTNHOST_PLUGIN_PATH, colon-separated
   std::vector<std::filesystem::path> dirs;   // --plugin-dir
   std::vector<std::filesystem::path> files;  // --plugin
@@ -21,7 +22,7 @@ struct LoaderOptions {
 
 struct PluginSource {
   std::filesystem::path path;
-  std::string origin; // "built-in", "ATTNHOST_PLUGIN_PATH", "--plugin-dir", "--plugin"
+  std::string origin; // "built-in", "user", "ATTNHOST_PLUGIN_PATH", "--plugin-dir", "--plugin"
 };
 
 class PluginRegistry {
@@ -44,6 +45,8 @@ std::shared_ptr<const Plugin> load_plugin_file(const std::filesystem::path& file
 
 // The folder of built-in plugins beside the running executable.
 std::filesystem::path builtin_plugin_dir();
+// The user's own plugin folder, ~/.local/lib/attnhost/plugins ("" without HOME).
+std::filesystem::path user_plugin_dir();
 // The running executable's folder.
 std::filesystem::path executable_dir();
 

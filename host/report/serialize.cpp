@@ -193,6 +193,9 @@ json::Value to_json(const CaseResult& c) {
                               {"max_seconds", t.max_seconds}, {"passes", passes}, {"flush_l2", t.flush_l2}}},
       {"data", json::Object{{"seed", static_cast<int64_t>(c.spec.data.seed)}, {"distribution", c.spec.data.distribution},
                             {"scale", c.spec.data.scale}}},
+      {"check", json::Object{{"enabled", c.spec.check.enabled}, {"query_rows", c.spec.check.query_rows},
+                             {"key_columns", c.spec.check.key_columns},
+                             {"tolerance_scale", c.spec.check.tolerance_scale}}},
       {"where", c.spec.where.str()},
       {"failed", c.failed()}, {"runs", runs}};
 }
@@ -223,6 +226,12 @@ CaseResult case_from_json(const json::Value& v) {
   c.spec.data.seed = static_cast<uint64_t>(v["data"]["seed"].integer());
   c.spec.data.distribution = v["data"]["distribution"].string();
   c.spec.data.scale = v["data"]["scale"].number();
+  if (const json::Value* k = v.find("check")) {
+    c.spec.check.enabled = (*k)["enabled"].boolean();
+    c.spec.check.query_rows = static_cast<int>((*k)["query_rows"].integer());
+    c.spec.check.key_columns = static_cast<int>((*k)["key_columns"].integer());
+    c.spec.check.tolerance_scale = (*k)["tolerance_scale"].number();
+  }
   for (const json::Value& r : v["runs"].array()) c.runs.push_back(run_from(r));
   return c;
 }

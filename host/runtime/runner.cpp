@@ -585,6 +585,7 @@ CaseResult run_case(const suite::Case& c, const std::shared_ptr<const Plugin>& p
       if (!run.error.empty()) line << " (" << run.error << ")";
       options.progress(line.str());
     }
+    if (options.on_run && backend.process_rank() == 0) options.on_run(run);
     result.runs.push_back(std::move(run));
   }
   // Speedup and efficiency against world size 1 of the same case and pass.

@@ -18,6 +18,7 @@ namespace attnhost {
 struct RunnerOptions {
   bool trace = true;           // record one traced iteration per run
   std::function<void(const std::string&)> progress; // a line per finished world size (rank 0)
+  std::function<void(const RunResult&)> on_run;      // each finished world size (rank 0)
 };
 
 // Runs one case at each of its world sizes. Never throws for anything a plugin or the device

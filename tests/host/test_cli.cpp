@@ -135,3 +135,23 @@ TEST_CASE("cli: compare prints plugins side by side with ratios") {
   CHECK(o.out.find("plugin (ws=2)") != std::string::npos);
   CHECK(o.out.find("ratio to the first plugin") != std::string::npos);
 }
+
+TEST_CASE("cli: under --isolate a segfault, an abort and a hang cost only their own case") {
+  fs::path out = fs::temp_directory_path() / ("attnhost-cli-isolate-" + std::to_string(::getpid()));
+  auto faulty_case = [](const std::string& name, const std::string& fault, const std::string& ws) {
+    return "[[case]]\nname = \"" + name + "\"\nplugins = [\"faulty\"]\nbatch = 1\nseqlen = 32\nheads = 2\nhead_dim = 16\n"
+           "world_sizes = " + ws + "\n[case.params]\nfault = \"" + fault + "\"\n";
+  };
+  fs::path suite = write_suite("isolate", faulty_case("seg", "segfault", "[1, 2]") + faulty_case("abort", "abort", "[1]") +
+                                              faulty_case("hang", "hang", "[1]") + faulty_case("fine", "none", "[1, 2]"));
+  Outcome o = attnhost("run " + suite.string() + kPlugins +
+                       " --device cpu --timing-method simple --isolate --case-timeout 3 --format console,json --out " + out.string());
+  CHECK(o.code == 1);
+  CHECK(o.out.find("faulty/seg ws=1: CRASHED (the case's process died of signal 11 (Segmentation fault)") != std::string::npos);
+  CHECK(o.out.find("faulty/abort ws=1: CRASHED (the case's process died of signal 6 (Aborted)") != std::string::npos);
+  CHECK(o.out.find("faulty/hang ws=1: TIMEOUT (killed after the 3 s time limit") != std::string::npos);
+  CHECK(o.out.find("faulty/fine ws=2: PASSED") != std::string::npos);
+  CHECK(fs::exists(out / "results.json"));
+  fs::remove_all(out);
+  fs::remove(suite);
+}

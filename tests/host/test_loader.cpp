@@ -23,6 +23,7 @@ struct Loaded {
 Loaded load_files(std::vector<fs::path> files, std::vector<fs::path> dirs = {}, bool insecure = false) {
   LoaderOptions o;
   o.builtin = false;
+  o.user = false;
   o.environment = false;
   o.files = std::move(files);
   o.dirs = std::move(dirs);
@@ -148,6 +149,7 @@ TEST_CASE("ATTNHOST_PLUGIN_PATH is searched, colon-separated") {
   ::setenv("ATTNHOST_PLUGIN_PATH", (a.string() + ":" + b.string()).c_str(), 1);
   LoaderOptions o;
   o.builtin = false;
+  o.user = false;
   std::vector<std::string> warnings;
   PluginRegistry r = PluginRegistry::load(o, warnings);
   ::unsetenv("ATTNHOST_PLUGIN_PATH");

@@ -14,6 +14,7 @@ PluginRegistry& registry() {
   static PluginRegistry r = [] {
     LoaderOptions o;
     o.builtin = false;
+    o.user = false;
     o.environment = false;
     o.dirs = {BUILTIN_PLUGIN_DIR, std::string(TEST_PLUGIN_DIR) + "/faulty"};
     std::vector<std::string> warnings;
