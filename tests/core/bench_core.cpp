@@ -3,6 +3,7 @@
 // FlashAttention convention (forward 4 D per attended pair, backward 2.5x). Random bf16 inputs.
 //   bench_core                 the reference shape B=4 H=32 S=16384 D=128, causal and not
 //   bench_core B H S D [...]   other shapes (several groups of four)
+//   BENCH_CAUSAL=0 bench_core  only the non-causal (or =1: causal) runs
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -153,18 +154,21 @@ void bench(int B, int H, int S, int D, bool causal) {
 } // namespace
 
 int main(int argc, char** argv) {
+  // Groups of four (B H S D: causal and not) or, with BENCH_CAUSAL=0/1 set, only that one.
   std::vector<int> shape = {4, 32, 16384, 128};
   if (argc > 1) {
     shape.clear();
     for (int i = 1; i < argc; ++i) shape.push_back(std::atoi(argv[i]));
   }
   if (shape.size() % 4 != 0) {
-    std::fprintf(stderr, "usage: bench_core [B H S D]...\n");
+    std::fprintf(stderr, "usage: [BENCH_CAUSAL=0|1] bench_core [B H S D]...\n");
     return 2;
   }
+  const char* only = std::getenv("BENCH_CAUSAL");
   try {
     for (size_t i = 0; i < shape.size(); i += 4)
-      for (bool causal : {true, false}) bench(shape[i], shape[i + 1], shape[i + 2], shape[i + 3], causal);
+      for (bool causal : {true, false})
+        if (!only || (only[0] == '1') == causal) bench(shape[i], shape[i + 1], shape[i + 2], shape[i + 3], causal);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_core: %s\n", e.what());
     return 1;

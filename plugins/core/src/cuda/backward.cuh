@@ -148,13 +148,13 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
       for (int e = 0; e < 4; ++e) dk[mt][j][e] = dv[mt][j][e] = 0.f;
 
   QStep cur;
-  bool have = walk.next(cur);
+  bool have = walk.next(cur, a.mask, reg, a.blocks, n0);
   if (have) load_step(0, cur);
   cp_async_commit();
   int st = 0;
   while (have) {
     QStep nxt;
-    const bool have_next = walk.next(nxt);
+    const bool have_next = walk.next(nxt, a.mask, reg, a.blocks, n0);
     if (stages == 2) {
       if (have_next) load_step(st ^ 1, nxt);
       cp_async_commit();
@@ -425,7 +425,7 @@ __global__ void __launch_bounds__(DqConfig<T, D>::kThreads, 1) flash_backward_dq
   if (a.blocks.heads > 0) {
     const int32_t row = (a.blocks.heads == 1 ? 0 : head) * a.blocks.num_q_blocks;
     const int32_t qb0 = m0 / a.blocks.block_q, qb1 = (m1 - 1) / a.blocks.block_q;
-    walk.init_blocks(a.mask, reg, a.blocks, row + qb0, row + qb1);
+    walk.init_blocks(a.blocks, row + qb0, row + qb1);
     list = (m0 + warp_row0) / a.blocks.block_q == qb0 ? 0 : 1;
   } else {
     walk.init_interval(a.mask, reg, m0, m1);
@@ -448,13 +448,13 @@ __global__ void __launch_bounds__(DqConfig<T, D>::kThreads, 1) flash_backward_dq
       for (int e = 0; e < 4; ++e) dq[mt][j][e] = 0.f;
 
   KvStep cur;
-  bool have = walk.next(cur);
+  bool have = walk.next(cur, a.mask, reg, m0, m1, a.blocks);
   if (have) load_kv(0, cur.c0);
   cp_async_commit();
   int st = 0;
   while (have) {
     KvStep nxt;
-    const bool have_next = walk.next(nxt);
+    const bool have_next = walk.next(nxt, a.mask, reg, m0, m1, a.blocks);
     if (have_next) load_kv(st ^ 1, nxt.c0);
     cp_async_commit();
     cp_async_wait<1>();

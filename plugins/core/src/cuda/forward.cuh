@@ -214,7 +214,7 @@ __global__ void __launch_bounds__(ForwardConfig<T, D>::kThreads, 2) flash_forwar
   if (a.blocks.heads > 0) {
     const int32_t row = (a.blocks.heads == 1 ? 0 : head) * a.blocks.num_q_blocks;
     const int32_t qb0 = m0 / a.blocks.block_q, qb1 = (m1 - 1) / a.blocks.block_q;
-    walk.init_blocks(a.mask, reg, a.blocks, row + qb0, row + qb1);
+    walk.init_blocks(a.blocks, row + qb0, row + qb1);
     list = (m0 + warp_row0) / a.blocks.block_q == qb0 ? 0 : 1;
   } else {
     walk.init_interval(a.mask, reg, m0, m1);
@@ -232,13 +232,13 @@ __global__ void __launch_bounds__(ForwardConfig<T, D>::kThreads, 2) flash_forwar
   ForwardWarp<T, D> w;
   w.init();
   KvStep cur;
-  bool have = walk.next(cur);
+  bool have = walk.next(cur, a.mask, reg, m0, m1, a.blocks);
   if (have) load_kv(0, cur.c0);
   cp_async_commit();
   int buf = 0;
   while (have) {
     KvStep nxt;
-    const bool have_next = walk.next(nxt);
+    const bool have_next = walk.next(nxt, a.mask, reg, m0, m1, a.blocks);
     if (have_next) load_kv(buf ^ 1, nxt.c0); // the next tile streams in while this one is used
     cp_async_commit();
     cp_async_wait<1>();

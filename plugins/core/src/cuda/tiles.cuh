@@ -150,42 +150,26 @@ struct KvStep {
 
 // Walks the key tiles of width kN that rows [r0, r1) visit, in increasing order, either the
 // interval the mask allows or the union of (at most two) block-list rows, all sorted ascending.
+// The state is a few integers: the mask, region and block list are passed to each call rather than
+// copied in, so that a kernel's registers hold them once (or read them from parameter space).
 template <int kN> struct KvWalk {
-  // interval mode
-  int32_t t, t_end;
-  int64_t qf, ql;
-  // block mode
-  bool blocks;
-  const int32_t* kv;
-  const uint8_t* msk;
-  int32_t e[2], end[2], block, sub, tiles_per_block;
-  bool act[2], m[2];
-  // both (copies: a pointer to a kernel parameter or a local would push them to local memory)
-  MaskArgs mask;
-  Region reg;
+  int32_t e[2], end[2]; // interval: e[0] the next tile, end[0] the end; block list: list cursors
+  int32_t block, sub;
+  bool blocks, act[2], m[2];
 
-  __device__ void init_interval(const MaskArgs& mk, const Region& rg, int32_t r0, int32_t r1) {
+  __device__ void init_interval(const MaskArgs& mask, const Region& reg, int32_t r0, int32_t r1) {
     blocks = false;
-    mask = mk;
-    reg = rg;
-    qf = rg.row_pos(r0);
-    ql = rg.row_pos(r1 - 1);
     int32_t lo, hi;
-    visible_cols(mk, rg, r0, r1 - 1, lo, hi);
-    if (hi <= lo) {
-      t = t_end = 0;
-      return;
+    visible_cols(mask, reg, r0, r1 - 1, lo, hi);
+    e[0] = end[0] = 0;
+    if (hi > lo) {
+      e[0] = (lo - reg.col_begin) / kN;
+      end[0] = (hi - reg.col_begin + kN - 1) / kN;
     }
-    t = (lo - rg.col_begin) / kN;
-    t_end = (hi - rg.col_begin + kN - 1) / kN;
   }
-  // rows_a, rows_b: block-list rows (CSR) of the two query blocks (the same row when only one).
-  __device__ void init_blocks(const MaskArgs& mk, const Region& rg, const BlockArgs& bl, int32_t row_a, int32_t row_b) {
+  // row_a, row_b: block-list rows (CSR) of the two query blocks (the same row when only one).
+  __device__ void init_blocks(const BlockArgs& bl, int32_t row_a, int32_t row_b) {
     blocks = true;
-    mask = mk;
-    reg = rg;
-    kv = bl.kv_block;
-    msk = bl.masked;
     e[0] = bl.row_ptr[row_a];
     end[0] = bl.row_ptr[row_a + 1];
     if (row_b != row_a) {
@@ -195,30 +179,32 @@ template <int kN> struct KvWalk {
       e[1] = end[1] = 0;
     }
     sub = 0;
-    tiles_per_block = bl.block_kv / kN;
   }
 
-  __device__ bool next(KvStep& s) {
+  __device__ bool next(KvStep& s, const MaskArgs& mask, const Region& reg, int32_t r0, int32_t r1,
+                       const BlockArgs& bl) {
     if (!blocks) {
-      if (t >= t_end) return false;
-      s.c0 = reg.col_begin + t * kN;
-      const bool full = all_visible(mask, qf, ql, reg.col_pos(s.c0), reg.col_pos(s.c0 + kN - 1));
+      if (e[0] >= end[0]) return false;
+      s.c0 = reg.col_begin + e[0] * kN;
+      const bool full =
+          all_visible(mask, reg.row_pos(r0), reg.row_pos(r1 - 1), reg.col_pos(s.c0), reg.col_pos(s.c0 + kN - 1));
       s.active[0] = s.active[1] = true;
       s.masked[0] = s.masked[1] = !full;
       s.cross = s.c0 + kN > reg.col_end;
-      ++t;
+      ++e[0];
       return true;
     }
+    const int32_t tiles_per_block = bl.block_kv / kN;
     while (true) {
       if (sub == 0) { // the smallest block either list still holds
-        const int32_t h0 = e[0] < end[0] ? kv[e[0]] : INT_MAX;
-        const int32_t h1 = e[1] < end[1] ? kv[e[1]] : INT_MAX;
+        const int32_t h0 = e[0] < end[0] ? bl.kv_block[e[0]] : INT_MAX;
+        const int32_t h1 = e[1] < end[1] ? bl.kv_block[e[1]] : INT_MAX;
         block = min(h0, h1);
         if (block == INT_MAX) return false;
         act[0] = h0 == block;
         act[1] = h1 == block;
-        m[0] = act[0] && msk[e[0]];
-        m[1] = act[1] && msk[e[1]];
+        m[0] = act[0] && bl.masked[e[0]];
+        m[1] = act[1] && bl.masked[e[1]];
         e[0] += act[0];
         e[1] += act[1];
       }
@@ -251,45 +237,31 @@ struct QStep {
 // union of the (at most two) key blocks' CSC columns, each sorted ascending.
 template <int kM, int kN> struct QWalk {
   int32_t head, head_end;
-  // interval mode
-  int32_t t, t_begin, t_end;
-  int64_t kf, kl;
-  // block mode
-  bool blocks;
-  BlockArgs bl;
-  int32_t kb0, kb1, e[2], end[2], block, sub, tiles_per_block;
-  bool act[2], m[2];
-  MaskArgs mask;
-  Region reg;
+  int32_t e[2], end[2], t_begin; // interval: e[0] the next tile, end[0] the end; block list: cursors
+  int32_t kb0, kb1, block, sub;
+  bool blocks, act[2], m[2];
 
-  __device__ void init(const MaskArgs& mk, const Region& rg, const BlockArgs& b, int32_t head0, int32_t group,
+  __device__ void init(const MaskArgs& mask, const Region& reg, const BlockArgs& bl, int32_t head0, int32_t group,
                        int32_t c0) {
-    mask = mk;
-    reg = rg;
     head = head0;
     head_end = head0 + group;
-    kf = rg.col_pos(c0);
-    kl = rg.col_pos(c0 + kN - 1);
-    blocks = b.heads > 0;
-    bl = b;
+    blocks = bl.heads > 0;
     if (!blocks) {
       int32_t lo, hi;
-      visible_rows(mk, rg, c0, c0 + kN - 1, lo, hi);
+      visible_rows(mask, reg, c0, c0 + kN - 1, lo, hi);
       if (hi <= lo) {
         head = head_end; // nothing sees this tile
         return;
       }
-      t_begin = (lo - rg.row_begin) / kM;
-      t_end = (hi - rg.row_begin + kM - 1) / kM;
-      t = t_begin;
+      t_begin = e[0] = (lo - reg.row_begin) / kM;
+      end[0] = (hi - reg.row_begin + kM - 1) / kM;
     } else {
-      kb0 = c0 / b.block_kv;
-      kb1 = (min(c0 + kN, rg.col_end) - 1) / b.block_kv;
-      tiles_per_block = b.block_q / kM;
-      start_head();
+      kb0 = c0 / bl.block_kv;
+      kb1 = (min(c0 + kN, reg.col_end) - 1) / bl.block_kv;
+      start_head(bl);
     }
   }
-  __device__ void start_head() {
+  __device__ void start_head(const BlockArgs& bl) {
     const int32_t col = (bl.heads == 1 ? 0 : head) * bl.num_kv_blocks;
     e[0] = bl.col_ptr[col + kb0];
     end[0] = bl.col_ptr[col + kb0 + 1];
@@ -302,19 +274,21 @@ template <int kM, int kN> struct QWalk {
     sub = 0;
   }
 
-  __device__ bool next(QStep& s) {
+  __device__ bool next(QStep& s, const MaskArgs& mask, const Region& reg, const BlockArgs& bl, int32_t c0) {
     while (head < head_end) {
       if (!blocks) {
-        if (t < t_end) {
+        if (e[0] < end[0]) {
           s.head = head;
-          s.r0 = reg.row_begin + t * kM;
+          s.r0 = reg.row_begin + e[0] * kM;
           const int32_t r_last = min(s.r0 + kM, reg.row_end) - 1;
           s.active[0] = s.active[1] = true;
-          s.masked[0] = s.masked[1] = !all_visible(mask, reg.row_pos(s.r0), reg.row_pos(r_last), kf, kl);
-          ++t;
+          s.masked[0] = s.masked[1] = !all_visible(mask, reg.row_pos(s.r0), reg.row_pos(r_last), reg.col_pos(c0),
+                                                   reg.col_pos(c0 + kN - 1));
+          ++e[0];
           return true;
         }
       } else {
+        const int32_t tiles_per_block = bl.block_q / kM;
         while (true) {
           if (sub == 0) { // the smallest query block either column still holds
             const int32_t h0 = e[0] < end[0] ? bl.q_block[e[0]] : INT_MAX;
@@ -341,8 +315,8 @@ template <int kM, int kN> struct QWalk {
         }
       }
       if (++head < head_end) {
-        if (blocks) start_head();
-        else t = t_begin;
+        if (blocks) start_head(bl);
+        else e[0] = t_begin;
       }
     }
     return false;
