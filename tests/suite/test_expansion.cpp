@@ -23,7 +23,8 @@ presets = ["tiny", "medium"]
 
 TEST_CASE("expansion: a preset set expands to its presets, a single name needs no list") {
   CHECK(ids_of(parse("[[case]]\nplugins = \"ring\"\npresets = \"correctness\"\n")) ==
-        std::vector<std::string>{"ring/tiny", "ring/small", "ring/medium"});
+        std::vector<std::string>{"ring/tiny", "ring/small", "ring/small_fp16", "ring/small_window",
+                                 "ring/medium_large_head", "ring/qwen3_4b", "ring/qwen3_14b"});
   CHECK(ids_of(parse("[[case]]\nplugins = [\"ring\"]\npresets = [\"gqa\", \"tiny\"]\n")) ==
         std::vector<std::string>{"ring/qwen3_4b", "ring/qwen3_14b", "ring/qwen3_32b", "ring/tiny"});
 }

@@ -90,7 +90,8 @@ TEST_CASE("presets: presets keep the file's order and find() misses unknown name
 TEST_CASE("presets: the named sets") {
   const auto& sets = shipped_library().sets;
   CHECK(sets.size() == 5);
-  CHECK(sets.at("correctness") == std::vector<std::string>{"tiny", "small", "medium"});
+  CHECK(sets.at("correctness") == std::vector<std::string>{"tiny", "small", "small_fp16", "small_window",
+                                                          "medium_large_head", "qwen3_4b", "qwen3_14b"});
   CHECK(sets.at("performance") == std::vector<std::string>{"medium", "large"});
   CHECK(sets.at("multi_gpu") == std::vector<std::string>{"small", "medium"});
   CHECK(sets.at("gqa") == std::vector<std::string>{"qwen3_4b", "qwen3_14b", "qwen3_32b"});

@@ -1,0 +1,82 @@
+// Context parallelism by a ring of K/V blocks (VARIANTS.md, ring and zigzag).
+//
+// Each rank keeps its queries; the K/V blocks travel. At step i rank r holds the block that
+// started on rank (r - i) mod P, attends its queries to it while that block moves on to r + 1 on
+// a stream of its own, and merges the partial output in fp32. Backward sends the block round
+// again with its fp32 dK/dV accumulators, which arrive home after P steps.
+//
+// A variant says only which attention calls a step makes (RingPlan); this file is the schedule,
+// the double buffers, the stream ordering and the merges, shared by every ring-shaped variant.
+#pragma once
+
+#include "attncore/plugin/dense_mask.h"
+#include "attncore/plugin/engine.h"
+
+#include <attnhost/plugin.hpp>
+
+#include <functional>
+#include <memory>
+#include <vector>
+
+namespace attncore::plugin {
+
+// One attention call of a step: local query rows [q_begin, q_end) against columns
+// [kv_begin, kv_end) of the block in hand, whose first row and column sit at global positions
+// q_pos0 and kv_pos0. `masked` is false when every pair in the call is visible.
+struct BlockCall {
+  int64_t q_begin, q_end, kv_begin, kv_end;
+  int64_t q_pos0, kv_pos0;
+  bool masked;
+};
+
+// The calls rank `rank` makes at the step that brings the block of rank `source`.
+using RingPlan = std::function<std::vector<BlockCall>(int rank, int source)>;
+
+struct RingShape {
+  int32_t dtype = ATTNHOST_DTYPE_BF16;
+  int32_t batch = 1, heads_q = 1, heads_kv = 1, head_dim = 128;
+  int64_t local_q = 0, local_kv = 0;  // tokens per rank (the tensors' token extent)
+  float softmax_scale = 1.f;
+  DenseMask mask;                     // the problem's causal and window
+  bool deterministic = false;
+};
+
+class RingAttention {
+ public:
+  // `overlap`: communication on its own stream under the compute (false: on the compute stream,
+  // for measuring what overlap buys).
+  RingAttention(const RingShape& shape, RingPlan plan, attnhost::Host host, int rank, int world_size,
+                bool cuda, bool cpu_fp64, bool overlap);
+
+  void forward(const attnhost_forward_args& a);
+  void backward(const attnhost_backward_args& a);
+  // Pairs this rank computes (every call of every step, batch and heads included).
+  int64_t rank_pairs() const;
+
+ private:
+  struct KV {
+    void* k;
+    void* v;
+  };
+  TensorRef q_ref(void* base, int64_t row0, bool fp32) const;
+  TensorRef kv_ref(void* base, int64_t col0, bool fp32) const;
+  RowStatsRef stats_ref(float* base, int64_t row0) const;
+  Mask mask_of(const BlockCall& c) const;
+  int source(int step) const { return ((rank_ - step) % world_ + world_) % world_; }
+  void exchange(const void* send_k, const void* send_v, void* recv_k, void* recv_v, int32_t dtype, size_t count,
+                void* stream, const char* what, int step);
+
+  RingShape s_;
+  RingPlan plan_;
+  attnhost::Host host_;
+  int rank_, world_;
+  bool overlap_;
+  std::unique_ptr<Engine> engine_;
+  // One arena: the two K/V receive buffers, then the forward's or the backward's workspace
+  // (never both at once, so they share the rest of the arena).
+  attnhost::HostBuffer arena_;
+  KV kv_[2]{};
+  char* work_ = nullptr;
+};
+
+}  // namespace attncore::plugin

@@ -1,0 +1,105 @@
+// A ring-shaped plugin (ring, zigzag): the attnhost table around RingAttention. A variant brings
+// its self-description, its extra validation, its layout and its step plan; everything else —
+// the dense mask's semantics, parameters, pair counts and the reference enumeration — is here.
+//
+//   struct Variant {
+//     static const attnhost_plugin_info& info();          // name, capabilities, kRingParams
+//     static void validate(const attnhost::Problem&);     // what the variant adds
+//     explicit Variant(const attnhost::Problem&);
+//     const attnhost::Layout& layout() const;             // same for Q and K/V
+//     std::vector<BlockCall> calls(int rank, int source) const;
+//   };
+#pragma once
+
+#include "attncore/plugin/ring.h"
+
+#include <attnhost/plugin.hpp>
+
+namespace attncore::plugin {
+
+// The parameters every ring-shaped plugin takes.
+inline constexpr attnhost_param_spec kRingParams[] = {
+    {ATTNHOST_STRUCT_SIZE(attnhost_param_spec, choices), "overlap", ATTNHOST_PARAM_BOOL, "true",
+     "send the next K/V block on its own stream while this one computes (false: one stream)", nullptr},
+    {ATTNHOST_STRUCT_SIZE(attnhost_param_spec, choices), "cpu_accumulate", ATTNHOST_PARAM_STRING, "\"fp32\"",
+     "accumulation type of the CPU path", "fp32|fp64"},
+};
+inline constexpr int32_t kNumRingParams = 2;
+
+inline constexpr uint32_t kRingDtypes = ATTNHOST_CAP_DTYPE(ATTNHOST_DTYPE_BF16) |
+                                        ATTNHOST_CAP_DTYPE(ATTNHOST_DTYPE_FP16) |
+                                        ATTNHOST_CAP_DTYPE(ATTNHOST_DTYPE_FP32);
+inline constexpr uint32_t kRingDevices = ATTNHOST_CAP_DEVICE_CPU
+#if ATTNCORE_HAVE_CUDA
+                                         | ATTNHOST_CAP_DEVICE_CUDA
+#endif
+    ;
+
+// Checks shared by the dense variants: self-attention in batch format, a dtype and head dim the
+// core runs on this device.
+void validate_dense(const attnhost::Problem& p);
+DenseMask dense_mask(const attnhost::Problem& p);
+
+template <class Variant>
+class RingPlugin {
+ public:
+  static const attnhost_plugin_info& info() { return Variant::info(); }
+  static void validate(const attnhost::Problem& p) {
+    validate_dense(p);
+    Variant::validate(p);
+  }
+
+  RingPlugin(const attnhost::Problem& p, attnhost::Host host)
+      : problem_(p), variant_(p), mask_(dense_mask(p)),
+        ring_(shape(p), [this](int rank, int source) { return variant_.calls(rank, source); }, host, p->rank,
+              p->world_size, p->device_type == ATTNHOST_DEVICE_CUDA, p.get_string("cpu_accumulate") == "fp64",
+              p.get_bool("overlap")) {}
+
+  attnhost_layout layout(int32_t) { return variant_.layout().view(); }
+  void forward(const attnhost_forward_args& a) { ring_.forward(a); }
+  void backward(const attnhost_backward_args& a) { ring_.backward(a); }
+
+  attnhost::PairCount count_pairs() {
+    attnhost::PairCount c;
+    c.rank_pairs = ring_.rank_pairs();
+    for (int64_t i = 0; i < problem_->seqlen_q; ++i) c.total_pairs += mask_.keys_of(i).size();
+    c.total_pairs *= problem_->batch * problem_->heads_q;
+    return c;
+  }
+  attnhost_span_list enumerate_keys(int64_t, int32_t, int64_t q) {
+    spans_.clear();
+    Interval k = mask_.keys_of(q);
+    spans_.add(k.lo, k.hi);
+    return spans_.view();
+  }
+  attnhost_span_list enumerate_queries(int64_t, int32_t kv_head, int64_t key) {
+    spans_.clear();
+    Interval q = mask_.queries_of(key);
+    const int32_t group = problem_->heads_q / problem_->heads_kv;
+    for (int32_t h = kv_head * group; h < (kv_head + 1) * group; ++h) spans_.add(q.lo, q.hi, 1, h);
+    return spans_.view();
+  }
+
+ private:
+  RingShape shape(const attnhost::Problem& p) const {
+    RingShape s;
+    s.dtype = p->dtype;
+    s.batch = static_cast<int32_t>(p->batch);
+    s.heads_q = p->heads_q;
+    s.heads_kv = p->heads_kv;
+    s.head_dim = p->head_dim;
+    s.local_q = s.local_kv = variant_.layout().local_tokens();
+    s.softmax_scale = static_cast<float>(p->softmax_scale);
+    s.mask = mask_;
+    s.deterministic = p->deterministic != 0;
+    return s;
+  }
+
+  attnhost::Problem problem_;
+  Variant variant_;
+  DenseMask mask_;
+  RingAttention ring_;
+  attnhost::SpanList spans_;
+};
+
+}  // namespace attncore::plugin

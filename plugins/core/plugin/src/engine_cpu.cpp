@@ -1,0 +1,53 @@
+#include "attncore/cpu.h"
+#include "attncore/plugin/engine.h"
+
+#include <algorithm>
+#include <cstring>
+
+namespace attncore::plugin {
+
+DType core_dtype(int32_t d) {
+  switch (d) {
+    case ATTNHOST_DTYPE_BF16: return DType::bf16;
+    case ATTNHOST_DTYPE_FP16: return DType::fp16;
+    case ATTNHOST_DTYPE_FP32: return DType::fp32;
+    default: attnhost::fail(ATTNHOST_ERR_UNSUPPORTED, std::string("dtype ") + attnhost::dtype_name(d) + " is not supported");
+  }
+}
+
+namespace {
+
+template <class Acc>
+class CpuEngine final : public Engine {
+ public:
+  bool on_device() const override { return false; }
+  void forward(const ForwardParams& p, void*) override { cpu::forward<Acc>(p); }
+  void compute_delta(const DeltaParams& p, void*) override { cpu::compute_delta<Acc>(p); }
+  void backward(const BackwardParams& p, void*) override { cpu::backward<Acc>(p); }
+  void merge(const MergeParams& p, void*) override { cpu::merge_partial(p); }
+  void convert(const ConvertParams& p, void*) override { cpu::convert(p); }
+  void zero(void* dst, size_t bytes, void*) override { std::memset(dst, 0, bytes); }
+  void fill(float* dst, float value, size_t count, void*) override { std::fill_n(dst, count, value); }
+  void upload(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
+  void wait(void*, void*) override {}
+};
+
+}  // namespace
+
+#if ATTNCORE_HAVE_CUDA
+std::unique_ptr<Engine> make_cuda_engine();  // engine_cuda.cu
+#endif
+
+std::unique_ptr<Engine> Engine::make(bool cuda, bool fp64) {
+  if (cuda) {
+#if ATTNCORE_HAVE_CUDA
+    return make_cuda_engine();
+#else
+    attnhost::fail(ATTNHOST_ERR_UNSUPPORTED, "this plugin was built without CUDA");
+#endif
+  }
+  if (fp64) return std::make_unique<CpuEngine<double>>();
+  return std::make_unique<CpuEngine<float>>();
+}
+
+}  // namespace attncore::plugin

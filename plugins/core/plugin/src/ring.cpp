@@ -1,0 +1,291 @@
+#include "attncore/plugin/ring.h"
+
+#include <algorithm>
+#include <limits>
+#include <string>
+
+namespace attncore::plugin {
+
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// Which local rows already hold a partial: the first call on a row writes the accumulator
+// directly, later ones merge into it.
+class WrittenRows {
+ public:
+  enum class State { none, all };
+  State state(int64_t begin, int64_t end) const {
+    int64_t covered = 0;
+    for (auto [b, e] : ranges_) covered += std::max<int64_t>(0, std::min(e, end) - std::max(b, begin));
+    if (covered == 0) return State::none;
+    if (covered == end - begin) return State::all;
+    attnhost::fail(ATTNHOST_ERR_INTERNAL, "ring schedule: a call covers rows that are partly merged already");
+  }
+  void add(int64_t begin, int64_t end) { ranges_.emplace_back(begin, end); }
+  // Rows of [0, n) that no call wrote.
+  std::vector<std::pair<int64_t, int64_t>> gaps(int64_t n) const {
+    std::vector<std::pair<int64_t, int64_t>> sorted = ranges_, out;
+    std::sort(sorted.begin(), sorted.end());
+    int64_t at = 0;
+    for (auto [b, e] : sorted) {
+      if (b > at) out.emplace_back(at, b);
+      at = std::max(at, e);
+    }
+    if (at < n) out.emplace_back(at, n);
+    return out;
+  }
+
+ private:
+  std::vector<std::pair<int64_t, int64_t>> ranges_;
+};
+
+size_t align_up(size_t n) { return (n + 255) / 256 * 256; }
+
+}  // namespace
+
+RingAttention::RingAttention(const RingShape& shape, RingPlan plan, attnhost::Host host, int rank, int world_size,
+                             bool cuda, bool cpu_fp64, bool overlap)
+    : s_(shape), plan_(std::move(plan)), host_(host), rank_(rank), world_(world_size), overlap_(overlap),
+      engine_(Engine::make(cuda, cpu_fp64)) {
+  const size_t el = attnhost::dtype_size(s_.dtype);
+  const size_t kv_elems = static_cast<size_t>(s_.batch) * s_.local_kv * s_.heads_kv * s_.head_dim;
+  const size_t q_elems = static_cast<size_t>(s_.batch) * s_.local_q * s_.heads_q * s_.head_dim;
+  const size_t rows = static_cast<size_t>(s_.batch) * s_.heads_q * s_.local_q;
+  const size_t kv_block = align_up(kv_elems * el);
+  const size_t forward_work = 2 * align_up(q_elems * 4) + align_up(rows * 4);                      // O acc, O part, LSE part
+  const size_t backward_work = align_up(rows * 4) + align_up(q_elems * 4) + 4 * align_up(kv_elems * 4);  // delta, dQ, 2 x dK dV
+  const size_t receive = world_ > 1 ? 4 * kv_block : 0;
+  arena_ = attnhost::HostBuffer(host_, receive + std::max(forward_work, backward_work));
+  char* at = arena_.as<char>();
+  if (world_ > 1)
+    for (KV& b : kv_) {
+      b.k = at;
+      b.v = at + kv_block;
+      at += 2 * kv_block;
+    }
+  work_ = at;
+}
+
+TensorRef RingAttention::q_ref(void* base, int64_t row0, bool fp32) const {
+  const int64_t token = static_cast<int64_t>(s_.heads_q) * s_.head_dim;
+  const size_t el = fp32 ? 4 : attnhost::dtype_size(s_.dtype);
+  return {static_cast<char*>(base) + row0 * token * el, s_.local_q * token, token, s_.head_dim};
+}
+
+TensorRef RingAttention::kv_ref(void* base, int64_t col0, bool fp32) const {
+  const int64_t token = static_cast<int64_t>(s_.heads_kv) * s_.head_dim;
+  const size_t el = fp32 ? 4 : attnhost::dtype_size(s_.dtype);
+  return {static_cast<char*>(base) + col0 * token * el, s_.local_kv * token, token, s_.head_dim};
+}
+
+RowStatsRef RingAttention::stats_ref(float* base, int64_t row0) const {
+  return {base + row0, static_cast<int64_t>(s_.heads_q) * s_.local_q, s_.local_q};
+}
+
+Mask RingAttention::mask_of(const BlockCall& c) const {
+  Mask m;
+  if (c.masked) {
+    m.causal = s_.mask.causal;
+    m.window_left = s_.mask.window_left;
+    m.window_right = s_.mask.window_right;
+  }
+  m.q_pos0 = c.q_pos0;
+  m.kv_pos0 = c.kv_pos0;
+  return m;
+}
+
+void RingAttention::exchange(const void* send_k, const void* send_v, void* recv_k, void* recv_v, int32_t dtype,
+                             size_t count, void* stream, const char* what, int step) {
+  const int next = (rank_ + 1) % world_, prev = (rank_ + world_ - 1) % world_;
+  std::string name = std::string(what) + " step " + std::to_string(step);
+  int32_t range = host_.range_begin(name.c_str(), ATTNHOST_RANGE_COMMUNICATION, stream);
+  host_.group_start();
+  host_.send(send_k, count, dtype, next, stream);
+  host_.send(send_v, count, dtype, next, stream);
+  host_.recv(recv_k, count, dtype, prev, stream);
+  host_.recv(recv_v, count, dtype, prev, stream);
+  host_.group_end();
+  host_.range_end(range, stream);
+}
+
+void RingAttention::forward(const attnhost_forward_args& a) {
+  void* compute = host_.stream(0);
+  void* comm = overlap_ ? host_.stream(1) : compute;
+  const size_t q_elems = static_cast<size_t>(s_.batch) * s_.local_q * s_.heads_q * s_.head_dim;
+  const size_t kv_elems = static_cast<size_t>(s_.batch) * s_.local_kv * s_.heads_kv * s_.head_dim;
+  float* o_acc = reinterpret_cast<float*>(work_);
+  float* o_part = reinterpret_cast<float*>(work_ + align_up(q_elems * 4));
+  float* lse_part = reinterpret_cast<float*>(work_ + 2 * align_up(q_elems * 4));
+  float* lse = static_cast<float*>(a.lse.data);
+  const DType dtype = core_dtype(s_.dtype);
+  WrittenRows written;
+
+  for (int step = 0; step < world_; ++step) {
+    const int src = source(step);
+    KV cur = step == 0 ? KV{a.k.data, a.v.data} : kv_[step % 2];
+    if (step + 1 < world_) {
+      engine_->wait(comm, compute);  // the receive buffer was read by the previous step
+      KV next = kv_[(step + 1) % 2];
+      exchange(cur.k, cur.v, next.k, next.v, s_.dtype, kv_elems, comm, "K V", step);
+    }
+    for (const BlockCall& c : plan_(rank_, src)) {
+      std::string name = "attention step " + std::to_string(step);
+      int32_t range = host_.range_begin(name.c_str(), ATTNHOST_RANGE_COMPUTE, compute);
+      const bool first = written.state(c.q_begin, c.q_end) == WrittenRows::State::none;
+      ForwardParams p;
+      p.dtype = dtype;
+      p.batch = s_.batch;
+      p.heads_q = s_.heads_q;
+      p.heads_kv = s_.heads_kv;
+      p.head_dim = s_.head_dim;
+      p.seqlen_q = c.q_end - c.q_begin;
+      p.seqlen_kv = c.kv_end - c.kv_begin;
+      p.softmax_scale = s_.softmax_scale;
+      p.q = q_ref(a.q.data, c.q_begin, false);
+      p.k = kv_ref(cur.k, c.kv_begin, false);
+      p.v = kv_ref(cur.v, c.kv_begin, false);
+      p.o = q_ref(first ? o_acc : o_part, c.q_begin, true);
+      p.o_fp32 = true;
+      p.lse = stats_ref(first ? lse : lse_part, c.q_begin);
+      p.mask = mask_of(c);
+      engine_->forward(p, compute);
+      if (first) {
+        written.add(c.q_begin, c.q_end);
+      } else {
+        MergeParams m;
+        m.batch = s_.batch;
+        m.heads = s_.heads_q;
+        m.head_dim = s_.head_dim;
+        m.seqlen = p.seqlen_q;
+        m.o_acc = q_ref(o_acc, c.q_begin, true);
+        m.lse_acc = stats_ref(lse, c.q_begin);
+        m.o_part = p.o;
+        m.lse_part = p.lse;
+        engine_->merge(m, compute);
+      }
+      host_.range_end(range, compute);
+    }
+    if (step + 1 < world_) engine_->wait(compute, comm);  // the next block has arrived
+  }
+  // Rows no call reached attend nothing: O = 0, LSE = -inf.
+  for (auto [begin, end] : written.gaps(s_.local_q))
+    for (int32_t b = 0; b < s_.batch; ++b) {
+      TensorRef o = q_ref(o_acc, begin, true);
+      engine_->zero(static_cast<char*>(o.data) + b * o.batch_stride * 4, (end - begin) * o.token_stride * 4, compute);
+      for (int32_t h = 0; h < s_.heads_q; ++h)
+        engine_->fill(lse + (static_cast<int64_t>(b) * s_.heads_q + h) * s_.local_q + begin, kNegInf, end - begin, compute);
+    }
+  ConvertParams cv;
+  cv.dtype = dtype;
+  cv.batch = s_.batch;
+  cv.heads = s_.heads_q;
+  cv.head_dim = s_.head_dim;
+  cv.seqlen = s_.local_q;
+  cv.src = q_ref(o_acc, 0, true);
+  cv.dst = q_ref(a.o.data, 0, false);
+  engine_->convert(cv, compute);
+}
+
+void RingAttention::backward(const attnhost_backward_args& a) {
+  void* compute = host_.stream(0);
+  void* comm = overlap_ ? host_.stream(1) : compute;
+  const size_t q_elems = static_cast<size_t>(s_.batch) * s_.local_q * s_.heads_q * s_.head_dim;
+  const size_t kv_elems = static_cast<size_t>(s_.batch) * s_.local_kv * s_.heads_kv * s_.head_dim;
+  const size_t rows = static_cast<size_t>(s_.batch) * s_.heads_q * s_.local_q;
+  float* delta = reinterpret_cast<float*>(work_);
+  float* dq = reinterpret_cast<float*>(work_ + align_up(rows * 4));
+  char* dkv_base = work_ + align_up(rows * 4) + align_up(q_elems * 4);
+  KV dkv[2];
+  for (int i = 0; i < 2; ++i)
+    dkv[i] = {dkv_base + 2 * i * align_up(kv_elems * 4), dkv_base + (2 * i + 1) * align_up(kv_elems * 4)};
+  const DType dtype = core_dtype(s_.dtype);
+  float* lse = static_cast<float*>(a.lse.data);
+
+  DeltaParams dp;
+  dp.dtype = dtype;
+  dp.batch = s_.batch;
+  dp.heads = s_.heads_q;
+  dp.head_dim = s_.head_dim;
+  dp.seqlen = s_.local_q;
+  dp.o = q_ref(a.o.data, 0, false);
+  dp.d_o = q_ref(a.d_o.data, 0, false);
+  dp.delta = stats_ref(delta, 0);
+  engine_->compute_delta(dp, compute);
+  engine_->zero(dq, q_elems * 4, compute);
+  engine_->zero(dkv[0].k, kv_elems * 4, compute);
+  engine_->zero(dkv[0].v, kv_elems * 4, compute);
+
+  for (int step = 0; step < world_; ++step) {
+    const int src = source(step);
+    KV cur = step == 0 ? KV{a.k.data, a.v.data} : kv_[step % 2];
+    KV grad = dkv[step % 2];
+    if (step + 1 < world_) {
+      engine_->wait(comm, compute);
+      KV next = kv_[(step + 1) % 2];
+      exchange(cur.k, cur.v, next.k, next.v, s_.dtype, kv_elems, comm, "K V", step);
+    }
+    for (const BlockCall& c : plan_(rank_, src)) {
+      std::string name = "attention backward step " + std::to_string(step);
+      int32_t range = host_.range_begin(name.c_str(), ATTNHOST_RANGE_COMPUTE, compute);
+      BackwardParams p;
+      p.dtype = dtype;
+      p.batch = s_.batch;
+      p.heads_q = s_.heads_q;
+      p.heads_kv = s_.heads_kv;
+      p.head_dim = s_.head_dim;
+      p.seqlen_q = c.q_end - c.q_begin;
+      p.seqlen_kv = c.kv_end - c.kv_begin;
+      p.softmax_scale = s_.softmax_scale;
+      p.q = q_ref(a.q.data, c.q_begin, false);
+      p.k = kv_ref(cur.k, c.kv_begin, false);
+      p.v = kv_ref(cur.v, c.kv_begin, false);
+      p.d_o = q_ref(a.d_o.data, c.q_begin, false);
+      p.lse = stats_ref(lse, c.q_begin);
+      p.delta = stats_ref(delta, c.q_begin);
+      p.dq = q_ref(dq, c.q_begin, true);
+      p.dk = kv_ref(grad.k, c.kv_begin, true);
+      p.dv = kv_ref(grad.v, c.kv_begin, true);
+      p.mask = mask_of(c);
+      p.deterministic = s_.deterministic;
+      engine_->backward(p, compute);
+      host_.range_end(range, compute);
+    }
+    if (world_ > 1) {  // the block's gradients follow it; after P steps they are home
+      engine_->wait(comm, compute);
+      KV next = dkv[(step + 1) % 2];
+      exchange(grad.k, grad.v, next.k, next.v, ATTNHOST_DTYPE_FP32, kv_elems, comm, "dK dV", step);
+      engine_->wait(compute, comm);
+    }
+  }
+  KV home = world_ > 1 ? dkv[world_ % 2] : dkv[0];
+  ConvertParams cv;
+  cv.dtype = dtype;
+  cv.batch = s_.batch;
+  cv.head_dim = s_.head_dim;
+  cv.heads = s_.heads_q;
+  cv.seqlen = s_.local_q;
+  cv.src = q_ref(dq, 0, true);
+  cv.dst = q_ref(a.dq.data, 0, false);
+  engine_->convert(cv, compute);
+  cv.heads = s_.heads_kv;
+  cv.seqlen = s_.local_kv;
+  cv.src = kv_ref(home.k, 0, true);
+  cv.dst = kv_ref(a.dk.data, 0, false);
+  engine_->convert(cv, compute);
+  cv.src = kv_ref(home.v, 0, true);
+  cv.dst = kv_ref(a.dv.data, 0, false);
+  engine_->convert(cv, compute);
+}
+
+int64_t RingAttention::rank_pairs() const {
+  int64_t pairs = 0;
+  for (int step = 0; step < world_; ++step)
+    for (const BlockCall& c : plan_(rank_, source(step)))
+      pairs += c.masked ? s_.mask.pairs(c.q_pos0, c.q_pos0 + (c.q_end - c.q_begin), c.kv_pos0,
+                                        c.kv_pos0 + (c.kv_end - c.kv_begin))
+                        : (c.q_end - c.q_begin) * (c.kv_end - c.kv_begin);
+  return pairs * s_.batch * s_.heads_q;
+}
+
+}  // namespace attncore::plugin

@@ -1,0 +1,62 @@
+// Running a built-in plugin through the host's runtime, for tests.
+#pragma once
+
+#include "plugins/loader.h"
+#include "runtime/backend.h"
+#include "runtime/runner.h"
+
+#include <doctest/doctest.h>
+
+namespace test {
+
+inline attnhost::PluginRegistry& builtins() {
+  static attnhost::PluginRegistry r = [] {
+    attnhost::LoaderOptions o;
+    o.builtin = false;
+    o.user = false;
+    o.environment = false;
+    o.dirs = {BUILTIN_PLUGIN_DIR};
+    std::vector<std::string> warnings;
+    return attnhost::PluginRegistry::load(o, warnings);
+  }();
+  return r;
+}
+
+inline attnhost::suite::Case dense_case(const std::string& plugin, std::vector<int> world_sizes, int64_t seqlen,
+                                        int32_t heads, int32_t kv_heads, int32_t head_dim, bool causal,
+                                        const std::string& dtype = "bf16") {
+  attnhost::suite::Case c;
+  c.id = plugin + "/test";
+  c.plugin = plugin;
+  c.problem.batch = 2;
+  c.problem.seqlen_q = c.problem.seqlen_kv = seqlen;
+  c.problem.heads_q = heads;
+  c.problem.heads_kv = kv_heads;
+  c.problem.head_dim = head_dim;
+  c.problem.causal = causal;
+  c.problem.dtype = dtype;
+  c.world_sizes = std::move(world_sizes);
+  c.timing.method = "simple";
+  c.timing.passes = {"fwd", "bwd"};
+  return c;
+}
+
+inline attnhost::CaseResult run_on(attnhost::DeviceKind device, const attnhost::suite::Case& c) {
+  int gpus = 0;
+#if ATTNHOST_HAVE_CUDA
+  if (device == attnhost::DeviceKind::cuda) gpus = attnhost::cuda_device_count();
+#endif
+  auto backend = attnhost::make_thread_backend(device, gpus, std::chrono::milliseconds(20000));
+  auto plugin = builtins().find(c.plugin);
+  REQUIRE(plugin);
+  return attnhost::run_case(c, plugin, *backend, attnhost::RunnerOptions{});
+}
+
+inline double error_of(const attnhost::RunResult& r, const std::string& tensor) {
+  for (const auto& t : r.check.tensors)
+    if (t.tensor == tensor) return t.rel_l2_err;
+  FAIL("no check of " << tensor);
+  return 0;
+}
+
+}  // namespace test
