@@ -7,6 +7,8 @@
 
 #include <doctest/doctest.h>
 
+#include <cstdlib>
+
 namespace test {
 
 inline attnhost::PluginRegistry& builtins() {
@@ -15,7 +17,10 @@ inline attnhost::PluginRegistry& builtins() {
     o.builtin = false;
     o.user = false;
     o.environment = false;
-    o.dirs = {BUILTIN_PLUGIN_DIR};
+    // The plugins beside the test binary's build; ATTNHOST_TEST_PLUGIN_DIR when it runs elsewhere
+    // (a staged prefix on the GPU machine).
+    const char* dir = std::getenv("ATTNHOST_TEST_PLUGIN_DIR");
+    o.dirs = {dir ? dir : BUILTIN_PLUGIN_DIR};
     std::vector<std::string> warnings;
     return attnhost::PluginRegistry::load(o, warnings);
   }();

@@ -124,8 +124,9 @@ TEST_CASE("suites: every shipped suite loads") {
 
 TEST_CASE("suites: quick runs small problems with the example plugin, at world sizes 1 and 2") {
   const Suite suite = load_shipped_suite("quick");
-  CHECK(ids_of(suite) == std::vector<std::string>{"naive_attention/causal", "naive_attention/gqa",
-                                                  "naive_attention/window", "naive_attention/documents"});
+  CHECK(ids_of(suite) == std::vector<std::string>{"naive_attention/causal", "ring/causal", "zigzag/causal",
+                                                  "naive_attention/gqa", "ring/gqa", "zigzag/gqa",
+                                                  "naive_attention/window", "ring/window", "naive_attention/documents"});
   for (const Case& c : suite.cases) {
     CAPTURE(c.id);
     CHECK(c.world_sizes == std::vector<int>{1, 2});
@@ -134,22 +135,22 @@ TEST_CASE("suites: quick runs small problems with the example plugin, at world s
     CHECK(c.timing.timing_runs == 3);
     CHECK(c.problem.batch * c.problem.seqlen_q <= 4096);  // small enough for the CPU
   }
-  CHECK(suite.cases.at(1).problem.heads_kv == 2);
-  CHECK(suite.cases.at(2).problem.window_left == 128);
-  CHECK(suite.cases.at(3).problem.varlen->distribution == "documents");
+  CHECK(suite.cases.at(3).problem.heads_kv == 2);
+  CHECK(suite.cases.at(7).problem.window_left == 128);
+  CHECK(suite.cases.at(8).problem.varlen->distribution == "documents");
 }
 
-TEST_CASE("suites: ring_vs_zigzag puts the two side by side over medium and large presets") {
+TEST_CASE("suites: ring_vs_zigzag puts the two side by side over the medium and large presets") {
   const Suite suite = load_shipped_suite("ring_vs_zigzag");
-  CHECK(ids_of(suite) == std::vector<std::string>{"ring/medium", "zigzag/medium",
-                                                  "ring/medium_many_heads", "zigzag/medium_many_heads",
-                                                  "ring/large", "zigzag/large",
-                                                  "ring/large_seq", "zigzag/large_seq"});
+  CHECK(ids_of(suite) == std::vector<std::string>{"ring/medium", "zigzag/medium", "ring/large", "zigzag/large",
+                                                  "ring/large_seq", "zigzag/large_seq",
+                                                  "ring/large_full/large/causal=false"});
   for (const Case& c : suite.cases) {
     CHECK(c.world_sizes == std::vector<int>{1, 2});
-    CHECK(c.problem.causal);  // zigzag is causal only
+    CHECK(c.problem.causal == (c.label != "large_full/large"));  // zigzag is causal only
     CHECK(c.problem.window_left == -1);
     CHECK(c.problem.seqlen_q % 4 == 0);  // zigzag cuts S into 2 x world size chunks
+    CHECK(c.timing.passes == std::vector<std::string>{"fwd", "bwd", "fwd_bwd"});
   }
 }
 

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine (device tool), in the repository's copy, with .gpu.tar.xz carried:
+#   scripts/device/checks.sh SECTION...   sections: info tests verify mpi perf peers
+# Every command has its own time limit so one hang cannot eat the call; logs go to $OUT.
+set -uo pipefail
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+[ -d .gpu ] || tar -xJf .gpu.tar.xz
+A=$PWD/.gpu/bin/attnhost
+export ATTNHOST_TEST_PLUGIN_DIR=$PWD/.gpu/lib/attnhost/plugins
+gpus=$(nvidia-smi -L | wc -l)
+step() { echo; echo "=== $1 ($(date +%T))"; }
+run() { local limit=$1; shift; timeout "$limit" "$@"; local rc=$?; [ $rc -eq 0 ] || echo "!!! rc=$rc: $*"; return 0; }
+
+for section in "$@"; do
+  case $section in
+    info)
+      step info
+      nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=csv
+      run 60 "$A" info ;;
+    tests)
+      step "GPU tests"
+      run 300 .gpu/tests/test_core_gpu
+      run 300 .gpu/tests/attnhost_plugin_tests -ts=gpu ;;
+    verify)
+      step "verify (world sizes 1..$gpus)"
+      run 400 "$A" verify ring zigzag naive_attention --quiet ;;
+    mpi)
+      step "mpirun -np 2 on GPUs (NCCL id over MPI)"
+      run 200 mpirun --allow-run-as-root --oversubscribe -np 2 -x NCCL_NVLS_ENABLE "$A" run .gpu/tests/two_ranks.toml --device cuda --quiet --format console ;;
+    perf)
+      step "ring vs zigzag, world sizes 1 and 2"
+      run 900 "$A" run .gpu/share/attnhost/configs/suites/ring_vs_zigzag.toml --out "$OUT/ring_vs_zigzag" --format console,json,csv,markdown
+      ;;
+    peers)
+      step "PyTorch SDPA (one GPU)"
+      run 300 python3 .gpu/peers/torch_sdpa.py --out "$OUT/torch_sdpa.json" 4,32,32,16384,128,1 4,32,32,16384,128,0
+      if [ "$gpus" -ge 2 ]; then
+        step "PyTorch context parallel (2 GPUs)"
+        run 400 python3 -m torch.distributed.run --nproc_per_node=2 .gpu/peers/torch_cp.py --out "$OUT/torch_cp.json" \
+          4,24,8192,128,1 4,32,16384,128,1 4,24,32768,128,1 4,32,16384,128,0
+      fi ;;
+    *) echo "unknown section $section" ;;
+  esac
+done

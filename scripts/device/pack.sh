@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Builds for Hopper only (sm_90a) in build-gpu/, installs into .gpu/ and packs it with the test
+# binaries into .gpu.tar.xz (the device tool carries at most 64 MiB; the fatbins compress well).
+#   scripts/device/pack.sh            then carry [".gpu.tar.xz"] and run scripts/device/checks.sh there
+set -euo pipefail
+cd "$(git rev-parse --show-toplevel)"
+cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a > /dev/null
+cmake --build build-gpu -j"$(nproc)"
+rm -rf .gpu && cmake --install build-gpu --prefix .gpu > /dev/null
+mkdir -p .gpu/tests
+cp build-gpu/bin/attnhost_*_tests build-gpu/bin/test_core_gpu .gpu/tests/ 2>/dev/null || true
+[ -x build-gpu/bin/bench_core ] && cp build-gpu/bin/bench_core .gpu/tests/
+cp -r tests/integration/two_ranks.toml .gpu/tests/
+mkdir -p .gpu/peers && cp ../shared/peers/*.py .gpu/peers/
+for d in /.gpu/ /.gpu.tar.xz /build-gpu/; do grep -qxF "$d" .git/info/exclude || echo "$d" >> .git/info/exclude; done
+tar -cJf .gpu.tar.xz .gpu
+echo "pack: .gpu.tar.xz $(du -m .gpu.tar.xz | cut -f1) MiB (unpacked $(du -sm .gpu | cut -f1) MiB)"
