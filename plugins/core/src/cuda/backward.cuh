@@ -165,8 +165,17 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
     __syncthreads();
     const T* q_s = sQ + st * C::kBlockM * C::kPitch;
     const T* do_s = sdO + st * C::kBlockM * C::kPitch;
-    const float* lse2 = sLse2 + st * C::kBlockM;
-    const float* delta = sDelta + st * C::kBlockM;
+    // This lane's 8 query columns' statistics are read into registers just before their use: read
+    // in place, every P^T or dS^T store to shared memory (which may alias them, for all the
+    // compiler knows) would reload them.
+    const auto column_stats = [&](const float* stats, float (&out)[4][2]) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float2 x = *reinterpret_cast<const float2*>(stats + st * C::kBlockM + 32 * wh + j * 8 + (lane & 3) * 2);
+        out[j][0] = x.x;
+        out[j][1] = x.y;
+      }
+    };
     const bool active = list ? cur.active[1] : cur.active[0];
     const bool masked = list ? cur.masked[1] : cur.masked[0];
 
@@ -199,6 +208,8 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
         }
       }
     }
+    float lse2[4][2];
+    column_stats(sLse2, lse2);
 #pragma unroll
     for (int mt = 0; mt < C::kMTiles; ++mt)
 #pragma unroll
@@ -210,7 +221,7 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
             const bool ok = active && (!check || (n0 + n < reg.col_end && (!masked || visible(a.mask, base + n - (m + e)))));
-            p[mt][j][2 * hh + e] = ok ? fast_exp2(fmaf(p[mt][j][2 * hh + e], a.scale_log2, -lse2[m + e])) : 0.f;
+            p[mt][j][2 * hh + e] = ok ? fast_exp2(fmaf(p[mt][j][2 * hh + e], a.scale_log2, -lse2[j][e])) : 0.f;
           }
           *reinterpret_cast<uint32_t*>(sP + n * C::kPitchP + m) = pack2<T>(p[mt][j][2 * hh], p[mt][j][2 * hh + 1]);
         }
@@ -241,6 +252,8 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
         }
       }
     }
+    float delta[4][2];
+    column_stats(sDelta, delta);
 #pragma unroll
     for (int mt = 0; mt < C::kMTiles; ++mt)
 #pragma unroll
@@ -249,8 +262,8 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
         for (int hh = 0; hh < 2; ++hh) {
           const int n = wrow0 + 16 * mt + (lane >> 2) + hh * 8;
           const int m = 32 * wh + j * 8 + (lane & 3) * 2;
-          const float ds0 = p[mt][j][2 * hh] * (dp[mt][j][2 * hh] - delta[m]);
-          const float ds1 = p[mt][j][2 * hh + 1] * (dp[mt][j][2 * hh + 1] - delta[m + 1]);
+          const float ds0 = p[mt][j][2 * hh] * (dp[mt][j][2 * hh] - delta[j][0]);
+          const float ds1 = p[mt][j][2 * hh + 1] * (dp[mt][j][2 * hh + 1] - delta[j][1]);
           *reinterpret_cast<uint32_t*>(sdS + n * C::kPitchP + m) = pack2<T>(ds0, ds1);
         }
     __syncthreads();
