@@ -122,6 +122,8 @@ std::string check_supported(DType dtype, int32_t head_dim);
 // combined with segments. When a block list is given, key j is visible to row i iff j's block is
 // listed for i's block, j < seqlen_kv, and (the entry is not masked or the Mask admits (i, j)).
 //
+// softmax_scale 0 means 1/sqrt(head_dim); a given scale must be positive.
+//
 // Errors: every operation (CPU and CUDA) throws attncore::Error, a std::runtime_error with a
 // one-line message, for an unsupported or malformed call; the CUDA ones also for a failed launch.
 

@@ -149,6 +149,9 @@ void RingAttention::forward(const attnhost_forward_args& a) {
       p.o_fp32 = true;
       p.lse = stats_ref(first ? lse : lse_part, c.q_begin);
       p.mask = mask_of(c);
+      p.segments = c.segments;
+      p.num_segments = c.num_segments;
+      p.blocks = c.blocks;
       engine_->forward(p, compute);
       if (first) {
         written.add(c.q_begin, c.q_end);
@@ -247,6 +250,9 @@ void RingAttention::backward(const attnhost_backward_args& a) {
       p.dk = kv_ref(grad.k, c.kv_begin, true);
       p.dv = kv_ref(grad.v, c.kv_begin, true);
       p.mask = mask_of(c);
+      p.segments = c.segments;
+      p.num_segments = c.num_segments;
+      p.blocks = c.blocks;
       p.deterministic = s_.deterministic;
       engine_->backward(p, compute);
       host_.range_end(range, compute);
@@ -282,7 +288,8 @@ int64_t RingAttention::rank_pairs() const {
   int64_t pairs = 0;
   for (int step = 0; step < world_; ++step)
     for (const BlockCall& c : plan_(rank_, source(step)))
-      pairs += c.masked ? s_.mask.pairs(c.q_pos0, c.q_pos0 + (c.q_end - c.q_begin), c.kv_pos0,
+      pairs += c.pairs >= 0 ? c.pairs
+               : c.masked ? s_.mask.pairs(c.q_pos0, c.q_pos0 + (c.q_end - c.q_begin), c.kv_pos0,
                                         c.kv_pos0 + (c.kv_end - c.kv_begin))
                         : (c.q_end - c.q_begin) * (c.kv_end - c.kv_begin);
   return pairs * s_.batch * s_.heads_q;

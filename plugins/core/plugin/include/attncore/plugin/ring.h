@@ -22,11 +22,18 @@ namespace attncore::plugin {
 
 // One attention call of a step: local query rows [q_begin, q_end) against columns
 // [kv_begin, kv_end) of the block in hand, whose first row and column sit at global positions
-// q_pos0 and kv_pos0. `masked` is false when every pair in the call is visible.
+// q_pos0 and kv_pos0. `masked` is false when every pair in the call is visible (the dense mask's
+// causal/window then stay off). A variant with more structure adds segments (varlen: rows and
+// columns relative to the call's ranges, positions global) or a block list (block-sparse), whose
+// arrays it owns on the instance's device, and then says how many pairs the call computes.
 struct BlockCall {
   int64_t q_begin, q_end, kv_begin, kv_end;
   int64_t q_pos0, kv_pos0;
   bool masked;
+  const Segment* segments = nullptr;
+  int32_t num_segments = 0;
+  const BlockList* blocks = nullptr;
+  int64_t pairs = -1;  // per (batch, head); -1: count from the dense mask
 };
 
 // The calls rank `rank` makes at the step that brings the block of rank `source`.
