@@ -49,7 +49,8 @@ int verify_command(Context& ctx, const std::vector<std::string>& args) {
   desc.add(common_options(ctx.options));
   po::options_description own("Verify");
   own.add_options()("plugins", po::value<std::vector<std::string>>()->multitoken(), "plugins to verify (default: all)")
-                   ("set", po::value<std::string>()->default_value("correctness"), "preset set to verify on")
+                   ("set", po::value<std::string>()->default_value("correctness"),
+                    "preset set to verify on (default: verify_<plugin> when presets.toml has it, else correctness)")
                    ("world-sizes", po::value<std::string>(), "world sizes (default: CPU 1,2,3,4; GPUs 1..visible)");
   desc.add(own);
   po::positional_options_description pos;
@@ -74,15 +75,22 @@ int verify_command(Context& ctx, const std::vector<std::string>& args) {
       std::string hint = suite::did_you_mean(n, ctx.registry.names());
       throw UsageError("unknown plugin '" + n + "'" + (hint.empty() ? "" : " (did you mean '" + hint + "'?)"));
     }
-  const std::string set = vm["set"].as<std::string>();
-  auto members = ctx.presets.sets.find(set);
-  if (members == ctx.presets.sets.end()) throw UsageError("unknown preset set '" + set + "'");
+  // A plugin whose problems are not the dense presets' (packed sequences, dilation, block
+  // patterns) names its own set verify_<plugin> in presets.toml; --set overrides both.
+  const bool set_given = !vm["set"].defaulted();
+  auto set_for = [&](const std::string& plugin) {
+    std::string set = vm["set"].as<std::string>();
+    if (!set_given && ctx.presets.sets.count("verify_" + plugin)) set = "verify_" + plugin;
+    auto members = ctx.presets.sets.find(set);
+    if (members == ctx.presets.sets.end()) throw UsageError("unknown preset set '" + set + "'");
+    return members->second;
+  };
 
   suite::Suite s;
   s.name = "verify";
   s.outputs.formats = {"console"};
   for (const std::string& plugin : names)
-    for (const std::string& preset_name : members->second) {
+    for (const std::string& preset_name : set_for(plugin)) {
       const suite::Preset* preset = ctx.presets.find(preset_name);
       if (!preset) continue;
       suite::Case c;
