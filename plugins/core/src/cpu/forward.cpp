@@ -75,6 +75,7 @@ template <class Acc> struct ForwardTile {
 template <class Acc> void forward(const ForwardParams& p) {
   check_call(p.dtype, p.batch, p.heads_q, p.heads_kv, p.head_dim, p.seqlen_q, p.seqlen_kv,
              p.segments, p.num_segments, p.blocks);
+  if (p.softmax_scale < 0.f) fail("softmax_scale must be positive (0 means 1/sqrt(head_dim))");
   if (p.seqlen_q == 0) return;
   if (!p.q.data || !p.o.data || !p.lse.data || (p.seqlen_kv > 0 && (!p.k.data || !p.v.data)))
     fail("forward: a tensor pointer is null");
