@@ -23,14 +23,18 @@ for section in "$@"; do
       run 300 .gpu/tests/test_core_gpu
       run 300 .gpu/tests/attnhost_plugin_tests -ts=gpu ;;
     verify)
-      step "verify (world sizes 1..$gpus)"
-      run 400 "$A" verify ring zigzag naive_attention --quiet ;;
+      step "verify ${VERIFY:-ring zigzag} (world sizes 1..$gpus)"
+      run 400 "$A" verify ${VERIFY:-ring zigzag} --quiet ;;
     mpi)
-      step "mpirun -np 2 on GPUs (NCCL id over MPI)"
+      step "the example plugin's two-rank suite: threads + NCCL, then mpirun -np 2 (NCCL id over MPI)"
+      run 200 "$A" run .gpu/tests/two_ranks.toml --device cuda --quiet --format console
       run 200 mpirun --allow-run-as-root --oversubscribe -np 2 -x NCCL_NVLS_ENABLE "$A" run .gpu/tests/two_ranks.toml --device cuda --quiet --format console ;;
+    quick)
+      step "the quick suite"
+      run 300 "$A" run quick --quiet --out "$OUT/quick" ;;
     perf)
       step "ring vs zigzag, world sizes 1 and 2"
-      run 900 "$A" run .gpu/share/attnhost/configs/suites/ring_vs_zigzag.toml --out "$OUT/ring_vs_zigzag" --format console,json,csv,markdown
+      run 900 "$A" run .gpu/share/attnhost/configs/suites/ring_vs_zigzag.toml ${PERF_ARGS:-} --out "$OUT/ring_vs_zigzag" --format console,json,csv,markdown
       ;;
     peers)
       step "PyTorch SDPA (one GPU)"

@@ -12,6 +12,8 @@ cp build-gpu/bin/attnhost_*_tests build-gpu/bin/test_core_gpu .gpu/tests/ 2>/dev
 [ -x build-gpu/bin/bench_core ] && cp build-gpu/bin/bench_core .gpu/tests/
 cp -r tests/integration/two_ranks.toml .gpu/tests/
 mkdir -p .gpu/peers && cp ../shared/peers/*.py .gpu/peers/
-for d in /.gpu/ /.gpu.tar.xz /build-gpu/; do grep -qxF "$d" .git/info/exclude || echo "$d" >> .git/info/exclude; done
+exclude=$(git rev-parse --git-path info/exclude)
+mkdir -p "$(dirname "$exclude")"
+for d in /.gpu/ /.gpu.tar.xz /build-gpu/; do grep -qxF "$d" "$exclude" 2>/dev/null || echo "$d" >> "$exclude"; done
 tar -cJf .gpu.tar.xz .gpu
 echo "pack: .gpu.tar.xz $(du -m .gpu.tar.xz | cut -f1) MiB (unpacked $(du -sm .gpu | cut -f1) MiB)"
