@@ -39,6 +39,9 @@ int verify_command(Context& ctx, const std::vector<std::string>& args);   // att
 int list_command(Context& ctx, const std::vector<std::string>& args);     // attnhost list
 int info_command(Context& ctx, const std::vector<std::string>& args);      // attnhost info
 int isolated_case_command(Context& ctx, const std::vector<std::string>& args); // attnhost _case (internal)
+int report_command(Context& ctx, const std::vector<std::string>& args);   // attnhost report DIR
+int diff_command(Context& ctx, const std::vector<std::string>& args);     // attnhost diff A B
+int history_command(Context& ctx, const std::vector<std::string>& args);  // attnhost history FILE
 
 // Runs an expanded suite and writes its outputs; returns the exit code.
 struct ExecuteOptions {
@@ -49,9 +52,14 @@ struct ExecuteOptions {
   double case_timeout = 600; // seconds, with isolate
   std::string out_dir;       // overrides the suite's
   std::vector<std::string> formats;
+  std::string resume_dir;    // --resume: run only the cases missing from DIR/results.jsonl
+  std::string baseline;      // --baseline: the regression gate's earlier results
+  double threshold = 0.20;   // --threshold, as a fraction
+  std::string history;       // --history: the JSONL file a summary of the run is appended to
 };
 int execute_suite(Context& ctx, const suite::Suite& suite, const ExecuteOptions& options);
 
 std::filesystem::path default_configs_dir();
+std::vector<std::string> child_arguments(const Context& ctx);  // what an --isolate child needs to see the same plugins
 
 }  // namespace attnhost::cli

@@ -3,10 +3,8 @@
 #include "common/errors.h"
 #include "common/log.h"
 #include "report/console.h"
-#include "report/files.h"
 #include "runtime/environment.h"
 #include "runtime/isolate.h"
-#include "runtime/problem.h"
 #include "runtime/runner.h"
 
 #include <algorithm>
@@ -51,14 +49,6 @@ suite::PluginCatalog Context::catalog() const {
 
 namespace {
 
-void apply_common(Context& ctx, const po::variables_map& vm) {
-  log::set_quiet(ctx.options.quiet);
-  log::set_verbose(ctx.options.debug);
-  double seconds = vm["comm-timeout"].as<double>();
-  if (seconds <= 0) throw UsageError("--comm-timeout must be positive");
-  ctx.options.backend.comm_timeout = std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
-}
-
 std::vector<std::string> split_list(const std::string& s) {
   std::vector<std::string> out;
   std::string item;
@@ -75,6 +65,10 @@ std::vector<std::string> split_list(const std::string& s) {
 
 void apply_output_options(const po::variables_map& vm, ExecuteOptions& ex) {
   if (vm.count("out")) ex.out_dir = vm["out"].as<std::string>();
+  if (vm.count("baseline")) ex.baseline = vm["baseline"].as<std::string>();
+  if (vm.count("threshold")) ex.threshold = parse_threshold(vm["threshold"].as<std::string>());
+  if (vm.count("history")) ex.history = vm["history"].as<std::string>();
+  if (vm.count("resume")) ex.resume_dir = vm["resume"].as<std::string>();
   if (vm.count("format")) {
     ex.formats = split_list(vm["format"].as<std::string>());
     static const std::vector<std::string> known = {"console", "json", "jsonl", "csv", "markdown", "trace", "charts"};
@@ -100,9 +94,11 @@ fs::path resolve_suite(const Context& ctx, const std::string& arg) {
 
 int run_command(Context& ctx, const std::vector<std::string>& args) {
   po::options_description desc;
-  desc.add(common_options(ctx.options)).add(timing_options()).add(problem_options()).add(output_options());
+  desc.add(common_options(ctx.options)).add(timing_options()).add(problem_options()).add(output_options()).add(gate_options());
   po::options_description own("Run");
   own.add_options()("suite", po::value<std::string>(), "suite file, or the name of a shipped suite")
+                   ("resume", po::value<std::string>(), "go on with the run in DIR: run only the cases missing from "
+                                                        "DIR/results.jsonl, then write every report over all of them")
                    ("dry-run", "print the expanded case list and stop")
                    ("no-check", "skip the correctness check")
                    ("isolate", "run each case in its own process: a crash or hang costs that case only")
@@ -175,7 +171,7 @@ int isolated_case_command(Context& ctx, const std::vector<std::string>& args) {
 
 int compare_command(Context& ctx, const std::vector<std::string>& args) {
   po::options_description desc;
-  desc.add(common_options(ctx.options)).add(timing_options()).add(problem_options()).add(output_options());
+  desc.add(common_options(ctx.options)).add(timing_options()).add(problem_options()).add(output_options()).add(gate_options());
   po::options_description own("Compare");
   own.add_options()("plugins", po::value<std::vector<std::string>>()->multitoken(), "plugins to compare")
                    ("config", po::value<std::string>(), "preset to run (attnhost list configs)")
@@ -202,109 +198,6 @@ int compare_command(Context& ctx, const std::vector<std::string>& args) {
   apply_output_options(vm, ex);
   if (ex.formats.empty()) ex.formats = {"console"};
   return execute_suite(ctx, s, ex);
-}
-
-// Before anything runs: say which runs the plugins will refuse (they are still reported, as
-// UNSUPPORTED or SKIPPED, in their place).
-void preflight(const Context& ctx, const suite::Suite& s, const Backend& backend) {
-  const int32_t device = backend.device_kind() == DeviceKind::cuda ? ATTNHOST_DEVICE_CUDA : ATTNHOST_DEVICE_CPU;
-  for (const suite::Case& c : s.cases) {
-    std::shared_ptr<const Plugin> plugin = ctx.registry.find(c.plugin);
-    if (!plugin) continue;
-    try {
-      ProblemBinding binding(c, plugin->description(), device);
-      for (int ws : c.world_sizes) {
-        std::string why = ws > backend.max_world_size()
-                              ? "needs " + std::to_string(ws) + " ranks, " + std::to_string(backend.max_world_size()) + " available"
-                              : capability_mismatch(c, plugin->description(), backend.device_kind(), ws);
-        if (why.empty()) why = plugin->validate(binding.at(0, ws));
-        if (!why.empty()) log::info("will not run " + c.id + " at world size " + std::to_string(ws) + ": " + why);
-      }
-    } catch (const std::exception& e) {
-      log::warn(c.id + ": " + e.what());
-    }
-  }
-}
-
-int execute_suite(Context& ctx, const suite::Suite& s, const ExecuteOptions& options) {
-  if (options.dry_run) {
-    std::cout << s.cases.size() << " cases in " << (s.name.empty() ? s.path.string() : s.name) << ":\n";
-    for (const suite::Case& c : s.cases) {
-      std::cout << "  " << c.id << "  " << report::problem_line(c.problem) << "  world sizes";
-      for (int w : c.world_sizes) std::cout << ' ' << w;
-      std::cout << "  timing " << c.timing.method << "\n";
-    }
-    return kExitOk;
-  }
-  std::unique_ptr<Backend> backend = make_backend(ctx.options.backend);
-  const bool leader = backend->process_rank() == 0;
-  Environment env = probe_environment(*backend);
-  env.argv = ctx.argv;
-  for (const auto& p : ctx.registry.plugins()) env.plugins[p->name()] = p->description().version;
-
-  std::vector<std::string> formats = options.formats.empty() ? s.outputs.formats : options.formats;
-  const bool console = std::find(formats.begin(), formats.end(), "console") != formats.end();
-  const bool files = std::any_of(formats.begin(), formats.end(), [](const std::string& f) { return f != "console"; });
-  std::unique_ptr<report::ResultFolder> folder;
-  if (leader && files) {
-    fs::path dir = !options.out_dir.empty() ? fs::path(options.out_dir)
-                   : !s.outputs.dir.empty() ? fs::path(s.outputs.dir)
-                                            : fs::path("results") / now_compact();
-    folder = std::make_unique<report::ResultFolder>(dir, formats);
-    folder->begin(env, s.name, s.text);
-  }
-  if (leader && !ctx.options.quiet)
-    std::cout << "attnhost: " << s.cases.size() << " cases on " << env.device << "\n";
-  if (leader) preflight(ctx, s, *backend);
-
-  RunnerOptions ro;
-  ro.progress = [&](const std::string& line) { log::info(line); };
-  std::vector<CaseResult> results;
-  for (size_t i = 0; i < s.cases.size(); ++i) {
-    const suite::Case& c = s.cases[i];
-    std::shared_ptr<const Plugin> plugin = ctx.registry.find(c.plugin);
-    CaseResult r;
-    if (!plugin) {  // the suite was validated against the loaded plugins; this is a lost race
-      r.spec = c;
-      RunResult missing;
-      missing.status = "ERROR";
-      missing.error = "plugin '" + c.plugin + "' is not loaded";
-      r.runs.push_back(missing);
-    } else {
-      if (leader && !ctx.options.quiet)
-        log::info("case " + std::to_string(i + 1) + " of " + std::to_string(s.cases.size()) + ": " + c.id);
-      if (options.isolate) {
-        IsolateOptions io;
-        io.child_args = child_arguments(ctx);
-        io.timeout_seconds = options.case_timeout;
-        r = run_case_isolated(c, io);
-        if (r.plugin_version.empty()) r.plugin_version = plugin->description().version;
-        if (r.device.empty()) r.device = device_kind_name(backend->device_kind());
-        if (ro.progress)
-          for (const RunResult& run : r.runs)
-            ro.progress(c.id + " ws=" + std::to_string(run.world_size) + ": " + run.status +
-                        (run.error.empty() ? "" : " (" + run.error + ")"));
-      } else {
-        r = run_case(c, plugin, *backend, ro);
-      }
-    }
-    backend->sync_processes();
-    if (!leader) continue;
-    if (console && !ctx.options.quiet && !options.comparison && !options.summary_only) report::print_case(std::cout, r);
-    if (folder) folder->append(r);
-    results.push_back(std::move(r));
-  }
-  if (!leader) return kExitOk;
-  if (console) {
-    if (options.comparison) report::print_comparison(std::cout, results);
-    else report::print_summary(std::cout, results);
-  }
-  if (folder) {
-    auto written = folder->finish(env, s.name, s.text, results);
-    if (!ctx.options.quiet) std::cout << "\nresults in " << folder->dir().string() << "\n";
-  }
-  bool failed = std::any_of(results.begin(), results.end(), [](const CaseResult& r) { return r.failed(); });
-  return failed ? kExitCheckFailed : kExitOk;
 }
 
 int list_command(Context& ctx, const std::vector<std::string>& args) {

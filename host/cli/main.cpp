@@ -25,6 +25,12 @@ commands:
   verify [PLUGIN...]        check every plugin (or those named) against the float64 reference
   list configs|plugins|suites [-v]
   info                      devices, driver, CUDA, NCCL and cuDNN versions, plugin folders
+  report DIR                write every report of a result folder again (from results.json or .jsonl)
+  diff BASELINE CURRENT     classify each case of CURRENT against BASELINE: FASTER SAME SLOWER NEW MISSING
+  history FILE [--case P]   the trend of each case over the runs recorded with run --history FILE
+
+run and compare take --baseline FILE (a regression gate: a SLOWER case exits 1), --history FILE,
+and run takes --resume DIR (run only the cases missing from DIR, then report them all).
 
 `attnhost <command> --help` describes a command's options.
 exit codes: 0 success, 1 a check or the regression gate failed, 2 bad usage or bad input
@@ -53,8 +59,11 @@ int main(int argc, char** argv) {
     if (command == "verify") return cli::verify_command(ctx, rest);
     if (command == "list") return cli::list_command(ctx, rest);
     if (command == "info") return cli::info_command(ctx, rest);
+    if (command == "report") return cli::report_command(ctx, rest);
+    if (command == "diff") return cli::diff_command(ctx, rest);
+    if (command == "history") return cli::history_command(ctx, rest);
     if (command == "_case") return cli::isolated_case_command(ctx, rest);
-    std::string hint = suite::did_you_mean(command, {"run", "compare", "verify", "list", "info"});
+    std::string hint = suite::did_you_mean(command, {"run", "compare", "verify", "list", "info", "report", "diff", "history"});
     throw UsageError("unknown command '" + command + "'" + (hint.empty() ? "" : " (did you mean '" + hint + "'?)") +
                      "; see attnhost --help");
   } catch (const UsageError& e) {

@@ -25,6 +25,14 @@ po::options_description common_options(CommonOptions& o) {
   return d;
 }
 
+void apply_common(Context& ctx, const po::variables_map& vm) {
+  log::set_quiet(ctx.options.quiet);
+  log::set_verbose(ctx.options.debug);
+  double seconds = vm["comm-timeout"].as<double>();
+  if (seconds <= 0) throw UsageError("--comm-timeout must be positive");
+  ctx.options.backend.comm_timeout = std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
+}
+
 po::options_description timing_options() {
   po::options_description d("Timing (override the suite)");
   d.add_options()
@@ -54,8 +62,31 @@ po::options_description output_options() {
   po::options_description d("Output");
   d.add_options()
     ("out", po::value<std::string>(), "result folder (default results/<date-time>)")
-    ("format", po::value<std::string>(), "comma-separated: console,json,csv,markdown");
+    ("format", po::value<std::string>(),
+     "comma-separated: console,json,jsonl,csv,markdown,trace,charts (default: the suite's [outputs])");
   return d;
+}
+
+po::options_description gate_options() {
+  po::options_description d("Regression gate and history");
+  d.add_options()
+    ("baseline", po::value<std::string>(), "compare with an earlier results.json or results.jsonl (or its folder); "
+                                            "a SLOWER case exits 1")
+    ("threshold", po::value<std::string>()->default_value("20"), "percent change of a median that counts as slower or faster")
+    ("history", po::value<std::string>(), "append this run's medians to a JSONL history FILE");
+  return d;
+}
+
+double parse_threshold(const std::string& text) {
+  std::string t = text;
+  if (!t.empty() && t.back() == '%') t.pop_back();
+  try {
+    size_t used = 0;
+    double v = std::stod(t, &used);
+    if (used == t.size() && v > 0 && v <= 1000) return v / 100;
+  } catch (const std::exception&) {
+  }
+  throw UsageError("--threshold: '" + text + "' is not a percentage between 0 and 1000 (e.g. 20 or 20%)");
 }
 
 bool parse(const std::vector<std::string>& args, const po::options_description& desc,

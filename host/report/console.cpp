@@ -1,5 +1,6 @@
 #include "report/console.h"
 
+#include "report/derived.h"
 #include "report/format.h"
 
 #include <algorithm>
@@ -19,113 +20,130 @@ std::string problem_line(const suite::Problem& p) {
   return s.str();
 }
 
-namespace {
-
-std::string pass_cell(const RunResult& r, const char* pass) {
-  const PassResult* p = r.pass(pass);
-  return p ? fmt::ms(p->time_ms.median) : "-";
+std::string params_line(const suite::Case& c) {
+  std::ostringstream s;
+  for (const auto& [key, value] : c.params) {
+    s << (s.tellp() > 0 ? " " : "") << key << "=";
+    std::visit([&](const auto& v) {
+      using T = std::decay_t<decltype(v)>;
+      if constexpr (std::is_same_v<T, std::vector<int64_t>>) {
+        for (size_t i = 0; i < v.size(); ++i) s << (i ? "," : "") << v[i];
+      } else if constexpr (std::is_same_v<T, bool>) {
+        s << (v ? "true" : "false");
+      } else {
+        s << v;
+      }
+    }, value);
+  }
+  return s.str();
 }
 
-const PassResult* headline(const RunResult& r) {
-  for (const char* name : {"fwd_bwd", "bwd", "fwd"})
-    if (const PassResult* p = r.pass(name)) return p;
-  return nullptr;
+std::string timing_line(const suite::Case& c) {
+  const suite::Timing& t = c.timing;
+  std::ostringstream s;
+  s << t.method << ": ";
+  if (t.method == "simple") s << "one timed run";
+  else if (t.method == "adaptive")
+    s << t.warmup_runs << " warm-up, then until noise < " << fmt::percent(t.target_noise) << " (at least "
+      << t.min_samples << " runs, at most " << fmt::sig(t.max_seconds) << " s)";
+  else s << t.warmup_runs << " warm-up + " << t.timing_runs << " timed runs";
+  s << " of";
+  for (size_t i = 0; i < t.passes.size(); ++i) s << (i ? ", " : " ") << pass_label(t.passes[i]);
+  if (!t.flush_l2) s << "; L2 not flushed";
+  return s.str();
+}
+
+namespace {
+
+std::string speedup_cell(const PassResult& p, int ws) { return ws > 1 && p.speedup > 0 ? fmt::ratio(p.speedup) : "-"; }
+std::string efficiency_cell(const PassResult& p, int ws) { return ws > 1 && p.efficiency > 0 ? fmt::percent(p.efficiency) : "-"; }
+
+std::string indented(const std::string& text) {
+  std::istringstream in(text);
+  std::string out;
+  for (std::string line; std::getline(in, line);) out += "   " + line + "\n";
+  return out;
+}
+
+std::string check_detail(const RunResult& r) {
+  std::ostringstream s;
+  s << (r.check.ok ? "ok" : "FAILED") << ", " << r.check.rows << " rows and " << r.check.columns
+    << " columns against float64; rel L2 error";
+  for (const TensorCheck& t : r.check.tensors) {
+    s << " " << t.tensor << " " << fmt::general(t.rel_l2_err) << (t.ok ? "" : " (over " + fmt::general(t.tol_rel_l2) + ")");
+    if (t.nonfinite > 0) s << " [" << t.nonfinite << " NaN/Inf]";
+  }
+  for (const TensorCheck& t : r.check.tensors)
+    if (!t.ok && !t.worst.empty()) s << "; worst " << t.tensor << " at " << t.worst;
+  return s.str();
 }
 
 }  // namespace
 
 void print_case(std::ostream& out, const CaseResult& c) {
-  out << "\n== " << c.spec.id << "  [" << c.spec.plugin << " " << c.plugin_version << ", " << c.device << "]\n";
-  out << "   " << problem_line(c.spec.problem) << "\n";
+  const bool failed = c.failed();
+  out << "\n== " << c.spec.id << "  " << (failed ? "FAILED" : "ok") << "\n";
+  out << "   plugin   " << c.spec.plugin << " " << c.plugin_version << " on " << c.device
+      << (c.engine.empty() ? "" : " (" + c.engine + ")") << "\n";
+  out << "   problem  " << problem_line(c.spec.problem) << "\n";
+  if (std::string params = params_line(c.spec); !params.empty()) out << "   params   " << params << "\n";
+  out << "   timing   " << timing_line(c.spec) << "\n";
+
+  fmt::Table times({"ws", "pass", "median", "min", "p90", "noise", "n", "TFLOP/s/GPU", "tokens/s", "speedup", "efficiency"}, 2);
+  fmt::Table resources({"ws", "status", "peak mem/rank", "sent fwd/rank", "sent bwd/rank", "imbalance", "check"}, 2);
+  std::vector<std::string> notes;
   for (const RunResult& r : c.runs) {
-    out << "   world size " << r.world_size << ": " << r.status;
-    if (!r.error.empty()) out << " - " << r.error;
-    out << "\n";
+    const std::string ws = std::to_string(r.world_size);
+    for (const PassResult& p : shown_passes(c, r)) {
+      const bool sum = p.time_ms.count == 0;  // a derived total has no samples of its own
+      times.row({ws, pass_label(p.pass), fmt::ms(p.time_ms.median), sum ? "" : fmt::ms(p.time_ms.min),
+                 sum ? "" : fmt::ms(p.time_ms.p90), sum ? "" : fmt::percent(p.time_ms.rel_noise),
+                 sum ? "sum" : std::to_string(p.time_ms.count), fmt::sig(p.tflops_per_gpu), fmt::si(p.tokens_per_s),
+                 speedup_cell(p, r.world_size), efficiency_cell(p, r.world_size)});
+    }
+    const double imbalance = load_imbalance(r);
+    resources.row({ws, r.status, r.peak_bytes.empty() ? "-" : fmt::bytes(max_peak_bytes(r)),
+                   r.world_size > 1 && !r.sent_bytes_fwd.empty() ? fmt::bytes(max_sent_bytes(r.sent_bytes_fwd)) : "-",
+                   r.world_size > 1 && !r.sent_bytes_bwd.empty() ? fmt::bytes(max_sent_bytes(r.sent_bytes_bwd)) : "-",
+                   r.world_size > 1 && imbalance > 0 ? fmt::ratio(imbalance) : "-", check_cell(r)});
+    const std::string at = "ws=" + std::to_string(r.world_size) + " ";
+    if (!r.error.empty()) notes.push_back(at + r.status + ": " + r.error);
+    if (r.check.ran) notes.push_back(at + "check " + check_detail(r));
+    if (!r.check.note.empty()) notes.push_back(at + "check note: " + r.check.note);
     for (const PassResult& p : r.passes) {
-      out << "     " << p.pass << std::string(8 - std::min<size_t>(7, p.pass.size()), ' ') << fmt::ms(p.time_ms.median)
-          << " median (min " << fmt::ms(p.time_ms.min) << ", p90 " << fmt::ms(p.time_ms.p90) << ", noise "
-          << fmt::percent(p.time_ms.rel_noise) << ", n=" << p.time_ms.count << ")  " << fmt::fixed(p.tflops_per_gpu, 2)
-          << " TFLOP/s/GPU  " << fmt::si(p.tokens_per_s) << " tok/s";
-      if (p.speedup > 0 && r.world_size > 1)
-        out << "  speedup " << fmt::fixed(p.speedup, 2) << "x, efficiency " << fmt::percent(p.efficiency);
-      out << "\n";
+      if (!p.time_ms.stop_reason.empty() && c.spec.timing.method == "adaptive")
+        notes.push_back(at + pass_label(p.pass) + " stopped: " + p.time_ms.stop_reason);
       for (const KernelTime& k : p.kernels)
-        out << "        " << k.name << ": " << k.launches << " x " << fmt::ms(k.mean_ms) << " = "
-            << fmt::percent(k.share) << "\n";
-    }
-    if (!r.peak_bytes.empty()) {
-      out << "     memory peak/rank " << fmt::bytes(*std::max_element(r.peak_bytes.begin(), r.peak_bytes.end()));
-      if (!r.sent_bytes_fwd.empty() && r.world_size > 1)
-        out << ", sent/rank fwd " << fmt::bytes(*std::max_element(r.sent_bytes_fwd.begin(), r.sent_bytes_fwd.end()))
-            << " bwd " << fmt::bytes(*std::max_element(r.sent_bytes_bwd.begin(), r.sent_bytes_bwd.end()));
-      if (r.max_rank_pairs > 0 && r.total_pairs > 0 && r.world_size > 1)
-        out << ", load imbalance " << fmt::fixed(static_cast<double>(r.max_rank_pairs) * r.world_size / r.total_pairs, 2) << "x";
-      out << "\n";
-    }
-    if (r.check.ran) {
-      out << "     check " << (r.check.ok ? "ok" : "FAILED") << " (" << r.check.rows << " rows, " << r.check.columns
-          << " columns):";
-      for (const TensorCheck& t : r.check.tensors)
-        out << " " << t.tensor << " " << fmt::fixed(t.rel_l2_err * 1e3, 3) << "e-3" << (t.ok ? "" : "!");
-      out << " (rel L2)\n";
-      if (!r.check.note.empty()) out << "     note: " << r.check.note << "\n";
+        notes.push_back(at + pass_label(p.pass) + " " + k.name + ": " + std::to_string(k.launches) + " x " +
+                        fmt::ms(k.mean_ms) + " = " + fmt::percent(k.share));
     }
   }
+  out << "\n";
+  if (!times.empty()) out << indented(times.str()) << "\n";
+  out << indented(resources.str());
+  for (const std::string& n : notes) out << "   " << n << "\n";
+  out << std::flush;  // a block is whole before the next case's progress line on stderr
 }
 
 void print_summary(std::ostream& out, const std::vector<CaseResult>& cases) {
-  fmt::Table t({"case", "ws", "status", "fwd", "bwd", "fwd+bwd", "TFLOP/s/GPU", "speedup", "eff.", "peak mem", "check"});
+  fmt::Table t({"case", "ws", "status", "fwd", "bwd", "fwd+bwd", "TFLOP/s/GPU", "speedup", "eff.", "peak mem", "check"}, 3);
   for (const CaseResult& c : cases)
     for (const RunResult& r : c.runs) {
-      const PassResult* h = headline(r);
-      t.row({c.spec.id, std::to_string(r.world_size), r.status, pass_cell(r, "fwd"), pass_cell(r, "bwd"),
-             pass_cell(r, "fwd_bwd"), h ? fmt::fixed(h->tflops_per_gpu, 1) : "-",
-             h && h->speedup > 0 && r.world_size > 1 ? fmt::fixed(h->speedup, 2) + "x" : "-",
-             h && h->efficiency > 0 && r.world_size > 1 ? fmt::percent(h->efficiency) : "-",
-             r.peak_bytes.empty() ? "-" : fmt::bytes(*std::max_element(r.peak_bytes.begin(), r.peak_bytes.end())),
-             !r.check.ran ? "-" : r.check.ok ? "ok" : "FAILED"});
+      std::optional<PassResult> h = headline_pass(c, r);
+      std::optional<PassResult> total = total_pass(c, r);
+      auto time = [&](const char* pass) {
+        const PassResult* p = r.pass(pass);
+        return p ? fmt::ms(p->time_ms.median) : "-";
+      };
+      t.row({c.spec.id, std::to_string(r.world_size), r.status, time("fwd"), time("bwd"),
+             total ? fmt::ms(total->time_ms.median) : "-", h ? fmt::sig(h->tflops_per_gpu) : "-",
+             h ? speedup_cell(*h, r.world_size) : "-", h ? efficiency_cell(*h, r.world_size) : "-",
+             r.peak_bytes.empty() ? "-" : fmt::bytes(max_peak_bytes(r)), check_cell(r)});
     }
   out << "\n" << t.str();
-}
-
-void print_comparison(std::ostream& out, const std::vector<CaseResult>& cases) {
-  if (cases.empty()) return;
-  std::vector<int> sizes;
-  for (const CaseResult& c : cases)
-    for (const RunResult& r : c.runs)
-      if (std::find(sizes.begin(), sizes.end(), r.world_size) == sizes.end()) sizes.push_back(r.world_size);
-  std::sort(sizes.begin(), sizes.end());
-  out << "\n" << problem_line(cases.front().spec.problem) << "\n";
-  for (int ws : sizes) {
-    fmt::Table t({"plugin (ws=" + std::to_string(ws) + ")", "fwd", "x", "bwd", "x", "fwd+bwd", "x", "TFLOP/s/GPU",
-                  "efficiency", "imbalance", "peak mem", "x", "check"});
-    const RunResult* first = nullptr;
-    for (const CaseResult& c : cases) {
-      const RunResult* r = nullptr;
-      for (const RunResult& x : c.runs)
-        if (x.world_size == ws) r = &x;
-      if (!r) continue;
-      if (!first) first = r;
-      auto time = [&](const char* pass) { return pass_cell(*r, pass); };
-      auto ratio = [&](const char* pass) -> std::string {
-        const PassResult* a = r->pass(pass);
-        const PassResult* b = first->pass(pass);
-        if (!a || !b || b->time_ms.median <= 0) return "-";
-        return fmt::fixed(a->time_ms.median / b->time_ms.median, 2);
-      };
-      const PassResult* h = headline(*r);
-      double peak = r->peak_bytes.empty() ? 0 : *std::max_element(r->peak_bytes.begin(), r->peak_bytes.end());
-      double peak0 = first->peak_bytes.empty() ? 0 : *std::max_element(first->peak_bytes.begin(), first->peak_bytes.end());
-      std::string imbalance = r->total_pairs > 0 ? fmt::fixed(static_cast<double>(r->max_rank_pairs) * ws / r->total_pairs, 2) + "x" : "-";
-      t.row({c.spec.plugin + (r->status == "PASSED" || r->status == "OK" ? "" : " (" + r->status + ")"), time("fwd"),
-             ratio("fwd"), time("bwd"), ratio("bwd"), time("fwd_bwd"), ratio("fwd_bwd"),
-             h ? fmt::fixed(h->tflops_per_gpu, 1) : "-", h && ws > 1 && h->efficiency > 0 ? fmt::percent(h->efficiency) : "-",
-             imbalance, peak > 0 ? fmt::bytes(peak) : "-", peak0 > 0 ? fmt::fixed(peak / peak0, 2) : "-",
-             !r->check.ran ? "-" : r->check.ok ? "ok" : "FAILED"});
-    }
-    out << "\n" << t.str();
-  }
-  out << "(x: ratio to the first plugin; imbalance: the busiest rank's attended pairs over the mean)\n";
+  size_t failed = std::count_if(cases.begin(), cases.end(), [](const CaseResult& c) { return c.failed(); });
+  out << cases.size() << " cases, " << failed << " failed"
+      << "  (TFLOP/s/GPU, speedup and eff. of fwd+bwd; speedup and efficiency against world size 1)\n";
 }
 
 }  // namespace attnhost::report

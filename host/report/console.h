@@ -1,4 +1,5 @@
 // The console reporter: a readable block per case, a summary table, a side-by-side comparison.
+// It reads records only (report/records.h); nothing here measures.
 #pragma once
 
 #include "report/records.h"
@@ -14,5 +15,7 @@ void print_summary(std::ostream& out, const std::vector<CaseResult>& cases);
 void print_comparison(std::ostream& out, const std::vector<CaseResult>& cases);
 
 std::string problem_line(const suite::Problem& p);
+std::string params_line(const suite::Case& c);   // "block_size=128 overlap=true", "" when none
+std::string timing_line(const suite::Case& c);   // "warmup: 1 warm-up + 3 timed runs of fwd, bwd"
 
 }  // namespace attnhost::report

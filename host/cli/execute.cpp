@@ -1,0 +1,210 @@
+// execute_suite: the one loop that runs cases and hands their records to the reporters (console,
+// progress, the result folder's journal), then the reports of the whole run, the regression gate
+// and the history. Nothing here measures; the runner does.
+#include "cli/app.h"
+#include "common/errors.h"
+#include "common/log.h"
+#include "report/console.h"
+#include "report/files.h"
+#include "report/history.h"
+#include "report/progress.h"
+#include "report/result_set.h"
+#include "runtime/environment.h"
+#include "runtime/isolate.h"
+#include "runtime/problem.h"
+#include "runtime/runner.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <iostream>
+#include <optional>
+#include <set>
+
+namespace attnhost::cli {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// Before anything runs: say which runs the plugins will refuse (they are still reported, as
+// UNSUPPORTED or SKIPPED, in their place).
+void preflight(const Context& ctx, const std::vector<suite::Case>& cases, const Backend& backend) {
+  const int32_t device = backend.device_kind() == DeviceKind::cuda ? ATTNHOST_DEVICE_CUDA : ATTNHOST_DEVICE_CPU;
+  for (const suite::Case& c : cases) {
+    std::shared_ptr<const Plugin> plugin = ctx.registry.find(c.plugin);
+    if (!plugin) continue;
+    try {
+      ProblemBinding binding(c, plugin->description(), device);
+      for (int ws : c.world_sizes) {
+        std::string why = ws > backend.max_world_size()
+                              ? "needs " + std::to_string(ws) + " ranks, " + std::to_string(backend.max_world_size()) + " available"
+                              : capability_mismatch(c, plugin->description(), backend.device_kind(), ws);
+        if (why.empty()) why = plugin->validate(binding.at(0, ws));
+        if (!why.empty()) log::info("will not run " + c.id + " at world size " + std::to_string(ws) + ": " + why);
+      }
+    } catch (const std::exception& e) {
+      log::warn(c.id + ": " + e.what());
+    }
+  }
+}
+
+bool has(const std::vector<std::string>& v, const std::string& x) { return std::find(v.begin(), v.end(), x) != v.end(); }
+
+// The cases already in the folder being resumed (every process reads them: under MPI all ranks
+// must skip the same cases).
+std::set<std::string> finished_ids(const std::string& resume_dir) {
+  std::set<std::string> ids;
+  if (resume_dir.empty()) return ids;
+  const fs::path journal = fs::path(resume_dir) / "results.jsonl";
+  if (!fs::exists(journal)) throw UsageError("--resume " + resume_dir + ": no results.jsonl in this folder");
+  for (const CaseResult& c : report::read_journal(journal).results.cases) ids.insert(c.spec.id);
+  return ids;
+}
+
+fs::path result_dir(const suite::Suite& s, const ExecuteOptions& options) {
+  if (!options.resume_dir.empty()) {
+    if (!options.out_dir.empty() && fs::path(options.out_dir).lexically_normal() != fs::path(options.resume_dir).lexically_normal())
+      throw UsageError("--resume " + options.resume_dir + " writes into that folder; --out " + options.out_dir +
+                       " contradicts it");
+    return options.resume_dir;
+  }
+  if (!options.out_dir.empty()) return options.out_dir;
+  if (!s.outputs.dir.empty()) return s.outputs.dir;
+  return fs::path("results") / now_compact();
+}
+
+// One suite case at a time, by the runner or in a child process (--isolate).
+CaseResult run_one(Context& ctx, const suite::Case& c, Backend& backend, const ExecuteOptions& options,
+                   const RunnerOptions& ro) {
+  std::shared_ptr<const Plugin> plugin = ctx.registry.find(c.plugin);
+  if (!plugin) {  // the suite was validated against the loaded plugins; this is a lost race
+    CaseResult r;
+    r.spec = c;
+    RunResult missing;
+    missing.status = "ERROR";
+    missing.error = "plugin '" + c.plugin + "' is not loaded";
+    r.runs.push_back(missing);
+    return r;
+  }
+  if (!options.isolate) return run_case(c, plugin, backend, ro);
+  IsolateOptions io;
+  io.child_args = child_arguments(ctx);
+  io.timeout_seconds = options.case_timeout;
+  CaseResult r = run_case_isolated(c, io);
+  if (r.plugin_version.empty()) r.plugin_version = plugin->description().version;
+  if (r.device.empty()) r.device = device_kind_name(backend.device_kind());
+  if (ro.progress)
+    for (const RunResult& run : r.runs)
+      ro.progress(c.id + " ws=" + std::to_string(run.world_size) + ": " + run.status +
+                  (run.error.empty() ? "" : " (" + run.error + ")"));
+  return r;
+}
+
+}  // namespace
+
+int execute_suite(Context& ctx, const suite::Suite& s, const ExecuteOptions& options) {
+  const std::set<std::string> done = finished_ids(options.resume_dir);
+  std::vector<suite::Case> todo;
+  for (const suite::Case& c : s.cases)
+    if (!done.count(c.id)) todo.push_back(c);
+  if (options.dry_run) {
+    std::cout << todo.size() << " cases in " << (s.name.empty() ? s.path.string() : s.name);
+    if (!options.resume_dir.empty()) std::cout << " (" << s.cases.size() - todo.size() << " already in " << options.resume_dir << ")";
+    std::cout << ":\n";
+    for (const suite::Case& c : todo) {
+      std::cout << "  " << c.id << "  " << report::problem_line(c.problem) << "  world sizes";
+      for (int w : c.world_sizes) std::cout << ' ' << w;
+      std::cout << "  timing " << c.timing.method << "\n";
+    }
+    return kExitOk;
+  }
+  // Bad input ends the command before anything runs: a baseline is read now, not after an hour.
+  std::optional<report::ResultSet> baseline;
+  if (!options.baseline.empty()) baseline = report::load_results(options.baseline);
+  if (!options.history.empty()) {
+    fs::path parent = fs::absolute(options.history).parent_path();
+    if (!fs::is_directory(parent)) throw UsageError("--history " + options.history + ": folder " + parent.string() + " does not exist");
+  }
+
+  std::unique_ptr<Backend> backend = make_backend(ctx.options.backend);
+  const bool leader = backend->process_rank() == 0;
+  Environment env = probe_environment(*backend);
+  env.argv = ctx.argv;
+  for (const auto& p : ctx.registry.plugins()) env.plugins[p->name()] = p->description().version;
+
+  std::vector<std::string> formats = options.formats.empty() ? s.outputs.formats : options.formats;
+  const bool console = has(formats, "console");
+  const bool files = !options.resume_dir.empty() ||
+                     std::any_of(formats.begin(), formats.end(), [](const std::string& f) { return f != "console"; });
+  std::unique_ptr<report::ResultFolder> folder;
+  if (leader && files) {
+    folder = std::make_unique<report::ResultFolder>(result_dir(s, options), formats, !options.resume_dir.empty());
+    if (folder->dropped_cut_line())
+      log::warn(folder->dir().string() + "/results.jsonl: dropped its last line, cut short when the run was stopped");
+    folder->begin(env, s.name, s.text);
+  }
+  const bool quiet = ctx.options.quiet;
+  if (leader && !quiet) {
+    std::cout << "attnhost: " << todo.size() << " cases on " << env.device;
+    if (!options.resume_dir.empty()) std::cout << " (resuming " << options.resume_dir << ": " << done.size() << " cases already there)";
+    std::cout << "\n" << std::flush;
+  }
+  if (leader) preflight(ctx, todo, *backend);
+
+  std::vector<double> weights;
+  for (const suite::Case& c : todo) weights.push_back(report::work_estimate(c));
+  report::Progress progress(weights, leader && ::isatty(STDOUT_FILENO), quiet || !leader, std::cout);
+  RunnerOptions ro;
+  ro.progress = [&](const std::string& line) { progress.step(line); };
+  std::vector<CaseResult> results;
+  for (size_t i = 0; i < todo.size(); ++i) {
+    progress.start_case(i, todo[i].id);
+    CaseResult r = run_one(ctx, todo[i], *backend, options, ro);
+    progress.finish_case(i);
+    backend->sync_processes();
+    if (!leader) continue;
+    progress.clear();
+    if (console && !quiet && !options.comparison && !options.summary_only) report::print_case(std::cout, r);
+    if (folder) folder->append(r);
+    results.push_back(std::move(r));
+  }
+  progress.clear();
+  if (!leader) return kExitOk;
+
+  std::vector<std::string> order;
+  for (const suite::Case& c : s.cases) order.push_back(c.id);
+  report::ResultSet all;
+  if (folder) {
+    all = folder->results(order, results);
+  } else {
+    all.suite_name = s.name;
+    all.suite_text = s.text;
+    all.environment = env;
+    all.sessions = {env};
+    all.cases = results;
+  }
+  if (baseline) {
+    report::GateOptions go;
+    go.threshold = options.threshold;
+    all.gate = report::regression_gate(baseline->cases, all.cases, go, options.baseline);
+  }
+  if (console) {
+    if (options.comparison) report::print_comparison(std::cout, all.cases);
+    else report::print_summary(std::cout, all.cases);
+  }
+  if (all.gate) {
+    if (console) report::print_gate(std::cout, *all.gate);
+    else std::cout << report::gate_summary(*all.gate) << "\n";
+  }
+  if (folder) {
+    report::ReportsWritten written = report::write_reports(folder->dir(), all, formats);
+    if (!written.notice.empty()) log::warn(written.notice);
+    if (!quiet) std::cout << "\nresults in " << folder->dir().string() << "\n";
+  }
+  if (!options.history.empty()) report::append_history(options.history, report::history_entry(all));
+  const bool failed = std::any_of(all.cases.begin(), all.cases.end(), [](const CaseResult& r) { return r.failed(); });
+  return failed || (all.gate && all.gate->slower()) ? kExitCheckFailed : kExitOk;
+}
+
+}  // namespace attnhost::cli

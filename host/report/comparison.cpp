@@ -1,0 +1,120 @@
+// attnhost compare: the plugins as columns, one table per world size, every figure followed by
+// its ratio to the first plugin's, so "which is faster and by how much" reads along a row.
+#include "report/console.h"
+#include "report/derived.h"
+#include "report/format.h"
+
+#include <algorithm>
+#include <functional>
+#include <optional>
+
+namespace attnhost::report {
+
+namespace {
+
+struct Entry {
+  const CaseResult* c;
+  const RunResult* r;
+};
+
+// One row of the table: how to read a figure off a run, and how to print it.
+struct Metric {
+  std::string name;
+  std::function<std::optional<double>(const Entry&)> value;
+  std::function<std::string(double)> format;
+};
+
+std::optional<double> pass_time(const Entry& e, const std::string& pass) {
+  if (pass == "fwd+bwd") {
+    std::optional<PassResult> t = total_pass(*e.c, *e.r);
+    return t ? std::optional<double>(t->time_ms.median) : std::nullopt;
+  }
+  const PassResult* p = e.r->pass(pass);
+  return p && p->time_ms.median > 0 ? std::optional<double>(p->time_ms.median) : std::nullopt;
+}
+
+std::vector<Metric> metrics(int ws) {
+  std::vector<Metric> m;
+  for (const char* pass : {"fwd", "bwd", "fwd+bwd"})
+    m.push_back({std::string(pass) + " median", [pass](const Entry& e) { return pass_time(e, pass); },
+                 [](double v) { return fmt::ms(v); }});
+  auto headline = [](const Entry& e) { return headline_pass(*e.c, *e.r); };
+  m.push_back({"TFLOP/s/GPU", [headline](const Entry& e) {
+                 auto h = headline(e);
+                 return h && h->tflops_per_gpu > 0 ? std::optional<double>(h->tflops_per_gpu) : std::nullopt; },
+               [](double v) { return fmt::sig(v); }});
+  m.push_back({"tokens/s", [headline](const Entry& e) {
+                 auto h = headline(e);
+                 return h && h->tokens_per_s > 0 ? std::optional<double>(h->tokens_per_s) : std::nullopt; },
+               [](double v) { return fmt::si(v); }});
+  if (ws > 1) {
+    m.push_back({"speedup", [headline](const Entry& e) {
+                   auto h = headline(e);
+                   return h && h->speedup > 0 ? std::optional<double>(h->speedup) : std::nullopt; },
+                 [](double v) { return fmt::ratio(v); }});
+    m.push_back({"efficiency", [headline](const Entry& e) {
+                   auto h = headline(e);
+                   return h && h->efficiency > 0 ? std::optional<double>(h->efficiency) : std::nullopt; },
+                 [](double v) { return fmt::percent(v); }});
+    m.push_back({"imbalance", [](const Entry& e) {
+                   double i = load_imbalance(*e.r);
+                   return i > 0 ? std::optional<double>(i) : std::nullopt; },
+                 [](double v) { return fmt::ratio(v); }});
+    m.push_back({"sent fwd/rank", [](const Entry& e) {
+                   double b = static_cast<double>(max_sent_bytes(e.r->sent_bytes_fwd));
+                   return b > 0 ? std::optional<double>(b) : std::nullopt; },
+                 [](double v) { return fmt::bytes(v); }});
+  }
+  m.push_back({"peak mem/rank", [](const Entry& e) {
+                 double b = static_cast<double>(max_peak_bytes(*e.r));
+                 return b > 0 ? std::optional<double>(b) : std::nullopt; },
+               [](double v) { return fmt::bytes(v); }});
+  return m;
+}
+
+}  // namespace
+
+void print_comparison(std::ostream& out, const std::vector<CaseResult>& cases) {
+  if (cases.empty()) return;
+  std::vector<int> sizes;
+  for (const CaseResult& c : cases)
+    for (const RunResult& r : c.runs)
+      if (std::find(sizes.begin(), sizes.end(), r.world_size) == sizes.end()) sizes.push_back(r.world_size);
+  std::sort(sizes.begin(), sizes.end());
+  out << "\n" << problem_line(cases.front().spec.problem) << "  (" << timing_line(cases.front().spec) << ")\n";
+  for (int ws : sizes) {
+    std::vector<Entry> entries;
+    for (const CaseResult& c : cases)
+      for (const RunResult& r : c.runs)
+        if (r.world_size == ws) entries.push_back({&c, &r});
+    if (entries.empty()) continue;
+    std::vector<std::string> header = {"plugin (ws=" + std::to_string(ws) + ")"};
+    for (const Entry& e : entries) header.push_back(e.c->spec.plugin);
+    fmt::Table t(header);
+    std::vector<std::string> status = {"status"}, check = {"check"};
+    for (const Entry& e : entries) {
+      status.push_back(e.r->status);
+      check.push_back(check_cell(*e.r));
+    }
+    t.row(status);
+    for (const Metric& m : metrics(ws)) {
+      std::vector<std::string> row = {m.name};
+      const std::optional<double> first = m.value(entries.front());
+      bool any = false;
+      for (size_t i = 0; i < entries.size(); ++i) {
+        const std::optional<double> v = m.value(entries[i]);
+        any = any || v.has_value();
+        std::string cell = v ? m.format(*v) : "-";
+        if (v && i > 0 && first && *first > 0) cell += " (" + fmt::ratio(*v / *first) + ")";
+        row.push_back(cell);
+      }
+      if (any) t.row(row);
+    }
+    t.row(check);
+    out << "\n" << t.str();
+  }
+  out << "(in parentheses: ratio to the first plugin, " << cases.front().spec.plugin
+      << "; TFLOP/s, tokens/s, speedup and efficiency of fwd+bwd; imbalance: the busiest rank's attended pairs over the mean)\n";
+}
+
+}  // namespace attnhost::report

@@ -1,0 +1,74 @@
+#include "report/derived.h"
+
+#include <algorithm>
+
+namespace attnhost::report {
+
+bool run_ok(const RunResult& r) { return r.status == "PASSED" || r.status == "OK"; }
+
+bool run_failed(const RunResult& r) { return !run_ok(r) && r.status != "SKIPPED" && r.status != "UNSUPPORTED"; }
+
+namespace {
+
+// fwd + bwd of one run, without speedup.
+std::optional<PassResult> sum_of_passes(const RunResult& r) {
+  if (const PassResult* measured = r.pass("fwd_bwd")) return *measured;
+  const PassResult* f = r.pass("fwd");
+  const PassResult* b = r.pass("bwd");
+  if (!f || !b || f->time_ms.median <= 0 || b->time_ms.median <= 0) return std::nullopt;
+  PassResult t;
+  t.pass = "fwd+bwd";
+  t.time_ms.median = f->time_ms.median + b->time_ms.median;
+  t.time_ms.mean = f->time_ms.mean + b->time_ms.mean;
+  t.time_ms.min = f->time_ms.min + b->time_ms.min;
+  t.flops = f->flops + b->flops;
+  const double seconds = t.time_ms.median * 1e-3;
+  t.tflops_per_gpu = t.flops / seconds / 1e12 / std::max(1, r.world_size);
+  const double tokens = f->tokens_per_s * f->time_ms.median * 1e-3;  // the runner's token count
+  t.tokens_per_s = tokens / seconds;
+  return t;
+}
+
+}  // namespace
+
+std::optional<PassResult> total_pass(const CaseResult& c, const RunResult& r) {
+  std::optional<PassResult> t = sum_of_passes(r);
+  if (!t || t->pass == "fwd_bwd") return t;
+  for (const RunResult& single : c.runs)
+    if (single.world_size == 1 && run_ok(single))
+      if (std::optional<PassResult> base = sum_of_passes(single)) {
+        t->speedup = base->time_ms.median / t->time_ms.median;
+        t->efficiency = t->speedup / std::max(1, r.world_size);
+      }
+  return t;
+}
+
+std::vector<PassResult> shown_passes(const CaseResult& c, const RunResult& r) {
+  std::vector<PassResult> out(r.passes.begin(), r.passes.end());
+  if (std::optional<PassResult> t = total_pass(c, r); t && t->pass == "fwd+bwd") out.push_back(*t);
+  return out;
+}
+
+std::optional<PassResult> headline_pass(const CaseResult& c, const RunResult& r) {
+  if (std::optional<PassResult> t = total_pass(c, r)) return t;
+  for (const char* name : {"bwd", "fwd"})
+    if (const PassResult* p = r.pass(name)) return *p;
+  return std::nullopt;
+}
+
+uint64_t max_peak_bytes(const RunResult& r) { return max_sent_bytes(r.peak_bytes); }
+
+uint64_t max_sent_bytes(const std::vector<uint64_t>& per_rank) {
+  return per_rank.empty() ? 0 : *std::max_element(per_rank.begin(), per_rank.end());
+}
+
+double load_imbalance(const RunResult& r) {
+  if (r.total_pairs <= 0 || r.max_rank_pairs <= 0) return 0;
+  return static_cast<double>(r.max_rank_pairs) * r.world_size / r.total_pairs;
+}
+
+std::string check_cell(const RunResult& r) { return !r.check.ran ? "-" : r.check.ok ? "ok" : "FAILED"; }
+
+std::string pass_label(const std::string& pass) { return pass == "fwd_bwd" ? "fwd+bwd" : pass; }
+
+}  // namespace attnhost::report

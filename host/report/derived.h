@@ -1,0 +1,34 @@
+// Figures every reporter shows that are read off the records, never measured again: the
+// fwd+bwd total of a run, its busiest rank's memory and traffic, its load imbalance.
+#pragma once
+
+#include "report/records.h"
+
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace attnhost::report {
+
+bool run_ok(const RunResult& r);      // PASSED or OK (unchecked)
+bool run_failed(const RunResult& r);  // neither ok nor a run that did not apply (SKIPPED, UNSUPPORTED)
+
+// The time of one training step's attention: the measured fwd_bwd pass when the case timed it,
+// else the sum of the fwd and bwd medians (pass "fwd+bwd", count 0: a sum has no samples).
+// Speedup and efficiency are against world size 1 of the same case, as the runner's are.
+std::optional<PassResult> total_pass(const CaseResult& c, const RunResult& r);
+
+// The passes a report shows for a run: those measured, then the total when it is a sum.
+std::vector<PassResult> shown_passes(const CaseResult& c, const RunResult& r);
+
+// The headline figure of a run: fwd_bwd, else the fwd+bwd sum, else bwd, else fwd.
+std::optional<PassResult> headline_pass(const CaseResult& c, const RunResult& r);
+
+uint64_t max_peak_bytes(const RunResult& r);
+uint64_t max_sent_bytes(const std::vector<uint64_t>& per_rank);
+double load_imbalance(const RunResult& r);   // busiest rank's pairs over the mean; 0 unknown
+
+std::string check_cell(const RunResult& r);  // "ok", "FAILED", "-" (not checked)
+std::string pass_label(const std::string& pass); // fwd_bwd -> fwd+bwd
+
+}  // namespace attnhost::report
