@@ -1,0 +1,55 @@
+// What varlen computes at each ring step: the attention calls of rank r with the K/V block of
+// rank `source`, as segments over the two ranks' local tensors (sharding.h). A segment pairs the
+// tokens of one sequence on r with the tokens of the same sequence in the block, so no pair
+// across sequences and no padding slot is ever computed; a segment whose pairs the mask hides
+// entirely is not made. Host side only: the plugin uploads the segments once.
+//
+// Causal without a left window (the documents case), one call per step:
+//   own block:      each sequence's tokens [early chunk, late chunk] against themselves, causal.
+//                   Their positions are not contiguous, but numbering the slots 0, 1, 2, ... keeps
+//                   every causal relation (early before late, each chunk in order): one segment.
+//   earlier source: all of a sequence's tokens against the source's early chunk, every pair visible;
+//   later source:   the late chunk against the source's two chunks (adjacent slots), every pair visible.
+// Anything else (full attention, a left window): every (chunk, chunk) pair of a sequence with
+// visible pairs is a segment at its true positions; a chunk that meets several chunks of the block
+// does so in as many calls (a row lies in one segment of a call), and with `deterministic` no two
+// segments of a call share keys.
+//
+// Every call covers all local rows: the rows its segments leave out get segments without keys
+// (O = 0, LSE = -inf: the merge then leaves them as they were), placed after the attending ones
+// (BlockCall::backward_segments). Attending segments are sorted by their pairs, the largest last,
+// since the forward kernel starts from the last tiles.
+#pragma once
+
+#include "sharding.h"
+
+#include "attncore/attention.h"
+#include "attncore/plugin/dense_mask.h"
+
+#include <cstdint>
+#include <vector>
+
+namespace varlen {
+
+struct StepCall {
+  std::vector<attncore::Segment> segments;  // over the whole local tensors (rows and columns)
+  int32_t attending = 0;                    // the first `attending` segments have keys
+  bool masked = true;                       // apply the problem's causal/window mask
+  int64_t pairs = 0;                        // visible (query, key) pairs, per head
+};
+
+// The mask within one sequence: the problem's causal and window, on positions in the sequence.
+struct SequenceMask {
+  bool causal = false;
+  int64_t window_left = -1, window_right = -1;
+  attncore::plugin::DenseMask of(int64_t length) const { return {length, causal, window_left, window_right}; }
+};
+
+// The calls `rank` makes with the block of `source`, in the order to make them.
+std::vector<StepCall> plan_step(const Sharding& sharding, const SequenceMask& mask, int rank, int source,
+                                bool deterministic);
+
+// Visible pairs of the whole problem (every sequence, all ranks), per head.
+int64_t total_pairs(const Sharding& sharding, const SequenceMask& mask);
+
+}  // namespace varlen
