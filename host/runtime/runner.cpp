@@ -3,9 +3,13 @@
 #include "common/errors.h"
 #include "common/log.h"
 #include "runtime/check.h"
+#if ATTNHOST_HAVE_CUDA
+#include "runtime/kernel_profiler.h"
+#endif
 #include "runtime/problem.h"
 #include "runtime/services.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <sstream>
@@ -255,10 +259,10 @@ class RankRun {
     int warmups = t.method == "simple" ? 0 : t.warmup_runs;
     // The first call also measures what one call sends (warm-up or, with none, the sample).
     bool measured_bytes = false;
+    // fwd_bwd sends what fwd and bwd send; it measures nothing of its own.
     auto note_bytes = [&] {
-      if (measured_bytes) return;
+      if (measured_bytes || pass == "fwd_bwd") return;
       (pass == "bwd" ? sent_bwd_ : sent_fwd_) = env_.comm.bytes_sent();
-      if (pass == "fwd_bwd") sent_fwd_bwd_ = env_.comm.bytes_sent();
       measured_bytes = true;
     };
     for (int i = 0; i < warmups; ++i) {
@@ -309,8 +313,13 @@ class RankRun {
     return r;
   }
 
-  // Per-range breakdown of one pass from the plugin's named ranges (each range a "kernel").
+  // Per-kernel breakdown of one pass: CUPTI's kernel records on a GPU; on the CPU (or without
+  // CUPTI) the plugin's named ranges, each range a "kernel".
   std::vector<KernelTime> profile(const std::string& pass, const std::function<void()>& work) {
+#if ATTNHOST_HAVE_CUDA
+    if (env_.device.kind() == DeviceKind::cuda && KernelProfiler::instance().unavailable().empty())
+      return profile_kernels(work);
+#endif
     tracer_.start(env_.device.stream(0));
     auto t0 = env_.device.marker(), t1 = env_.device.marker();
     t0->record(env_.device.stream(0));
@@ -335,6 +344,43 @@ class RankRun {
     (void)pass;
     return out;
   }
+
+#if ATTNHOST_HAVE_CUDA
+  std::vector<KernelTime> profile_kernels(const std::function<void()>& work) {
+    KernelProfiler& profiler = KernelProfiler::instance();
+    env_.group.barrier();  // every rank's records cover the same pass
+    attempt([&] { profiler.begin(); });
+    env_.group.barrier();
+    void* s = env_.device.stream(0);
+    auto t0 = env_.device.marker(), t1 = env_.device.marker();
+    t0->record(s);
+    attempt(work);
+    t1->record(s);
+    attempt([&] { env_.device.synchronize(); });
+    env_.group.barrier();
+    profiler.end();
+    env_.group.barrier();
+    std::vector<KernelRecord> records = profiler.take(env_.device.ordinal());
+    if (failure_) raise();
+    const double total = t1->since(*t0);
+    std::vector<KernelTime> out;
+    for (const KernelRecord& r : records) {
+      auto it = std::find_if(out.begin(), out.end(), [&](const KernelTime& k) { return k.name == r.name; });
+      if (it == out.end()) {
+        out.push_back({r.name});
+        it = out.end() - 1;
+      }
+      it->launches += 1;
+      it->total_ms += (r.end_ns - r.start_ns) * 1e-6;
+    }
+    for (KernelTime& k : out) {
+      k.mean_ms = k.total_ms / std::max<int64_t>(1, k.launches);
+      k.share = total > 0 ? k.total_ms / total : 0;
+    }
+    std::sort(out.begin(), out.end(), [](const KernelTime& a, const KernelTime& b) { return a.total_ms > b.total_ms; });
+    return out;
+  }
+#endif
 
   void traced_iteration(RunResult& result) {
     env_.group.barrier();
@@ -510,7 +556,7 @@ class RankRun {
   attnhost_backward_args bwd_{};
   bool gradients_ = false;
   std::exception_ptr failure_;
-  uint64_t sent_fwd_ = 0, sent_bwd_ = 0, sent_fwd_bwd_ = 0;
+  uint64_t sent_fwd_ = 0, sent_bwd_ = 0;
 };
 
 bool has_feature(const PluginDescription& d, uint32_t f) { return (d.features & f) != 0; }
