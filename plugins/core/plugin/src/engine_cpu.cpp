@@ -28,6 +28,9 @@ class CpuEngine final : public Engine {
   void convert(const ConvertParams& p, void*) override { cpu::convert(p); }
   void zero(void* dst, size_t bytes, void*) override { std::memset(dst, 0, bytes); }
   void fill(float* dst, float value, size_t count, void*) override { std::fill_n(dst, count, value); }
+  void add(float* dst, const float* src, size_t count, void*) override {
+    for (size_t i = 0; i < count; ++i) dst[i] += src[i];
+  }
   void upload(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
   void wait(void*, void*) override {}
 };

@@ -15,6 +15,10 @@ __global__ void fill_kernel(float* dst, float value, size_t n) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) dst[i] = value;
 }
 
+__global__ void add_kernel(float* dst, const float* src, size_t n) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) dst[i] += src[i];
+}
+
 cudaStream_t cuda(void* s) { return static_cast<cudaStream_t>(s); }
 
 class CudaEngine final : public Engine {
@@ -31,6 +35,12 @@ class CudaEngine final : public Engine {
     unsigned blocks = static_cast<unsigned>(std::min<size_t>((n + 255) / 256, 4096));
     fill_kernel<<<blocks, 256, 0, cuda(s)>>>(dst, value, n);
     check(cudaGetLastError(), "fill kernel");
+  }
+  void add(float* dst, const float* src, size_t n, void* s) override {
+    if (n == 0) return;
+    unsigned blocks = static_cast<unsigned>(std::min<size_t>((n + 255) / 256, 4096));
+    add_kernel<<<blocks, 256, 0, cuda(s)>>>(dst, src, n);
+    check(cudaGetLastError(), "add kernel");
   }
   void upload(void* dst, const void* src, size_t bytes) override {
     check(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice), "cudaMemcpy");

@@ -26,6 +26,8 @@ class Engine {
   virtual void convert(const ConvertParams& p, void* stream) = 0;
   virtual void zero(void* dst, size_t bytes, void* stream) = 0;
   virtual void fill(float* dst, float value, size_t count, void* stream) = 0;
+  // dst[i] += src[i] for i < count, fp32: gradient partials sent home by other ranks.
+  virtual void add(float* dst, const float* src, size_t count, void* stream) = 0;
   virtual void upload(void* dst, const void* host_src, size_t bytes) = 0;  // waits until done
   // `to` waits for everything enqueued on `from` so far (an event on the GPU; nothing on the CPU,
   // where every operation has finished when it returns).

@@ -1,0 +1,151 @@
+#include "calls.h"
+
+#include <algorithm>
+#include <limits>
+
+namespace attncore::plugin {
+
+TensorRef LocalViews::q(void* base, int64_t row0, bool fp32) const {
+  const int64_t token = static_cast<int64_t>(s.heads_q) * s.head_dim;
+  const size_t el = fp32 ? 4 : attnhost::dtype_size(s.dtype);
+  return {static_cast<char*>(base) + row0 * token * el, s.local_q * token, token, s.head_dim};
+}
+
+TensorRef LocalViews::kv(void* base, int64_t col0, bool fp32) const {
+  const int64_t token = static_cast<int64_t>(s.heads_kv) * s.head_dim;
+  const size_t el = fp32 ? 4 : attnhost::dtype_size(s.dtype);
+  return {static_cast<char*>(base) + col0 * token * el, s.local_kv * token, token, s.head_dim};
+}
+
+RowStatsRef LocalViews::stats(float* base, int64_t row0) const {
+  return {base + row0, static_cast<int64_t>(s.heads_q) * s.local_q, s.local_q};
+}
+
+Mask LocalViews::mask(const BlockCall& c) const {
+  Mask m;
+  if (c.masked) {
+    m.causal = s.mask.causal;
+    m.window_left = s.mask.window_left;
+    m.window_right = s.mask.window_right;
+  }
+  m.q_pos0 = c.q_pos0;
+  m.kv_pos0 = c.kv_pos0;
+  return m;
+}
+
+ForwardParams forward_params(const RingShape& s, const BlockCall& c, void* q, void* k, void* v) {
+  const LocalViews views{s};
+  ForwardParams p;
+  p.dtype = core_dtype(s.dtype);
+  p.batch = s.batch;
+  p.heads_q = s.heads_q;
+  p.heads_kv = s.heads_kv;
+  p.head_dim = s.head_dim;
+  p.seqlen_q = c.q_end - c.q_begin;
+  p.seqlen_kv = c.kv_end - c.kv_begin;
+  p.softmax_scale = s.softmax_scale;
+  p.q = views.q(q, c.q_begin, false);
+  p.k = views.kv(k, c.kv_begin, false);
+  p.v = views.kv(v, c.kv_begin, false);
+  p.mask = views.mask(c);
+  p.segments = c.segments;
+  p.num_segments = c.num_segments;
+  p.blocks = c.blocks;
+  return p;
+}
+
+BackwardParams backward_params(const RingShape& s, const BlockCall& c, const attnhost_backward_args& a, void* k,
+                               void* v, float* delta, float* dq, float* dk, float* dv) {
+  const LocalViews views{s};
+  BackwardParams p;
+  p.dtype = core_dtype(s.dtype);
+  p.batch = s.batch;
+  p.heads_q = s.heads_q;
+  p.heads_kv = s.heads_kv;
+  p.head_dim = s.head_dim;
+  p.seqlen_q = c.q_end - c.q_begin;
+  p.seqlen_kv = c.kv_end - c.kv_begin;
+  p.softmax_scale = s.softmax_scale;
+  p.q = views.q(a.q.data, c.q_begin, false);
+  p.k = views.kv(k, c.kv_begin, false);
+  p.v = views.kv(v, c.kv_begin, false);
+  p.d_o = views.q(a.d_o.data, c.q_begin, false);
+  p.lse = views.stats(static_cast<float*>(a.lse.data), c.q_begin);
+  p.delta = views.stats(delta, c.q_begin);
+  p.dq = views.q(dq, c.q_begin, true);
+  p.dk = views.kv(dk, c.kv_begin, true);
+  p.dv = views.kv(dv, c.kv_begin, true);
+  p.mask = views.mask(c);
+  p.segments = c.segments;
+  p.num_segments = c.num_segments;
+  p.blocks = c.blocks;
+  p.deterministic = s.deterministic;
+  return p;
+}
+
+void convert_out(const RingShape& s, Engine& engine, const float* src, void* dst, bool kv, void* stream) {
+  const LocalViews views{s};
+  ConvertParams cv;
+  cv.dtype = core_dtype(s.dtype);
+  cv.batch = s.batch;
+  cv.heads = kv ? s.heads_kv : s.heads_q;
+  cv.head_dim = s.head_dim;
+  cv.seqlen = kv ? s.local_kv : s.local_q;
+  cv.src = kv ? views.kv(const_cast<float*>(src), 0, true) : views.q(const_cast<float*>(src), 0, true);
+  cv.dst = kv ? views.kv(dst, 0, false) : views.q(dst, 0, false);
+  engine.convert(cv, stream);
+}
+
+bool OutputAccumulator::written(int64_t begin, int64_t end) const {
+  int64_t covered = 0;
+  for (auto [b, e] : rows_) covered += std::max<int64_t>(0, std::min(e, end) - std::max(b, begin));
+  if (covered == 0) return false;
+  if (covered == end - begin) return true;
+  attnhost::fail(ATTNHOST_ERR_INTERNAL, "schedule: a call covers rows that are partly merged already");
+}
+
+void OutputAccumulator::run(ForwardParams p, const BlockCall& c, void* stream) {
+  const LocalViews views{s_};
+  const bool first = !written(c.q_begin, c.q_end);
+  p.o = views.q(first ? o_acc_ : o_part_, c.q_begin, true);
+  p.o_fp32 = true;
+  p.lse = views.stats(first ? lse_ : lse_part_, c.q_begin);
+  engine_.forward(p, stream);
+  if (first) {
+    rows_.emplace_back(c.q_begin, c.q_end);
+    return;
+  }
+  MergeParams m;
+  m.batch = s_.batch;
+  m.heads = s_.heads_q;
+  m.head_dim = s_.head_dim;
+  m.seqlen = p.seqlen_q;
+  m.o_acc = views.q(o_acc_, c.q_begin, true);
+  m.lse_acc = views.stats(lse_, c.q_begin);
+  m.o_part = p.o;
+  m.lse_part = p.lse;
+  engine_.merge(m, stream);
+}
+
+void OutputAccumulator::finish(void* o, void* stream) {
+  const LocalViews views{s_};
+  std::vector<std::pair<int64_t, int64_t>> sorted = rows_, gaps;
+  std::sort(sorted.begin(), sorted.end());
+  int64_t at = 0;
+  for (auto [b, e] : sorted) {
+    if (b > at) gaps.emplace_back(at, b);
+    at = std::max(at, e);
+  }
+  if (at < s_.local_q) gaps.emplace_back(at, s_.local_q);
+  for (auto [begin, end] : gaps)
+    for (int32_t b = 0; b < s_.batch; ++b) {
+      TensorRef acc = views.q(o_acc_, begin, true);
+      engine_.zero(static_cast<char*>(acc.data) + b * acc.batch_stride * 4, (end - begin) * acc.token_stride * 4, stream);
+      for (int32_t h = 0; h < s_.heads_q; ++h)
+        engine_.fill(lse_ + (static_cast<int64_t>(b) * s_.heads_q + h) * s_.local_q + begin,
+                     -std::numeric_limits<float>::infinity(), end - begin, stream);
+    }
+  convert_out(s_, engine_, o_acc_, o, false, stream);
+}
+
+}  // namespace attncore::plugin

@@ -1,0 +1,57 @@
+// What the ring and routed schedules share: views of a rank's local tensors, the core's
+// parameters for one BlockCall, and the fp32 output that merges a row's partials. Internal to
+// attncore_plugin.
+#pragma once
+
+#include "attncore/plugin/ring.h"
+
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+namespace attncore::plugin {
+
+// [batch, local token, head, dim] views of one shape's local tensors (Q-like: local_q tokens,
+// heads_q; K/V-like: local_kv tokens, heads_kv), and [batch, head, token] row statistics.
+struct LocalViews {
+  const RingShape& s;
+  TensorRef q(void* base, int64_t row0, bool fp32) const;
+  TensorRef kv(void* base, int64_t col0, bool fp32) const;
+  RowStatsRef stats(float* base, int64_t row0) const;
+  // The call's mask: the shape's causal/window when the call is masked, at the call's positions.
+  Mask mask(const BlockCall& c) const;
+};
+
+// The core's parameters of call `c`: rows of q from c.q_begin, columns of k and v (the block in
+// hand) from c.kv_begin. The forward's o and lse are left for the caller.
+ForwardParams forward_params(const RingShape& s, const BlockCall& c, void* q, void* k, void* v);
+// Gradients go to dq (rows from c.q_begin) and dk, dv (columns from c.kv_begin), all fp32.
+BackwardParams backward_params(const RingShape& s, const BlockCall& c, const attnhost_backward_args& a, void* k,
+                               void* v, float* delta, float* dq, float* dk, float* dv);
+
+// fp32 src (a shape's Q-like or K/V-like tensor) to the problem dtype in dst.
+void convert_out(const RingShape& s, Engine& engine, const float* src, void* dst, bool kv, void* stream);
+
+// The forward's output in fp32: the first call on a row writes (O, LSE) directly, later calls
+// write a partial that is merged in. finish() gives rows no call reached O = 0 and LSE = -inf
+// and converts O to the problem dtype.
+class OutputAccumulator {
+ public:
+  // o_acc, o_part: fp32 [batch, local_q, heads_q, dim]; lse_part: [batch, heads_q, local_q].
+  OutputAccumulator(const RingShape& s, Engine& engine, float* o_acc, float* o_part, float* lse_part, float* lse)
+      : s_(s), engine_(engine), o_acc_(o_acc), o_part_(o_part), lse_part_(lse_part), lse_(lse) {}
+  void run(ForwardParams p, const BlockCall& c, void* stream);
+  void finish(void* o, void* stream);
+
+ private:
+  bool written(int64_t begin, int64_t end) const;  // all of [begin, end) or none (else a schedule bug)
+
+  const RingShape& s_;
+  Engine& engine_;
+  float *o_acc_, *o_part_, *lse_part_, *lse_;
+  std::vector<std::pair<int64_t, int64_t>> rows_;  // row ranges written so far
+};
+
+inline size_t align_up(size_t n) { return (n + 255) / 256 * 256; }
+
+}  // namespace attncore::plugin

@@ -1,0 +1,205 @@
+#include "attncore/plugin/routed.h"
+
+#include "calls.h"
+
+#include <algorithm>
+#include <string>
+
+namespace attncore::plugin {
+
+RoutedAttention::RoutedAttention(const RingShape& shape, const RoutedPlan& plan, attnhost::Host host, int rank,
+                                 int world_size, bool cuda, bool cpu_fp64, bool overlap)
+    : s_(shape), host_(host), rank_(rank), world_(world_size), overlap_(overlap), engine_(Engine::make(cuda, cpu_fp64)) {
+  bool receives = false;
+  for (int t = 0; t < world_; ++t) {
+    Round r;
+    r.to = (rank_ + t) % world_;
+    r.from = (rank_ - t + world_) % world_;
+    r.calls = plan.calls(rank_, r.from);
+    if (t > 0) {
+      r.send = plan.reads(r.to, rank_);
+      r.recv = plan.reads(rank_, r.from);
+      if (!r.calls.empty() && r.recv.empty())
+        attnhost::fail(ATTNHOST_ERR_INTERNAL, "routed schedule: rank " + std::to_string(rank_) + " attends the K/V of rank " +
+                                                  std::to_string(r.from) + " but reads none of it");
+      for (const TokenRun& run : r.recv)
+        if (run.begin < 0 || run.length <= 0 || run.begin + run.length > s_.local_kv)
+          attnhost::fail(ATTNHOST_ERR_INTERNAL, "routed schedule: a piece lies outside the local K/V");
+      receives = receives || !r.recv.empty();
+    }
+    rounds_.push_back(std::move(r));
+  }
+  const size_t el = attnhost::dtype_size(s_.dtype);
+  const size_t kv_elems = static_cast<size_t>(s_.batch) * s_.local_kv * kv_token_elems();
+  const size_t q_elems = static_cast<size_t>(s_.batch) * s_.local_q * s_.heads_q * s_.head_dim;
+  const size_t rows = static_cast<size_t>(s_.batch) * s_.heads_q * s_.local_q;
+  const size_t kv_block = align_up(kv_elems * el);
+  const size_t grads = align_up(kv_elems * 4);
+  const bool remote = world_ > 1 && active_rounds() > 0;
+  const size_t forward_work = 2 * align_up(q_elems * 4) + align_up(rows * 4);  // O acc, O part, LSE part
+  // delta, dQ, own dK dV; with remote rounds also the partial dK dV of a received piece and the
+  // partials other ranks send home.
+  const size_t backward_work = align_up(rows * 4) + align_up(q_elems * 4) + (remote ? 6 : 2) * grads;
+  arena_ = attnhost::HostBuffer(host_, (receives ? 4 * kv_block : 0) + std::max(forward_work, backward_work));
+  char* at = arena_.as<char>();
+  if (receives)
+    for (KV& b : kv_) {
+      b.k = at;
+      b.v = at + kv_block;
+      at += 2 * kv_block;
+    }
+  work_ = at;
+}
+
+int RoutedAttention::active_rounds() const {
+  int n = 0;
+  for (size_t t = 1; t < rounds_.size(); ++t) n += rounds_[t].transfers();
+  return n;
+}
+
+int64_t RoutedAttention::received_tokens() const {
+  int64_t n = 0;
+  for (size_t t = 1; t < rounds_.size(); ++t)
+    for (const TokenRun& run : rounds_[t].recv) n += run.length;
+  return n;
+}
+
+void RoutedAttention::exchange(const Round& r, bool reply, const void* k, const void* v, void* k_in, void* v_in,
+                               int32_t dtype, void* stream, const char* what, int round) {
+  // Forward direction: own slots r.send go to r.to, r.from's slots r.recv arrive. A reply runs the
+  // other way over the same pieces: the partials of r.recv go back to r.from, those of r.send arrive.
+  const std::vector<TokenRun>& out = reply ? r.recv : r.send;
+  const std::vector<TokenRun>& in = reply ? r.send : r.recv;
+  const int out_peer = reply ? r.from : r.to, in_peer = reply ? r.to : r.from;
+  const size_t el = dtype == ATTNHOST_DTYPE_FP32 ? 4 : attnhost::dtype_size(s_.dtype);
+  const size_t token = kv_token_elems();
+  const size_t batch_stride = static_cast<size_t>(s_.local_kv) * token * el;
+  auto at = [&](const void* base, int32_t b, const TokenRun& run) {
+    return static_cast<const char*>(base) + b * batch_stride + static_cast<size_t>(run.begin) * token * el;
+  };
+  std::string name = std::string(what) + " round " + std::to_string(round);
+  int32_t range = host_.range_begin(name.c_str(), ATTNHOST_RANGE_COMMUNICATION, stream);
+  host_.group_start();
+  for (int32_t b = 0; b < s_.batch; ++b) {
+    for (const TokenRun& run : out) {
+      host_.send(at(k, b, run), run.length * token, dtype, out_peer, stream);
+      host_.send(at(v, b, run), run.length * token, dtype, out_peer, stream);
+    }
+    for (const TokenRun& run : in) {
+      host_.recv(const_cast<char*>(at(k_in, b, run)), run.length * token, dtype, in_peer, stream);
+      host_.recv(const_cast<char*>(at(v_in, b, run)), run.length * token, dtype, in_peer, stream);
+    }
+  }
+  host_.group_end();
+  host_.range_end(range, stream);
+}
+
+void RoutedAttention::zero_runs(void* base, const std::vector<TokenRun>& runs, void* stream) {
+  const size_t token = kv_token_elems() * 4;
+  for (int32_t b = 0; b < s_.batch; ++b)
+    for (const TokenRun& run : runs)
+      engine_->zero(static_cast<char*>(base) + (static_cast<size_t>(b) * s_.local_kv + run.begin) * token,
+                    run.length * token, stream);
+}
+
+void RoutedAttention::add_runs(float* dst, const float* src, const std::vector<TokenRun>& runs, void* stream) {
+  const size_t token = kv_token_elems();
+  for (int32_t b = 0; b < s_.batch; ++b)
+    for (const TokenRun& run : runs) {
+      const size_t off = (static_cast<size_t>(b) * s_.local_kv + run.begin) * token;
+      engine_->add(dst + off, src + off, run.length * token, stream);
+    }
+}
+
+void RoutedAttention::forward(const attnhost_forward_args& a) {
+  void* compute = host_.stream(0);
+  void* comm = overlap_ ? host_.stream(1) : compute;
+  const size_t q_elems = static_cast<size_t>(s_.batch) * s_.local_q * s_.heads_q * s_.head_dim;
+  OutputAccumulator out(s_, *engine_, reinterpret_cast<float*>(work_),
+                        reinterpret_cast<float*>(work_ + align_up(q_elems * 4)),
+                        reinterpret_cast<float*>(work_ + 2 * align_up(q_elems * 4)), static_cast<float*>(a.lse.data));
+  for (int t = 0; t < world_; ++t) {
+    const Round& r = rounds_[t];
+    if (t + 1 < world_ && rounds_[t + 1].transfers()) {
+      engine_->wait(comm, compute);  // the receive buffer was read two rounds ago
+      KV next = kv_[(t + 1) % 2];
+      exchange(rounds_[t + 1], false, a.k.data, a.v.data, next.k, next.v, s_.dtype, comm, "K V", t + 1);
+    }
+    KV cur = t == 0 ? KV{a.k.data, a.v.data} : kv_[t % 2];
+    for (const BlockCall& c : r.calls) {
+      std::string name = "attention round " + std::to_string(t);
+      int32_t range = host_.range_begin(name.c_str(), ATTNHOST_RANGE_COMPUTE, compute);
+      out.run(forward_params(s_, c, a.q.data, cur.k, cur.v), c, compute);
+      host_.range_end(range, compute);
+    }
+    if (t + 1 < world_ && !rounds_[t + 1].recv.empty()) engine_->wait(compute, comm);  // the next pieces arrived
+  }
+  out.finish(a.o.data, compute);
+}
+
+void RoutedAttention::backward(const attnhost_backward_args& a) {
+  void* compute = host_.stream(0);
+  void* comm = overlap_ ? host_.stream(1) : compute;
+  const size_t q_elems = static_cast<size_t>(s_.batch) * s_.local_q * s_.heads_q * s_.head_dim;
+  const size_t kv_elems = static_cast<size_t>(s_.batch) * s_.local_kv * kv_token_elems();
+  const size_t rows = static_cast<size_t>(s_.batch) * s_.heads_q * s_.local_q;
+  const size_t grads = align_up(kv_elems * 4);
+  float* delta = reinterpret_cast<float*>(work_);
+  float* dq = reinterpret_cast<float*>(work_ + align_up(rows * 4));
+  char* g = work_ + align_up(rows * 4) + align_up(q_elems * 4);
+  KV own{g, g + grads}, part{g + 2 * grads, g + 3 * grads}, home{g + 4 * grads, g + 5 * grads};
+
+  const LocalViews views{s_};
+  DeltaParams dp;
+  dp.dtype = core_dtype(s_.dtype);
+  dp.batch = s_.batch;
+  dp.heads = s_.heads_q;
+  dp.head_dim = s_.head_dim;
+  dp.seqlen = s_.local_q;
+  dp.o = views.q(a.o.data, 0, false);
+  dp.d_o = views.q(a.d_o.data, 0, false);
+  dp.delta = views.stats(delta, 0);
+  engine_->compute_delta(dp, compute);
+  engine_->zero(dq, q_elems * 4, compute);
+  engine_->zero(own.k, kv_elems * 4, compute);
+  engine_->zero(own.v, kv_elems * 4, compute);
+
+  for (int t = 0; t < world_; ++t) {
+    const Round& r = rounds_[t];
+    if (t + 1 < world_ && rounds_[t + 1].transfers()) {
+      engine_->wait(comm, compute);
+      KV next = kv_[(t + 1) % 2];
+      exchange(rounds_[t + 1], false, a.k.data, a.v.data, next.k, next.v, s_.dtype, comm, "K V", t + 1);
+    }
+    KV cur = t == 0 ? KV{a.k.data, a.v.data} : kv_[t % 2];
+    KV grad = t == 0 ? own : part;  // a received piece's partials go home to its owner
+    if (t > 0 && !r.recv.empty()) {  // every piece's partials go home, computed on or not
+      zero_runs(part.k, r.recv, compute);
+      zero_runs(part.v, r.recv, compute);
+    }
+    for (const BlockCall& c : r.calls) {
+      std::string name = "attention backward round " + std::to_string(t);
+      int32_t range = host_.range_begin(name.c_str(), ATTNHOST_RANGE_COMPUTE, compute);
+      engine_->backward(backward_params(s_, c, a, cur.k, cur.v, delta, dq, static_cast<float*>(grad.k),
+                                        static_cast<float*>(grad.v)),
+                        compute);
+      host_.range_end(range, compute);
+    }
+    if (t > 0 && r.transfers()) {
+      // Partials of the pieces received this round go back to their owner; those of the pieces
+      // this rank sent come home and are added into its own.
+      engine_->wait(comm, compute);
+      exchange(r, true, part.k, part.v, home.k, home.v, ATTNHOST_DTYPE_FP32, comm, "dK dV", t);
+      engine_->wait(compute, comm);
+      add_runs(static_cast<float*>(own.k), static_cast<float*>(home.k), r.send, compute);
+      add_runs(static_cast<float*>(own.v), static_cast<float*>(home.v), r.send, compute);
+    } else if (t + 1 < world_ && !rounds_[t + 1].recv.empty()) {
+      engine_->wait(compute, comm);  // the next pieces arrived
+    }
+  }
+  convert_out(s_, *engine_, dq, a.dq.data, false, compute);
+  convert_out(s_, *engine_, static_cast<float*>(own.k), a.dk.data, true, compute);
+  convert_out(s_, *engine_, static_cast<float*>(own.v), a.dv.data, true, compute);
+}
+
+}  // namespace attncore::plugin
