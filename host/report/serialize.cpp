@@ -173,6 +173,23 @@ RunResult run_from(const json::Value& v) {
   return r;
 }
 
+// The inverse of SourceLocation::str(): "file:line:column", or "file" alone.
+suite::SourceLocation location_from(const std::string& text) {
+  suite::SourceLocation where;
+  where.file = text;
+  const size_t col = text.rfind(':');
+  if (col == std::string::npos || col == 0) return where;
+  const size_t line = text.rfind(':', col - 1);
+  if (line == std::string::npos) return where;
+  const std::string l = text.substr(line + 1, col - line - 1), c = text.substr(col + 1);
+  auto digits = [](const std::string& s) { return !s.empty() && s.find_first_not_of("0123456789") == std::string::npos; };
+  if (!digits(l) || !digits(c)) return where;
+  where.file = text.substr(0, line);
+  where.line = std::stoll(l);
+  where.column = std::stoll(c);
+  return where;
+}
+
 }  // namespace
 
 json::Value to_json(const CaseResult& c) {
@@ -232,6 +249,7 @@ CaseResult case_from_json(const json::Value& v) {
     c.spec.check.key_columns = static_cast<int>((*k)["key_columns"].integer());
     c.spec.check.tolerance_scale = (*k)["tolerance_scale"].number();
   }
+  if (const json::Value* w = v.find("where")) c.spec.where = location_from(w->string());
   for (const json::Value& r : v["runs"].array()) c.runs.push_back(run_from(r));
   return c;
 }

@@ -1,0 +1,151 @@
+// results.json and results.jsonl: a result set survives JSON byte for byte, a journal cut short
+// by a kill loses only its last line, and every bad file is one line naming it.
+#include "common/errors.h"
+#include "report/files.h"
+#include "report/render.h"
+#include "report/result_set.h"
+#include "report_test_support.h"
+
+#include <doctest/doctest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+namespace fs = std::filesystem;
+using namespace attnhost;
+using namespace attnhost::report;
+using test::made_case;
+using test::made_run;
+using test::timed_pass;
+
+namespace {
+
+fs::path temp_dir(const std::string& name) {
+  fs::path d = fs::temp_directory_path() / ("attnhost-report-" + std::to_string(::getpid()) + "-" + name);
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+ResultSet sample_set() {
+  ResultSet r;
+  r.suite_name = "s";
+  r.suite_text = "name = \"s\"\n";
+  r.environment.date = "2026-01-01T00:00:00+0000";
+  r.environment.device = "cpu";
+  r.environment.plugins = {{"naive_attention", "1.0.0"}};
+  r.environment.argv = {"attnhost", "run", "s.toml"};
+  r.sessions = {r.environment};
+  r.cases = {made_case("naive_attention/g/seqlen=128", 128, {made_run(1, {timed_pass("fwd", {1.5, 1.25, 1.75})})}),
+             made_case("naive_attention/g/seqlen=256", 256, {made_run(1, {timed_pass("fwd", {4.5, 4.25})})})};
+  return r;
+}
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+}  // namespace
+
+TEST_CASE("result set: results.json is a fixed point of read and write") {
+  const std::string once = to_json(sample_set()).dump(1);
+  const std::string twice = to_json(result_set_from_json(json::parse(once))).dump(1);
+  CHECK(once == twice);
+  CHECK(once.find("\"schema_version\": 1") != std::string::npos);
+}
+
+TEST_CASE("result set: a journal cut short by a kill keeps every whole line") {
+  fs::path dir = temp_dir("journal");
+  ResultSet r = sample_set();
+  {
+    std::ofstream j(dir / "results.jsonl");
+    j << journal_header(r.environment, r.suite_name, r.suite_text).dump() << "\n"
+      << journal_case(r.cases[0]).dump() << "\n"
+      << journal_case(r.cases[1]).dump().substr(0, 40);  // the write a SIGKILL interrupted
+  }
+  Journal j = read_journal(dir / "results.jsonl");
+  CHECK(j.cut_tail);
+  REQUIRE(j.results.cases.size() == 1);
+  CHECK(j.results.cases[0].spec.id == "naive_attention/g/seqlen=128");
+  CHECK(j.results.suite_text == r.suite_text);
+
+  // Resuming rewrites the journal without the cut line and appends after the whole ones.
+  {
+    ResultFolder folder(dir, {"json"}, true);
+    CHECK(folder.dropped_cut_line());
+    CHECK(folder.earlier_cases().size() == 1);
+    folder.begin(r.environment, r.suite_name, r.suite_text);
+    folder.append(r.cases[1]);
+    ResultSet all = folder.results({r.cases[0].spec.id, r.cases[1].spec.id}, {r.cases[1]});
+    REQUIRE(all.cases.size() == 2);
+    CHECK(all.sessions.size() == 2);
+  }
+  Journal again = read_journal(dir / "results.jsonl");
+  CHECK_FALSE(again.cut_tail);
+  CHECK(again.results.cases.size() == 2);
+  CHECK(again.results.sessions.size() == 2);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("result set: bad files are one-line usage errors naming the file") {
+  fs::path dir = temp_dir("bad");
+  auto message = [](const fs::path& p) {
+    try {
+      load_results(p);
+    } catch (const UsageError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  CHECK(message(dir / "missing.json") == (dir / "missing.json").string() + ": no such file or folder");
+  CHECK(message(dir) == dir.string() + ": no results.json or results.jsonl in this folder");
+  std::ofstream(dir / "broken.json") << "{\"schema_version\": 1, \"cases\": [";
+  CHECK(message(dir / "broken.json").rfind((dir / "broken.json").string() + ": malformed JSON", 0) == 0);
+  std::ofstream(dir / "other.json") << "{\"hello\": 1}";
+  CHECK(message(dir / "other.json") == (dir / "other.json").string() +
+                                           ": not an attnhost results.json: no schema_version: not an attnhost result");
+  ResultSet r = sample_set();
+  std::ofstream(dir / "mid.jsonl") << journal_header(r.environment, "s", "").dump() << "\n{oops\n"
+                                   << journal_case(r.cases[0]).dump() << "\n";
+  CHECK(message(dir / "mid.jsonl").rfind((dir / "mid.jsonl").string() + ":2: malformed JSON", 0) == 0);
+  for (const std::string& m : {message(dir / "broken.json"), message(dir / "mid.jsonl")})
+    CHECK(m.find('\n') == std::string::npos);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("result set: written reports hold every case, and a re-render gives the same bytes") {
+  fs::path dir = temp_dir("render");
+  ResultSet r = sample_set();
+  write_reports(dir, r, {"json", "csv", "markdown", "trace"});
+  const std::string md = slurp(dir / "report.md"), csv_text = slurp(dir / "results.csv"), json_text = slurp(dir / "results.json");
+  CHECK(md.find("## g") != std::string::npos);
+  CHECK(md.find("naive_attention/g/seqlen=256") != std::string::npos);
+  CHECK(csv_text.find("naive_attention/g/seqlen=128,g,naive_attention,1.0.0,cpu,1,128,") != std::string::npos);
+  write_reports(dir, load_results(dir), {"json", "csv", "markdown", "trace"});
+  CHECK(slurp(dir / "report.md") == md);
+  CHECK(slurp(dir / "results.csv") == csv_text);
+  CHECK(slurp(dir / "results.json") == json_text);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("trace: Chrome trace format, a process per case and world size, a thread per rank") {
+  CaseResult c = made_case("p/x", 128, {made_run(2, {timed_pass("fwd", {1})})});
+  c.runs[0].trace = {{0, "forward", "host", 0, 100}, {1, "all_gather K V", "communication", 2, 10},
+                     {1, "attention", "compute", 12, 80}};
+  json::Value doc = json::parse(chrome_trace({c}));
+  int threads = 0, ranges = 0;
+  for (const json::Value& e : doc["traceEvents"].array()) {
+    if (e["name"].string() == "thread_name") ++threads;
+    if (e["ph"].string() == "X") {
+      ++ranges;
+      CHECK(e["pid"].integer() == 1);
+      CHECK(e.find("ts"));
+      CHECK(e.find("dur"));
+      CHECK(!e["cat"].string().empty());
+    }
+  }
+  CHECK(threads == 2);
+  CHECK(ranges == 3);
+}
