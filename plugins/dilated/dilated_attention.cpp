@@ -1,0 +1,546 @@
+#include "dilated_attention.h"
+
+#include <algorithm>
+#include <string>
+
+namespace dilated {
+
+using attncore::BackwardParams;
+using attncore::ConvertParams;
+using attncore::DeltaParams;
+using attncore::ForwardParams;
+using attncore::RowStatsRef;
+using attncore::Segment;
+using attncore::TensorRef;
+
+// Slices of one buffer, 256-byte aligned; with no buffer it only counts the bytes.
+class DilatedAttention::Carver {
+ public:
+  explicit Carver(char* base) : base_(base) {}
+  template <class T> T* take(size_t bytes) {
+    const size_t at = used_;
+    used_ += (bytes + 255) / 256 * 256;
+    return base_ ? reinterpret_cast<T*>(base_ + at) : nullptr;
+  }
+  size_t used() const { return used_; }
+
+ private:
+  char* base_;
+  size_t used_ = 0;
+};
+
+DilatedAttention::DilatedAttention(const Geometry& geometry, const Shape& shape, attnhost::Host host, int rank,
+                                   bool cuda, bool cpu_fp64, bool overlap)
+    : s_(shape), host_(host), rank_(rank), overlap_(overlap), causal_(geometry.causal()), local_(geometry.chunk()),
+      group_(shape.heads_q / shape.heads_kv), dtype_(attncore::plugin::core_dtype(shape.dtype)),
+      engine_(attncore::plugin::Engine::make(cuda, cpu_fp64)), ops_(RowOps::make(cuda)) {
+  build_tables(geometry);
+  size_t forward_bytes = 0, backward_bytes = 0;
+  carve(nullptr, false, &forward_bytes);
+  carve(nullptr, true, &backward_bytes);
+  arena_ = attnhost::HostBuffer(host_, std::max(forward_bytes, backward_bytes));
+}
+
+// ---- tables: built once from the geometry, uploaded to the device ------------------------------
+
+void DilatedAttention::build_tables(const Geometry& g) {
+  const int32_t Hq = s_.heads_q, Hkv = s_.heads_kv;
+  const int64_t a0 = g.begin(rank_);
+  std::vector<int32_t> blob;
+  auto put = [&](const std::vector<int32_t>& v) {
+    const size_t at = blob.size();
+    blob.insert(blob.end(), v.begin(), v.end());
+    blob.resize((blob.size() + 3) / 4 * 4, -1);  // every table 16-byte aligned
+    return at;
+  };
+  constexpr size_t kNone = ~size_t{0};
+  struct At {
+    size_t q_src = kNone, stat_src = kNone, kv_src = kNone, q_dst = kNone, kv_dst = kNone;
+  };
+  std::vector<At> at(g.patterns().size());
+
+  for (size_t p = 0; p < g.patterns().size(); ++p) {
+    PatternState st;
+    st.pattern = g.patterns()[p];
+    st.plan = g.plan(p, rank_);
+    rank_pairs_ += Geometry::pairs(st.plan, causal_) * s_.batch;
+    std::vector<int32_t> q_dst(local_ * Hq, -1);
+    if (st.plan.direct) {
+      // r = 1: every head has the same rows; the partial output is head-major over local tokens.
+      st.nq = local_;
+      for (const Region& reg : st.plan.regions) {
+        for (int64_t t = reg.tq_lo; t < reg.tq_hi; ++t) {
+          const int64_t tok = reg.rows.position(t) - a0;
+          q_dst[tok * Hq + reg.head] = static_cast<int32_t>(reg.head * local_ + tok);
+        }
+        if (reg.head != 0) continue;
+        const int64_t q0 = reg.rows.position(reg.tq_lo) - a0, k0 = reg.rows.position(0) - a0;
+        st.host_segments.push_back({static_cast<int32_t>(q0), static_cast<int32_t>(q0 + reg.tq_hi - reg.tq_lo),
+                                    static_cast<int32_t>(k0), static_cast<int32_t>(k0 + reg.kv_hi), reg.tq_lo, 0});
+      }
+      at[p].q_dst = put(q_dst);
+    } else {
+      st.nq = st.plan.nq;
+      st.nk = st.plan.nk;
+      std::vector<int32_t> q_src(Hq * st.nq, -1), stat_src(Hq * st.nq, -1), kv_src(Hq * st.nk, -1);
+      std::vector<int32_t> kv_dst(local_ * Hkv * group_, -1);
+      const int64_t a = g.begin(rank_), b = g.end(rank_);
+      for (const Region& reg : st.plan.regions) {
+        const int32_t h = reg.head, hk = h / group_;
+        const int64_t q_row0 = h * st.nq + reg.q_slot - reg.tq_lo, k_row0 = h * st.nk + reg.kv_slot;
+        for (int64_t t = reg.tq_lo; t < reg.tq_hi; ++t) {
+          const int64_t tok = reg.rows.position(t) - a0, row = q_row0 + t;
+          q_src[row] = static_cast<int32_t>(tok * Hq + h);
+          stat_src[row] = static_cast<int32_t>(h * local_ + tok);
+          q_dst[tok * Hq + h] = static_cast<int32_t>(row);
+        }
+        auto [lo, hi] = reg.rows.within(a, b);
+        for (int64_t t = lo; t < std::min(hi, reg.kv_hi); ++t) {
+          const int64_t tok = reg.rows.position(t) - a0, row = k_row0 + t;
+          kv_src[row] = static_cast<int32_t>(tok * Hkv + hk);
+          kv_dst[(tok * Hkv + hk) * group_ + (h - hk * group_)] = static_cast<int32_t>(row);
+        }
+        st.host_segments.push_back({static_cast<int32_t>(h * st.nq + reg.q_slot),
+                                    static_cast<int32_t>(h * st.nq + reg.q_slot + reg.tq_hi - reg.tq_lo),
+                                    static_cast<int32_t>(k_row0), static_cast<int32_t>(k_row0 + reg.kv_hi), reg.tq_lo,
+                                    0});
+      }
+      at[p] = {put(q_src), put(stat_src), put(kv_src), put(q_dst), put(kv_dst)};
+      // Keys of this rank's regions that other ranks hold: where each received row goes.
+      for (int s = 0; s < g.world(); ++s) {
+        if (s == rank_) continue;
+        std::vector<int32_t> rows;
+        for (const Run& run : g.runs(st.plan, s)) {
+          const Region& reg = st.plan.regions[run.region];
+          for (int64_t t = run.t_lo; t < run.t_hi; ++t)
+            rows.push_back(static_cast<int32_t>(reg.head * st.nk + reg.kv_slot + t));
+        }
+        if (!rows.empty()) st.recvs.push_back({s, static_cast<int64_t>(rows.size()), nullptr, put(rows)});
+      }
+    }
+    // Keys of other ranks' regions that this rank holds: which of its K/V rows each sent row is.
+    for (int r = 0; r < g.world(); ++r) {
+      if (r == rank_) continue;
+      const PatternPlan theirs = g.plan(p, r);
+      std::vector<int32_t> rows;
+      for (const Run& run : g.runs(theirs, rank_)) {
+        const Region& reg = theirs.regions[run.region];
+        for (int64_t t = run.t_lo; t < run.t_hi; ++t)
+          rows.push_back(static_cast<int32_t>((reg.rows.position(t) - a0) * Hkv + reg.head / group_));
+      }
+      if (!rows.empty()) st.sends.push_back({r, static_cast<int64_t>(rows.size()), nullptr, put(rows)});
+    }
+    exchanges_ = exchanges_ || !st.sends.empty() || !st.recvs.empty();
+    patterns_.push_back(std::move(st));
+  }
+
+  // One upload: the int tables, then every pattern's segments.
+  size_t segments = 0;
+  for (const PatternState& st : patterns_) segments += st.host_segments.size();
+  const size_t table_bytes = (blob.size() * sizeof(int32_t) + 255) / 256 * 256;
+  tables_ = attnhost::HostBuffer(host_, table_bytes + segments * sizeof(Segment));
+  if (!tables_.get()) return;
+  char* base = tables_.as<char>();
+  if (!blob.empty()) engine_->upload(base, blob.data(), blob.size() * sizeof(int32_t));
+  const int32_t* ints = reinterpret_cast<const int32_t*>(base);
+  auto table = [&](size_t offset) { return offset == kNone ? nullptr : ints + offset; };
+  Segment* seg = reinterpret_cast<Segment*>(base + table_bytes);
+  for (size_t p = 0; p < patterns_.size(); ++p) {
+    PatternState& st = patterns_[p];
+    st.q_src = table(at[p].q_src);
+    st.stat_src = table(at[p].stat_src);
+    st.kv_src = table(at[p].kv_src);
+    st.q_dst = table(at[p].q_dst);
+    st.kv_dst = table(at[p].kv_dst);
+    for (Message& m : st.sends) m.table = table(m.table_at);
+    for (Message& m : st.recvs) m.table = table(m.table_at);
+    if (st.host_segments.empty()) continue;
+    engine_->upload(seg, st.host_segments.data(), st.host_segments.size() * sizeof(Segment));
+    st.segments = seg;
+    seg += st.host_segments.size();
+  }
+}
+
+// ---- buffers of one pass ----------------------------------------------------------------------
+
+DilatedAttention::Work DilatedAttention::carve(char* base, bool backward, size_t* bytes) const {
+  Carver c(base);
+  const size_t B = s_.batch, Hq = s_.heads_q, Hkv = s_.heads_kv, D = s_.head_dim, L = local_, e = el();
+  const bool ts = backward && s_.torchscale_backward;
+  Work w;
+  if (backward) {
+    w.delta = c.take<float>(B * Hq * L * 4);
+    w.dq = c.take<float>(B * L * Hq * D * 4);
+    w.dk = c.take<float>(B * L * Hkv * D * 4);
+    w.dv = c.take<float>(B * L * Hkv * D * 4);
+  }
+  for (const PatternState& st : patterns_) {
+    PatternBuffers b;
+    const size_t rq = B * Hq * st.nq, rk = B * Hq * st.nk;
+    if (st.plan.direct) {
+      if (!backward || ts) {  // the partial output (torchscale backward: recomputed, for delta_i)
+        b.o = c.take<float>(rq * D * 4);
+        b.lse = c.take<float>(rq * 4);
+      }
+      if (ts) b.delta = c.take<float>(rq * 4);
+    } else {
+      b.q = c.take<void>(rq * D * e);
+      b.k = c.take<void>(rk * D * e);
+      b.v = c.take<void>(rk * D * e);
+      b.lse = c.take<float>(rq * 4);
+      if (!backward || ts) b.o = c.take<float>(rq * D * 4);
+      if (backward) {
+        b.d_o = c.take<void>(rq * D * e);
+        b.delta = c.take<float>(rq * 4);
+        b.dq = c.take<float>(rq * D * 4);
+        b.dk = c.take<float>(rk * D * 4);
+        b.dv = c.take<float>(rk * D * 4);
+        if (ts) b.part_lse = c.take<float>(rq * 4);
+      }
+    }
+    for (const Message& m : st.sends) {
+      b.send.push_back(c.take<char>(2 * B * m.rows * D * e));
+      if (backward) b.grad_recv.push_back(c.take<char>(2 * B * m.rows * D * 4));
+    }
+    for (const Message& m : st.recvs) {
+      b.recv.push_back(c.take<char>(2 * B * m.rows * D * e));
+      if (backward) b.grad_send.push_back(c.take<char>(2 * B * m.rows * D * 4));
+    }
+    w.patterns.push_back(std::move(b));
+  }
+  if (bytes) *bytes = c.used();
+  return w;
+}
+
+// ---- views ------------------------------------------------------------------------------------
+
+TensorRef DilatedAttention::local_ref(const void* base, int32_t heads) const {
+  const int64_t token = int64_t{heads} * s_.head_dim;
+  return {const_cast<void*>(base), local_ * token, token, s_.head_dim};
+}
+TensorRef DilatedAttention::rows_ref(const void* base, int64_t n) const {
+  return {const_cast<void*>(base), int64_t{s_.heads_q} * n * s_.head_dim, s_.head_dim, n * s_.head_dim};
+}
+RowStatsRef DilatedAttention::local_stats(const float* base) const {
+  return {const_cast<float*>(base), int64_t{s_.heads_q} * local_, local_};
+}
+RowStatsRef DilatedAttention::rows_stats(const float* base, int64_t n) const {
+  return {const_cast<float*>(base), int64_t{s_.heads_q} * n, 0};
+}
+
+ForwardParams DilatedAttention::forward_params(size_t p, const void* q, const void* k, const void* v, float* o,
+                                               float* lse) const {
+  const PatternState& st = patterns_[p];
+  ForwardParams f;
+  f.dtype = dtype_;
+  f.batch = s_.batch;
+  f.head_dim = s_.head_dim;
+  f.softmax_scale = s_.softmax_scale;
+  f.o_fp32 = true;
+  f.mask.causal = causal_;
+  f.segments = st.segments;
+  f.num_segments = static_cast<int32_t>(st.host_segments.size());
+  if (st.plan.direct) {
+    f.heads_q = s_.heads_q;
+    f.heads_kv = s_.heads_kv;
+    f.seqlen_q = f.seqlen_kv = local_;
+    f.q = local_ref(q, s_.heads_q);
+    f.k = local_ref(k, s_.heads_kv);
+    f.v = local_ref(v, s_.heads_kv);
+    f.o = {o, int64_t{s_.heads_q} * local_ * s_.head_dim, s_.head_dim, local_ * s_.head_dim};  // head-major
+    f.lse = local_stats(lse);
+  } else {
+    f.heads_q = f.heads_kv = 1;
+    f.seqlen_q = s_.heads_q * st.nq;
+    f.seqlen_kv = s_.heads_q * st.nk;
+    f.q = rows_ref(q, st.nq);
+    f.k = rows_ref(k, st.nk);
+    f.v = rows_ref(v, st.nk);
+    f.o = rows_ref(o, st.nq);
+    f.lse = rows_stats(lse, st.nq);
+  }
+  return f;
+}
+
+// ---- the exchange of dilated K/V rows and of their gradients -----------------------------------
+
+void DilatedAttention::exchange_kv(const void* k, const void* v, const Work& w, void* stream) {
+  const int64_t row = int64_t{s_.head_dim} * el(), B = s_.batch;
+  const int32_t range = host_.range_begin("dilated K/V rows exchange", ATTNHOST_RANGE_COMMUNICATION, stream);
+  for (size_t p = 0; p < patterns_.size(); ++p)
+    for (size_t i = 0; i < patterns_[p].sends.size(); ++i) {
+      const Message& m = patterns_[p].sends[i];
+      char* out = w.patterns[p].send[i];
+      const int64_t src_batch = local_ * s_.heads_kv * row;
+      ops_->copy({{out, k, nullptr, m.table, m.rows, static_cast<int32_t>(row), m.rows * row, src_batch},
+                  {out + B * m.rows * row, v, nullptr, m.table, m.rows, static_cast<int32_t>(row), m.rows * row, src_batch}},
+                 s_.batch, stream);
+    }
+  host_.group_start();
+  for (size_t p = 0; p < patterns_.size(); ++p) {
+    const PatternState& st = patterns_[p];
+    for (size_t i = 0; i < st.sends.size(); ++i)
+      host_.send(w.patterns[p].send[i], 2 * B * st.sends[i].rows * s_.head_dim, s_.dtype, st.sends[i].peer, stream);
+    for (size_t i = 0; i < st.recvs.size(); ++i)
+      host_.recv(w.patterns[p].recv[i], 2 * B * st.recvs[i].rows * s_.head_dim, s_.dtype, st.recvs[i].peer, stream);
+  }
+  host_.group_end();
+  for (size_t p = 0; p < patterns_.size(); ++p)
+    for (size_t i = 0; i < patterns_[p].recvs.size(); ++i) {
+      const Message& m = patterns_[p].recvs[i];
+      const PatternBuffers& b = w.patterns[p];
+      const int64_t dst_batch = s_.heads_q * patterns_[p].nk * row;
+      ops_->copy({{b.k, b.recv[i], m.table, nullptr, m.rows, static_cast<int32_t>(row), dst_batch, m.rows * row},
+                  {b.v, b.recv[i] + B * m.rows * row, m.table, nullptr, m.rows, static_cast<int32_t>(row), dst_batch,
+                   m.rows * row}},
+                 s_.batch, stream);
+    }
+  host_.range_end(range, stream);
+}
+
+void DilatedAttention::return_gradients(const Work& w, void* compute, void* comm) {
+  const int64_t D = s_.head_dim, B = s_.batch, row = D * 4;
+  engine_->wait(comm, compute);  // the gathered dK/dV are complete
+  const int32_t range = host_.range_begin("dilated dK/dV rows return", ATTNHOST_RANGE_COMMUNICATION, comm);
+  for (size_t p = 0; p < patterns_.size(); ++p)
+    for (size_t i = 0; i < patterns_[p].recvs.size(); ++i) {
+      const Message& m = patterns_[p].recvs[i];
+      const PatternBuffers& b = w.patterns[p];
+      char* out = w.patterns[p].grad_send[i];
+      const int64_t src_batch = s_.heads_q * patterns_[p].nk * row;
+      ops_->copy({{out, b.dk, nullptr, m.table, m.rows, static_cast<int32_t>(row), m.rows * row, src_batch},
+                  {out + B * m.rows * row, b.dv, nullptr, m.table, m.rows, static_cast<int32_t>(row), m.rows * row,
+                   src_batch}},
+                 s_.batch, comm);
+    }
+  host_.group_start();
+  for (size_t p = 0; p < patterns_.size(); ++p) {
+    const PatternState& st = patterns_[p];
+    for (size_t i = 0; i < st.recvs.size(); ++i)
+      host_.send(w.patterns[p].grad_send[i], 2 * B * st.recvs[i].rows * D, ATTNHOST_DTYPE_FP32, st.recvs[i].peer, comm);
+    for (size_t i = 0; i < st.sends.size(); ++i)
+      host_.recv(w.patterns[p].grad_recv[i], 2 * B * st.sends[i].rows * D, ATTNHOST_DTYPE_FP32, st.sends[i].peer, comm);
+  }
+  host_.group_end();
+  host_.range_end(range, comm);
+  engine_->wait(compute, comm);
+  // The partials of this rank's keys, added where they belong (atomically: GQA heads share a row).
+  for (size_t p = 0; p < patterns_.size(); ++p)
+    for (size_t i = 0; i < patterns_[p].sends.size(); ++i) {
+      const Message& m = patterns_[p].sends[i];
+      const float* in = reinterpret_cast<const float*>(w.patterns[p].grad_recv[i]);
+      const int64_t dst_batch = local_ * s_.heads_kv * D;
+      ops_->scatter_add({w.dk, in, m.table, m.rows, static_cast<int32_t>(D), dst_batch, m.rows * D}, s_.batch, compute);
+      ops_->scatter_add({w.dv, in + B * m.rows * D, m.table, m.rows, static_cast<int32_t>(D), dst_batch, m.rows * D},
+                        s_.batch, compute);
+    }
+}
+
+// ---- forward ----------------------------------------------------------------------------------
+
+void DilatedAttention::pattern_forward(size_t p, const attnhost_forward_args& a, const PatternBuffers& b,
+                                       void* stream) {
+  const PatternState& st = patterns_[p];
+  if (st.host_segments.empty()) return;  // no query of this rank is selected
+  if (st.plan.direct) {
+    engine_->forward(forward_params(p, a.q.data, a.k.data, a.v.data, b.o, b.lse), stream);
+    return;
+  }
+  const int32_t row = static_cast<int32_t>(s_.head_dim * el());
+  const int64_t q_batch = s_.heads_q * st.nq * int64_t{row}, k_batch = s_.heads_q * st.nk * int64_t{row};
+  ops_->copy({{b.q, a.q.data, nullptr, st.q_src, s_.heads_q * st.nq, row, q_batch, local_ * s_.heads_q * int64_t{row}},
+              {b.k, a.k.data, nullptr, st.kv_src, s_.heads_q * st.nk, row, k_batch, local_ * s_.heads_kv * int64_t{row}},
+              {b.v, a.v.data, nullptr, st.kv_src, s_.heads_q * st.nk, row, k_batch, local_ * s_.heads_kv * int64_t{row}}},
+             s_.batch, stream);
+  engine_->forward(forward_params(p, b.q, b.k, b.v, b.o, b.lse), stream);
+}
+
+void DilatedAttention::forward(const attnhost_forward_args& a) {
+  void* compute = host_.stream(0);
+  void* comm = overlap_ ? host_.stream(1) : compute;
+  const Work w = carve(arena_.as<char>(), false, nullptr);
+  if (exchanges_) {
+    engine_->wait(comm, compute);  // Q, K, V are ready, and the last pass is done with the buffers
+    exchange_kv(a.k.data, a.v.data, w, comm);
+  }
+  // Patterns with keys of this rank only first, under the exchange; then those that wait for it.
+  for (bool remote : {false, true}) {
+    if (remote && exchanges_) engine_->wait(compute, comm);
+    for (size_t p = 0; p < patterns_.size(); ++p) {
+      if (patterns_[p].plan.remote != remote) continue;
+      const Pattern& pt = patterns_[p].pattern;
+      const std::string name = "dilated w=" + std::to_string(pt.w) + " r=" + std::to_string(pt.r);
+      const int32_t range = host_.range_begin(name.c_str(), ATTNHOST_RANGE_COMPUTE, compute);
+      pattern_forward(p, a, w.patterns[p], compute);
+      host_.range_end(range, compute);
+    }
+  }
+  Combine c;
+  c.o = a.o.data;
+  c.lse = static_cast<float*>(a.lse.data);
+  c.dtype = s_.dtype;
+  c.tokens = local_;
+  c.heads = s_.heads_q;
+  c.head_dim = s_.head_dim;
+  for (size_t p = 0; p < patterns_.size(); ++p) {
+    const int64_t rows = s_.heads_q * patterns_[p].nq;
+    c.parts.push_back({w.patterns[p].o, w.patterns[p].lse, patterns_[p].q_dst, rows * s_.head_dim, rows});
+  }
+  const int32_t range = host_.range_begin("dilated combine", ATTNHOST_RANGE_COMPUTE, compute);
+  ops_->combine(c, s_.batch, compute);
+  host_.range_end(range, compute);
+}
+
+// ---- backward ---------------------------------------------------------------------------------
+
+void DilatedAttention::pattern_backward(size_t p, const attnhost_backward_args& a, const Work& w, void* stream) {
+  const PatternState& st = patterns_[p];
+  const PatternBuffers& b = w.patterns[p];
+  if (st.host_segments.empty()) return;
+  const bool ts = s_.torchscale_backward;
+  BackwardParams bp;
+  bp.dtype = dtype_;
+  bp.batch = s_.batch;
+  bp.head_dim = s_.head_dim;
+  bp.softmax_scale = s_.softmax_scale;
+  bp.mask.causal = causal_;
+  bp.segments = st.segments;
+  bp.num_segments = static_cast<int32_t>(st.host_segments.size());
+  if (st.plan.direct) {
+    bp.delta = local_stats(w.delta);
+    if (ts) {  // delta_i = rowsum(dO * O_i) of this pattern's own output
+      engine_->forward(forward_params(p, a.q.data, a.k.data, a.v.data, b.o, b.lse), stream);
+      DeltaParams dp;
+      dp.dtype = dtype_;
+      dp.batch = s_.batch;
+      dp.heads = s_.heads_q;
+      dp.head_dim = s_.head_dim;
+      dp.seqlen = local_;
+      dp.o = {b.o, int64_t{s_.heads_q} * local_ * s_.head_dim, s_.head_dim, local_ * s_.head_dim};
+      dp.o_fp32 = true;
+      dp.d_o = local_ref(a.d_o.data, s_.heads_q);
+      dp.delta = local_stats(b.delta);
+      engine_->compute_delta(dp, stream);
+      bp.delta = dp.delta;
+    }
+    bp.heads_q = s_.heads_q;
+    bp.heads_kv = s_.heads_kv;
+    bp.seqlen_q = bp.seqlen_kv = local_;
+    bp.q = local_ref(a.q.data, s_.heads_q);
+    bp.k = local_ref(a.k.data, s_.heads_kv);
+    bp.v = local_ref(a.v.data, s_.heads_kv);
+    bp.d_o = local_ref(a.d_o.data, s_.heads_q);
+    bp.lse = local_stats(static_cast<const float*>(a.lse.data));
+    bp.dq = local_ref(w.dq, s_.heads_q);
+    bp.dk = local_ref(w.dk, s_.heads_kv);
+    bp.dv = local_ref(w.dv, s_.heads_kv);
+    engine_->backward(bp, stream);
+    return;
+  }
+  const int32_t row = static_cast<int32_t>(s_.head_dim * el());
+  const int64_t rq = s_.heads_q * st.nq, rk = s_.heads_q * st.nk;
+  const int64_t q_local = local_ * s_.heads_q * int64_t{row}, kv_local = local_ * s_.heads_kv * int64_t{row};
+  std::vector<RowCopy> jobs = {
+      {b.q, a.q.data, nullptr, st.q_src, rq, row, rq * row, q_local},
+      {b.k, a.k.data, nullptr, st.kv_src, rk, row, rk * row, kv_local},
+      {b.v, a.v.data, nullptr, st.kv_src, rk, row, rk * row, kv_local},
+      {b.d_o, a.d_o.data, nullptr, st.q_src, rq, row, rq * row, q_local},
+      {b.lse, a.lse.data, nullptr, st.stat_src, rq, 4, rq * 4, s_.heads_q * local_ * 4}};
+  if (!ts) jobs.push_back({b.delta, w.delta, nullptr, st.stat_src, rq, 4, rq * 4, s_.heads_q * local_ * 4});
+  ops_->copy(jobs, s_.batch, stream);
+  engine_->zero(b.dq, s_.batch * rq * s_.head_dim * 4, stream);
+  engine_->zero(b.dk, s_.batch * rk * s_.head_dim * 4, stream);
+  engine_->zero(b.dv, s_.batch * rk * s_.head_dim * 4, stream);
+  if (ts) {
+    engine_->forward(forward_params(p, b.q, b.k, b.v, b.o, b.part_lse), stream);
+    DeltaParams dp;
+    dp.dtype = dtype_;
+    dp.batch = s_.batch;
+    dp.heads = 1;
+    dp.head_dim = s_.head_dim;
+    dp.seqlen = rq;
+    dp.o = rows_ref(b.o, st.nq);
+    dp.o_fp32 = true;
+    dp.d_o = rows_ref(b.d_o, st.nq);
+    dp.delta = rows_stats(b.delta, st.nq);
+    engine_->compute_delta(dp, stream);
+  }
+  bp.heads_q = bp.heads_kv = 1;
+  bp.seqlen_q = rq;
+  bp.seqlen_kv = rk;
+  bp.q = rows_ref(b.q, st.nq);
+  bp.k = rows_ref(b.k, st.nk);
+  bp.v = rows_ref(b.v, st.nk);
+  bp.d_o = rows_ref(b.d_o, st.nq);
+  bp.lse = rows_stats(b.lse, st.nq);
+  bp.delta = rows_stats(b.delta, st.nq);
+  bp.dq = rows_ref(b.dq, st.nq);
+  bp.dk = rows_ref(b.dk, st.nk);
+  bp.dv = rows_ref(b.dv, st.nk);
+  engine_->backward(bp, stream);
+  // Scatter-add: each local row sums its gathered rows (a key row: one per query head of its group).
+  const int32_t D = s_.head_dim;
+  ops_->gather_add({w.dq, b.dq, st.q_dst, local_ * s_.heads_q, 1, D, local_ * s_.heads_q * D, rq * D}, s_.batch,
+                   stream);
+  ops_->gather_add({w.dk, b.dk, st.kv_dst, local_ * s_.heads_kv, group_, D, local_ * s_.heads_kv * D, rk * D},
+                   s_.batch, stream);
+  ops_->gather_add({w.dv, b.dv, st.kv_dst, local_ * s_.heads_kv, group_, D, local_ * s_.heads_kv * D, rk * D},
+                   s_.batch, stream);
+}
+
+void DilatedAttention::backward(const attnhost_backward_args& a) {
+  void* compute = host_.stream(0);
+  void* comm = overlap_ ? host_.stream(1) : compute;
+  const Work w = carve(arena_.as<char>(), true, nullptr);
+  const size_t q_elems = size_t(s_.batch) * local_ * s_.heads_q * s_.head_dim;
+  const size_t kv_elems = size_t(s_.batch) * local_ * s_.heads_kv * s_.head_dim;
+
+  DeltaParams dp;  // of the final output: what makes every pattern's backward exact
+  dp.dtype = dtype_;
+  dp.batch = s_.batch;
+  dp.heads = s_.heads_q;
+  dp.head_dim = s_.head_dim;
+  dp.seqlen = local_;
+  dp.o = local_ref(a.o.data, s_.heads_q);
+  dp.d_o = local_ref(a.d_o.data, s_.heads_q);
+  dp.delta = local_stats(w.delta);
+  engine_->compute_delta(dp, compute);
+  engine_->zero(w.dq, q_elems * 4, compute);
+  engine_->zero(w.dk, kv_elems * 4, compute);
+  engine_->zero(w.dv, kv_elems * 4, compute);
+  if (exchanges_) {
+    engine_->wait(comm, compute);
+    exchange_kv(a.k.data, a.v.data, w, comm);
+  }
+  for (bool remote : {false, true}) {
+    if (remote && exchanges_) engine_->wait(compute, comm);
+    for (size_t p = 0; p < patterns_.size(); ++p) {
+      if (patterns_[p].plan.remote != remote) continue;
+      const Pattern& pt = patterns_[p].pattern;
+      const std::string name = "dilated backward w=" + std::to_string(pt.w) + " r=" + std::to_string(pt.r);
+      const int32_t range = host_.range_begin(name.c_str(), ATTNHOST_RANGE_COMPUTE, compute);
+      pattern_backward(p, a, w, compute);
+      host_.range_end(range, compute);
+    }
+  }
+  if (exchanges_) return_gradients(w, compute, comm);
+
+  ConvertParams cv;
+  cv.dtype = dtype_;
+  cv.batch = s_.batch;
+  cv.head_dim = s_.head_dim;
+  cv.seqlen = local_;
+  cv.heads = s_.heads_q;
+  cv.src = local_ref(w.dq, s_.heads_q);
+  cv.dst = local_ref(a.dq.data, s_.heads_q);
+  engine_->convert(cv, compute);
+  cv.heads = s_.heads_kv;
+  cv.src = local_ref(w.dk, s_.heads_kv);
+  cv.dst = local_ref(a.dk.data, s_.heads_kv);
+  engine_->convert(cv, compute);
+  cv.src = local_ref(w.dv, s_.heads_kv);
+  cv.dst = local_ref(a.dv.data, s_.heads_kv);
+  engine_->convert(cv, compute);
+}
+
+}  // namespace dilated

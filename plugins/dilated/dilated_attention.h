@@ -1,0 +1,125 @@
+// The dilated attention schedule on one rank: every pattern's attention as one core call, the
+// patterns combined by LSE in fp32, the exact backward, and the exchange of dilated K/V rows
+// between the ranks that share a segment. The same schedule runs on the CPU and the GPU through
+// the core's Engine and the row operations (row_ops.h).
+//
+// Per pattern (geometry.h says which rows and regions):
+//  - direct (r = 1 and every key on this rank): one flash call on the rank's own Q/K/V, with a
+//    core Segment per attention segment; the partial O goes to an fp32 buffer, head-major.
+//  - gathered (otherwise): the selected rows of every (head, segment) are copied into dense
+//    buffers [B, heads_q, rows, D] (K/V once per query head, so GQA and per-head offsets are
+//    free), and one flash call with heads = 1 attends them, a core Segment per (head, segment),
+//    causal on the row index t (the selected rows are in position order).
+//  - keys held by other ranks arrive as messages: each rank packs the dilated K/V rows a peer
+//    needs (only those: the sparsified K/V), all messages of a pass move in one send/recv group
+//    on a stream of their own while the local patterns compute. Q and O never move. In the
+//    backward the fp32 dK/dV partials of those rows go back to their owners the same way and are
+//    added there (the reduce-scatter of the gathered K/V).
+// Forward: combine(O_i, LSE_i) over the patterns -> O, LSE. Backward: delta = rowsum(dO * O) of
+// the final output, and each pattern's flash backward with the final LSE and that delta (exact,
+// VARIANTS.md); dQ/dK/dV are scatter-added into fp32 accumulators and converted once.
+#pragma once
+
+#include "geometry.h"
+#include "row_ops.h"
+
+#include "attncore/attention.h"
+#include "attncore/plugin/engine.h"
+
+#include <attnhost/plugin.hpp>
+
+#include <memory>
+#include <vector>
+
+namespace dilated {
+
+struct Shape {
+  int32_t dtype = ATTNHOST_DTYPE_BF16;
+  int32_t batch = 1, heads_q = 1, heads_kv = 1, head_dim = 128;
+  float softmax_scale = 1.f;
+  // torchscale's backward: the combine weights exp(LSE_i - LSE) are constants, so each pattern's
+  // backward uses delta_i = rowsum(dO * O_i) of its own output (recomputed) instead of the final
+  // output's. Not the gradient of the forward when patterns overlap; offered to compare.
+  bool torchscale_backward = false;
+};
+
+class DilatedAttention {
+ public:
+  DilatedAttention(const Geometry& geometry, const Shape& shape, attnhost::Host host, int rank, bool cuda,
+                   bool cpu_fp64, bool overlap);
+
+  void forward(const attnhost_forward_args& a);
+  void backward(const attnhost_backward_args& a);
+  // (query, key) pairs this rank computes, batch and heads included.
+  int64_t rank_pairs() const { return rank_pairs_; }
+
+ private:
+  // Dilated K/V rows exchanged with one peer for one pattern. On the sender `rows` indexes its
+  // own K/V (token * heads_kv + kv head); on the receiver the pattern's gathered key rows.
+  struct Message {
+    int peer;
+    int64_t rows;  // per batch entry
+    const int32_t* table = nullptr;
+    size_t table_at = 0;  // offset in the table blob until it is uploaded
+  };
+  struct PatternState {
+    Pattern pattern;
+    PatternPlan plan;
+    int64_t nq = 0, nk = 0;  // rows per head of the partial/gathered buffers (direct: nq = local tokens)
+    std::vector<attncore::Segment> host_segments;
+    const attncore::Segment* segments = nullptr;
+    // Device tables (gathered patterns unless noted), -1 where there is nothing:
+    const int32_t* q_src = nullptr;     // [heads_q * nq] gathered query row -> local Q row
+    const int32_t* stat_src = nullptr;  // [heads_q * nq] gathered query row -> local LSE index
+    const int32_t* kv_src = nullptr;    // [heads_q * nk] gathered key row -> local K row
+    const int32_t* q_dst = nullptr;     // [local * heads_q] local Q row -> its partial row (every pattern)
+    const int32_t* kv_dst = nullptr;    // [local * heads_kv * group] local K row -> its gathered rows
+    std::vector<Message> sends, recvs;
+  };
+  // Buffers of one pass, carved from the arena (all null when measuring).
+  struct PatternBuffers {
+    void *q = nullptr, *k = nullptr, *v = nullptr, *d_o = nullptr;  // dtype, gathered
+    float *o = nullptr, *lse = nullptr, *delta = nullptr;           // fp32 partial O and row stats
+    float *dq = nullptr, *dk = nullptr, *dv = nullptr;              // fp32 gathered gradients
+    float* part_lse = nullptr;  // torchscale backward: LSE_i of the recomputed partial (unused)
+    std::vector<char*> send, recv, grad_send, grad_recv;            // per message
+  };
+  struct Work {
+    float *delta = nullptr, *dq = nullptr, *dk = nullptr, *dv = nullptr;  // backward: [B, H, local] and accumulators
+    std::vector<PatternBuffers> patterns;
+  };
+  class Carver;
+
+  void build_tables(const Geometry& geometry);
+  Work carve(char* base, bool backward, size_t* bytes) const;
+
+  void exchange_kv(const void* k, const void* v, const Work& w, void* stream);
+  void return_gradients(const Work& w, void* compute, void* comm);
+  void pattern_forward(size_t p, const attnhost_forward_args& a, const PatternBuffers& b, void* stream);
+  void pattern_backward(size_t p, const attnhost_backward_args& a, const Work& w, void* stream);
+  attncore::ForwardParams forward_params(size_t p, const void* q, const void* k, const void* v, float* o,
+                                         float* lse) const;
+
+  attncore::TensorRef local_ref(const void* base, int32_t heads) const;  // [B, local, heads, D]
+  attncore::TensorRef rows_ref(const void* base, int64_t n) const;       // [B, heads_q * n, 1, D]
+  attncore::RowStatsRef local_stats(const float* base) const;                      // [B, heads_q, local]
+  attncore::RowStatsRef rows_stats(const float* base, int64_t n) const;            // [B, 1, heads_q * n]
+  size_t el() const { return attnhost::dtype_size(s_.dtype); }
+
+  Shape s_;
+  attnhost::Host host_;
+  int rank_;
+  bool overlap_, causal_;
+  int64_t local_;  // tokens per rank (padded)
+  int32_t group_;  // query heads per kv head
+  attncore::DType dtype_;
+  std::unique_ptr<attncore::plugin::Engine> engine_;
+  std::unique_ptr<RowOps> ops_;
+  std::vector<PatternState> patterns_;
+  bool exchanges_ = false;  // some pattern sends or receives rows
+  int64_t rank_pairs_ = 0;
+  attnhost::HostBuffer tables_;  // every table and segment list, on the instance's device
+  attnhost::HostBuffer arena_;   // the forward's or the backward's buffers
+};
+
+}  // namespace dilated

@@ -1,0 +1,262 @@
+// The row operations on the GPU (row_ops.h). Memory-bound copies and adds: each thread moves one
+// 16-byte (or 4-byte, for LSE rows and odd sizes) unit of a row, reading the row's index from a
+// table; the combine gives each local row one warp. Four small kernels, one instantiation each
+// except the combine (bf16, fp16, fp32 output).
+#include "geometry.h"
+#include "row_ops.h"
+
+#include <attnhost/plugin.hpp>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <string>
+#include <type_traits>
+
+namespace dilated {
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kMaxJobs = 4;        // copies per launch (Q, K, V and a row-stats table, say)
+constexpr unsigned kMaxBlocks = 8192;  // grid-stride beyond this
+constexpr int kMaxDimPerLane = 8;  // head_dim <= 256 in the combine
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) attnhost::fail(ATTNHOST_ERR_DEVICE, std::string("dilated ") + what + ": " + cudaGetErrorString(e));
+}
+
+cudaStream_t cuda(void* s) { return static_cast<cudaStream_t>(s); }
+
+unsigned blocks_for(int64_t n) {
+  return static_cast<unsigned>(std::clamp<int64_t>((n + kThreads - 1) / kThreads, 1, kMaxBlocks));
+}
+
+// Element i of a job of `rows` rows of `units` units, split into (row, unit); 32-bit division
+// where it fits.
+__device__ __forceinline__ void split(int64_t i, int32_t units, int64_t& row, int32_t& unit) {
+  if (i <= 0x7fffffff) {
+    const uint32_t r = uint32_t(i) / uint32_t(units);
+    row = r;
+    unit = int32_t(uint32_t(i) - r * uint32_t(units));
+  } else {
+    row = i / units;
+    unit = int32_t(i - row * units);
+  }
+}
+
+struct CopyJob {
+  char* dst;
+  const char* src;
+  const int32_t* dst_rows;
+  const int32_t* src_rows;
+  int64_t rows;
+  int32_t row_bytes, unit;  // unit: 16 or 4 bytes
+  int64_t dst_batch, src_batch;
+};
+struct CopyArgs {
+  CopyJob jobs[kMaxJobs];
+};
+
+// grid: x strides over (row, unit), y the job, z the batch entry.
+__global__ void copy_rows_kernel(const __grid_constant__ CopyArgs a) {
+  const CopyJob& j = a.jobs[blockIdx.y];
+  const int32_t units = j.row_bytes / j.unit;
+  const int64_t n = j.rows * units;
+  char* dst = j.dst + blockIdx.z * j.dst_batch;
+  const char* src = j.src + blockIdx.z * j.src_batch;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    int64_t row;
+    int32_t u;
+    split(i, units, row, u);
+    const int64_t d = j.dst_rows ? j.dst_rows[row] : row;
+    const int64_t s = j.src_rows ? j.src_rows[row] : row;
+    if (d < 0 || s < 0) continue;
+    if (j.unit == 16)
+      reinterpret_cast<uint4*>(dst + d * j.row_bytes)[u] = reinterpret_cast<const uint4*>(src + s * j.row_bytes)[u];
+    else
+      reinterpret_cast<uint32_t*>(dst + d * j.row_bytes)[u] = reinterpret_cast<const uint32_t*>(src + s * j.row_bytes)[u];
+  }
+}
+
+// One float4 of a destination row per thread: the sum of its sources, then one read-add-write.
+__global__ void gather_add_kernel(const __grid_constant__ RowGatherAdd a) {
+  const int32_t units = a.row_floats / 4;
+  const int64_t n = a.rows * units;
+  float* dst = a.dst + blockIdx.y * a.dst_batch;
+  const float* src = a.src + blockIdx.y * a.src_batch;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    int64_t row;
+    int32_t u;
+    split(i, units, row, u);
+    float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
+    bool any = false;
+    for (int32_t f = 0; f < a.fan; ++f) {
+      const int64_t s = a.src_rows[row * a.fan + f];
+      if (s < 0) continue;
+      const float4 x = reinterpret_cast<const float4*>(src + s * a.row_floats)[u];
+      sum.x += x.x;
+      sum.y += x.y;
+      sum.z += x.z;
+      sum.w += x.w;
+      any = true;
+    }
+    if (!any) continue;
+    float4* d = reinterpret_cast<float4*>(dst + row * a.row_floats) + u;
+    float4 v = *d;
+    v.x += sum.x;
+    v.y += sum.y;
+    v.z += sum.z;
+    v.w += sum.w;
+    *d = v;
+  }
+}
+
+__global__ void scatter_add_kernel(const __grid_constant__ RowScatterAdd a) {
+  const int64_t n = a.rows * a.row_floats;
+  float* dst = a.dst + blockIdx.y * a.dst_batch;
+  const float* src = a.src + blockIdx.y * a.src_batch;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    int64_t row;
+    int32_t e;
+    split(i, a.row_floats, row, e);
+    const int64_t d = a.dst_rows[row];
+    if (d >= 0) atomicAdd(dst + d * a.row_floats + e, src[i]);
+  }
+}
+
+struct PartArgs {
+  const float* o;
+  const float* lse;
+  const int32_t* rows;
+  int64_t o_batch, lse_batch;
+};
+struct CombineArgs {
+  PartArgs parts[kMaxPatterns];
+  int32_t num_parts;
+  void* o;
+  float* lse;
+  int64_t tokens;
+  int32_t heads, head_dim;
+};
+
+constexpr int kCombineWarps = kThreads / 32;
+
+template <class T> __device__ __forceinline__ T from_float(float x) {
+  if constexpr (std::is_same_v<T, float>) return x;
+  else if constexpr (std::is_same_v<T, __nv_bfloat16>) return __float2bfloat16_rn(x);
+  else return __float2half_rn(x);
+}
+
+// One warp per local row (token, head); lanes split the head dim. grid: x rows, y batch entries.
+template <class T> __global__ void combine_kernel(const __grid_constant__ CombineArgs a) {
+  const int64_t j = int64_t(blockIdx.x) * kCombineWarps + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int64_t b = blockIdx.y;
+  if (j >= a.tokens * a.heads) return;
+  float hi = -INFINITY;
+  for (int32_t p = 0; p < a.num_parts; ++p) {
+    const int32_t idx = a.parts[p].rows[j];
+    if (idx >= 0) hi = fmaxf(hi, a.parts[p].lse[b * a.parts[p].lse_batch + idx]);
+  }
+  float acc[kMaxDimPerLane];
+#pragma unroll
+  for (int k = 0; k < kMaxDimPerLane; ++k) acc[k] = 0.f;
+  float lse = -INFINITY;
+  if (hi != -INFINITY) {
+    float sum = 0.f;
+    for (int32_t p = 0; p < a.num_parts; ++p) {
+      const int32_t idx = a.parts[p].rows[j];
+      if (idx >= 0) sum += expf(a.parts[p].lse[b * a.parts[p].lse_batch + idx] - hi);
+    }
+    lse = hi + logf(sum);
+    for (int32_t p = 0; p < a.num_parts; ++p) {
+      const int32_t idx = a.parts[p].rows[j];
+      if (idx < 0) continue;
+      const float l = a.parts[p].lse[b * a.parts[p].lse_batch + idx];
+      if (l == -INFINITY) continue;
+      const float weight = expf(l - lse);
+      const float* o = a.parts[p].o + b * a.parts[p].o_batch + int64_t(idx) * a.head_dim;
+#pragma unroll
+      for (int k = 0; k < kMaxDimPerLane; ++k)
+        if (lane + 32 * k < a.head_dim) acc[k] += weight * o[lane + 32 * k];
+    }
+  }
+  const int64_t t = j / a.heads, h = j - t * a.heads;
+  T* out = static_cast<T*>(a.o) + (b * a.tokens * a.heads + j) * a.head_dim;
+#pragma unroll
+  for (int k = 0; k < kMaxDimPerLane; ++k)
+    if (lane + 32 * k < a.head_dim) out[lane + 32 * k] = from_float<T>(acc[k]);
+  if (lane == 0) a.lse[(b * a.heads + h) * a.tokens + t] = lse;
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+class CudaRowOps final : public RowOps {
+ public:
+  void copy(const std::vector<RowCopy>& jobs, int32_t batch, void* stream) override {
+    for (size_t first = 0; first < jobs.size(); first += kMaxJobs) {
+      CopyArgs a{};
+      int64_t most = 0;
+      const int count = static_cast<int>(std::min<size_t>(kMaxJobs, jobs.size() - first));
+      for (int k = 0; k < count; ++k) {
+        const RowCopy& c = jobs[first + k];
+        if (c.row_bytes <= 0 || c.row_bytes % 4 != 0)
+          attnhost::fail(ATTNHOST_ERR_INTERNAL, "dilated copy: rows must be a positive multiple of 4 bytes");
+        const bool wide = c.row_bytes % 16 == 0 && c.dst_batch_bytes % 16 == 0 && c.src_batch_bytes % 16 == 0 &&
+                          aligned16(c.dst) && aligned16(c.src);
+        a.jobs[k] = {static_cast<char*>(c.dst), static_cast<const char*>(c.src), c.dst_rows, c.src_rows, c.rows,
+                     c.row_bytes, wide ? 16 : 4, c.dst_batch_bytes, c.src_batch_bytes};
+        most = std::max(most, c.rows * (c.row_bytes / a.jobs[k].unit));
+      }
+      if (most == 0) continue;
+      copy_rows_kernel<<<dim3(blocks_for(most), count, batch), kThreads, 0, cuda(stream)>>>(a);
+      check(cudaGetLastError(), "copy_rows launch");
+    }
+  }
+
+  void gather_add(const RowGatherAdd& a, int32_t batch, void* stream) override {
+    if (a.rows == 0) return;
+    if (a.row_floats % 4 != 0) attnhost::fail(ATTNHOST_ERR_INTERNAL, "dilated gather_add: rows of 4k floats");
+    gather_add_kernel<<<dim3(blocks_for(a.rows * a.row_floats / 4), batch), kThreads, 0, cuda(stream)>>>(a);
+    check(cudaGetLastError(), "gather_add launch");
+  }
+
+  void scatter_add(const RowScatterAdd& a, int32_t batch, void* stream) override {
+    if (a.rows == 0) return;
+    scatter_add_kernel<<<dim3(blocks_for(a.rows * a.row_floats), batch), kThreads, 0, cuda(stream)>>>(a);
+    check(cudaGetLastError(), "scatter_add launch");
+  }
+
+  void combine(const Combine& c, int32_t batch, void* stream) override {
+    if (c.parts.size() > static_cast<size_t>(kMaxPatterns) || c.head_dim > 32 * kMaxDimPerLane)
+      attnhost::fail(ATTNHOST_ERR_INTERNAL, "dilated combine: too many patterns or head_dim above 256");
+    CombineArgs a{};
+    for (size_t p = 0; p < c.parts.size(); ++p)
+      a.parts[p] = {c.parts[p].o, c.parts[p].lse, c.parts[p].rows, c.parts[p].o_batch, c.parts[p].lse_batch};
+    a.num_parts = static_cast<int32_t>(c.parts.size());
+    a.o = c.o;
+    a.lse = c.lse;
+    a.tokens = c.tokens;
+    a.heads = c.heads;
+    a.head_dim = c.head_dim;
+    const int64_t rows = c.tokens * c.heads;
+    if (rows == 0) return;
+    const dim3 grid(static_cast<unsigned>((rows + kCombineWarps - 1) / kCombineWarps), batch);
+    switch (c.dtype) {
+      case ATTNHOST_DTYPE_BF16: combine_kernel<__nv_bfloat16><<<grid, kThreads, 0, cuda(stream)>>>(a); break;
+      case ATTNHOST_DTYPE_FP16: combine_kernel<__half><<<grid, kThreads, 0, cuda(stream)>>>(a); break;
+      case ATTNHOST_DTYPE_FP32: combine_kernel<float><<<grid, kThreads, 0, cuda(stream)>>>(a); break;
+      default: attnhost::fail(ATTNHOST_ERR_INTERNAL, "dilated combine: output dtype must be bf16, fp16 or fp32");
+    }
+    check(cudaGetLastError(), "combine launch");
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<RowOps> make_cuda_row_ops() { return std::make_unique<CudaRowOps>(); }
+
+}  // namespace dilated
