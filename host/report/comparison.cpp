@@ -1,5 +1,5 @@
-// attnhost compare: the plugins as columns, one table per world size, every figure followed by
-// its ratio to the first plugin's, so "which is faster and by how much" reads along a row.
+// attnhost compare: a row per plugin, one table per world size, every figure followed by its
+// ratio to the first plugin's, so "which is faster and by how much" reads down a column.
 #include "report/console.h"
 #include "report/derived.h"
 #include "report/format.h"
@@ -36,7 +36,7 @@ std::optional<double> pass_time(const Entry& e, const std::string& pass) {
 std::vector<Metric> metrics(int ws) {
   std::vector<Metric> m;
   for (const char* pass : {"fwd", "bwd", "fwd+bwd"})
-    m.push_back({std::string(pass) + " median", [pass](const Entry& e) { return pass_time(e, pass); },
+    m.push_back({std::string(pass), [pass](const Entry& e) { return pass_time(e, pass); },
                  [](double v) { return fmt::ms(v); }});
   auto headline = [](const Entry& e) { return headline_pass(*e.c, *e.r); };
   m.push_back({"TFLOP/s/GPU", [headline](const Entry& e) {
@@ -88,29 +88,27 @@ void print_comparison(std::ostream& out, const std::vector<CaseResult>& cases) {
       for (const RunResult& r : c.runs)
         if (r.world_size == ws) entries.push_back({&c, &r});
     if (entries.empty()) continue;
+    // Only the figures some plugin has; every cell after the first plugin's carries its ratio.
+    std::vector<Metric> shown;
+    for (const Metric& m : metrics(ws))
+      if (std::any_of(entries.begin(), entries.end(), [&](const Entry& e) { return m.value(e).has_value(); }))
+        shown.push_back(m);
     std::vector<std::string> header = {"plugin (ws=" + std::to_string(ws) + ")"};
-    for (const Entry& e : entries) header.push_back(e.c->spec.plugin);
+    for (const Metric& m : shown) header.push_back(m.name);
+    header.insert(header.end(), {"status", "check"});
     fmt::Table t(header);
-    std::vector<std::string> status = {"status"}, check = {"check"};
-    for (const Entry& e : entries) {
-      status.push_back(e.r->status);
-      check.push_back(check_cell(*e.r));
-    }
-    t.row(status);
-    for (const Metric& m : metrics(ws)) {
-      std::vector<std::string> row = {m.name};
-      const std::optional<double> first = m.value(entries.front());
-      bool any = false;
-      for (size_t i = 0; i < entries.size(); ++i) {
-        const std::optional<double> v = m.value(entries[i]);
-        any = any || v.has_value();
+    for (size_t i = 0; i < entries.size(); ++i) {
+      const Entry& e = entries[i];
+      std::vector<std::string> row = {e.c->spec.plugin};
+      for (const Metric& m : shown) {
+        const std::optional<double> v = m.value(e), first = m.value(entries.front());
         std::string cell = v ? m.format(*v) : "-";
         if (v && i > 0 && first && *first > 0) cell += " (" + fmt::ratio(*v / *first) + ")";
         row.push_back(cell);
       }
-      if (any) t.row(row);
+      row.insert(row.end(), {e.r->status, check_cell(*e.r)});
+      t.row(row);
     }
-    t.row(check);
     out << "\n" << t.str();
   }
   out << "(in parentheses: ratio to the first plugin, " << cases.front().spec.plugin
