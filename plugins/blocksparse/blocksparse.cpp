@@ -78,12 +78,10 @@ class BlockSparse {
     return info;
   }
 
-  // A malformed mask file is not refused here (which would make the run UNSUPPORTED, not failed):
-  // it fails create, with the file, line and what is wrong.
-  static void validate(const attnhost::Problem& p) {
-    attncore::plugin::validate_dense(p);
-    (void)Pattern::from(p);
-  }
+  // What the plugin cannot run (packed or cross attention, a dtype or head dim the core lacks) is
+  // refused here, and the run is UNSUPPORTED. A bad parameter or mask file is the suite's mistake:
+  // it fails create instead, so the run FAILS, with one line saying what and where.
+  static void validate(const attnhost::Problem& p) { attncore::plugin::validate_dense(p); }
 
   BlockSparse(const attnhost::Problem& p, attnhost::Host host)
       : problem_(p), pattern_(Pattern::from(p)), dense_(attncore::plugin::dense_mask(p)) {

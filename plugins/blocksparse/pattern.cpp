@@ -10,6 +10,7 @@
 namespace blocksparse {
 
 using attncore::plugin::DenseMask;
+using attncore::plugin::Interval;
 
 namespace {
 
@@ -29,81 +30,97 @@ bool varies_by_head(const Pattern& p, const MaskFile* file) {
   return p.per_head && (p.name == "bigbird" || p.name == "strided" || p.name == "dilated");
 }
 
+// A uniform draw in [0, n) from 64 random bits (Lemire's multiply-shift: no division).
+uint64_t below(uint64_t bits, uint64_t n) { return static_cast<uint64_t>((static_cast<unsigned __int128>(bits) * n) >> 64); }
+
 // The key blocks one row of the pattern keeps among [lo, hi) (the blocks the problem's own mask
-// leaves that row): ascending, without duplicates. O(blocks kept), except explicit (O(hi - lo)).
+// leaves that row): ascending, without duplicates, in O(blocks kept) (explicit: O(hi - lo)).
 class RowBuilder {
  public:
-  RowBuilder(const Pattern& p, const MaskFile* file) : p_(p), file_(file) {}
+  RowBuilder(const Pattern& p, const MaskFile* file, int32_t blocks)
+      : p_(p), file_(file), kind_(kind_of(p.name)), taken_((static_cast<size_t>(blocks) + 63) / 64, 0) {}
 
-  void build(int32_t head, int64_t i, int64_t lo, int64_t hi, std::vector<int32_t>& out) const {
+  void build(int32_t head, int64_t i, int64_t lo, int64_t hi, std::vector<int32_t>& out) {
     out.clear();
     if (hi <= lo) return;
-    const std::string& n = p_.name;
-    auto range = [&](int64_t a, int64_t b) {
-      for (int64_t j = std::max(a, lo); j < std::min(b, hi); ++j) out.push_back(static_cast<int32_t>(j));
-    };
-    if (n == "explicit") {
+    if (kind_ == Kind::explicit_file) {
       const int32_t fh = file_->heads == 1 ? 0 : head;
       for (int64_t j = lo; j < hi; ++j)
         if (file_->kept(fh, static_cast<int32_t>(i), static_cast<int32_t>(j))) out.push_back(static_cast<int32_t>(j));
       return;
     }
-    if (n == "dilated") {  // j = c + t * r for |t| <= window, in [lo, hi): already ascending
+    if (kind_ == Kind::dilated) {  // j = c + t * r for |t| <= window, in [lo, hi): already ascending
       const int64_t r = p_.dilation, c = i - (p_.per_head ? head % r : 0);
       const int64_t t0 = std::max(-p_.window, ceil_div(lo - c, r)), t1 = std::min(p_.window, floor_div(hi - 1 - c, r));
       for (int64_t t = t0; t <= t1; ++t) out.push_back(static_cast<int32_t>(c + t * r));
       return;
     }
+    auto range = [&](int64_t a, int64_t b) {
+      for (int64_t j = std::max(a, lo); j < std::min(b, hi); ++j) take(j, out);
+    };
     range(i - p_.window, i + p_.window + 1);
-    if (n == "strided") {
+    if (kind_ == Kind::strided) {
       const int64_t s = p_.stride, phase = mod(i - (p_.per_head ? head % s : 0), s);
-      for (int64_t j = lo + mod(phase - lo, s); j < hi; j += s) out.push_back(static_cast<int32_t>(j));
-    } else if (n == "global_local" || n == "bigbird") {
+      for (int64_t j = lo + mod(phase - lo, s); j < hi; j += s) take(j, out);
+    } else if (kind_ == Kind::global_local || kind_ == Kind::bigbird) {
       range(0, p_.global);
       if (i < p_.global) range(lo, hi);
-    } else if (n == "streaming") {
+    } else if (kind_ == Kind::streaming) {
       range(0, p_.sink);
     }
+    if (kind_ == Kind::bigbird && p_.random > 0) draw_random(head, i, lo, hi, out);
+    for (int32_t j : out) taken_[j >> 6] &= ~(uint64_t{1} << (j & 63));
     std::sort(out.begin(), out.end());
-    out.erase(std::unique(out.begin(), out.end()), out.end());
-    if (n == "bigbird" && p_.random > 0) draw_random(head, i, lo, hi, out);
   }
 
  private:
+  enum class Kind { local, strided, dilated, global_local, bigbird, streaming, explicit_file };
+  static Kind kind_of(const std::string& n) {
+    return n == "strided" ? Kind::strided : n == "dilated" ? Kind::dilated : n == "global_local" ? Kind::global_local
+         : n == "bigbird" ? Kind::bigbird : n == "streaming" ? Kind::streaming : n == "explicit" ? Kind::explicit_file
+                          : Kind::local;
+  }
+  bool taken(int64_t j) const { return (taken_[j >> 6] >> (j & 63)) & 1; }
+  void take(int64_t j, std::vector<int32_t>& out) {
+    if (taken(j)) return;
+    taken_[j >> 6] |= uint64_t{1} << (j & 63);
+    out.push_back(static_cast<int32_t>(j));
+  }
+
   // `random` more blocks of [lo, hi) not kept yet, the same on every rank and device: a
   // splitmix64 stream seeded by (seed, head, row).
-  void draw_random(int32_t head, int64_t i, int64_t lo, int64_t hi, std::vector<int32_t>& out) const {
+  void draw_random(int32_t head, int64_t i, int64_t lo, int64_t hi, std::vector<int32_t>& out) {
     const int64_t span = hi - lo, free = span - static_cast<int64_t>(out.size());
     const int64_t want = std::min(p_.random, free);
     if (want <= 0) return;
     uint64_t state = static_cast<uint64_t>(p_.seed) * 0x9e3779b97f4a7c15ull +
                      static_cast<uint64_t>(p_.per_head ? head : 0) * 0xd1b54a32d192ed03ull +
                      static_cast<uint64_t>(i) * 0x8cb92ba72f3d8dd7ull;
-    std::vector<int32_t> drawn;
     if (free <= 4 * want) {  // few left: draw without replacement from the list of free blocks
       std::vector<int32_t> candidates;
-      for (int64_t j = lo, k = 0; j < hi; ++j) {
-        while (k < static_cast<int64_t>(out.size()) && out[k] < j) ++k;
-        if (k == static_cast<int64_t>(out.size()) || out[k] != j) candidates.push_back(static_cast<int32_t>(j));
-      }
+      for (int64_t j = lo; j < hi; ++j)
+        if (!taken(j)) candidates.push_back(static_cast<int32_t>(j));
       for (int64_t k = 0; k < want; ++k) {
-        const int64_t pick = k + static_cast<int64_t>(splitmix64(state) % static_cast<uint64_t>(free - k));
+        const int64_t pick = k + static_cast<int64_t>(below(splitmix64(state), static_cast<uint64_t>(free - k)));
         std::swap(candidates[k], candidates[pick]);
-        drawn.push_back(candidates[k]);
+        take(candidates[k], out);
       }
-    } else {  // many left: draw and reject what is taken (expected tries < 4/3 per block)
-      while (static_cast<int64_t>(drawn.size()) < want) {
-        const int32_t j = static_cast<int32_t>(lo + static_cast<int64_t>(splitmix64(state) % static_cast<uint64_t>(span)));
-        if (!std::binary_search(out.begin(), out.end(), j) && std::find(drawn.begin(), drawn.end(), j) == drawn.end())
-          drawn.push_back(j);
+      return;
+    }
+    // Many left: draw and reject what is taken (fewer than 4/3 tries per block on average).
+    for (int64_t got = 0; got < want;) {
+      const int64_t j = lo + static_cast<int64_t>(below(splitmix64(state), static_cast<uint64_t>(span)));
+      if (!taken(j)) {
+        take(j, out);
+        ++got;
       }
     }
-    out.insert(out.end(), drawn.begin(), drawn.end());
-    std::sort(out.begin(), out.end());
   }
 
   const Pattern& p_;
   const MaskFile* file_;
+  Kind kind_;
+  std::vector<uint64_t> taken_;  // the blocks of the row being built: a bit each, cleared after
 };
 
 }  // namespace
@@ -164,7 +181,7 @@ BlockMask build_mask(const Pattern& pattern, int64_t seqlen, int32_t heads_q, co
   m.blocks = static_cast<int32_t>((seqlen + m.block - 1) / m.block);
   m.heads = pattern.per_head || (file && file->heads > 1) ? heads_q : 1;
   const bool varies = varies_by_head(pattern, file);
-  const RowBuilder rows(pattern, file);
+  RowBuilder rows(pattern, file, m.blocks);
   m.row_ptr.reserve(static_cast<size_t>(m.heads) * m.blocks + 1);
   m.row_ptr.push_back(0);
   m.row_pairs.reserve(static_cast<size_t>(m.heads) * m.blocks);
@@ -183,19 +200,21 @@ BlockMask build_mask(const Pattern& pattern, int64_t seqlen, int32_t heads_q, co
     for (int32_t i = 0; i < m.blocks; ++i) {
       // The keys the problem's mask leaves rows [q_lo, q_hi) are one interval: its ends never
       // decrease from row to row and move by at most one.
+      // So a block of keys is visible in part iff it meets [first.lo, last.hi), and in full iff
+      // it lies in both the first row's keys and the last's (DenseMask::block, per row).
       const int64_t q_lo = m.first_token(i), q_hi = m.end_token(i);
-      const int64_t k_lo = dense.keys_of(q_lo).lo, k_hi = dense.keys_of(q_hi - 1).hi;
-      const int64_t lo = k_lo / m.block, hi = k_hi > k_lo ? (k_hi + m.block - 1) / m.block : lo;
+      const Interval first = dense.keys_of(q_lo), last = dense.keys_of(q_hi - 1);
+      const int64_t lo = first.lo / m.block, hi = last.hi > first.lo ? (last.hi + m.block - 1) / m.block : lo;
       if (h == 0) m.visible += hi - lo;
       rows.build(h, i, lo, hi, row);
       int64_t pairs = 0;
       for (int32_t kb : row) {
         const int64_t kf = m.first_token(kb), kl = m.end_token(kb);
-        const DenseMask::Block state = dense.block(q_lo, q_hi, kf, kl);
-        if (state == DenseMask::Block::empty) continue;
+        if (kf >= last.hi || kl <= first.lo) continue;
+        const bool full = first.hi >= kl && last.lo <= kf;
         m.col.push_back(kb);
-        m.masked.push_back(state == DenseMask::Block::partial);
-        pairs += state == DenseMask::Block::full ? (q_hi - q_lo) * (kl - kf) : dense.pairs(q_lo, q_hi, kf, kl);
+        m.masked.push_back(!full);
+        pairs += full ? (q_hi - q_lo) * (kl - kf) : dense.pairs(q_lo, q_hi, kf, kl);
       }
       m.row_ptr.push_back(static_cast<int64_t>(m.col.size()));
       m.row_pairs.push_back(pairs);
