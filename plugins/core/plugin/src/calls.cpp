@@ -76,8 +76,8 @@ BackwardParams backward_params(const RingShape& s, const BlockCall& c, const att
   p.dk = views.kv(dk, c.kv_begin, true);
   p.dv = views.kv(dv, c.kv_begin, true);
   p.mask = views.mask(c);
-  p.segments = c.segments;
-  p.num_segments = c.num_segments;
+  p.segments = c.backward_segments ? c.backward_segments : c.segments;
+  p.num_segments = c.backward_segments ? c.num_backward_segments : c.num_segments;
   p.blocks = c.blocks;
   p.deterministic = s.deterministic;
   return p;
@@ -107,8 +107,10 @@ bool OutputAccumulator::written(int64_t begin, int64_t end) const {
 void OutputAccumulator::run(ForwardParams p, const BlockCall& c, void* stream) {
   const LocalViews views{s_};
   const bool first = !written(c.q_begin, c.q_end);
-  p.o = views.q(first ? o_acc_ : o_part_, c.q_begin, true);
-  p.o_fp32 = true;
+  if (o_direct_ && !rows_.empty())
+    attnhost::fail(ATTNHOST_ERR_INTERNAL, "schedule: a second call on an output written directly");
+  p.o = o_direct_ ? views.q(o_direct_, c.q_begin, false) : views.q(first ? o_acc_ : o_part_, c.q_begin, true);
+  p.o_fp32 = !o_direct_;
   p.lse = views.stats(first ? lse_ : lse_part_, c.q_begin);
   engine_.forward(p, stream);
   if (first) {
@@ -137,15 +139,16 @@ void OutputAccumulator::finish(void* o, void* stream) {
     at = std::max(at, e);
   }
   if (at < s_.local_q) gaps.emplace_back(at, s_.local_q);
+  const size_t el = o_direct_ ? attnhost::dtype_size(s_.dtype) : 4;  // zero is all-zero bits in every dtype
   for (auto [begin, end] : gaps)
     for (int32_t b = 0; b < s_.batch; ++b) {
-      TensorRef acc = views.q(o_acc_, begin, true);
-      engine_.zero(static_cast<char*>(acc.data) + b * acc.batch_stride * 4, (end - begin) * acc.token_stride * 4, stream);
+      TensorRef acc = o_direct_ ? views.q(o_direct_, begin, false) : views.q(o_acc_, begin, true);
+      engine_.zero(static_cast<char*>(acc.data) + b * acc.batch_stride * el, (end - begin) * acc.token_stride * el, stream);
       for (int32_t h = 0; h < s_.heads_q; ++h)
         engine_.fill(lse_ + (static_cast<int64_t>(b) * s_.heads_q + h) * s_.local_q + begin,
                      -std::numeric_limits<float>::infinity(), end - begin, stream);
     }
-  convert_out(s_, engine_, o_acc_, o, false, stream);
+  if (!o_direct_) convert_out(s_, engine_, o_acc_, o, false, stream);
 }
 
 }  // namespace attncore::plugin

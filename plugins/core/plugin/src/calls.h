@@ -25,7 +25,9 @@ struct LocalViews {
 // The core's parameters of call `c`: rows of q from c.q_begin, columns of k and v (the block in
 // hand) from c.kv_begin. The forward's o and lse are left for the caller.
 ForwardParams forward_params(const RingShape& s, const BlockCall& c, void* q, void* k, void* v);
-// Gradients go to dq (rows from c.q_begin) and dk, dv (columns from c.kv_begin), all fp32.
+// Gradients go to dq (rows from c.q_begin) and dk, dv (columns from c.kv_begin), all fp32. The
+// segments are the call's backward ones (BlockCall::backward_segments); skip a call whose list is
+// empty rather than passing it here (no segments would mean the whole rectangle).
 BackwardParams backward_params(const RingShape& s, const BlockCall& c, const attnhost_backward_args& a, void* k,
                                void* v, float* delta, float* dq, float* dk, float* dv);
 
@@ -38,8 +40,11 @@ void convert_out(const RingShape& s, Engine& engine, const float* src, void* dst
 class OutputAccumulator {
  public:
   // o_acc, o_part: fp32 [batch, local_q, heads_q, dim]; lse_part: [batch, heads_q, local_q].
-  OutputAccumulator(const RingShape& s, Engine& engine, float* o_acc, float* o_part, float* lse_part, float* lse)
-      : s_(s), engine_(engine), o_acc_(o_acc), o_part_(o_part), lse_part_(lse_part), lse_(lse) {}
+  // `o_direct`: the final O, when the rank makes a single call: there is nothing to merge, so the
+  // call writes O in the problem dtype straight into it (no fp32 round trip, no conversion).
+  OutputAccumulator(const RingShape& s, Engine& engine, float* o_acc, float* o_part, float* lse_part, float* lse,
+                    void* o_direct = nullptr)
+      : s_(s), engine_(engine), o_acc_(o_acc), o_part_(o_part), lse_part_(lse_part), lse_(lse), o_direct_(o_direct) {}
   void run(ForwardParams p, const BlockCall& c, void* stream);
   void finish(void* o, void* stream);
 
@@ -49,6 +54,7 @@ class OutputAccumulator {
   const RingShape& s_;
   Engine& engine_;
   float *o_acc_, *o_part_, *lse_part_, *lse_;
+  void* o_direct_;
   std::vector<std::pair<int64_t, int64_t>> rows_;  // row ranges written so far
 };
 

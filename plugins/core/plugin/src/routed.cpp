@@ -115,9 +115,12 @@ void RoutedAttention::forward(const attnhost_forward_args& a) {
   void* compute = host_.stream(0);
   void* comm = overlap_ ? host_.stream(1) : compute;
   const size_t q_elems = static_cast<size_t>(s_.batch) * s_.local_q * s_.heads_q * s_.head_dim;
+  size_t calls = 0;
+  for (const Round& r : rounds_) calls += r.calls.size();
   OutputAccumulator out(s_, *engine_, reinterpret_cast<float*>(work_),
                         reinterpret_cast<float*>(work_ + align_up(q_elems * 4)),
-                        reinterpret_cast<float*>(work_ + 2 * align_up(q_elems * 4)), static_cast<float*>(a.lse.data));
+                        reinterpret_cast<float*>(work_ + 2 * align_up(q_elems * 4)), static_cast<float*>(a.lse.data),
+                        calls == 1 ? a.o.data : nullptr);  // one call: O straight in the problem dtype
   for (int t = 0; t < world_; ++t) {
     const Round& r = rounds_[t];
     if (t + 1 < world_ && rounds_[t + 1].transfers()) {
@@ -178,6 +181,7 @@ void RoutedAttention::backward(const attnhost_backward_args& a) {
       zero_runs(part.v, r.recv, compute);
     }
     for (const BlockCall& c : r.calls) {
+      if (c.backward_segments && c.num_backward_segments == 0) continue;  // nothing attends
       std::string name = "attention backward round " + std::to_string(t);
       int32_t range = host_.range_begin(name.c_str(), ATTNHOST_RANGE_COMPUTE, compute);
       engine_->backward(backward_params(s_, c, a, cur.k, cur.v, delta, dq, static_cast<float*>(grad.k),
