@@ -36,9 +36,14 @@ std::string Progress::position() const {
   const double total = std::accumulate(weights_.begin(), weights_.end(), 0.0);
   std::string s = "case " + std::to_string(current_ + 1) + " of " + std::to_string(weights_.size()) + ", " +
                   fmt::duration(elapsed) + " elapsed";
-  // No estimate before a case has finished: the first one says nothing about the rest.
-  if (done_weight_ > 0 && total > done_weight_)
-    s += ", about " + fmt::duration(elapsed * (total - done_weight_) / done_weight_) + " left";
+  // The rate of the finished cases (seconds per unit of work) times the work left, less what the
+  // running case has already had. Not before a case has finished, nor while the finished ones are
+  // under 1% of the work: a tiny first case, all fixed overhead, would predict days.
+  if (done_weight_ > 0 && done_weight_ >= 0.01 * total && total > done_weight_) {
+    const double rate = done_seconds_ / done_weight_;
+    const double left = std::max(0.0, rate * (total - done_weight_) - (clock_() - start_ - done_seconds_));
+    s += ", about " + fmt::duration(left) + " left";
+  }
   return s;
 }
 
@@ -65,6 +70,7 @@ void Progress::step(const std::string& line) {
 
 void Progress::finish_case(size_t index) {
   if (index < weights_.size()) done_weight_ += weights_[index];
+  done_seconds_ = clock_() - start_;
 }
 
 void Progress::clear() {

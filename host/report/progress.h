@@ -37,7 +37,7 @@ class Progress {
   bool terminal_, quiet_;
   std::ostream& out_;
   Clock clock_;
-  double start_ = 0, done_weight_ = 0;
+  double start_ = 0, done_weight_ = 0, done_seconds_ = 0;  // done_seconds_: when the last case finished
   size_t current_ = 0;
   std::string id_;
   bool drawn_ = false;

@@ -85,7 +85,20 @@ TEST_CASE("progress: plain lines off a terminal, an estimate once a case has fin
   p.finish_case(0);
   p.start_case(1, "b");
   CHECK(p.position() == "case 2 of 3, 10s elapsed, about 30s left");  // 10 s for 1 unit of 4
+  now += 5;  // the running case's own time counts against the estimate
+  CHECK(p.position() == "case 2 of 3, 15s elapsed, about 25s left");
   CHECK(out.str().empty());  // plain lines go to the log (stderr), not to stdout
+}
+
+TEST_CASE("progress: no estimate from finished work under 1% of the whole") {
+  double now = 0;
+  std::ostringstream out;
+  Progress p({1, 1000}, false, false, out, [&] { return now; });
+  p.start_case(0, "tiny");
+  now += 1;
+  p.finish_case(0);
+  p.start_case(1, "huge");
+  CHECK(p.position() == "case 2 of 2, 1s elapsed");
 }
 
 TEST_CASE("progress: on a terminal one status line, redrawn and erased") {
