@@ -1,9 +1,14 @@
-// Timing driver of the native kernels (not a test; the project's benchmark is the host). Prints one
-// line per (shape, causal): median forward and backward times over CUDA events and TFLOP/s by the
-// FlashAttention convention (forward 4 D per attended pair, backward 2.5x). Random bf16 inputs.
-//   bench_core                 the reference shape B=4 H=32 S=16384 D=128, causal and not
-//   bench_core B H S D [...]   other shapes (several groups of four)
-//   BENCH_CAUSAL=0 bench_core  only the non-causal (or =1: causal) runs
+// Timing driver of the core's engines (not a test; the project's benchmark is the host). Prints one
+// line per (engine, shape, causal): median forward and backward times over CUDA events and TFLOP/s
+// by the FlashAttention convention (forward 4 D per attended pair, backward 2.5x). Random bf16 inputs.
+//   bench_core                      the reference shape B=4 H=32 S=16384 D=128, causal and not
+//   bench_core B H S D [...]        other shapes (groups of four); H may be Hq:Hkv (GQA)
+//   BENCH_CAUSAL=0 bench_core       only the non-causal (or =1: causal) runs
+//   BENCH_ENGINE=cudnn|both         the cuDNN engine (attncore/cudnn.h) instead of / besides native
+//   bench_core --probe [B H S D...] which cuDNN graphs build for each shape (no timing)
+// Native backward = zeroing the fp32 accumulators + compute_delta + backward. cuDNN: "bwd write" writes
+// bf16 gradients (what frameworks do); "bwd add" is the core's contract (zeroing the fp32
+// accumulators + cuDNN into scratch + the add kernels), what a ring step costs.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -14,6 +19,7 @@
 #include <vector>
 
 #include "attncore/cuda.h"
+#include "attncore/cudnn.h"
 #include "attncore/numeric.h"
 
 namespace {
@@ -72,106 +78,252 @@ template <class F> float median_ms(F&& f, int warmup, int runs) {
   return t[t.size() / 2];
 }
 
-void bench(int B, int H, int S, int D, bool causal) {
-  using namespace attncore;
-  const size_t n = size_t(B) * S * H * D;
-  void* q = random_bf16(n, 1);
-  void* k = random_bf16(n, 2);
-  void* v = random_bf16(n, 3);
-  void* d_o = random_bf16(n, 4);
-  void *o, *dq, *dk, *dv;
+// The cuDNN engine's scratch: one buffer that grows (outside the timed runs: warm-ups first).
+struct Scratch {
+  void* ptr = nullptr;
+  size_t bytes = 0;
+  static void* get(void* c, size_t n) {
+    auto* s = static_cast<Scratch*>(c);
+    if (n > s->bytes) {
+      CUDA_CHECK(cudaDeviceSynchronize());
+      CUDA_CHECK(cudaFree(s->ptr));
+      CUDA_CHECK(cudaMalloc(&s->ptr, n));
+      s->bytes = n;
+    }
+    return s->ptr;
+  }
+};
+
+struct Shape {
+  int B, Hq, Hkv, S, D;
+};
+
+// One problem's buffers and parameter structs (bf16 [B, S, H, D], fp32 accumulators).
+struct Bench {
+  Shape s;
+  bool causal;
+  size_t nq, nkv;
+  void *q, *k, *v, *d_o, *o, *o32, *dq, *dk, *dv;
   float *lse, *delta;
-  CUDA_CHECK(cudaMalloc(&o, n * 2));
-  CUDA_CHECK(cudaMalloc(&dq, n * 4));
-  CUDA_CHECK(cudaMalloc(&dk, n * 4));
-  CUDA_CHECK(cudaMalloc(&dv, n * 4));
-  CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&lse), size_t(B) * H * S * 4));
-  CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&delta), size_t(B) * H * S * 4));
-  const auto tensor = [&](void* p) { return TensorRef{p, int64_t(S) * H * D, int64_t(H) * D, D}; };
-  const RowStatsRef lse_ref{lse, int64_t(H) * S, S}, delta_ref{delta, int64_t(H) * S, S};
+  attncore::ForwardParams f;
+  attncore::DeltaParams dp;
+  attncore::BackwardParams g;
 
-  ForwardParams f;
-  f.dtype = DType::bf16;
-  f.batch = B;
-  f.heads_q = f.heads_kv = H;
-  f.head_dim = D;
-  f.seqlen_q = f.seqlen_kv = S;
-  f.q = tensor(q);
-  f.k = tensor(k);
-  f.v = tensor(v);
-  f.o = tensor(o);
-  f.lse = lse_ref;
-  f.mask.causal = causal;
-  DeltaParams dp;
-  dp.dtype = DType::bf16;
-  dp.batch = B;
-  dp.heads = H;
-  dp.head_dim = D;
-  dp.seqlen = S;
-  dp.o = tensor(o);
-  dp.d_o = tensor(d_o);
-  dp.delta = delta_ref;
-  BackwardParams g;
-  g.dtype = DType::bf16;
-  g.batch = B;
-  g.heads_q = g.heads_kv = H;
-  g.head_dim = D;
-  g.seqlen_q = g.seqlen_kv = S;
-  g.q = f.q;
-  g.k = f.k;
-  g.v = f.v;
-  g.d_o = tensor(d_o);
-  g.lse = lse_ref;
-  g.delta = delta_ref;
-  g.dq = tensor(dq);
-  g.dk = tensor(dk);
-  g.dv = tensor(dv);
-  g.mask.causal = causal;
+  Bench(Shape shape, bool c) : s(shape), causal(c) {
+    using namespace attncore;
+    nq = size_t(s.B) * s.S * s.Hq * s.D;
+    nkv = size_t(s.B) * s.S * s.Hkv * s.D;
+    q = random_bf16(nq, 1);
+    k = random_bf16(nkv, 2);
+    v = random_bf16(nkv, 3);
+    d_o = random_bf16(nq, 4);
+    CUDA_CHECK(cudaMalloc(&o, nq * 2));
+    CUDA_CHECK(cudaMalloc(&o32, nq * 4));
+    CUDA_CHECK(cudaMalloc(&dq, nq * 4));
+    CUDA_CHECK(cudaMalloc(&dk, nkv * 4));
+    CUDA_CHECK(cudaMalloc(&dv, nkv * 4));
+    CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&lse), size_t(s.B) * s.Hq * s.S * 4));
+    CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&delta), size_t(s.B) * s.Hq * s.S * 4));
+    const auto qt = [&](void* p) { return TensorRef{p, int64_t(s.S) * s.Hq * s.D, int64_t(s.Hq) * s.D, s.D}; };
+    const auto kvt = [&](void* p) { return TensorRef{p, int64_t(s.S) * s.Hkv * s.D, int64_t(s.Hkv) * s.D, s.D}; };
+    const RowStatsRef lse_ref{lse, int64_t(s.Hq) * s.S, s.S}, delta_ref{delta, int64_t(s.Hq) * s.S, s.S};
+    f.dtype = DType::bf16;
+    f.batch = s.B;
+    f.heads_q = s.Hq;
+    f.heads_kv = s.Hkv;
+    f.head_dim = s.D;
+    f.seqlen_q = f.seqlen_kv = s.S;
+    f.q = qt(q);
+    f.k = kvt(k);
+    f.v = kvt(v);
+    f.o = qt(o);
+    f.lse = lse_ref;
+    f.mask.causal = causal;
+    dp.dtype = DType::bf16;
+    dp.batch = s.B;
+    dp.heads = s.Hq;
+    dp.head_dim = s.D;
+    dp.seqlen = s.S;
+    dp.o = qt(o);
+    dp.d_o = qt(d_o);
+    dp.delta = delta_ref;
+    g.dtype = DType::bf16;
+    g.batch = s.B;
+    g.heads_q = s.Hq;
+    g.heads_kv = s.Hkv;
+    g.head_dim = s.D;
+    g.seqlen_q = g.seqlen_kv = s.S;
+    g.q = f.q;
+    g.k = f.k;
+    g.v = f.v;
+    g.d_o = qt(d_o);
+    g.o = qt(o);
+    g.lse = lse_ref;
+    g.delta = delta_ref;
+    g.dq = qt(dq);
+    g.dk = kvt(dk);
+    g.dv = kvt(dv);
+    g.mask.causal = causal;
+  }
+  ~Bench() {
+    for (void* p : {q, k, v, d_o, o, o32, dq, dk, dv, static_cast<void*>(lse), static_cast<void*>(delta)}) cudaFree(p);
+  }
+  void zero_grads() {
+    CUDA_CHECK(cudaMemsetAsync(dq, 0, nq * 4));
+    CUDA_CHECK(cudaMemsetAsync(dk, 0, nkv * 4));
+    CUDA_CHECK(cudaMemsetAsync(dv, 0, nkv * 4));
+  }
+  double flops() const {
+    const double pairs = causal ? double(s.S) * (s.S + 1) / 2 : double(s.S) * s.S;
+    return 4.0 * s.D * pairs * s.B * s.Hq;
+  }
+  std::string name() const {
+    char b[128];
+    std::snprintf(b, sizeof b, "B=%d H=%d:%d S=%d D=%d causal=%d", s.B, s.Hq, s.Hkv, s.S, s.D, int(causal));
+    return b;
+  }
+  std::string figure(float ms, double fl) const {
+    char b[64];
+    std::snprintf(b, sizeof b, "%.3f ms %.1f TFLOP/s", ms, fl / ms / 1e9);
+    return b;
+  }
+};
 
+void bench_native(Bench& x) {
+  using namespace attncore;
+  const int runs = x.s.S >= 8192 ? 10 : 20;
+  const float t_fwd = median_ms([&] { forward_cuda(x.f, nullptr); }, 3, runs);
   const auto backward = [&](bool det) {
-    g.deterministic = det;
-    CUDA_CHECK(cudaMemsetAsync(dq, 0, n * 4));
-    CUDA_CHECK(cudaMemsetAsync(dk, 0, n * 4));
-    CUDA_CHECK(cudaMemsetAsync(dv, 0, n * 4));
-    compute_delta_cuda(dp, nullptr);
-    backward_cuda(g, nullptr);
+    x.g.deterministic = det;
+    x.zero_grads();
+    compute_delta_cuda(x.dp, nullptr);
+    backward_cuda(x.g, nullptr);
   };
-  const int runs = S >= 8192 ? 10 : 20;
-  const float t_fwd = median_ms([&] { forward_cuda(f, nullptr); }, 3, runs);
   const float t_bwd = median_ms([&] { backward(false); }, 2, runs);
   const float t_det = median_ms([&] { backward(true); }, 1, std::max(3, runs / 2));
+  x.g.deterministic = false;
   CUDA_CHECK(cudaDeviceSynchronize());
-  const double pairs = causal ? double(S) * (S + 1) / 2 : double(S) * S;
-  const double flops = 4.0 * D * pairs * B * H;
-  std::printf("attncore B=%d H=%d S=%d D=%d causal=%d | fwd %.3f ms %.1f TFLOP/s | bwd %.3f ms %.1f TFLOP/s | "
-              "bwd deterministic %.3f ms %.1f TFLOP/s\n",
-              B, H, S, D, int(causal), t_fwd, flops / t_fwd / 1e9, t_bwd, 2.5 * flops / t_bwd / 1e9, t_det,
-              2.5 * flops / t_det / 1e9);
+  std::printf("native %s | fwd %s | bwd %s | bwd deterministic %s\n", x.name().c_str(),
+              x.figure(t_fwd, x.flops()).c_str(), x.figure(t_bwd, 2.5 * x.flops()).c_str(),
+              x.figure(t_det, 2.5 * x.flops()).c_str());
   std::fflush(stdout);
-  for (void* p : {q, k, v, d_o, o, dq, dk, dv, static_cast<void*>(lse), static_cast<void*>(delta)}) cudaFree(p);
+}
+
+void bench_cudnn(Bench& x, Scratch& scratch) {
+  using namespace attncore;
+  const Workspace ws{&Scratch::get, &scratch};
+  const int runs = x.s.S >= 8192 ? 10 : 20;
+  std::string line = "cudnn " + cudnn_version_string() + " " + x.name();
+  std::string notes;
+  // forward, O in bf16 (what frameworks produce) and in fp32 (a ring's partial)
+  ForwardParams f = x.f, f32 = x.f;
+  f32.o = TensorRef{x.o32, f.o.batch_stride, f.o.token_stride, f.o.head_stride};
+  f32.o_fp32 = true;
+  for (const ForwardParams* p : {&f, &f32}) {
+    const char* label = p->o_fp32 ? "fwd O fp32" : "fwd";
+    std::string why;
+    if (!cudnn_supports(*p, &why)) {
+      line += std::string(" | ") + label + " n/a";
+      notes += std::string("\n  ") + label + ": " + why;
+      continue;
+    }
+    const float t = median_ms([&] { forward_cudnn(*p, nullptr, ws); }, 3, runs);
+    line += std::string(" | ") + label + " " + x.figure(t, x.flops());
+    notes += std::string("\n  ") + label + ": " + cudnn_plan_info(*p);
+  }
+  if (cudnn_supports(f)) forward_cudnn(f, nullptr, ws);  // O and LSE for the backward
+  else forward_cuda(f, nullptr);
+  // backward: written in bf16, and added into the fp32 accumulators
+  BackwardParams w = x.g, a = x.g;
+  w.write_grads = true;  // bf16 gradients into the (larger) fp32 buffers' memory, same element strides
+  for (const BackwardParams* p : {&w, &a}) {
+    const char* label = p->write_grads ? "bwd write" : "bwd add";
+    std::string why;
+    if (!cudnn_supports(*p, &why)) {
+      line += std::string(" | ") + label + " n/a";
+      notes += std::string("\n  ") + label + ": " + why;
+      continue;
+    }
+    const float t = p->write_grads ? median_ms([&] { backward_cudnn(*p, nullptr, ws); }, 2, runs)
+                                   : median_ms(
+                                         [&] {
+                                           x.zero_grads();
+                                           backward_cudnn(*p, nullptr, ws);
+                                         },
+                                         2, runs);
+    line += std::string(" | ") + label + " " + x.figure(t, 2.5 * x.flops());
+    notes += std::string("\n  ") + label + ": " + cudnn_plan_info(*p);
+  }
+  CUDA_CHECK(cudaDeviceSynchronize());
+  std::printf("%s%s\n", line.c_str(), notes.c_str());
+  std::fflush(stdout);
+}
+
+// Which graphs build for a shape, without timing (the docs' table of what cuDNN could and could not do).
+void probe(const Shape& s) {
+  using namespace attncore;
+  for (bool causal : {false, true}) {
+    Bench x(s, causal);
+    ForwardParams f32 = x.f;
+    f32.o = TensorRef{x.o32, x.f.o.batch_stride, x.f.o.token_stride, x.f.o.head_stride};
+    f32.o_fp32 = true;
+    BackwardParams w = x.g, a = x.g;
+    w.write_grads = true;
+    std::printf("probe cudnn %s %s\n  fwd O bf16: %s\n  fwd O fp32: %s\n  bwd write bf16: %s\n  bwd add fp32: %s\n",
+                cudnn_version_string().c_str(), x.name().c_str(), cudnn_plan_info(x.f).c_str(),
+                cudnn_plan_info(f32).c_str(), cudnn_plan_info(w).c_str(), cudnn_plan_info(a).c_str());
+    std::fflush(stdout);
+  }
 }
 
 } // namespace
 
 int main(int argc, char** argv) {
-  // Groups of four (B H S D: causal and not) or, with BENCH_CAUSAL=0/1 set, only that one.
-  std::vector<int> shape = {4, 32, 16384, 128};
-  if (argc > 1) {
-    shape.clear();
-    for (int i = 1; i < argc; ++i) shape.push_back(std::atoi(argv[i]));
-  }
-  if (shape.size() % 4 != 0) {
-    std::fprintf(stderr, "usage: [BENCH_CAUSAL=0|1] bench_core [B H S D]...\n");
+  std::vector<std::string> args(argv + 1, argv + argc);
+  const bool probing = !args.empty() && args[0] == "--probe";
+  if (probing) args.erase(args.begin());
+  if (args.empty()) args = {"4", "32", "16384", "128"};
+  if (args.size() % 4 != 0) {
+    std::fprintf(stderr, "usage: [BENCH_CAUSAL=0|1] [BENCH_ENGINE=native|cudnn|both] bench_core [--probe] [B H[:Hkv] S D]...\n");
     return 2;
   }
-  const char* only = std::getenv("BENCH_CAUSAL");
-  try {
-    for (size_t i = 0; i < shape.size(); i += 4)
-      for (bool causal : {true, false})
-        if (!only || (only[0] == '1') == causal) bench(shape[i], shape[i + 1], shape[i + 2], shape[i + 3], causal);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "bench_core: %s\n", e.what());
-    return 1;
+  std::vector<Shape> shapes;
+  for (size_t i = 0; i < args.size(); i += 4) {
+    Shape s{std::atoi(args[i].c_str()), 0, 0, std::atoi(args[i + 2].c_str()), std::atoi(args[i + 3].c_str())};
+    const size_t colon = args[i + 1].find(':');
+    s.Hq = std::atoi(args[i + 1].substr(0, colon).c_str());
+    s.Hkv = colon == std::string::npos ? s.Hq : std::atoi(args[i + 1].substr(colon + 1).c_str());
+    shapes.push_back(s);
   }
-  return 0;
+  const char* only = std::getenv("BENCH_CAUSAL");
+  const std::string engine = std::getenv("BENCH_ENGINE") ? std::getenv("BENCH_ENGINE") : "native";
+  Scratch scratch;
+  int failed = 0;
+  for (const Shape& s : shapes) {
+    if (probing) {
+      try {
+        probe(s);
+      } catch (const std::exception& err) {
+        std::printf("probe: FAILED: %s\n", err.what());
+        ++failed;
+      }
+      continue;
+    }
+    for (bool causal : {true, false}) {
+      if (only && (only[0] == '1') != causal) continue;
+      Bench x(s, causal);
+      for (const char* e : {"native", "cudnn"}) {
+        if (engine != e && engine != "both") continue;
+        try {  // a failing engine ends its own line, not the run
+          if (e == std::string("native")) bench_native(x);
+          else bench_cudnn(x, scratch);
+        } catch (const std::exception& err) {
+          std::printf("%s %s: FAILED: %s\n", e, x.name().c_str(), err.what());
+          std::fflush(stdout);
+          ++failed;
+        }
+      }
+    }
+  }
+  return failed ? 1 : 0;
 }

@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "attncore/cpu.h"
+#include "attncore/cudnn.h"
 #include "problem.h"
 
 using namespace coretest;
@@ -441,4 +442,54 @@ TEST_CASE("cpu: concurrent calls on disjoint outputs give the sequential result"
     CHECK(outs[size_t(t)].bytes == ref_o.bytes);
     CHECK(lses[size_t(t)].v == ref_lse.v);
   }
+}
+
+// The cuDNN engine's mask mapping is pure logic: a mapped mask must hide exactly the pairs the core's
+// mask hides, and every block whose visible pairs form a pattern cuDNN has (all, or j <= i + s with
+// s >= 0) must be mapped.
+TEST_CASE("cudnn mask mapping: exact where mapped, and every expressible block mapped") {
+  std::mt19937_64 rng(5);
+  int mapped = 0, refused = 0;
+  for (int t = 0; t < 4000; ++t) {
+    const int64_t sq = 1 + int64_t(rng() % 12), skv = 1 + int64_t(rng() % 12);
+    Mask m;
+    m.causal = rng() % 2 == 0;
+    m.q_pos0 = int64_t(rng() % 20);
+    m.kv_pos0 = int64_t(rng() % 20);
+    if (rng() % 3 == 0) m.window_left = int64_t(rng() % 15);
+    if (rng() % 3 == 0) m.window_right = int64_t(rng() % 15);
+    const auto core = [&](int64_t i, int64_t j) {
+      const int64_t qp = m.q_pos0 + i, kp = m.kv_pos0 + j;
+      return (!m.causal || kp <= qp) && (m.window_left < 0 || kp >= qp - m.window_left) &&
+             (m.window_right < 0 || kp <= qp + m.window_right);
+    };
+    const auto same = [&](auto&& visible) {
+      for (int64_t i = 0; i < sq; ++i)
+        for (int64_t j = 0; j < skv; ++j)
+          if (core(i, j) != visible(i, j)) return false;
+      return true;
+    };
+    bool expressible = same([](int64_t, int64_t) { return true; });
+    for (int64_t sh = 0; sh < skv && !expressible; ++sh) expressible = same([&](int64_t i, int64_t j) { return j <= i + sh; });
+    CudnnMask c;
+    const std::string why = cudnn_mask(m, sq, skv, &c);
+    CAPTURE(sq);
+    CAPTURE(skv);
+    CAPTURE(m.causal);
+    CAPTURE(m.q_pos0);
+    CAPTURE(m.kv_pos0);
+    CAPTURE(m.window_left);
+    CAPTURE(m.window_right);
+    if (why.empty()) {
+      ++mapped;
+      CHECK(c.shift >= 0);
+      CHECK(same([&](int64_t i, int64_t j) { return !c.causal || j <= i + c.shift; }));
+    } else {
+      ++refused;
+      CHECK(!expressible);
+      CHECK(why.find('\n') == std::string::npos);
+    }
+  }
+  CHECK(mapped > 1000);
+  CHECK(refused > 100);
 }

@@ -12,135 +12,12 @@
 
 #include "attncore/cpu.h"
 #include "attncore/cuda.h"
+#include "gpu_support.h"
 #include "problem.h"
 
 using namespace coretest;
 
 namespace {
-
-#define CUDA_OK(expr)                                                                              \
-  do {                                                                                             \
-    const cudaError_t e_ = (expr);                                                                 \
-    REQUIRE_MESSAGE(e_ == cudaSuccess, #expr, ": ", cudaGetErrorString(e_));                       \
-  } while (0)
-
-struct DeviceBuffer {
-  void* ptr = nullptr;
-  size_t bytes = 0;
-  explicit DeviceBuffer(size_t n) : bytes(n) {
-    if (n) CUDA_OK(cudaMalloc(&ptr, n));
-  }
-  ~DeviceBuffer() { cudaFree(ptr); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  void upload(const void* src) { CUDA_OK(cudaMemcpy(ptr, src, bytes, cudaMemcpyHostToDevice)); }
-  void download(void* dst) const { CUDA_OK(cudaMemcpy(dst, ptr, bytes, cudaMemcpyDeviceToHost)); }
-  void poison() { CUDA_OK(cudaMemset(ptr, 0xff, bytes)); } // NaN in bf16, fp16 and fp32
-};
-
-// A host tensor's device twin: same layout, so the strides carry over.
-struct DeviceTensor {
-  std::unique_ptr<DeviceBuffer> buf;
-  TensorRef ref;
-  explicit DeviceTensor(const Tensor& t) : buf(std::make_unique<DeviceBuffer>(t.bytes.size())) {
-    buf->upload(t.bytes.data());
-    ref = TensorRef{buf->ptr, t.S * t.token_stride(), t.token_stride(), t.D};
-  }
-  void download(Tensor& t) const { buf->download(t.bytes.data()); }
-};
-struct DeviceStats {
-  std::unique_ptr<DeviceBuffer> buf;
-  RowStatsRef ref;
-  explicit DeviceStats(const Stats& s) : buf(std::make_unique<DeviceBuffer>(s.v.size() * 4)) {
-    buf->upload(s.v.data());
-    ref = RowStatsRef{static_cast<float*>(buf->ptr), s.H * s.S, s.S};
-  }
-  void download(Stats& s) const { buf->download(s.v.data()); }
-};
-
-template <class V> std::unique_ptr<DeviceBuffer> upload_vector(const std::vector<V>& v) {
-  auto b = std::make_unique<DeviceBuffer>(v.size() * sizeof(V));
-  if (!v.empty()) b->upload(v.data());
-  return b;
-}
-
-// The problem's inputs on the device, with its segments and block list.
-struct DeviceProblem {
-  DeviceTensor q, k, v, d_o;
-  std::unique_ptr<DeviceBuffer> segs, row_ptr, kv_block, masked, col_ptr, q_block, q_masked;
-  BlockList blocks;
-
-  explicit DeviceProblem(Problem& p) : q(p.q), k(p.k), v(p.v), d_o(p.d_o) {
-    segs = upload_vector(p.segments);
-    if (p.blocks) {
-      row_ptr = upload_vector(p.blocks->row_ptr);
-      kv_block = upload_vector(p.blocks->kv_block);
-      masked = upload_vector(p.blocks->masked);
-      col_ptr = upload_vector(p.blocks->col_ptr);
-      q_block = upload_vector(p.blocks->q_block);
-      q_masked = upload_vector(p.blocks->q_masked);
-      blocks = p.blocks->view();
-      blocks.row_ptr = static_cast<const int32_t*>(row_ptr->ptr);
-      blocks.kv_block = static_cast<const int32_t*>(kv_block->ptr);
-      blocks.masked = static_cast<const uint8_t*>(masked->ptr);
-      blocks.col_ptr = static_cast<const int32_t*>(col_ptr->ptr);
-      blocks.q_block = static_cast<const int32_t*>(q_block->ptr);
-      blocks.q_masked = static_cast<const uint8_t*>(q_masked->ptr);
-    }
-  }
-  void point(const Problem& p, ForwardParams& f) const {
-    f.q = q.ref;
-    f.k = k.ref;
-    f.v = v.ref;
-    f.segments = p.segments.empty() ? nullptr : static_cast<const Segment*>(segs->ptr);
-    f.blocks = p.blocks ? &blocks : nullptr;
-  }
-  void point(const Problem& p, BackwardParams& g) const {
-    g.q = q.ref;
-    g.k = k.ref;
-    g.v = v.ref;
-    g.d_o = d_o.ref;
-    g.segments = p.segments.empty() ? nullptr : static_cast<const Segment*>(segs->ptr);
-    g.blocks = p.blocks ? &blocks : nullptr;
-  }
-};
-
-struct Outputs {
-  Tensor o, o32;
-  Stats lse, lse32, delta;
-  Tensor dq, dk, dv;
-};
-
-// The CPU reference (float accumulation) of forward, delta (from the dtype O, as a training step
-// would) and backward.
-Outputs run_cpu(Problem& p, bool grads) {
-  Outputs r;
-  r.o = Tensor(p.dtype, p.B, p.Sq, p.Hq, p.D);
-  r.o32 = Tensor(DType::fp32, p.B, p.Sq, p.Hq, p.D);
-  r.lse = Stats(p.B, p.Hq, p.Sq, std::numeric_limits<float>::quiet_NaN());
-  r.lse32 = r.lse;
-  r.o.fill(std::numeric_limits<double>::quiet_NaN());
-  r.o32.fill(std::numeric_limits<double>::quiet_NaN());
-  cpu::forward<float>(p.forward_params(r.o, r.lse, false));
-  cpu::forward<float>(p.forward_params(r.o32, r.lse32, true));
-  if (!grads) return r;
-  r.delta = Stats(p.B, p.Hq, p.Sq, 0.f);
-  DeltaParams dp;
-  dp.dtype = p.dtype;
-  dp.batch = p.B;
-  dp.heads = p.Hq;
-  dp.head_dim = p.D;
-  dp.seqlen = p.Sq;
-  dp.o = r.o.ref();
-  dp.d_o = p.d_o.ref();
-  dp.delta = r.delta.ref();
-  cpu::compute_delta<float>(dp);
-  r.dq = Tensor(DType::fp32, p.B, p.Sq, p.Hq, p.D);
-  r.dk = Tensor(DType::fp32, p.B, p.Skv, p.Hkv, p.D);
-  r.dv = Tensor(DType::fp32, p.B, p.Skv, p.Hkv, p.D);
-  cpu::backward<float>(p.backward_params(r.lse, r.delta, r.dq, r.dk, r.dv));
-  return r;
-}
 
 // The same on the GPU. The backward takes the CPU's LSE and delta so that its check isolates it.
 Outputs run_gpu(Problem& p, bool grads, bool deterministic, const Outputs* cpu_ref) {
@@ -211,95 +88,6 @@ Outputs run_gpu(Problem& p, bool grads, bool deterministic, const Outputs* cpu_r
   return r;
 }
 
-// Max error over max |ref|, and the error's norm over the reference's norm.
-struct Diff {
-  double max_abs = 0, ref_max = 0, sq = 0, ref_sq = 0;
-  long nonfinite = 0;
-  void add(double got, double want) {
-    if (!std::isfinite(got)) {
-      ++nonfinite;
-      return;
-    }
-    max_abs = std::max(max_abs, std::abs(got - want));
-    ref_max = std::max(ref_max, std::abs(want));
-    sq += (got - want) * (got - want);
-    ref_sq += want * want;
-  }
-  double rel_max() const { return max_abs / std::max(ref_max, 1e-3); }
-  double rel_norm() const { return std::sqrt(sq / std::max(ref_sq, 1e-12)); }
-};
-
-struct Tolerance {
-  double out_max, out_norm, grad_max, grad_norm;
-};
-Tolerance tolerance(DType t) {
-  // bf16 keeps 8 significant bits: P and dS are rounded to it before their products.
-  return t == DType::bf16 ? Tolerance{2e-2, 1e-2, 5e-2, 2.5e-2} : Tolerance{4e-3, 2e-3, 1e-2, 5e-3};
-}
-
-void check_forward(const Problem& p, const Outputs& want, const Outputs& got) {
-  const Tolerance tol = tolerance(p.dtype);
-  Diff o, o32;
-  long lse_bad = 0, untouched_bad = 0;
-  for (int64_t b = 0; b < p.B; ++b)
-    for (int32_t h = 0; h < p.Hq; ++h)
-      for (int64_t i = 0; i < p.Sq; ++i) {
-        if (!p.row_covered(i)) { // never written: still NaN
-          untouched_bad += !std::isnan(got.lse.at(b, h, i)) || !std::isnan(got.o.get(b, i, h, 0)) ||
-                           !std::isnan(got.o32.get(b, i, h, p.D - 1));
-          continue;
-        }
-        const float L = want.lse.at(b, h, i);
-        for (const Stats* s : {&got.lse, &got.lse32}) {
-          const float g = s->at(b, h, i);
-          lse_bad += std::isinf(L) ? g != L : !(std::abs(g - L) <= 1e-4 * (1 + std::abs(L)));
-        }
-        for (int32_t d = 0; d < p.D; ++d) {
-          o.add(got.o.get(b, i, h, d), want.o.get(b, i, h, d));
-          o32.add(got.o32.get(b, i, h, d), want.o32.get(b, i, h, d));
-          if (std::isinf(L)) untouched_bad += got.o.get(b, i, h, d) != 0.0 || got.o32.get(b, i, h, d) != 0.0;
-        }
-      }
-  INFO("O: max ", o.rel_max(), " norm ", o.rel_norm(), "; O fp32: max ", o32.rel_max(), " norm ", o32.rel_norm());
-  CHECK(o.nonfinite == 0);
-  CHECK(o32.nonfinite == 0);
-  CHECK(lse_bad == 0);
-  CHECK(untouched_bad == 0);
-  CHECK(o.rel_max() < tol.out_max);
-  CHECK(o.rel_norm() < tol.out_norm);
-  CHECK(o32.rel_max() < tol.out_max);
-  CHECK(o32.rel_norm() < tol.out_norm);
-}
-
-void check_backward(const Problem& p, const Outputs& want, const Outputs& got) {
-  const Tolerance tol = tolerance(p.dtype);
-  Diff dq, dk, dv, delta;
-  for (int64_t b = 0; b < p.B; ++b)
-    for (int32_t h = 0; h < p.Hq; ++h)
-      for (int64_t i = 0; i < p.Sq; ++i) {
-        if (!p.row_covered(i)) continue;
-        delta.add(got.delta.at(b, h, i), want.delta.at(b, h, i));
-        for (int32_t d = 0; d < p.D; ++d) dq.add(got.dq.get(b, i, h, d), want.dq.get(b, i, h, d));
-      }
-  for (int64_t b = 0; b < p.B; ++b)
-    for (int64_t j = 0; j < p.Skv; ++j)
-      for (int32_t h = 0; h < p.Hkv; ++h)
-        for (int32_t d = 0; d < p.D; ++d) {
-          dk.add(got.dk.get(b, j, h, d), want.dk.get(b, j, h, d));
-          dv.add(got.dv.get(b, j, h, d), want.dv.get(b, j, h, d));
-        }
-  INFO("dQ: max ", dq.rel_max(), " norm ", dq.rel_norm(), "; dK: max ", dk.rel_max(), " norm ", dk.rel_norm(),
-       "; dV: max ", dv.rel_max(), " norm ", dv.rel_norm(), "; delta: max ", delta.rel_max());
-  CHECK(dq.nonfinite + dk.nonfinite + dv.nonfinite + delta.nonfinite == 0);
-  CHECK(delta.rel_max() < tol.out_max);
-  CHECK(dq.rel_max() < tol.grad_max);
-  CHECK(dk.rel_max() < tol.grad_max);
-  CHECK(dv.rel_max() < tol.grad_max);
-  CHECK(dq.rel_norm() < tol.grad_norm);
-  CHECK(dk.rel_norm() < tol.grad_norm);
-  CHECK(dv.rel_norm() < tol.grad_norm);
-}
-
 void check_all(Problem& p, bool grads = true) {
   REQUIRE(check_supported(p.dtype, p.D).empty());
   const Outputs want = run_cpu(p, grads);
@@ -310,28 +98,6 @@ void check_all(Problem& p, bool grads = true) {
   const Outputs det = run_gpu(p, grads, true, &want);
   check_backward(p, want, det);
 }
-
-Problem random_problem(std::mt19937_64& rng, DType dt, int32_t D, int ratio, int64_t max_len) {
-  Problem p;
-  p.dtype = dt;
-  p.D = D;
-  p.B = 1 + int32_t(rng() % 2);
-  p.Hkv = 1 + int32_t(rng() % 2);
-  p.Hq = p.Hkv * ratio;
-  p.Sq = 1 + int64_t(rng() % uint64_t(max_len));
-  p.Skv = 1 + int64_t(rng() % uint64_t(max_len));
-  std::mt19937_64 data(rng());
-  p.randomize(data, /*pad=*/8 * int64_t(rng() % 2));
-  return p;
-}
-
-int device_count() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) n = 0;
-  return n;
-}
-
-const char* name(DType t) { return t == DType::bf16 ? "bf16" : "fp16"; }
 
 } // namespace
 

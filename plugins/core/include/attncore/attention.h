@@ -108,6 +108,15 @@ struct BackwardParams {
   int32_t num_segments = 0;
   const BlockList* blocks = nullptr;
   bool deterministic = false; // bitwise reproducible dq/dk/dv
+  // Appended for the cuDNN engine (attncore/cudnn.h). The final output O in `dtype`, as the forward
+  // wrote it: cuDNN's graph recomputes delta from dO and O itself. The native kernels and the CPU
+  // read `delta` and ignore this; a null `o.data` makes the call one cuDNN does not serve.
+  TensorRef o;
+  // Appended. false (the core's contract): dq/dk/dv are fp32 accumulators the call adds into.
+  // true: the call writes this call's gradients into dq/dk/dv in `dtype`, overwriting them: for a
+  // call that is the whole problem, as frameworks do. Only the cuDNN engine writes; the native
+  // kernels and the CPU reject it.
+  bool write_grads = false;
 };
 
 // Empty when the core supports the configuration, else one line naming what is supported.

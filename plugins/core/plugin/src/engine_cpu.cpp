@@ -39,7 +39,23 @@ class CpuEngine final : public Engine {
 
 #if ATTNCORE_HAVE_CUDA
 std::unique_ptr<Engine> make_cuda_engine();  // engine_cuda.cu
+std::unique_ptr<Engine> make_selecting_engine(std::unique_ptr<Engine> native, const EngineOptions& options);  // engine_select.cpp
 #endif
+
+EngineChoice engine_choice(const std::string& name) {
+  if (name == "native") return EngineChoice::native;
+  if (name == "cudnn") return EngineChoice::cudnn;
+  if (name == "auto") return EngineChoice::automatic;
+  attnhost::fail(ATTNHOST_ERR_INVALID_ARGUMENT, "engine \"" + name + "\": expected auto, native or cudnn");
+}
+
+const char* engine_choice_name(EngineChoice choice) {
+  switch (choice) {
+    case EngineChoice::cudnn: return "cudnn";
+    case EngineChoice::automatic: return "auto";
+    default: return "native";
+  }
+}
 
 std::unique_ptr<Engine> Engine::make(bool cuda, bool fp64) {
   if (cuda) {
@@ -51,6 +67,13 @@ std::unique_ptr<Engine> Engine::make(bool cuda, bool fp64) {
   }
   if (fp64) return std::make_unique<CpuEngine<double>>();
   return std::make_unique<CpuEngine<float>>();
+}
+
+std::unique_ptr<Engine> Engine::make(bool cuda, bool fp64, const EngineOptions& options) {
+#if ATTNCORE_HAVE_CUDA
+  if (cuda && options.choice != EngineChoice::native) return make_selecting_engine(make_cuda_engine(), options);
+#endif
+  return make(cuda, fp64);
 }
 
 }  // namespace attncore::plugin

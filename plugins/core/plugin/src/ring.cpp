@@ -47,7 +47,7 @@ size_t align_up(size_t n) { return (n + 255) / 256 * 256; }
 RingAttention::RingAttention(const RingShape& shape, RingPlan plan, attnhost::Host host, int rank, int world_size,
                              bool cuda, bool cpu_fp64, bool overlap)
     : s_(shape), plan_(std::move(plan)), host_(host), rank_(rank), world_(world_size), overlap_(overlap),
-      engine_(Engine::make(cuda, cpu_fp64)) {
+      engine_(Engine::make(cuda, cpu_fp64, EngineOptions{shape.engine, host})) {
   const size_t el = attnhost::dtype_size(s_.dtype);
   const size_t kv_elems = static_cast<size_t>(s_.batch) * s_.local_kv * s_.heads_kv * s_.head_dim;
   const size_t q_elems = static_cast<size_t>(s_.batch) * s_.local_q * s_.heads_q * s_.head_dim;
@@ -246,6 +246,7 @@ void RingAttention::backward(const attnhost_backward_args& a) {
       p.k = kv_ref(cur.k, c.kv_begin, false);
       p.v = kv_ref(cur.v, c.kv_begin, false);
       p.d_o = q_ref(a.d_o.data, c.q_begin, false);
+      p.o = q_ref(a.o.data, c.q_begin, false);  // the final output: the cuDNN engine recomputes delta from it
       p.lse = stats_ref(lse, c.q_begin);
       p.delta = stats_ref(delta, c.q_begin);
       p.dq = q_ref(dq, c.q_begin, true);

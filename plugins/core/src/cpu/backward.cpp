@@ -48,6 +48,7 @@ template <class Acc> void backward(const BackwardParams& p) {
   check_call(p.dtype, p.batch, p.heads_q, p.heads_kv, p.head_dim, p.seqlen_q, p.seqlen_kv,
              p.segments, p.num_segments, p.blocks);
   if (p.softmax_scale < 0.f) fail("softmax_scale must be positive (0 means 1/sqrt(head_dim))");
+  if (p.write_grads) fail("backward: the CPU reference adds into fp32 accumulators (write_grads is the cuDNN engine's)");
   if (p.seqlen_q == 0 || p.seqlen_kv == 0) return;
   if (!p.q.data || !p.k.data || !p.v.data || !p.d_o.data || !p.lse.data || !p.delta.data ||
       !p.dq.data || !p.dk.data || !p.dv.data)

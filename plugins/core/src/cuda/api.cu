@@ -186,6 +186,7 @@ void backward_cuda(const BackwardParams& params, void* stream) {
   p.softmax_scale = resolve_scale(p.softmax_scale, p.head_dim);
   check_shape(p.dtype, p.batch, p.heads_q, p.heads_kv, p.head_dim, p.seqlen_q, p.seqlen_kv, p.softmax_scale,
               p.segments, p.num_segments, p.blocks, true);
+  if (p.write_grads) fail("backward: the native kernels add into fp32 accumulators (write_grads is the cuDNN engine's)");
   if (p.seqlen_q == 0 || p.seqlen_kv == 0) return;
   check_tensor(p.q, false, "q");
   check_tensor(p.k, false, "k");

@@ -7,9 +7,30 @@
 #include <attnhost/plugin.hpp>
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
+#include <string>
 
 namespace attncore::plugin {
+
+// Which implementation serves the attention calls (forward, backward) on a GPU; the operations
+// around them (delta, merge, convert, add, ...) are always the core's own kernels.
+//   native: the core's mma.sync kernels (attncore/cuda.h).
+//   cudnn:  cuDNN (attncore/cudnn.h) for every call it serves, native for the rest.
+//   auto:   cuDNN for the calls it serves in the shape classes where it measured faster
+//           (docs/PERFORMANCE-core.md), native for the rest.
+// The choice is made per call and cached per shape; the CPU path ignores it.
+enum class EngineChoice : int32_t { native = 0, cudnn = 1, automatic = 2 };
+// "native", "cudnn", "auto"; anything else fails with ATTNHOST_ERR_INVALID_ARGUMENT.
+EngineChoice engine_choice(const std::string& name);
+const char* engine_choice_name(EngineChoice choice);
+
+struct EngineOptions {
+  EngineChoice choice = EngineChoice::native;
+  // The cuDNN engine's workspace comes from the host's allocator, and the line saying which engine
+  // served how many calls goes to the host's log (at INFO, once, when the engine is destroyed).
+  attnhost::Host host;
+};
 
 class Engine {
  public:
@@ -17,6 +38,8 @@ class Engine {
   // cuda: the CUDA kernels (throws when attncore was built without CUDA); else the CPU
   // reference with float (or double, fp64) accumulation.
   static std::unique_ptr<Engine> make(bool cuda, bool fp64);
+  // The same with an engine choice for the GPU's attention calls.
+  static std::unique_ptr<Engine> make(bool cuda, bool fp64, const EngineOptions& options);
 
   virtual bool on_device() const = 0;
   virtual void forward(const ForwardParams& p, void* stream) = 0;

@@ -51,6 +51,7 @@ struct RingShape {
   float softmax_scale = 1.f;
   DenseMask mask;                     // the problem's causal and window
   bool deterministic = false;
+  EngineChoice engine = EngineChoice::native;  // what serves the attention calls on a GPU (engine.h)
 };
 
 class RingAttention {

@@ -23,8 +23,12 @@ inline constexpr attnhost_param_spec kRingParams[] = {
      "send the next K/V block on its own stream while this one computes (false: one stream)", nullptr},
     {ATTNHOST_STRUCT_SIZE(attnhost_param_spec, choices), "cpu_accumulate", ATTNHOST_PARAM_STRING, "\"fp32\"",
      "accumulation type of the CPU path", "fp32|fp64"},
+    {ATTNHOST_STRUCT_SIZE(attnhost_param_spec, choices), "engine", ATTNHOST_PARAM_STRING, "\"auto\"",
+     "what runs the attention blocks on a GPU: the core's kernels (native), cuDNN where it serves the call, or "
+     "cuDNN where it also measured faster (auto); the log says which served how many calls",
+     "auto|native|cudnn"},
 };
-inline constexpr int32_t kNumRingParams = 2;
+inline constexpr int32_t kNumRingParams = 3;
 
 inline constexpr uint32_t kRingDtypes = ATTNHOST_CAP_DTYPE(ATTNHOST_DTYPE_BF16) |
                                         ATTNHOST_CAP_DTYPE(ATTNHOST_DTYPE_FP16) |
@@ -92,6 +96,7 @@ class RingPlugin {
     s.softmax_scale = static_cast<float>(p->softmax_scale);
     s.mask = mask_;
     s.deterministic = p->deterministic != 0;
+    s.engine = engine_choice(p.get_string("engine"));
     return s;
   }
 

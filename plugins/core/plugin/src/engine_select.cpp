@@ -1,0 +1,146 @@
+// The GPU engine with a choice between the native kernels and cuDNN for the attention calls
+// (EngineChoice in engine.h): per call, cached per shape. Everything else goes to the native engine.
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "attncore/cudnn.h"
+#include "attncore/plugin/engine.h"
+
+namespace attncore::plugin {
+
+namespace {
+
+void push_tensor(std::vector<int64_t>& k, const TensorRef& t) {
+  k.insert(k.end(), {t.batch_stride, t.token_stride, t.head_stride, int64_t(reinterpret_cast<uintptr_t>(t.data) % 16),
+                     t.data == nullptr});
+}
+
+void push_common(std::vector<int64_t>& k, DType dtype, int32_t batch, int32_t hq, int32_t hkv, int32_t d, int64_t sq,
+                 int64_t skv, float scale, const Mask& m, int32_t num_segments, const BlockList* blocks,
+                 const RowStatsRef& lse) {
+  int32_t scale_bits;
+  static_assert(sizeof scale_bits == sizeof scale);
+  __builtin_memcpy(&scale_bits, &scale, sizeof scale);
+  k.insert(k.end(), {int64_t(dtype), batch, hq, hkv, d, sq, skv, scale_bits, m.causal, m.window_left, m.window_right,
+                     m.q_pos0 - m.kv_pos0, num_segments, blocks != nullptr, lse.batch_stride, lse.head_stride});
+}
+
+// Everything a call's answer depends on, pointers aside.
+std::vector<int64_t> shape_key(const ForwardParams& p) {
+  std::vector<int64_t> k = {0, p.o_fp32};
+  push_common(k, p.dtype, p.batch, p.heads_q, p.heads_kv, p.head_dim, p.seqlen_q, p.seqlen_kv, p.softmax_scale, p.mask,
+              p.num_segments, p.blocks, p.lse);
+  for (const TensorRef* t : {&p.q, &p.k, &p.v, &p.o}) push_tensor(k, *t);
+  return k;
+}
+
+std::vector<int64_t> shape_key(const BackwardParams& p) {
+  std::vector<int64_t> k = {1, p.deterministic, p.write_grads};
+  push_common(k, p.dtype, p.batch, p.heads_q, p.heads_kv, p.head_dim, p.seqlen_q, p.seqlen_kv, p.softmax_scale, p.mask,
+              p.num_segments, p.blocks, p.lse);
+  for (const TensorRef* t : {&p.q, &p.k, &p.v, &p.o, &p.d_o, &p.dq, &p.dk, &p.dv}) push_tensor(k, *t);
+  return k;
+}
+
+// The shape classes where cuDNN measured faster than the native kernels, for `auto`
+// (docs/PERFORMANCE-core.md, "cuDNN engine"): Hopper, the only architecture measured.
+bool measured_faster(int sm_major) { return sm_major == 9; }
+
+class SelectingEngine final : public Engine {
+ public:
+  SelectingEngine(std::unique_ptr<Engine> native, const EngineOptions& options)
+      : native_(std::move(native)), choice_(options.choice), host_(options.host) {
+    if (!host_.raw()) attnhost::fail(ATTNHOST_ERR_INTERNAL, "the cuDNN engine needs the host (allocator and log)");
+    int device = 0;
+    if (cudaGetDevice(&device) == cudaSuccess) cudaDeviceGetAttribute(&sm_major_, cudaDevAttrComputeCapabilityMajor, device);
+  }
+  ~SelectingEngine() override {
+    if (forward_.calls + backward_.calls == 0) return;
+    std::string line = "engine: cudnn " + cudnn_version_string() + " for " + std::to_string(forward_.cudnn) + " of " +
+                       std::to_string(forward_.calls) + " forward calls and " + std::to_string(backward_.cudnn) +
+                       " of " + std::to_string(backward_.calls) + " backward calls (engine=" +
+                       engine_choice_name(choice_) + ")";
+    for (const Tally* t : {&forward_, &backward_})
+      if (!t->why_native.empty()) line += "; native " + std::string(t == &forward_ ? "forward" : "backward") + ": " + t->why_native;
+    try {
+      host_.log(ATTNHOST_LOG_INFO, line);
+    } catch (...) {  // a destructor does not throw
+    }
+  }
+
+  bool on_device() const override { return true; }
+  void forward(const ForwardParams& p, void* s) override {
+    ++forward_.calls;
+    if (use_cudnn(p, forward_)) {
+      forward_cudnn(p, s, workspace());
+      ++forward_.cudnn;
+    } else {
+      native_->forward(p, s);
+    }
+  }
+  void backward(const BackwardParams& p, void* s) override {
+    ++backward_.calls;
+    if (use_cudnn(p, backward_)) {
+      backward_cudnn(p, s, workspace());
+      ++backward_.cudnn;
+    } else {
+      native_->backward(p, s);
+    }
+  }
+  void compute_delta(const DeltaParams& p, void* s) override { native_->compute_delta(p, s); }
+  void merge(const MergeParams& p, void* s) override { native_->merge(p, s); }
+  void convert(const ConvertParams& p, void* s) override { native_->convert(p, s); }
+  void zero(void* dst, size_t bytes, void* s) override { native_->zero(dst, bytes, s); }
+  void fill(float* dst, float value, size_t count, void* s) override { native_->fill(dst, value, count, s); }
+  void add(float* dst, const float* src, size_t count, void* s) override { native_->add(dst, src, count, s); }
+  void upload(void* dst, const void* src, size_t bytes) override { native_->upload(dst, src, bytes); }
+  void wait(void* to, void* from) override { native_->wait(to, from); }
+
+ private:
+  struct Tally {
+    long calls = 0, cudnn = 0;
+    std::string why_native;  // the first reason a call went native
+    std::map<std::vector<int64_t>, bool> decided;
+  };
+
+  template <class Params> bool use_cudnn(const Params& p, Tally& t) {
+    const std::vector<int64_t> key = shape_key(p);
+    if (auto it = t.decided.find(key); it != t.decided.end()) return it->second;
+    const std::string why = cudnn_check(p);
+    const bool use = why.empty() && (choice_ == EngineChoice::cudnn || measured_faster(sm_major_));
+    if (!use && t.why_native.empty())
+      t.why_native = why.empty() ? "auto: cuDNN not measured faster on sm_" + std::to_string(sm_major_) + "x" : why;
+    t.decided.emplace(key, use);
+    return use;
+  }
+
+  Workspace workspace() { return {&SelectingEngine::grow, this}; }
+  // The scratch grows to the largest call; freeing the old buffer waits for the device (cudaFree).
+  static void* grow(void* self, size_t bytes) {
+    auto* e = static_cast<SelectingEngine*>(self);
+    if (bytes > e->scratch_.bytes()) {
+      e->scratch_.reset();
+      e->scratch_ = attnhost::HostBuffer(e->host_, bytes);
+    }
+    return e->scratch_.get();
+  }
+
+  std::unique_ptr<Engine> native_;
+  EngineChoice choice_;
+  attnhost::Host host_;
+  int sm_major_ = 0;
+  Tally forward_, backward_;
+  attnhost::HostBuffer scratch_;
+};
+
+}  // namespace
+
+std::unique_ptr<Engine> make_selecting_engine(std::unique_ptr<Engine> native, const EngineOptions& options) {
+  return std::make_unique<SelectingEngine>(std::move(native), options);
+}
+
+}  // namespace attncore::plugin

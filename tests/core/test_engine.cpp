@@ -1,0 +1,180 @@
+// attncore_plugin's engine choice (engine.h: native | cudnn | auto) through the ring schedule at world
+// size 1, on the GPU (label gpu): the same problem with every choice gives the same outputs within
+// the dtype's tolerance, and the engine logs once which engine served how many calls. The host is a
+// small stand-in (default stream, cudaMalloc, a log that keeps its lines).
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>
+
+#include <cuda_runtime_api.h>
+
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "attncore/cudnn.h"
+#include "attncore/numeric.h"
+#include "attncore/plugin/ring.h"
+
+using namespace attncore;
+using namespace attncore::plugin;
+
+namespace {
+
+#define CUDA_OK(expr) REQUIRE((expr) == cudaSuccess)
+
+// The host services a ring at world size 1 uses.
+struct FakeHost {
+  attnhost_host_api api{};
+  std::vector<std::string> lines;
+  FakeHost() {
+    api.struct_size = ATTNHOST_STRUCT_SIZE(attnhost_host_api, log);
+    api.context = this;
+    api.stream = [](void*, int32_t) -> void* { return nullptr; };
+    api.alloc = [](void*, size_t bytes, void** out) -> int32_t {
+      return cudaMalloc(out, bytes) == cudaSuccess ? ATTNHOST_OK : ATTNHOST_ERR_OUT_OF_MEMORY;
+    };
+    api.free = [](void*, void* p) { cudaFree(p); };
+    api.range_begin = [](void*, const char*, int32_t, void*) -> int32_t { return 0; };
+    api.range_end = [](void*, int32_t, void*) {};
+    api.log = [](void* c, int32_t, const char* m) { static_cast<FakeHost*>(c)->lines.push_back(m); };
+  }
+};
+
+struct DeviceArray {
+  void* ptr = nullptr;
+  size_t bytes = 0;
+  explicit DeviceArray(size_t n) : bytes(n) { REQUIRE(cudaMalloc(&ptr, n) == cudaSuccess); }
+  ~DeviceArray() { cudaFree(ptr); }
+  template <class T> std::vector<T> download() const {
+    std::vector<T> h(bytes / sizeof(T));
+    REQUIRE(cudaMemcpy(h.data(), ptr, bytes, cudaMemcpyDeviceToHost) == cudaSuccess);
+    return h;
+  }
+};
+
+attnhost_tensor tensor(void* data) {
+  attnhost_tensor t{};
+  t.struct_size = sizeof t;
+  t.data = data;
+  t.device_type = ATTNHOST_DEVICE_CUDA;
+  return t;
+}
+
+struct Result {
+  std::vector<uint16_t> o, dq, dk, dv;
+  std::vector<float> lse;
+  std::vector<std::string> log;
+};
+
+// One forward and backward of the ring at world size 1 with `calls` as its plan.
+Result run(EngineChoice choice, const RingShape& base, const std::vector<BlockCall>& calls,
+           const std::vector<uint16_t>& q, const std::vector<uint16_t>& kv, const std::vector<uint16_t>& d_o) {
+  FakeHost host;
+  RingShape s = base;
+  s.engine = choice;
+  const size_t nq = q.size(), nkv = kv.size(), rows = size_t(s.batch) * s.heads_q * s.local_q;
+  DeviceArray dq_in(nq * 2), dk_in(nkv * 2), dv_in(nkv * 2), ddo(nq * 2), o(nq * 2), lse(rows * 4), dq(nq * 2),
+      dk(nkv * 2), dv(nkv * 2);
+  CUDA_OK(cudaMemcpy(dq_in.ptr, q.data(), nq * 2, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemcpy(dk_in.ptr, kv.data(), nkv * 2, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemcpy(dv_in.ptr, kv.data(), nkv * 2, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemcpy(ddo.ptr, d_o.data(), nq * 2, cudaMemcpyHostToDevice));
+  Result r;
+  {
+    RingAttention ring(s, [&](int, int) { return calls; }, attnhost::Host(&host.api), 0, 1, true, false, false);
+    attnhost_forward_args fa{sizeof fa, tensor(dq_in.ptr), tensor(dk_in.ptr), tensor(dv_in.ptr), tensor(o.ptr),
+                             tensor(lse.ptr)};
+    ring.forward(fa);
+    attnhost_backward_args ba{sizeof ba,          tensor(dq_in.ptr), tensor(dk_in.ptr), tensor(dv_in.ptr),
+                              tensor(o.ptr),      tensor(lse.ptr),   tensor(ddo.ptr),   tensor(dq.ptr),
+                              tensor(dk.ptr),     tensor(dv.ptr)};
+    ring.backward(ba);
+    CUDA_OK(cudaDeviceSynchronize());
+  }  // the engine logs when the ring goes
+  r.o = o.download<uint16_t>();
+  r.lse = lse.download<float>();
+  r.dq = dq.download<uint16_t>();
+  r.dk = dk.download<uint16_t>();
+  r.dv = dv.download<uint16_t>();
+  r.log = host.lines;
+  return r;
+}
+
+// Max error over max |b| of two bf16 arrays; NaN counts as a failure.
+double rel_max(const std::vector<uint16_t>& a, const std::vector<uint16_t>& b) {
+  double err = 0, ref = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double x = bf16_to_float(a[i]), y = bf16_to_float(b[i]);
+    if (!std::isfinite(x)) return INFINITY;
+    err = std::max(err, std::abs(x - y));
+    ref = std::max(ref, std::abs(y));
+  }
+  return err / std::max(ref, 1e-3);
+}
+
+std::vector<uint16_t> random_bf16(size_t n, std::mt19937_64& rng) {
+  std::normal_distribution<float> d(0.f, 1.f);
+  std::vector<uint16_t> v(n);
+  for (auto& x : v) x = float_to_bf16(d(rng));
+  return v;
+}
+
+} // namespace
+
+TEST_CASE("engine: the ring at world size 1 gives the same result with native, cudnn and auto, and logs once") {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess) devices = 0;
+  REQUIRE_MESSAGE(devices > 0, "needs a CUDA device");
+  std::mt19937_64 rng(11);
+  RingShape s;
+  s.dtype = ATTNHOST_DTYPE_BF16;
+  s.batch = 2;
+  s.heads_q = 4;
+  s.heads_kv = 2;
+  s.head_dim = 128;
+  s.local_q = s.local_kv = 256;
+  s.softmax_scale = 1.f / std::sqrt(128.f);
+  const auto q = random_bf16(size_t(s.batch) * s.local_q * s.heads_q * s.head_dim, rng);
+  const auto kv = random_bf16(size_t(s.batch) * s.local_kv * s.heads_kv * s.head_dim, rng);
+  const auto d_o = random_bf16(q.size(), rng);
+  for (int causal = 0; causal < 2; ++causal) {
+    s.mask.seqlen = s.local_q;
+    s.mask.causal = causal == 1;
+    // One call for the whole block, or the split a zigzag-like plan makes (rows in halves: each
+    // call sees a sub-range of the rows, the second half merges two partials).
+    const int64_t h = s.local_q / 2;
+    const std::vector<std::vector<BlockCall>> plans = {
+        {BlockCall{0, s.local_q, 0, s.local_kv, 0, 0, causal == 1}},
+        {BlockCall{0, h, 0, h, 0, 0, causal == 1}, BlockCall{h, s.local_q, 0, h, h, 0, false},
+         BlockCall{h, s.local_q, h, s.local_kv, h, h, causal == 1}}};
+    for (size_t plan = 0; plan < plans.size(); ++plan) {
+      // the non-causal split also covers the first half's rows against the second half's keys
+      std::vector<BlockCall> calls = plans[plan];
+      if (plan == 1 && causal == 0) calls.push_back(BlockCall{0, h, h, s.local_kv, 0, h, false});
+      CAPTURE(causal);
+      CAPTURE(plan);
+      const Result native = run(EngineChoice::native, s, calls, q, kv, d_o);
+      CHECK(native.log.empty());  // the native engine has nothing to say
+      for (EngineChoice choice : {EngineChoice::cudnn, EngineChoice::automatic}) {
+        CAPTURE(engine_choice_name(choice));
+        const Result got = run(choice, s, calls, q, kv, d_o);
+        CHECK(rel_max(got.o, native.o) < 2e-2);
+        CHECK(rel_max(got.dq, native.dq) < 5e-2);
+        CHECK(rel_max(got.dk, native.dk) < 5e-2);
+        CHECK(rel_max(got.dv, native.dv) < 5e-2);
+        long lse_bad = 0;
+        for (size_t i = 0; i < got.lse.size(); ++i)
+          lse_bad += !(std::abs(got.lse[i] - native.lse[i]) <= 1e-4 * (1 + std::abs(native.lse[i])));
+        CHECK(lse_bad == 0);
+        REQUIRE(got.log.size() == 1);
+        MESSAGE(got.log[0]);
+        CHECK(got.log[0].rfind("engine: cudnn " + cudnn_version_string() + " for ", 0) == 0);
+        const std::string calls_text = std::to_string(calls.size());
+        CHECK(got.log[0].find(" of " + calls_text + " forward calls") != std::string::npos);
+      }
+    }
+  }
+  CHECK(engine_choice(std::string("auto")) == EngineChoice::automatic);
+  CHECK_THROWS(engine_choice(std::string("fast")));
+}
