@@ -186,7 +186,7 @@ TEST_CASE("blocksparse: per-head masks follow each head's offset, shared masks s
   }
 }
 
-TEST_CASE("blocksparse: partial last blocks, fewer blocks than ranks, block size 128, a token window on top") {
+TEST_CASE("blocksparse: partial last blocks, fewer blocks than ranks, block size 128, token windows on top") {
   Spec spec;
   spec.pattern = "streaming";
   Shape tiny;
@@ -211,6 +211,17 @@ TEST_CASE("blocksparse: partial last blocks, fewer blocks than ranks, block size
   window.window_right = 0;
   attnhost::CaseResult w = run_on(DeviceKind::cpu, bs_case(spec, {1, 2, 4}, window));
   all_pass(w);
+  // A window on both sides of full attention, cutting through global_local's blocks.
+  Spec both;
+  both.pattern = "global_local";
+  Shape sides;
+  sides.causal = false;
+  sides.window_left = 70;
+  sides.window_right = 30;
+  attnhost::CaseResult b = run_on(DeviceKind::cpu, bs_case(both, {1, 3}, sides));
+  all_pass(b);
+  CHECK(b.runs[0].total_pairs == brute_force_pairs(both, sides));
+
   auto ring = test::dense_case("ring", {1}, 1000, 4, 2, 32, true);
   ring.problem.window_left = 200;
   ring.problem.window_right = 0;
