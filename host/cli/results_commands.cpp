@@ -144,7 +144,7 @@ int history_command(Context& ctx, const std::vector<std::string>& args) {
   report::print_trends(std::cout, history, trends, threshold, ctx.options.verbose);
   fs::path chart = vm.count("chart") ? fs::path(vm["chart"].as<std::string>()) : fs::path(file).replace_extension(".svg");
   chart = fs::absolute(chart);
-  report::ChartsDrawn drawn = report::draw_charts(chart.parent_path(), {report::trend_chart(trends, chart.filename().string())},
+  report::ChartsDrawn drawn = report::draw_charts(chart.parent_path(), {report::trend_chart(trends, chart.filename().string(), threshold)},
                                                   chart.stem().string() + ".gp");
   if (!drawn.notice.empty()) log::warn(drawn.notice);
   else if (!ctx.options.quiet) std::cout << "\nchart: " << chart.string() << "\n";

@@ -185,8 +185,10 @@ std::string gnuplot_script(const std::vector<Chart>& charts) {
     }
     s << "plot ";
     for (size_t i = 0; i < c.series.size(); ++i)
-      s << (i ? ", \\\n     " : "") << "$d" << first + static_cast<int>(i) << " using 1:2 with linespoints lw 2 pt 7 ps 0.8 title "
-        << quoted(c.series[i].title);
+      // gnuplot cycles 8 colours: past them, a dash pattern keeps the lines apart.
+      s << (i ? ", \\\n     " : "") << "$d" << first + static_cast<int>(i) << " using 1:2 with linespoints lw 2 pt 7 ps 0.8 dt "
+        << 1 + (i / 8) % 4 << " title " << quoted(c.series[i].title);
+    if (c.y_mark) s << ", \\\n     " << *c.y_mark << " with lines lw 1 dt 2 lc rgb '#cc0000' title " << quoted(c.y_mark_title);
     s << "\nunset output\n";
   }
   return s.str();

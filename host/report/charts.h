@@ -25,6 +25,8 @@ struct Chart {
   bool log_x = false, log_y = false;
   bool integer_x = false;  // world sizes: tick at integers only
   bool from_zero = true;   // y axis starts at 0 (unless logarithmic)
+  std::optional<double> y_mark;  // a dashed horizontal line (history: the threshold)
+  std::string y_mark_title;
   std::vector<ChartSeries> series;
 };
 

@@ -145,16 +145,16 @@ void print_trends(std::ostream& out, const std::vector<HistoryEntry>& history, c
                   double threshold, bool every_run) {
   out << history.size() << " runs, " << history.front().date << " (" << history.front().revision << ") to "
       << history.back().date << " (" << history.back().revision << ")\n\n";
-  fmt::Table t({"case", "ws", "pass", "runs", "first", "last", "change", "per run", "trend", "status"}, 3);
+  fmt::Table t({"case", "ws", "pass", "status", "runs", "first", "last", "change", "per run", "trend"}, 4);
   for (const Trend& tr : trends) {
     std::string status = tr.status;
     if (tr.status == "drifting-slower" && tr.slope > 0) {
       const double runs_left = (threshold - tr.change) / tr.slope;
       status += " (crosses " + fmt::sig(100 * threshold) + "% in ~" + std::to_string(static_cast<int>(std::ceil(runs_left))) + " runs)";
     }
-    t.row({tr.id, std::to_string(tr.world_size), pass_label(tr.pass), std::to_string(tr.medians.size()),
+    t.row({tr.id, std::to_string(tr.world_size), pass_label(tr.pass), status, std::to_string(tr.medians.size()),
            fmt::ms(tr.medians.front()), fmt::ms(tr.medians.back()), fmt::signed_percent(tr.change),
-           fmt::signed_percent(tr.slope), sparkline(tr.medians), status});
+           fmt::signed_percent(tr.slope), sparkline(tr.medians)});
   }
   out << t.str();
   if (every_run)
@@ -167,10 +167,12 @@ void print_trends(std::ostream& out, const std::vector<HistoryEntry>& history, c
     }
 }
 
-Chart trend_chart(const std::vector<Trend>& trends, const std::string& file) {
+Chart trend_chart(const std::vector<Trend>& trends, const std::string& file, double threshold) {
   Chart c{file, "", "median time relative to each case's first run", "run", "median / first run (%)"};
   c.integer_x = true;
   c.from_zero = false;  // a drift of a few percent must be visible
+  c.y_mark = 100 * (1 + threshold);
+  c.y_mark_title = "threshold (+" + fmt::sig(100 * threshold) + "%)";
   for (const Trend& t : trends) {
     ChartSeries s{t.id + " ws=" + std::to_string(t.world_size) + " " + pass_label(t.pass), {}};
     for (size_t i = 0; i < t.runs.size(); ++i)

@@ -47,6 +47,7 @@ std::vector<Trend> trends(const std::vector<HistoryEntry>& history, const std::s
 
 void print_trends(std::ostream& out, const std::vector<HistoryEntry>& history, const std::vector<Trend>& trends,
                   double threshold, bool every_run);
-Chart trend_chart(const std::vector<Trend>& trends, const std::string& file);  // median relative to each first run
+// Median relative to each first run, with the threshold drawn as a line.
+Chart trend_chart(const std::vector<Trend>& trends, const std::string& file, double threshold);
 
 }  // namespace attnhost::report

@@ -130,6 +130,7 @@ TEST_CASE("history: a slow drift is flagged before it crosses the threshold") {
   CHECK(trends(h, "*flat", 0.20).size() == 1);
   CHECK(trends(h, "drift", 0.20).size() == 1);
   CHECK(trends(h, "", 0.10)[0].status == "SLOWER");
-  Chart c = trend_chart(t, "h.svg");
+  Chart c = trend_chart(t, "h.svg", 0.20);
+  CHECK(*c.y_mark == doctest::Approx(120));
   CHECK(c.series[0].points.back().second == doctest::Approx(112));
 }
