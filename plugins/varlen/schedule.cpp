@@ -20,25 +20,26 @@ Segment segment(int64_t q_begin, int64_t q_end, int64_t kv_begin, int64_t kv_end
           static_cast<int32_t>(kv_end), q_pos0, kv_pos0};
 }
 
-// The call of `planned`: attending segments by pairs (largest last), then rows they leave out.
+// The call of `planned`: the forward's segments (attending by pairs, most last, then the rows
+// they leave out) and the backward's (attending, most pairs first).
 StepCall finish(std::vector<Planned> planned, bool masked, int64_t local_tokens) {
   std::stable_sort(planned.begin(), planned.end(), [](const Planned& a, const Planned& b) { return a.pairs < b.pairs; });
   StepCall call;
   call.masked = masked;
   std::vector<std::pair<int64_t, int64_t>> rows;
   for (const Planned& p : planned) {
-    call.segments.push_back(p.segment);
+    call.forward.push_back(p.segment);
     call.pairs += p.pairs;
     rows.emplace_back(p.segment.q_begin, p.segment.q_end);
   }
-  call.attending = static_cast<int32_t>(call.segments.size());
+  call.backward.assign(call.forward.rbegin(), call.forward.rend());
   std::sort(rows.begin(), rows.end());
   int64_t at = 0;
   for (auto [begin, end] : rows) {
-    if (begin > at) call.segments.push_back(segment(at, begin, 0, 0, 0, 0));
+    if (begin > at) call.forward.push_back(segment(at, begin, 0, 0, 0, 0));
     at = std::max(at, end);
   }
-  if (at < local_tokens) call.segments.push_back(segment(at, local_tokens, 0, 0, 0, 0));
+  if (at < local_tokens) call.forward.push_back(segment(at, local_tokens, 0, 0, 0, 0));
   return call;
 }
 

@@ -15,10 +15,11 @@
 // does so in as many calls (a row lies in one segment of a call), and with `deterministic` no two
 // segments of a call share keys.
 //
-// Every call covers all local rows: the rows its segments leave out get segments without keys
-// (O = 0, LSE = -inf: the merge then leaves them as they were), placed after the attending ones
-// (BlockCall::backward_segments). Attending segments are sorted by their pairs, the largest last,
-// since the forward kernel starts from the last tiles.
+// Every call's forward covers all local rows: the rows its segments leave out get segments
+// without keys (O = 0, LSE = -inf: the merge then leaves them as they were). Its backward has the
+// attending segments alone (BlockCall::backward_segments). Both lists put the segments with the
+// most pairs where their kernels start (the forward kernels walk the tiles from the last, the
+// dK/dV kernel from the first), so that the longest tiles do not run last.
 #pragma once
 
 #include "sharding.h"
@@ -32,8 +33,9 @@
 namespace varlen {
 
 struct StepCall {
-  std::vector<attncore::Segment> segments;  // over the whole local tensors (rows and columns)
-  int32_t attending = 0;                    // the first `attending` segments have keys
+  std::vector<attncore::Segment> forward;   // over the whole local tensors: attending (most pairs
+                                            // last), then rows that attend nothing
+  std::vector<attncore::Segment> backward;  // the attending ones, most pairs first
   bool masked = true;                       // apply the problem's causal/window mask
   int64_t pairs = 0;                        // visible (query, key) pairs, per head
 };

@@ -92,7 +92,10 @@ class Varlen {
     std::vector<attncore::Segment> all;
     for (int source = 0; source < p->world_size; ++source) {
       plans[source] = varlen::plan_step(sharding_, mask_, p->rank, source, p->deterministic != 0);
-      for (const varlen::StepCall& c : plans[source]) all.insert(all.end(), c.segments.begin(), c.segments.end());
+      for (const varlen::StepCall& c : plans[source]) {
+        all.insert(all.end(), c.forward.begin(), c.forward.end());
+        all.insert(all.end(), c.backward.begin(), c.backward.end());
+      }
     }
     segments_ = attnhost::HostBuffer(host, all.size() * sizeof(attncore::Segment));
     if (!all.empty())
@@ -105,11 +108,13 @@ class Varlen {
       for (const varlen::StepCall& c : plans[source]) {
         BlockCall call{0, n, 0, n, 0, 0, c.masked};
         call.segments = at;
-        call.num_segments = static_cast<int32_t>(c.segments.size());
-        call.backward_segments = c.attending;
+        call.num_segments = static_cast<int32_t>(c.forward.size());
+        at += c.forward.size();
+        call.backward_segments = at;
+        call.num_backward_segments = static_cast<int32_t>(c.backward.size());
+        at += c.backward.size();
         call.pairs = c.pairs;
         steps_[source].push_back(call);
-        at += c.segments.size();
       }
     total_pairs_ = varlen::total_pairs(sharding_, mask_) * p->heads_q;
   }

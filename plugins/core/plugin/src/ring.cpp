@@ -229,8 +229,7 @@ void RingAttention::backward(const attnhost_backward_args& a) {
       exchange(cur.k, cur.v, next.k, next.v, s_.dtype, kv_elems, comm, "K V", step);
     }
     for (const BlockCall& c : plan_(rank_, src)) {
-      const int32_t segments = c.backward_segments >= 0 ? c.backward_segments : c.num_segments;
-      if (c.num_segments > 0 && segments == 0) continue;  // no segment attends: nothing to differentiate
+      if (c.backward_segments && c.num_backward_segments == 0) continue;  // nothing attends: nothing to differentiate
       std::string name = "attention backward step " + std::to_string(step);
       int32_t range = host_.range_begin(name.c_str(), ATTNHOST_RANGE_COMPUTE, compute);
       BackwardParams p;
@@ -253,8 +252,8 @@ void RingAttention::backward(const attnhost_backward_args& a) {
       p.dk = kv_ref(grad.k, c.kv_begin, true);
       p.dv = kv_ref(grad.v, c.kv_begin, true);
       p.mask = mask_of(c);
-      p.segments = c.segments;
-      p.num_segments = segments;
+      p.segments = c.backward_segments ? c.backward_segments : c.segments;
+      p.num_segments = c.backward_segments ? c.num_backward_segments : c.num_segments;
       p.blocks = c.blocks;
       p.deterministic = s_.deterministic;
       engine_->backward(p, compute);

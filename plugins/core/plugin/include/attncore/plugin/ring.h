@@ -34,11 +34,13 @@ struct BlockCall {
   int32_t num_segments = 0;
   const BlockList* blocks = nullptr;
   int64_t pairs = -1;  // per (batch, head); -1: count from the dense mask
-  // Segments [backward_segments, num_segments) attend nothing: they are there so that the forward
-  // writes every row of [q_begin, q_end) (O = 0, LSE = -inf where a row sees no key of this call),
-  // which the merge over those rows needs. The backward leaves them out (none left: no call).
-  // -1: every segment attends.
-  int32_t backward_segments = -1;
+  // The backward's segments, when they differ from the forward's (nullptr: the same). A forward
+  // may carry segments of rows that attend nothing in the call, so that it writes every row of
+  // [q_begin, q_end) (O = 0, LSE = -inf), which the merge over those rows needs; the backward has
+  // nothing to do for them, and may want the others in another order for its kernels. A list
+  // with no segment: no backward call.
+  const Segment* backward_segments = nullptr;
+  int32_t num_backward_segments = 0;
 };
 
 // The calls rank `rank` makes at the step that brings the block of rank `source`.
