@@ -14,6 +14,8 @@
 
 #include "attncore/cudnn.h"
 #include "attncore/numeric.h"
+#include "attncore/cuda.h"
+#include "attncore/plugin/engine.h"
 #include "attncore/plugin/ring.h"
 
 using namespace attncore;
@@ -177,4 +179,132 @@ TEST_CASE("engine: the ring at world size 1 gives the same result with native, c
   }
   CHECK(engine_choice(std::string("auto")) == EngineChoice::automatic);
   CHECK_THROWS(engine_choice(std::string("fast")));
+}
+
+// The engine alone, on calls cuDNN serves on every version measured (O in dtype, gradients written
+// in dtype): the cudnn and auto choices run cuDNN (workspace from the host's allocator), the native
+// choice the kernels, the results agree, and the log counts the cuDNN calls.
+TEST_CASE("engine: cudnn and auto serve a dtype-O forward and a gradient-writing backward, native agrees") {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess) devices = 0;
+  REQUIRE_MESSAGE(devices > 0, "needs a CUDA device");
+  std::mt19937_64 rng(12);
+  const int B = 2, Hq = 8, Hkv = 2, D = 128, S = 1024;  // auto takes cuDNN from 1024 x 1024 (measured)
+  const size_t nq = size_t(B) * S * Hq * D, nkv = size_t(B) * S * Hkv * D, rows = size_t(B) * Hq * S;
+  const auto q = random_bf16(nq, rng), kv = random_bf16(nkv, rng), d_o = random_bf16(nq, rng);
+  DeviceArray dq_in(nq * 2), dk_in(nkv * 2), ddo(nq * 2);
+  CUDA_OK(cudaMemcpy(dq_in.ptr, q.data(), nq * 2, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemcpy(dk_in.ptr, kv.data(), nkv * 2, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemcpy(ddo.ptr, d_o.data(), nq * 2, cudaMemcpyHostToDevice));
+  const auto qt = [&](void* p) { return TensorRef{p, int64_t(S) * Hq * D, int64_t(Hq) * D, D}; };
+  const auto kvt = [&](void* p) { return TensorRef{p, int64_t(S) * Hkv * D, int64_t(Hkv) * D, D}; };
+  for (int causal = 0; causal < 2; ++causal) {
+    CAPTURE(causal);
+    struct Out {
+      std::vector<uint16_t> o, dk, dv;
+      std::vector<float> lse, dq;
+      std::vector<std::string> log;
+    };
+    // native: O in dtype, gradients added into fp32 (zeroed); the others write gradients in dtype
+    const auto run_engine = [&](EngineChoice choice) {
+      FakeHost host;
+      Out r;
+      DeviceArray o(nq * 2), lse(rows * 4), delta(rows * 4), dq(nq * 4), dk(nkv * 4), dv(nkv * 4);
+      CUDA_OK(cudaMemset(dq.ptr, 0, nq * 4));
+      CUDA_OK(cudaMemset(dk.ptr, 0, nkv * 4));
+      CUDA_OK(cudaMemset(dv.ptr, 0, nkv * 4));
+      {
+        auto engine = Engine::make(true, false, EngineOptions{choice, attnhost::Host(&host.api)});
+        ForwardParams f;
+        f.dtype = DType::bf16;
+        f.batch = B;
+        f.heads_q = Hq;
+        f.heads_kv = Hkv;
+        f.head_dim = D;
+        f.seqlen_q = f.seqlen_kv = S;
+        f.q = qt(dq_in.ptr);
+        f.k = f.v = kvt(dk_in.ptr);
+        f.o = qt(o.ptr);
+        f.lse = RowStatsRef{static_cast<float*>(lse.ptr), int64_t(Hq) * S, S};
+        f.mask.causal = causal == 1;
+        engine->forward(f, nullptr);
+        BackwardParams g;
+        g.dtype = DType::bf16;
+        g.batch = B;
+        g.heads_q = Hq;
+        g.heads_kv = Hkv;
+        g.head_dim = D;
+        g.seqlen_q = g.seqlen_kv = S;
+        g.q = f.q;
+        g.k = g.v = f.k;
+        g.o = f.o;
+        g.d_o = qt(ddo.ptr);
+        g.lse = f.lse;
+        g.mask = f.mask;
+        g.write_grads = choice != EngineChoice::native;
+        const bool fp32 = !g.write_grads;
+        g.dq = fp32 ? TensorRef{dq.ptr, int64_t(S) * Hq * D, int64_t(Hq) * D, D} : qt(dq.ptr);
+        g.dk = fp32 ? TensorRef{dk.ptr, int64_t(S) * Hkv * D, int64_t(Hkv) * D, D} : kvt(dk.ptr);
+        g.dv = fp32 ? TensorRef{dv.ptr, int64_t(S) * Hkv * D, int64_t(Hkv) * D, D} : kvt(dv.ptr);
+        if (fp32) {
+          DeltaParams dp;
+          dp.dtype = DType::bf16;
+          dp.batch = B;
+          dp.heads = Hq;
+          dp.head_dim = D;
+          dp.seqlen = S;
+          dp.o = f.o;
+          dp.d_o = g.d_o;
+          dp.delta = RowStatsRef{static_cast<float*>(delta.ptr), int64_t(Hq) * S, S};
+          engine->compute_delta(dp, nullptr);
+          g.delta = dp.delta;
+        }
+        engine->backward(g, nullptr);
+        CUDA_OK(cudaDeviceSynchronize());
+      }
+      r.o = o.download<uint16_t>();
+      r.lse = lse.download<float>();
+      // gradients as bf16 for the comparison (fp32 accumulators rounded like the ring's convert)
+      const auto as_bf16 = [](const std::vector<float>& v) {
+        std::vector<uint16_t> out(v.size());
+        for (size_t i = 0; i < v.size(); ++i) out[i] = float_to_bf16(v[i]);
+        return out;
+      };
+      if (choice == EngineChoice::native) {
+        r.dq = dq.download<float>();
+        r.dk = as_bf16(dk.download<float>());
+        r.dv = as_bf16(dv.download<float>());
+      } else {
+        const auto dq16 = dq.download<uint16_t>();
+        r.dq.resize(nq);
+        for (size_t i = 0; i < nq; ++i) r.dq[i] = bf16_to_float(dq16[i]);
+        const auto dk16 = dk.download<uint16_t>(), dv16 = dv.download<uint16_t>();
+        r.dk.assign(dk16.begin(), dk16.begin() + nkv);
+        r.dv.assign(dv16.begin(), dv16.begin() + nkv);
+      }
+      r.log = host.lines;
+      return r;
+    };
+    const Out native = run_engine(EngineChoice::native);
+    for (EngineChoice choice : {EngineChoice::cudnn, EngineChoice::automatic}) {
+      CAPTURE(engine_choice_name(choice));
+      const Out got = run_engine(choice);
+      CHECK(rel_max(got.o, native.o) < 2e-2);
+      std::vector<uint16_t> dq_got(nq), dq_native(nq);
+      for (size_t i = 0; i < nq; ++i) {
+        dq_got[i] = float_to_bf16(got.dq[i]);
+        dq_native[i] = float_to_bf16(native.dq[i]);
+      }
+      CHECK(rel_max(dq_got, dq_native) < 5e-2);
+      CHECK(rel_max(got.dk, native.dk) < 5e-2);
+      CHECK(rel_max(got.dv, native.dv) < 5e-2);
+      long lse_bad = 0;
+      for (size_t i = 0; i < rows; ++i)
+        lse_bad += !(std::abs(got.lse[i] - native.lse[i]) <= 1e-4 * (1 + std::abs(native.lse[i])));
+      CHECK(lse_bad == 0);
+      REQUIRE(got.log.size() == 1);
+      MESSAGE(got.log[0]);
+      CHECK(got.log[0].find("for 1 of 1 forward calls and 1 of 1 backward calls") != std::string::npos);
+    }
+  }
 }

@@ -9,15 +9,17 @@
 //    q_pos0 - kv_pos0 = 0 (cuDNN's top-left causal mask) or > 0 (the same mask with its right
 //    bound shifted), or that a window leaves untouched inside the block. Not served: a causal
 //    offset < 0 (rows with no key), windows that cut through the block, segments, block lists;
-//  - forward: O in dtype, or in fp32 (o_fp32, a partial to merge) only where cuDNN's graph writes an
-//    fp32 O itself (a bf16 O widened afterwards would merge bf16 rounding; the core never does that);
-//    LSE from cuDNN's softmax stats, which are max + log(sum exp) of the scaled scores in natural
-//    log: the core's convention as they come;
+//  - forward: O in dtype; LSE from cuDNN's softmax stats, which are max + log(sum exp) of the scaled
+//    scores in natural log: the core's convention as they come. O in fp32 (o_fp32, a partial to
+//    merge) is not served: cuDNN 9.14 and 9.19 build that graph and write wrong values (measured,
+//    docs/PERFORMANCE-core.md), and a bf16 O widened would carry its rounding into the merge;
 //  - backward: needs BackwardParams::o (cuDNN recomputes delta from dO and O in its graph) and reads
-//    LSE from p.lse. Gradients: with write_grads, written in dtype (what frameworks do); otherwise
-//    added into the fp32 accumulators, which needs a graph whose dQ/dK/dV outputs are fp32 (cuDNN's
-//    outputs overwrite, so they land in scratch and one kernel adds them). Not deterministic (cuDNN
-//    adds dQ with atomics): deterministic calls are not served.
+//    LSE from p.lse. Gradients are written in dtype (write_grads, what frameworks do). Adding them
+//    into the fp32 accumulators (the core's contract) would need fp32 dQ/dK/dV outputs, landing in
+//    scratch for one kernel to add (cuDNN overwrites): those graphs wrote wrong values or did not
+//    build (GQA), so such calls are not served. ATTNCORE_CUDNN_FP32_OUTPUTS=force serves both fp32
+//    forms anyway, to measure a new cuDNN. Not deterministic (cuDNN adds dQ with atomics):
+//    deterministic calls are not served.
 // Whether cuDNN builds a graph is a property of the loaded library and the GPU, so cudnn_check
 // builds (and caches) the execution plan of the call's shape the first time it sees it; its answer
 // is what this cuDNN on this device can do. docs/PERFORMANCE-core.md records what was seen.

@@ -70,6 +70,7 @@ BackwardParams backward_params(const RingShape& s, const BlockCall& c, const att
   p.k = views.kv(k, c.kv_begin, false);
   p.v = views.kv(v, c.kv_begin, false);
   p.d_o = views.q(a.d_o.data, c.q_begin, false);
+  p.o = views.q(a.o.data, c.q_begin, false);  // the final output: the cuDNN engine recomputes delta from it
   p.lse = views.stats(static_cast<float*>(a.lse.data), c.q_begin);
   p.delta = views.stats(delta, c.q_begin);
   p.dq = views.q(dq, c.q_begin, true);

@@ -47,8 +47,12 @@ std::vector<int64_t> shape_key(const BackwardParams& p) {
 }
 
 // The shape classes where cuDNN measured faster than the native kernels, for `auto`
-// (docs/PERFORMANCE-core.md, "cuDNN engine"): Hopper, the only architecture measured.
-bool measured_faster(int sm_major) { return sm_major == 9; }
+// (docs/PERFORMANCE-core.md, "cuDNN engine", H200, 2026-11-22): Hopper, head_dim 128, blocks of at
+// least 1024 x 1024 (the smallest measured: 2.4x the native forward, 2.2x the backward; 16384:
+// 2.0x and 2.5x). Other architectures, head dims and smaller blocks stay native until measured.
+bool measured_faster(int sm_major, int32_t head_dim, int64_t seqlen_q, int64_t seqlen_kv) {
+  return sm_major == 9 && head_dim == 128 && seqlen_q >= 1024 && seqlen_kv >= 1024;
+}
 
 class SelectingEngine final : public Engine {
  public:
@@ -111,9 +115,13 @@ class SelectingEngine final : public Engine {
     const std::vector<int64_t> key = shape_key(p);
     if (auto it = t.decided.find(key); it != t.decided.end()) return it->second;
     const std::string why = cudnn_check(p);
-    const bool use = why.empty() && (choice_ == EngineChoice::cudnn || measured_faster(sm_major_));
+    const bool faster = measured_faster(sm_major_, p.head_dim, p.seqlen_q, p.seqlen_kv);
+    const bool use = why.empty() && (choice_ == EngineChoice::cudnn || faster);
     if (!use && t.why_native.empty())
-      t.why_native = why.empty() ? "auto: cuDNN not measured faster on sm_" + std::to_string(sm_major_) + "x" : why;
+      t.why_native = why.empty() ? "auto: cuDNN not measured faster for sm_" + std::to_string(sm_major_) +
+                                       "x, head_dim " + std::to_string(p.head_dim) + ", " +
+                                       std::to_string(p.seqlen_q) + " x " + std::to_string(p.seqlen_kv)
+                                 : why;
     t.decided.emplace(key, use);
     return use;
   }

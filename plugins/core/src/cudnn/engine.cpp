@@ -4,6 +4,7 @@
 #include <cudnn_graph.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -31,6 +32,26 @@ constexpr int kBackwardMinVersion = 90600;
 // Before 9.16 the backward graph needs s_kv % 128 == 0 or explicit sequence lengths with a padding
 // mask; the frontend adds them (its "workaround padding mask"), and so does this engine.
 constexpr int kPaddingFixedVersion = 91600;
+
+// fp32 outputs (O of the forward, dQ/dK/dV of the backward) from bf16/fp16 inputs. On cuDNN 9.14.0
+// (H200, 2026-11-22, docs/PERFORMANCE-core.md) those graphs finalize and run, and the values are not
+// the fp32 results: half of each fp32 output stays unwritten, as if it were written in the input
+// type (the GQA backward does not even build). So they are served from no version until one is
+// measured right; ATTNCORE_CUDNN_FP32_OUTPUTS=force serves them anyway, to measure a new version.
+bool fp32_outputs_served() {
+  const char* force = std::getenv("ATTNCORE_CUDNN_FP32_OUTPUTS");
+  return force && std::string(force) == "force";
+}
+
+std::string fp32_outputs_refused(bool backward) {
+  if (!backward)
+    return "cuDNN engine: O in fp32 (a partial to merge): cuDNN's graph for it finalizes but wrote wrong values on "
+           "9.14.0 (measured), so no version serves it; a bf16 O widened would carry its rounding into the merge";
+  return "cuDNN engine: fp32 gradients to add (write_grads=false): cuDNN's fp32 dQ/dK/dV graphs wrote wrong values "
+         "on 9.14.0 (measured; GQA ones do not build), so no version serves them; cuDNN writes gradients in dtype "
+         "(write_grads=true)";
+}
+
 constexpr int64_t kMaxLen = (int64_t(1) << 31) - 1;
 constexpr size_t kAlign = 256;
 
@@ -200,6 +221,7 @@ Resolved resolve(const ForwardParams& p) {
   if (!aligned(p.o, p.o_fp32))
     return no("cuDNN engine: o must be 16-byte aligned with 16-byte strides");
   if (!p.lse.data) return no("cuDNN engine: lse is null");
+  if (p.o_fp32 && !fp32_outputs_served()) return no(fp32_outputs_refused(false));
   s.q = layout(p.q);
   s.k = layout(p.k);
   s.v = layout(p.v);
@@ -231,6 +253,8 @@ Resolved resolve(const BackwardParams& p) {
       !aligned(p.d_o, false))
     return no("cuDNN engine: q, k, v, o, d_o must be 16-byte aligned with strides that are multiples of 8 elements");
   const bool fp32 = !p.write_grads;
+  if (fp32 && !fp32_outputs_served())
+    return no(fp32_outputs_refused(true));
   if (!aligned(p.dq, fp32) || !aligned(p.dk, fp32) || !aligned(p.dv, fp32))
     return no("cuDNN engine: dq, dk, dv must be 16-byte aligned with 16-byte strides");
   if (!p.lse.data) return no("cuDNN engine: lse is null");
