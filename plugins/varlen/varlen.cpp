@@ -153,6 +153,8 @@ class Varlen {
     s.softmax_scale = static_cast<float>(p->softmax_scale);
     s.mask = {0, mask_.causal, mask_.window_left, mask_.window_right};  // pairs come with each call
     s.deterministic = p->deterministic != 0;
+    // cuDNN takes no segments, so every varlen call runs on the core's kernels whatever the choice.
+    s.engine = attncore::plugin::engine_choice(p.get_string("engine"));
     return s;
   }
 

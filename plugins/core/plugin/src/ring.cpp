@@ -1,48 +1,11 @@
 #include "attncore/plugin/ring.h"
 
-#include <algorithm>
-#include <limits>
+#include "calls.h"
+
 #include <string>
+#include <vector>
 
 namespace attncore::plugin {
-
-namespace {
-
-constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-
-// Which local rows already hold a partial: the first call on a row writes the accumulator
-// directly, later ones merge into it.
-class WrittenRows {
- public:
-  enum class State { none, all };
-  State state(int64_t begin, int64_t end) const {
-    int64_t covered = 0;
-    for (auto [b, e] : ranges_) covered += std::max<int64_t>(0, std::min(e, end) - std::max(b, begin));
-    if (covered == 0) return State::none;
-    if (covered == end - begin) return State::all;
-    attnhost::fail(ATTNHOST_ERR_INTERNAL, "ring schedule: a call covers rows that are partly merged already");
-  }
-  void add(int64_t begin, int64_t end) { ranges_.emplace_back(begin, end); }
-  // Rows of [0, n) that no call wrote.
-  std::vector<std::pair<int64_t, int64_t>> gaps(int64_t n) const {
-    std::vector<std::pair<int64_t, int64_t>> sorted = ranges_, out;
-    std::sort(sorted.begin(), sorted.end());
-    int64_t at = 0;
-    for (auto [b, e] : sorted) {
-      if (b > at) out.emplace_back(at, b);
-      at = std::max(at, e);
-    }
-    if (at < n) out.emplace_back(at, n);
-    return out;
-  }
-
- private:
-  std::vector<std::pair<int64_t, int64_t>> ranges_;
-};
-
-size_t align_up(size_t n) { return (n + 255) / 256 * 256; }
-
-}  // namespace
 
 RingAttention::RingAttention(const RingShape& shape, RingPlan plan, attnhost::Host host, int rank, int world_size,
                              bool cuda, bool cpu_fp64, bool overlap)
@@ -114,80 +77,30 @@ void RingAttention::forward(const attnhost_forward_args& a) {
   void* comm = overlap_ ? host_.stream(1) : compute;
   const size_t q_elems = static_cast<size_t>(s_.batch) * s_.local_q * s_.heads_q * s_.head_dim;
   const size_t kv_elems = static_cast<size_t>(s_.batch) * s_.local_kv * s_.heads_kv * s_.head_dim;
-  float* o_acc = reinterpret_cast<float*>(work_);
-  float* o_part = reinterpret_cast<float*>(work_ + align_up(q_elems * 4));
-  float* lse_part = reinterpret_cast<float*>(work_ + 2 * align_up(q_elems * 4));
-  float* lse = static_cast<float*>(a.lse.data);
-  const DType dtype = core_dtype(s_.dtype);
-  WrittenRows written;
+  std::vector<std::vector<BlockCall>> plans(world_);
+  size_t calls = 0;
+  for (int step = 0; step < world_; ++step) calls += (plans[step] = plan_(rank_, source(step))).size();
+  // One call in all (world size 1 with a single block): O goes straight to the problem's dtype.
+  OutputAccumulator out(s_, *engine_, reinterpret_cast<float*>(work_), reinterpret_cast<float*>(work_ + align_up(q_elems * 4)),
+                        reinterpret_cast<float*>(work_ + 2 * align_up(q_elems * 4)), static_cast<float*>(a.lse.data),
+                        calls == 1 ? a.o.data : nullptr);
 
   for (int step = 0; step < world_; ++step) {
-    const int src = source(step);
     KV cur = step == 0 ? KV{a.k.data, a.v.data} : kv_[step % 2];
     if (step + 1 < world_) {
       engine_->wait(comm, compute);  // the receive buffer was read by the previous step
       KV next = kv_[(step + 1) % 2];
       exchange(cur.k, cur.v, next.k, next.v, s_.dtype, kv_elems, comm, "K V", step);
     }
-    for (const BlockCall& c : plan_(rank_, src)) {
+    for (const BlockCall& c : plans[step]) {
       std::string name = "attention step " + std::to_string(step);
       int32_t range = host_.range_begin(name.c_str(), ATTNHOST_RANGE_COMPUTE, compute);
-      const bool first = written.state(c.q_begin, c.q_end) == WrittenRows::State::none;
-      ForwardParams p;
-      p.dtype = dtype;
-      p.batch = s_.batch;
-      p.heads_q = s_.heads_q;
-      p.heads_kv = s_.heads_kv;
-      p.head_dim = s_.head_dim;
-      p.seqlen_q = c.q_end - c.q_begin;
-      p.seqlen_kv = c.kv_end - c.kv_begin;
-      p.softmax_scale = s_.softmax_scale;
-      p.q = q_ref(a.q.data, c.q_begin, false);
-      p.k = kv_ref(cur.k, c.kv_begin, false);
-      p.v = kv_ref(cur.v, c.kv_begin, false);
-      p.o = q_ref(first ? o_acc : o_part, c.q_begin, true);
-      p.o_fp32 = true;
-      p.lse = stats_ref(first ? lse : lse_part, c.q_begin);
-      p.mask = mask_of(c);
-      p.segments = c.segments;
-      p.num_segments = c.num_segments;
-      p.blocks = c.blocks;
-      engine_->forward(p, compute);
-      if (first) {
-        written.add(c.q_begin, c.q_end);
-      } else {
-        MergeParams m;
-        m.batch = s_.batch;
-        m.heads = s_.heads_q;
-        m.head_dim = s_.head_dim;
-        m.seqlen = p.seqlen_q;
-        m.o_acc = q_ref(o_acc, c.q_begin, true);
-        m.lse_acc = stats_ref(lse, c.q_begin);
-        m.o_part = p.o;
-        m.lse_part = p.lse;
-        engine_->merge(m, compute);
-      }
+      out.run(forward_params(s_, c, a.q.data, cur.k, cur.v), c, compute);  // first call on its rows, or merged
       host_.range_end(range, compute);
     }
     if (step + 1 < world_) engine_->wait(compute, comm);  // the next block has arrived
   }
-  // Rows no call reached attend nothing: O = 0, LSE = -inf.
-  for (auto [begin, end] : written.gaps(s_.local_q))
-    for (int32_t b = 0; b < s_.batch; ++b) {
-      TensorRef o = q_ref(o_acc, begin, true);
-      engine_->zero(static_cast<char*>(o.data) + b * o.batch_stride * 4, (end - begin) * o.token_stride * 4, compute);
-      for (int32_t h = 0; h < s_.heads_q; ++h)
-        engine_->fill(lse + (static_cast<int64_t>(b) * s_.heads_q + h) * s_.local_q + begin, kNegInf, end - begin, compute);
-    }
-  ConvertParams cv;
-  cv.dtype = dtype;
-  cv.batch = s_.batch;
-  cv.heads = s_.heads_q;
-  cv.head_dim = s_.head_dim;
-  cv.seqlen = s_.local_q;
-  cv.src = q_ref(o_acc, 0, true);
-  cv.dst = q_ref(a.o.data, 0, false);
-  engine_->convert(cv, compute);
+  out.finish(a.o.data, compute);  // rows no call reached: O = 0, LSE = -inf; O in the problem dtype
 }
 
 void RingAttention::backward(const attnhost_backward_args& a) {
