@@ -110,7 +110,7 @@ std::string gate_summary(const GateReport& g) {
     if (int n = g.count(v); n > 0) counts += (counts.empty() ? "" : ", ") + std::to_string(n) + " " + v;
   if (counts.empty()) counts = "nothing to compare";
   return "regression gate against " + g.baseline + ": " + counts + " (threshold " + fmt::sig(100 * g.options.threshold) +
-         "% on the median; Mann-Whitney p < " + fmt::sig(g.options.alpha) + " where both sides have " +
+         "% on the median; Mann-Whitney p < " + fmt::general(g.options.alpha) + " where both sides have " +
          std::to_string(g.options.min_samples) + "+ samples)";
 }
 

@@ -10,7 +10,8 @@ namespace attnhost::report {
 namespace {
 constexpr const char* kStyle = R"(body { font-family: sans-serif; margin: 2em; color: #222; max-width: 1400px; }
 table { border-collapse: collapse; margin: 0.5em 0 1.5em 0; font-size: 13px; }
-th, td { border: 1px solid #ccc; padding: 3px 8px; white-space: nowrap; }
+th, td { border: 1px solid #ccc; padding: 3px 8px; }
+th, td.n { white-space: nowrap; }
 th { background: #f2f2f2; }
 td.n { text-align: right; font-variant-numeric: tabular-nums; }
 .failures li { color: #a00; }
@@ -26,7 +27,7 @@ std::string html(const ResultSet& r, const std::vector<Chart>& charts, const std
   out << "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<title>attnhost report: "
       << html_escape(r.suite_name) << "</title>\n<style>\n" << kStyle << "</style>\n</head>\n<body>\n";
   out << "<h1>attnhost report: " << html_escape(r.suite_name) << "</h1>\n";
-  fmt::Table env({"", ""}, 2);
+  fmt::Table env({"environment", ""}, 2);
   for (const auto& [key, value] : environment_facts(r)) env.row({key, value});
   out << env.html();
   size_t failed = 0;

@@ -8,7 +8,7 @@ namespace attnhost::report {
 std::string markdown(const ResultSet& r, const std::vector<Chart>& charts) {
   std::ostringstream out;
   out << "# attnhost report: " << r.suite_name << "\n\n";
-  fmt::Table env({"", ""}, 2);
+  fmt::Table env({"environment", ""}, 2);
   for (const auto& [key, value] : environment_facts(r)) env.row({key, key == "command" ? "`" + value + "`" : value});
   out << env.markdown() << "\n";
   size_t failed = 0;
