@@ -255,6 +255,9 @@ TEST_CASE("blocksparse: rows that attend no key give O = 0, LSE = -inf and no gr
   attnhost::CaseResult r = run_on(DeviceKind::cpu, bs_case(spec, {1, 2, 3, 4}, shape));
   all_pass(r);
   CHECK(r.runs[0].total_pairs == brute_force_pairs(shape, 64, keep));
+  auto one_stream = bs_case(spec, {3}, shape);  // transfers on the compute stream
+  one_stream.params["overlap"] = false;
+  all_pass(run_on(DeviceKind::cpu, one_stream));
 }
 
 TEST_CASE("blocksparse: K/V travels only to ranks that attend it, and rounds that bring nothing are skipped") {

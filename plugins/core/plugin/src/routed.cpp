@@ -137,6 +137,7 @@ void RoutedAttention::forward(const attnhost_forward_args& a) {
     }
     if (t + 1 < world_ && !rounds_[t + 1].recv.empty()) engine_->wait(compute, comm);  // the next pieces arrived
   }
+  if (active_rounds() > 0) engine_->wait(compute, comm);  // sends of a round that received nothing end in the pass too
   out.finish(a.o.data, compute);
 }
 
@@ -201,6 +202,7 @@ void RoutedAttention::backward(const attnhost_backward_args& a) {
       engine_->wait(compute, comm);  // the next pieces arrived
     }
   }
+  if (active_rounds() > 0) engine_->wait(compute, comm);  // stream 1 joins stream 0 before the pass ends
   convert_out(s_, *engine_, dq, a.dq.data, false, compute);
   convert_out(s_, *engine_, static_cast<float*>(own.k), a.dk.data, true, compute);
   convert_out(s_, *engine_, static_cast<float*>(own.v), a.dv.data, true, compute);
