@@ -254,7 +254,7 @@ TEST_CASE("dilated: lengths that are not multiples of w, both offset modes, GQA"
   check_case(dilated_case({1, 2, 4}, 250, 6, 6, 16, true, {{32, 250}, {3, 5}}, "torchscale"));
 }
 
-TEST_CASE("dilated: segments wider than a rank, misaligned with the shards; one token per rank") {
+TEST_CASE("dilated: segments wider than a rank, misaligned with the shards, ranks of one token or of padding only") {
   // P = 4, S = 301: shards of 76 tokens; every segment of 100 or 301 spans two to four ranks.
   check_case(dilated_case({1, 2, 3, 4}, 301, 4, 1, 16, true, {{100, 301}, {3, 7}}));
   check_case(dilated_case({1, 4}, 301, 4, 1, 16, false, {{100, 301}, {3, 7}}, "torchscale"));
