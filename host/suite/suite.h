@@ -108,7 +108,7 @@ struct Case {
 
 struct Outputs {
   std::string dir;                  // "" : results/<date-time>
-  std::vector<std::string> formats = {"console", "json", "csv", "markdown"};
+  std::vector<std::string> formats = {"console", "json", "csv", "markdown", "charts", "trace"};
 };
 
 struct Suite {

@@ -36,6 +36,17 @@ for section in "$@"; do
       step "ring vs zigzag, world sizes 1 and 2"
       run 900 "$A" run .gpu/share/attnhost/configs/suites/ring_vs_zigzag.toml ${PERF_ARGS:-} --out "$OUT/ring_vs_zigzag" --format console,json,csv,markdown
       ;;
+    scaling)
+      step "scaling study: ring and zigzag at world sizes 1..$gpus (unchecked: verify covers correctness)"
+      run ${SCALING_LIMIT:-300} "$A" run .gpu/share/attnhost/configs/suites/scaling_gpus.toml --no-check --out "$OUT/scaling" --format console,json,csv,markdown
+      if [ "$gpus" -ge 4 ]; then
+        step "PyTorch context parallel ($gpus GPUs)"
+        run 200 python3 -m torch.distributed.run --nproc_per_node=$gpus .gpu/peers/torch_cp.py --out "$OUT/torch_cp$gpus.json" \
+          4,24,32768,128,1 1,32,131072,128,1
+      fi ;;
+    suite)
+      step "suite ${SUITE}"
+      run ${SUITE_LIMIT:-300} "$A" run .gpu/share/attnhost/configs/suites/${SUITE}.toml ${SUITE_ARGS:-} --out "$OUT/${SUITE}" --format console,json,csv,markdown ;;
     peers)
       step "PyTorch SDPA (one GPU)"
       run 300 python3 .gpu/peers/torch_sdpa.py --out "$OUT/torch_sdpa.json" 4,32,32,16384,128,1 4,32,32,16384,128,0
