@@ -69,6 +69,7 @@ struct RunResult {
   int world_size = 1;
   std::string status = "PASSED"; // PASSED OK(unchecked) FAILED ERROR OOM UNSUPPORTED SKIPPED CRASHED TIMEOUT
   std::string error;             // one line, for anything but PASSED
+  std::string engine;            // what served the attention, as the plugin said ("engine: ...")
   std::vector<PassResult> passes;
   int64_t total_pairs = 0, max_rank_pairs = 0;
   std::vector<uint64_t> peak_bytes;     // per rank

@@ -119,7 +119,7 @@ json::Value run_json(const RunResult& r) {
       {"sent_bytes_fwd", numbers(r.sent_bytes_fwd)}, {"sent_bytes_bwd", numbers(r.sent_bytes_bwd)},
       {"check", json::Object{{"ran", r.check.ran}, {"ok", r.check.ok}, {"rows", r.check.rows},
                              {"columns", r.check.columns}, {"note", r.check.note}, {"tensors", tensors}}},
-      {"wall_seconds", r.wall_seconds}, {"trace", trace}};
+      {"wall_seconds", r.wall_seconds}, {"engine", r.engine}, {"trace", trace}};
 }
 
 RunResult run_from(const json::Value& v) {
@@ -167,6 +167,7 @@ RunResult run_from(const json::Value& v) {
     r.check.tensors.push_back(std::move(tc));
   }
   r.wall_seconds = v["wall_seconds"].number();
+  if (const json::Value* e = v.find("engine")) r.engine = e->string();
   for (const json::Value& e : v["trace"].array())
     r.trace.push_back({static_cast<int>(e["rank"].integer()), e["name"].string(), e["category"].string(),
                        e["start_us"].number(), e["duration_us"].number()});

@@ -251,10 +251,12 @@ CheckResult evaluate_check(const CheckPlan& plan, const std::vector<std::string>
   std::vector<std::string> missing;
 
   // Reference rows, kept for the columns when the check is complete.
-  std::vector<float> ref_lse, ref_delta;
+  // In double: a gradient that is exactly zero (one token attending only itself) must come out
+  // exactly zero from the reference too, not as fp32 rounding noise.
+  std::vector<double> ref_lse, ref_delta;
   if (plan.complete && plan.gradients) {
-    ref_lse.assign(stats_size, static_cast<float>(kNegInf));
-    ref_delta.assign(stats_size, 0.f);
+    ref_lse.assign(stats_size, kNegInf);
+    ref_delta.assign(stats_size, 0.0);
   }
   std::vector<RowId> ordered = plan.rows;  // by (b, kv head) so the reference reuses its K/V cache
   std::stable_sort(ordered.begin(), ordered.end(), [&](const RowId& a, const RowId& b) {
@@ -265,8 +267,8 @@ CheckResult evaluate_check(const CheckPlan& plan, const std::vector<std::string>
     RowReference want = ref.row(id.b, id.h, id.t, plan.gradients);
     if (!ref_lse.empty()) {
       size_t i = (static_cast<size_t>(id.b) * p.heads_q + id.h) * p.seqlen_q + id.t;
-      ref_lse[i] = static_cast<float>(want.lse);
-      ref_delta[i] = static_cast<float>(want.delta);
+      ref_lse[i] = want.lse;
+      ref_delta[i] = want.delta;
     }
     auto it = rows.find({id.b, id.h, id.t});
     if (it == rows.end()) {
@@ -282,11 +284,10 @@ CheckResult evaluate_check(const CheckPlan& plan, const std::vector<std::string>
 
   if (plan.gradients && !plan.cols.empty()) {
     const bool have_stats = !ref_lse.empty() || !plugin_lse.empty();
-    const std::vector<float>& lse = !ref_lse.empty() ? ref_lse : plugin_lse;
-    const std::vector<float>& delta = !ref_lse.empty() ? ref_delta : plugin_delta;
     RowStatsFn stats = [&](int64_t b, int32_t h, int64_t q) {
       size_t i = (static_cast<size_t>(b) * p.heads_q + h) * p.seqlen_q + q;
-      return std::make_pair(static_cast<double>(lse[i]), static_cast<double>(delta[i]));
+      if (!ref_lse.empty()) return std::make_pair(ref_lse[i], ref_delta[i]);
+      return std::make_pair(static_cast<double>(plugin_lse[i]), static_cast<double>(plugin_delta[i]));
     };
     if (!plan.complete) result.note = "dK/dV columns use the plugin's LSE and dO.O of the rows that attend them";
     for (const RowId& id : plan.cols) {

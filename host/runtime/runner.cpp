@@ -138,6 +138,7 @@ class RankRun {
       result.error = a.message;
     }
     instance_.reset();  // the instance frees its workspace before the buffers go
+    result.engine = services_.engine_note();
     result.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
     return result;
   }
@@ -265,7 +266,22 @@ class RankRun {
       (pass == "bwd" ? sent_bwd_ : sent_fwd_) = env_.comm.bytes_sent();
       measured_bytes = true;
     };
+    // A fwd_bwd pass with no fwd or bwd pass of its own measures their bytes in its first
+    // warm-up, run in two halves.
+    const bool split_first = pass == "fwd_bwd" && sent_fwd_ == 0 && sent_bwd_ == 0 && env_.world_size > 1;
     for (int i = 0; i < warmups; ++i) {
+      if (i == 0 && split_first) {
+        attempt([&] {
+          forward();
+          env_.device.synchronize();
+          sent_fwd_ = env_.comm.bytes_sent();
+          env_.comm.reset_bytes_sent();
+          backward();
+          env_.device.synchronize();
+          sent_bwd_ = env_.comm.bytes_sent();
+        });
+        continue;
+      }
       attempt([&] {
         work();
         env_.device.synchronize();
@@ -631,6 +647,7 @@ CaseResult run_case(const suite::Case& c, const std::shared_ptr<const Plugin>& p
       if (!run.error.empty()) line << " (" << run.error << ")";
       options.progress(line.str());
     }
+    if (result.engine.empty()) result.engine = run.engine;
     if (options.on_run && backend.process_rank() == 0) options.on_run(run);
     result.runs.push_back(std::move(run));
   }

@@ -108,7 +108,12 @@ RankServices::RankServices(Device& device, Communicator& comm, Tracer& tracer, i
     self(c).guarded("range_end", [&] { self(c).tracer_.end(id, s); });
   };
   api_.log = [](void* c, int32_t level, const char* message) {
-    std::string line = "plugin (rank " + std::to_string(self(c).rank_) + "): " + (message ? message : "");
+    std::string text = message ? message : "";
+    if (text.rfind("engine:", 0) == 0) {  // goes into the result, not onto the console
+      self(c).engine_note_ = text;
+      level = ATTNHOST_LOG_DEBUG;
+    }
+    std::string line = "plugin (rank " + std::to_string(self(c).rank_) + "): " + text;
     log::write(level >= ATTNHOST_LOG_ERROR ? log::Level::error
                : level == ATTNHOST_LOG_WARNING ? log::Level::warning
                : level == ATTNHOST_LOG_INFO ? log::Level::info : log::Level::debug, line);

@@ -44,6 +44,8 @@ class RankServices {
   // The last failure a service reported to the plugin, for the case's error line.
   const std::string& last_failure() const { return last_failure_; }
   int32_t last_status() const { return last_status_; }
+  // The plugin's last "engine: ..." line (which kernels served it), recorded with the result.
+  const std::string& engine_note() const { return engine_note_; }
 
  private:
   template <class F> int32_t guarded(const char* what, F f);
@@ -54,6 +56,7 @@ class RankServices {
   int rank_;
   attnhost_host_api api_{};
   std::string last_failure_;
+  std::string engine_note_;
   int32_t last_status_ = ATTNHOST_OK;
 };
 

@@ -282,7 +282,7 @@ TEST_CASE("cpu: a block list made from the mask computes what the mask computes"
 
 // A ring in miniature: keys in three blocks at their global positions, each attended as an fp32
 // partial, merged by LSE, converted once; then the backward of each block with the final LSE.
-TEST_CASE("cpu: partial forward + merge equals one shot; per-block backward sums to one shot") {
+TEST_CASE("cpu: partial forward + merge equals one shot, per-block backward sums to one shot") {
   for (int causal = 0; causal < 2; ++causal) {
     CAPTURE(causal);
     Problem p = make({"ring", DType::bf16, 2, 4, 2, 32, 60, 150, causal == 1, -1, -1, 60, 0}, 500);
@@ -382,7 +382,7 @@ TEST_CASE("cpu: rows with no key give O = 0, LSE = -inf, zero gradients, no NaN"
   CHECK(bad == 0);
 }
 
-TEST_CASE("cpu: merge of two empty sides stays (0, -inf); one empty side passes the other") {
+TEST_CASE("cpu: merge of two empty sides stays (0, -inf), one empty side passes the other") {
   Tensor acc(DType::fp32, 1, 2, 1, 4), part(DType::fp32, 1, 2, 1, 4);
   Stats la(1, 1, 2, kNegInf), lp(1, 1, 2, kNegInf);
   acc.fill(0);

@@ -60,7 +60,7 @@ TEST_CASE("generated values depend on the global token, not on where it is store
   CHECK(generated_element(p, data::kK, ATTNHOST_DTYPE_BF16, 1, 40, 2, 5) == data::from_bf16(a[(64 + 40) * 48 + 2 * 16 + 5]));
 }
 
-TEST_CASE("the normal distribution has mean 0 and variance 1; tensors and seeds differ") {
+TEST_CASE("the normal distribution has mean 0 and variance 1 and tensors and seeds differ") {
   data::Params p;
   double sum = 0, sq = 0;
   const int n = 200000;
@@ -84,3 +84,27 @@ TEST_CASE("the normal distribution has mean 0 and variance 1; tensors and seeds 
     REQUIRE(v < 3.0f);
   }
 }
+
+#if ATTNHOST_HAVE_CUDA
+TEST_CASE("gpu: the CUDA kernel generates bit-identical data to the CPU with zero padding" * doctest::test_suite("gpu")) {
+  REQUIRE_MESSAGE(attnhost::cuda_device_count() > 0, "no GPU visible");
+  auto device = attnhost::make_cuda_device(0);
+  for (int32_t dtype : {ATTNHOST_DTYPE_BF16, ATTNHOST_DTYPE_FP16, ATTNHOST_DTYPE_FP32})
+    for (int32_t dist : {data::kNormal, data::kUniform}) {
+      data::Params p;
+      p.seed = 1234567;
+      p.distribution = dist;
+      p.scale = dist == data::kUniform ? 7.5f : 1.0f;
+      GenerateSpec spec{p, data::kV, dtype, 3, 300, 5, 72, {{1000, 4, 200}, {70000, 210, 80}}};
+      const size_t bytes = 3 * 300 * 5 * 72 * (dtype == ATTNHOST_DTYPE_FP32 ? 4 : 2);
+      std::vector<char> want(bytes), got(bytes);
+      generate_cpu(want.data(), spec);
+      void* buffer = device->alloc(bytes);
+      device->generate(buffer, spec);
+      device->copy_to_host(got.data(), buffer, bytes);
+      device->free(buffer);
+      INFO("dtype ", dtype, " distribution ", dist);
+      CHECK(std::memcmp(want.data(), got.data(), bytes) == 0);
+    }
+}
+#endif

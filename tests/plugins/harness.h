@@ -64,4 +64,26 @@ inline double error_of(const attnhost::RunResult& r, const std::string& tensor) 
   return 0;
 }
 
+inline void all_pass(const attnhost::CaseResult& r) {
+  REQUIRE(!r.runs.empty());
+  for (const auto& run : r.runs) {
+    INFO(r.spec.id, " at world size ", run.world_size, ": ", run.error);
+    CHECK(run.status == "PASSED");
+    CHECK(run.total_pairs == r.runs.front().total_pairs);  // one function, whatever the sharding
+  }
+}
+
+// Partial outputs merge in fp32 and gradients sum in fp32, so a sharded run is as accurate as one
+// device (issue 8's bound: at most 1.1x the error at world size 1).
+inline void error_does_not_grow(const attnhost::CaseResult& r) {
+  REQUIRE(r.runs.front().world_size == 1);
+  for (const char* tensor : {"O", "dQ", "dK", "dV"}) {
+    const double single = error_of(r.runs.front(), tensor);
+    for (const auto& run : r.runs) {
+      INFO(r.spec.id, " ", tensor, " at world size ", run.world_size, ": ", error_of(run, tensor), " vs ", single);
+      CHECK(error_of(run, tensor) <= 1.1 * single + 1e-7);
+    }
+  }
+}
+
 }  // namespace test

@@ -81,26 +81,7 @@ int64_t brute_force_pairs(const Spec& spec, const Shape& s) {
   return brute_force_pairs(s, spec.block, [&](int32_t h, int64_t i, int64_t j) { return keeps(spec, h, i, j); });
 }
 
-void all_pass(const attnhost::CaseResult& r) {
-  REQUIRE(!r.runs.empty());
-  for (const auto& run : r.runs) {
-    INFO(r.spec.id, " at world size ", run.world_size, ": ", run.error);
-    CHECK(run.status == "PASSED");
-    CHECK(run.total_pairs == r.runs.front().total_pairs);  // one mask, whatever the sharding
-  }
-}
 
-// fp32 merges keep a sharded run's error at the single-device level (as ring and zigzag).
-void error_does_not_grow(const attnhost::CaseResult& r) {
-  REQUIRE(r.runs.front().world_size == 1);
-  for (const char* tensor : {"O", "dQ", "dK", "dV"}) {
-    const double single = test::error_of(r.runs.front(), tensor);
-    for (const auto& run : r.runs) {
-      INFO(r.spec.id, ": ", tensor, " at world size ", run.world_size, ": ", test::error_of(run, tensor), " vs ", single);
-      CHECK(test::error_of(run, tensor) <= 1.1 * single + 1e-7);
-    }
-  }
-}
 
 // A mask file in the temporary folder, removed with the object.
 class TempFile {
@@ -142,8 +123,8 @@ TEST_CASE("blocksparse: every pattern at world sizes 1 to 4, causal and full, wi
       shape.causal = causal;
       attnhost::CaseResult r = run_on(DeviceKind::cpu, bs_case(spec, {1, 2, 3, 4}, shape));
       INFO(pattern, causal ? " causal" : " full");
-      all_pass(r);
-      error_does_not_grow(r);
+      test::all_pass(r);
+      test::error_does_not_grow(r);
       const int64_t definition = brute_force_pairs(spec, shape);
       if (spec.pattern != "bigbird") {
         CHECK(r.runs[0].total_pairs == definition);
@@ -162,7 +143,7 @@ TEST_CASE("blocksparse: per-head masks follow each head's offset, shared masks s
     Shape shape;
     shape.seqlen = 600;
     attnhost::CaseResult r = run_on(DeviceKind::cpu, bs_case(spec, {1, 2, 4}, shape));
-    all_pass(r);
+    test::all_pass(r);
     CHECK(r.runs[0].total_pairs == brute_force_pairs(spec, shape));
     spec.per_head = false;
     CHECK(r.runs[0].total_pairs != brute_force_pairs(spec, shape));  // the offsets change the mask
@@ -178,11 +159,11 @@ TEST_CASE("blocksparse: per-head masks follow each head's offset, shared masks s
     shape.heads = 8;
     shape.kv_heads = kv_heads;
     attnhost::CaseResult per_head = run_on(DeviceKind::cpu, bs_case(spec, {1, 2, 3, 4}, shape));
-    all_pass(per_head);
-    error_does_not_grow(per_head);
+    test::all_pass(per_head);
+    test::error_does_not_grow(per_head);
     spec.per_head = false;
     attnhost::CaseResult shared = run_on(DeviceKind::cpu, bs_case(spec, {1, 3}, shape));
-    all_pass(shared);
+    test::all_pass(shared);
   }
 }
 
@@ -192,7 +173,7 @@ TEST_CASE("blocksparse: partial last blocks, fewer blocks than ranks, block size
   Shape tiny;
   tiny.seqlen = 100;  // two blocks of 64: at world size 3 and 4 some ranks hold nothing
   attnhost::CaseResult r = run_on(DeviceKind::cpu, bs_case(spec, {1, 2, 3, 4}, tiny));
-  all_pass(r);
+  test::all_pass(r);
   CHECK(r.runs[0].total_pairs == brute_force_pairs(spec, tiny));
 
   spec.pattern = "local";
@@ -200,7 +181,7 @@ TEST_CASE("blocksparse: partial last blocks, fewer blocks than ranks, block size
   Shape two;
   two.seqlen = 130;  // a block of 128 and one of 2
   two.causal = false;
-  all_pass(run_on(DeviceKind::cpu, bs_case(spec, {1, 2, 3}, two)));
+  test::all_pass(run_on(DeviceKind::cpu, bs_case(spec, {1, 2, 3}, two)));
 
   // Issue 11.6's shape in small: a causal window of tokens as a local pattern of 128-blocks. The
   // pattern keeps every block the window touches, so it computes exactly the window's pairs.
@@ -210,7 +191,7 @@ TEST_CASE("blocksparse: partial last blocks, fewer blocks than ranks, block size
   window.window_left = 200;
   window.window_right = 0;
   attnhost::CaseResult w = run_on(DeviceKind::cpu, bs_case(spec, {1, 2, 4}, window));
-  all_pass(w);
+  test::all_pass(w);
   // A window on both sides of full attention, cutting through global_local's blocks.
   Spec both;
   both.pattern = "global_local";
@@ -219,7 +200,7 @@ TEST_CASE("blocksparse: partial last blocks, fewer blocks than ranks, block size
   sides.window_left = 70;
   sides.window_right = 30;
   attnhost::CaseResult b = run_on(DeviceKind::cpu, bs_case(both, {1, 3}, sides));
-  all_pass(b);
+  test::all_pass(b);
   CHECK(b.runs[0].total_pairs == brute_force_pairs(both, sides));
 
   auto ring = test::dense_case("ring", {1}, 1000, 4, 2, 32, true);
@@ -244,7 +225,7 @@ TEST_CASE("blocksparse: rows that attend no key give O = 0, LSE = -inf and no gr
     empty_rows += !any;
   }
   REQUIRE(empty_rows > 0);
-  all_pass(run_on(DeviceKind::cpu, bs_case(spec, {1, 2, 3, 4}, shape)));
+  test::all_pass(run_on(DeviceKind::cpu, bs_case(spec, {1, 2, 3, 4}, shape)));
 
   // A mask file whose second head attends nothing at all, and whose other heads skip some rows.
   const auto keep = [](int32_t h, int64_t i, int64_t j) { return h != 1 && i % 3 != 1 && (i + j + h) % 2 == 0; };
@@ -253,11 +234,11 @@ TEST_CASE("blocksparse: rows that attend no key give O = 0, LSE = -inf and no gr
   spec.pattern = "explicit";
   spec.mask_file = file.path();
   attnhost::CaseResult r = run_on(DeviceKind::cpu, bs_case(spec, {1, 2, 3, 4}, shape));
-  all_pass(r);
+  test::all_pass(r);
   CHECK(r.runs[0].total_pairs == brute_force_pairs(shape, 64, keep));
   auto one_stream = bs_case(spec, {3}, shape);  // transfers on the compute stream
   one_stream.params["overlap"] = false;
-  all_pass(run_on(DeviceKind::cpu, one_stream));
+  test::all_pass(run_on(DeviceKind::cpu, one_stream));
 }
 
 TEST_CASE("blocksparse: K/V travels only to ranks that attend it, and rounds that bring nothing are skipped") {
@@ -269,7 +250,7 @@ TEST_CASE("blocksparse: K/V travels only to ranks that attend it, and rounds tha
   const uint64_t kv_block = 2 * 64 * 2 * 32 * 2;   // batch x tokens x kv heads x dim x bf16
   const uint64_t grad_block = 2 * 64 * 2 * 32 * 4;  // the same in fp32
   attnhost::CaseResult causal = run_on(DeviceKind::cpu, bs_case(spec, {4}, shape));
-  all_pass(causal);
+  test::all_pass(causal);
   const auto& run = causal.runs[0];
   REQUIRE(run.sent_bytes_fwd.size() == 4);
   for (int r = 0; r < 4; ++r) {
@@ -300,7 +281,7 @@ TEST_CASE("blocksparse: K/V travels only to ranks that attend it, and rounds tha
 
   shape.causal = false;
   attnhost::CaseResult full = run_on(DeviceKind::cpu, bs_case(spec, {4}, shape));
-  all_pass(full);
+  test::all_pass(full);
   for (int r = 0; r < 4; ++r) CHECK(full.runs[0].sent_bytes_fwd[r] == (r == 0 || r == 3 ? 2 : 4) * kv_block);
 }
 
@@ -313,8 +294,8 @@ TEST_CASE("blocksparse: explicit mask files, per head or shared, and larger than
   spec.pattern = "explicit";
   spec.mask_file = heads.path();
   attnhost::CaseResult r = run_on(DeviceKind::cpu, bs_case(spec, {1, 2, 3, 4}, shape));
-  all_pass(r);
-  error_does_not_grow(r);
+  test::all_pass(r);
+  test::error_does_not_grow(r);
   CHECK(r.runs[0].total_pairs == brute_force_pairs(shape, 64, per_head));
 
   const auto shared = [](int32_t, int64_t i, int64_t j) { return j == 0 || j + 2 >= i; };
@@ -322,7 +303,7 @@ TEST_CASE("blocksparse: explicit mask files, per head or shared, and larger than
   spec.mask_file = one.path();
   shape.causal = false;
   attnhost::CaseResult s = run_on(DeviceKind::cpu, bs_case(spec, {1, 2}, shape));
-  all_pass(s);
+  test::all_pass(s);
   CHECK(s.runs[0].total_pairs == brute_force_pairs(shape, 64, shared));
 }
 
@@ -404,8 +385,8 @@ TEST_CASE("gpu: blocksparse on the GPUs against the float64 reference" * doctest
         shape.causal = causal;
         INFO(pattern, " block ", block, causal ? " causal" : " full");
         attnhost::CaseResult r = run_on(DeviceKind::cuda, bs_case(spec, sizes, shape));
-        all_pass(r);
-        error_does_not_grow(r);
+        test::all_pass(r);
+        test::error_does_not_grow(r);
         if (spec.pattern != "bigbird") CHECK(r.runs[0].total_pairs == brute_force_pairs(spec, shape));
       }
   // Rows without keys, a token window, fp16, head dim 64.
@@ -413,7 +394,7 @@ TEST_CASE("gpu: blocksparse on the GPUs against the float64 reference" * doctest
   dilated.pattern = "dilated";
   dilated.per_head = true;
   shape.causal = true;
-  all_pass(run_on(DeviceKind::cuda, bs_case(dilated, sizes, shape)));
+  test::all_pass(run_on(DeviceKind::cuda, bs_case(dilated, sizes, shape)));
   Spec local;
   local.block = 128;
   local.window = 2;
@@ -422,6 +403,6 @@ TEST_CASE("gpu: blocksparse on the GPUs against the float64 reference" * doctest
   auto windowed = bs_case(local, sizes, shape);
   windowed.problem.dtype = "fp16";
   windowed.problem.head_dim = 64;
-  all_pass(run_on(DeviceKind::cuda, windowed));
+  test::all_pass(run_on(DeviceKind::cuda, windowed));
 }
 #endif

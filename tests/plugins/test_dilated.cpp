@@ -75,32 +75,13 @@ Definition definition_of(const attnhost::suite::Case& c) {
           {list("segment_lengths"), list("dilation_rates")}};
 }
 
-void all_pass(const attnhost::CaseResult& r) {
-  REQUIRE(!r.runs.empty());
-  for (const auto& run : r.runs) {
-    INFO(r.spec.id, " at world size ", run.world_size, ": ", run.error);
-    CHECK(run.status == "PASSED");
-  }
-}
 
-// Partial outputs are combined in fp32 and gradients summed in fp32: a sharded run is as accurate
-// as one device (issue 8's bound: at most 1.1x the error at world size 1).
-void error_does_not_grow(const attnhost::CaseResult& r) {
-  REQUIRE(r.runs.front().world_size == 1);
-  for (const char* tensor : {"O", "dQ", "dK", "dV"}) {
-    const double single = test::error_of(r.runs.front(), tensor);
-    for (const auto& run : r.runs) {
-      INFO(r.spec.id, " ", tensor, " at world size ", run.world_size, ": ", test::error_of(run, tensor), " vs ", single);
-      CHECK(test::error_of(run, tensor) <= 1.1 * single + 1e-7);
-    }
-  }
-}
 
 // Passes at every world size, errors do not grow, and the pairs are the definition's.
 void check_case(const attnhost::suite::Case& c) {
   attnhost::CaseResult r = run_on(DeviceKind::cpu, c);
-  all_pass(r);
-  error_does_not_grow(r);
+  test::all_pass(r);
+  test::error_does_not_grow(r);
   const int64_t pairs = definition_of(c).pairs() * c.problem.batch;
   for (const auto& run : r.runs) {
     INFO(r.spec.id, " at world size ", run.world_size);
@@ -277,22 +258,22 @@ TEST_CASE("dilated: fp16 and fp32, and the run without overlap") {
   check_case(dilated_case({1, 2}, 200, 4, 4, 24, true, {{64, 200}, {1, 4}}, "paper", "fp16"));
   auto fp32 = dilated_case({1, 3}, 200, 4, 4, 24, false, {{64, 200}, {2, 4}}, "paper", "fp32");
   attnhost::CaseResult r = run_on(DeviceKind::cpu, fp32);
-  all_pass(r);
+  test::all_pass(r);
   CHECK(test::error_of(r.runs[1], "O") < 1e-5);
   auto single_stream = dilated_case({3}, 200, 4, 4, 24, true, {{64, 200}, {2, 4}});
   single_stream.params["overlap"] = false;
-  all_pass(run_on(DeviceKind::cpu, single_stream));
+  test::all_pass(run_on(DeviceKind::cpu, single_stream));
 }
 
 TEST_CASE("dilated: torchscale's backward equals the exact one for one pattern, and not for overlapping ones") {
   auto one = dilated_case({1, 2}, 256, 4, 4, 32, true, {{64}, {2}}, "torchscale");
   one.params["torchscale_backward"] = true;
-  all_pass(run_on(DeviceKind::cpu, one));
+  test::all_pass(run_on(DeviceKind::cpu, one));
   // Overlapping patterns: the weights exp(LSE_i - LSE) depend on q and k, and holding them
   // constant drops that part of dQ and dK. The forward is the same; the gradients are not.
   auto two = dilated_case({1, 2}, 256, 4, 4, 32, true, {{64, 256}, {1, 2}}, "torchscale");
   attnhost::CaseResult exact = run_on(DeviceKind::cpu, two);
-  all_pass(exact);
+  test::all_pass(exact);
   two.params["torchscale_backward"] = true;
   attnhost::CaseResult approx = run_on(DeviceKind::cpu, two);
   for (size_t i = 0; i < approx.runs.size(); ++i) {
@@ -329,14 +310,14 @@ TEST_CASE("gpu: dilated on the GPUs against the float64 reference" * doctest::te
   // 32768 pattern spans both), and at S = 20000 (no w divides it), both offset modes.
   for (bool causal : {true, false}) {
     auto r = run_on(DeviceKind::cuda, dilated_case(sizes, 32768, 12, 12, 128, causal, kLongNetLM));
-    all_pass(r);
-    error_does_not_grow(r);
+    test::all_pass(r);
+    test::error_does_not_grow(r);
     auto odd = run_on(DeviceKind::cuda, dilated_case(sizes, 20000, 12, 12, 128, causal, kLongNetLM, "torchscale"));
-    all_pass(odd);
-    error_does_not_grow(odd);
+    test::all_pass(odd);
+    test::error_does_not_grow(odd);
   }
   // GQA, fp16, head dim 64, segments misaligned with the shards.
-  all_pass(run_on(DeviceKind::cuda, dilated_case(sizes, 3001, 8, 2, 64, true, {{256, 1000, 3001}, {1, 3, 7}},
+  test::all_pass(run_on(DeviceKind::cuda, dilated_case(sizes, 3001, 8, 2, 64, true, {{256, 1000, 3001}, {1, 3, 7}},
                                                  "paper", "fp16")));
 }
 #endif

@@ -4,70 +4,46 @@ using attnhost::DeviceKind;
 using test::dense_case;
 using test::run_on;
 
-namespace {
-
-void all_pass(const attnhost::CaseResult& r) {
-  for (const auto& run : r.runs) {
-    INFO(r.spec.id, " at world size ", run.world_size, ": ", run.error);
-    CHECK(run.status == "PASSED");
-  }
-}
-
-// The fp32 merges keep the error of a sharded run at the single-device level (issue 8: at most
-// 1.1x the error at world size 1).
-void error_does_not_grow(const attnhost::CaseResult& r) {
-  REQUIRE(r.runs.front().world_size == 1);
-  for (const char* tensor : {"O", "dQ", "dK", "dV"}) {
-    const double single = test::error_of(r.runs.front(), tensor);
-    for (const auto& run : r.runs) {
-      INFO(tensor, " at world size ", run.world_size, ": ", test::error_of(run, tensor), " vs ", single);
-      CHECK(test::error_of(run, tensor) <= 1.1 * single + 1e-7);
-    }
-  }
-}
-
-}  // namespace
-
 TEST_CASE("ring: causal, full, GQA, a window and lengths that do not divide, at world sizes 1 to 4") {
   for (bool causal : {true, false}) {
     attnhost::CaseResult r = run_on(DeviceKind::cpu, dense_case("ring", {1, 2, 3, 4}, 250, 4, 2, 32, causal));
-    all_pass(r);
-    error_does_not_grow(r);
+    test::all_pass(r);
+    test::error_does_not_grow(r);
   }
   auto window = dense_case("ring", {1, 2, 4}, 256, 4, 1, 16, true);
   window.problem.window_left = 40;
   window.problem.window_right = 0;
-  all_pass(run_on(DeviceKind::cpu, window));
+  test::all_pass(run_on(DeviceKind::cpu, window));
   auto both_sides = dense_case("ring", {1, 3}, 240, 2, 2, 16, false);
   both_sides.problem.window_left = 10;
   both_sides.problem.window_right = 70;
-  all_pass(run_on(DeviceKind::cpu, both_sides));
-  all_pass(run_on(DeviceKind::cpu, dense_case("ring", {1, 2}, 128, 2, 2, 24, true, "fp16")));
+  test::all_pass(run_on(DeviceKind::cpu, both_sides));
+  test::all_pass(run_on(DeviceKind::cpu, dense_case("ring", {1, 2}, 128, 2, 2, 24, true, "fp16")));
   auto fp32 = run_on(DeviceKind::cpu, dense_case("ring", {1, 2}, 128, 2, 2, 24, true, "fp32"));
-  all_pass(fp32);
+  test::all_pass(fp32);
   CHECK(test::error_of(fp32.runs[1], "O") < 1e-5);
 }
 
 TEST_CASE("ring: a causal ring is imbalanced, a window skips blocks outside it") {
   attnhost::CaseResult r = run_on(DeviceKind::cpu, dense_case("ring", {4}, 256, 2, 2, 16, true));
-  all_pass(r);
+  test::all_pass(r);
   // Rank 3 attends 4 blocks (one diagonal), rank 0 one diagonal: 3.5 / (16 / 4 / 2 + ...) ~ 1.75x the mean.
   const auto& run = r.runs[0];
   CHECK(static_cast<double>(run.max_rank_pairs) * 4 / run.total_pairs == doctest::Approx(1.75).epsilon(0.02));
   auto narrow = dense_case("ring", {4}, 256, 2, 2, 16, true);
   narrow.problem.window_left = 16;
   attnhost::CaseResult w = run_on(DeviceKind::cpu, narrow);
-  all_pass(w);
+  test::all_pass(w);
   CHECK(w.runs[0].max_rank_pairs < run.max_rank_pairs / 3);
 }
 
 TEST_CASE("zigzag: causal at world sizes 1 to 4, balanced, errors that do not grow") {
   attnhost::CaseResult r = run_on(DeviceKind::cpu, dense_case("zigzag", {1, 2, 3, 4}, 240, 4, 2, 32, true));
-  all_pass(r);
-  error_does_not_grow(r);
+  test::all_pass(r);
+  test::error_does_not_grow(r);
   for (const auto& run : r.runs)  // every rank attends the same number of pairs, up to the diagonals
     CHECK(static_cast<double>(run.max_rank_pairs) * run.world_size / run.total_pairs < 1.02);
-  all_pass(run_on(DeviceKind::cpu, dense_case("zigzag", {1, 2}, 128, 8, 1, 16, true, "fp16")));
+  test::all_pass(run_on(DeviceKind::cpu, dense_case("zigzag", {1, 2}, 128, 8, 1, 16, true, "fp16")));
 }
 
 TEST_CASE("zigzag refuses what it cannot balance, before any allocation") {
@@ -86,10 +62,10 @@ TEST_CASE("zigzag refuses what it cannot balance, before any allocation") {
 TEST_CASE("ring and zigzag without overlap give the same answers") {
   auto c = dense_case("zigzag", {2}, 128, 2, 2, 16, true);
   c.params["overlap"] = false;
-  all_pass(run_on(DeviceKind::cpu, c));
+  test::all_pass(run_on(DeviceKind::cpu, c));
   auto r = dense_case("ring", {3}, 129, 2, 2, 16, false);
   r.params["overlap"] = false;
-  all_pass(run_on(DeviceKind::cpu, r));
+  test::all_pass(run_on(DeviceKind::cpu, r));
 }
 
 #if ATTNHOST_HAVE_CUDA
@@ -100,16 +76,16 @@ TEST_CASE("gpu: ring and zigzag on the GPUs against the float64 reference" * doc
   if (gpus > 1) sizes.push_back(2);
   for (bool causal : {true, false}) {
     auto r = run_on(DeviceKind::cuda, dense_case("ring", sizes, 1000, 8, 2, 128, causal));
-    all_pass(r);
-    error_does_not_grow(r);
+    test::all_pass(r);
+    test::error_does_not_grow(r);
   }
-  for (int d : {64, 80, 96, 256}) all_pass(run_on(DeviceKind::cuda, dense_case("ring", sizes, 512, 4, 4, d, true, "fp16")));
+  for (int d : {64, 80, 96, 256}) test::all_pass(run_on(DeviceKind::cuda, dense_case("ring", sizes, 512, 4, 4, d, true, "fp16")));
   auto window = dense_case("ring", sizes, 1024, 4, 4, 128, true);
   window.problem.window_left = 300;
-  all_pass(run_on(DeviceKind::cuda, window));
+  test::all_pass(run_on(DeviceKind::cuda, window));
   auto z = run_on(DeviceKind::cuda, dense_case("zigzag", sizes, 1024, 8, 2, 128, true));
-  all_pass(z);
-  error_does_not_grow(z);
+  test::all_pass(z);
+  test::error_does_not_grow(z);
 }
 #endif
 
@@ -118,10 +94,33 @@ TEST_CASE("bytes sent: a forward sends each K/V block on (P - 1 hops), a backwar
   auto c = dense_case("ring", {3}, 96, 4, 2, 16, true);
   c.timing.passes = {"fwd", "bwd", "fwd_bwd"};
   attnhost::CaseResult r = run_on(DeviceKind::cpu, c);
-  all_pass(r);
+  test::all_pass(r);
   const uint64_t kv_block = 2ull * 32 * 2 * 16 * 2;  // B x local tokens x Hkv x D x bf16
   for (int rank = 0; rank < 3; ++rank) {
     CHECK(r.runs[0].sent_bytes_fwd[rank] == 2 * kv_block * 2);               // K and V, two hops
     CHECK(r.runs[0].sent_bytes_bwd[rank] == 2 * kv_block * 2 + 2 * kv_block * 2 * 3);  // + fp32 dK, dV, three hops
   }
 }
+
+#if ATTNHOST_HAVE_CUDA
+TEST_CASE("gpu: the profiler timing method lists the pass's kernels from CUPTI" * doctest::test_suite("gpu")) {
+  REQUIRE_MESSAGE(attnhost::cuda_device_count() > 0, "no GPU visible");
+  auto c = dense_case("ring", {1}, 2048, 8, 8, 128, true);
+  c.timing.method = "profiler";
+  c.timing.timing_runs = 2;
+  attnhost::CaseResult r = run_on(DeviceKind::cuda, c);
+  test::all_pass(r);
+  for (const auto& p : r.runs[0].passes) {
+    INFO(p.pass);
+    REQUIRE_FALSE(p.kernels.empty());
+    double share = 0;
+    for (const auto& k : p.kernels) {
+      CHECK(k.launches > 0);
+      CHECK(k.total_ms > 0);
+      share += k.share;
+    }
+    CHECK(share > 0.5);   // the kernels fill most of the pass
+    CHECK(share < 1.05);
+  }
+}
+#endif

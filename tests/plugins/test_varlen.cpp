@@ -51,25 +51,7 @@ int64_t brute_force_pairs(const std::vector<int64_t>& lengths, const Shape& s) {
   return n;
 }
 
-void all_pass(const attnhost::CaseResult& r) {
-  for (const auto& run : r.runs) {
-    INFO(r.spec.id, " at world size ", run.world_size, ": ", run.error);
-    CHECK(run.status == "PASSED");
-  }
-}
 
-// Partial outputs merge in fp32, so a sharded run is as accurate as one device (issue 8's bound:
-// at most 1.1x the error at world size 1).
-void error_does_not_grow(const attnhost::CaseResult& r) {
-  REQUIRE(r.runs.front().world_size == 1);
-  for (const char* tensor : {"O", "dQ", "dK", "dV"}) {
-    const double single = test::error_of(r.runs.front(), tensor);
-    for (const auto& run : r.runs) {
-      INFO(r.spec.id, " ", tensor, " at world size ", run.world_size, ": ", test::error_of(run, tensor), " vs ", single);
-      CHECK(test::error_of(run, tensor) <= 1.1 * single + 1e-7);
-    }
-  }
-}
 
 void pairs_are_exact(const attnhost::CaseResult& r, const std::vector<int64_t>& lengths, const Shape& s) {
   const int64_t pairs = brute_force_pairs(lengths, s) * s.heads;
@@ -84,8 +66,8 @@ void pairs_are_exact(const attnhost::CaseResult& r, const std::vector<int64_t>& 
 // Passes at world sizes 1..4, the error does not grow, and the pairs are the brute-force count.
 void check_case(const std::vector<int64_t>& lengths, const Shape& s) {
   attnhost::CaseResult r = run_on(DeviceKind::cpu, varlen_case(lengths, {1, 2, 3, 4}, s));
-  all_pass(r);
-  error_does_not_grow(r);
+  test::all_pass(r);
+  test::error_does_not_grow(r);
   pairs_are_exact(r, lengths, s);
 }
 }  // namespace
@@ -160,7 +142,7 @@ TEST_CASE("varlen: sliding windows, causal and on both sides, deterministic") {
   // Deterministic: no two segments of a call share keys (each chunk pair in a call of its own).
   auto det = varlen_case({1, 3, 50, 17, 100, 2, 64}, {1, 2, 4}, causal_window);
   det.problem.deterministic = true;
-  all_pass(run_on(DeviceKind::cpu, det));
+  test::all_pass(run_on(DeviceKind::cpu, det));
 }
 
 TEST_CASE("varlen: padding never changes a result") {
@@ -172,7 +154,7 @@ TEST_CASE("varlen: padding never changes a result") {
     s.causal = causal;
     s.dtype = "fp32";
     attnhost::CaseResult r = run_on(DeviceKind::cpu, varlen_case({1, 2, 9, 47, 121}, {1, 2, 3, 4}, s));
-    all_pass(r);
+    test::all_pass(r);
     for (const auto& run : r.runs)
       for (const char* tensor : {"O", "dQ", "dK", "dV"}) {
         INFO("causal ", causal, " ", tensor, " at world size ", run.world_size);
@@ -192,7 +174,7 @@ TEST_CASE("varlen: every rank attends the same pairs, counted exactly") {
       CAPTURE(P);
       CAPTURE(causal);
       attnhost::CaseResult r = run_on(DeviceKind::cpu, varlen_case(lengths, {P}, s));
-      all_pass(r);
+      test::all_pass(r);
       const auto& run = r.runs[0];
       CHECK(run.total_pairs == brute_force_pairs(lengths, s) * s.heads);
       CHECK(run.max_rank_pairs * P == run.total_pairs);
@@ -201,7 +183,7 @@ TEST_CASE("varlen: every rank attends the same pairs, counted exactly") {
   // A documents mix, padded: still within a few percent of perfect balance.
   const std::vector<int64_t> mix = documents(2000, 800, 3);
   attnhost::CaseResult r = run_on(DeviceKind::cpu, varlen_case(mix, {4}, Shape{2, 2, 8, true}));
-  all_pass(r);
+  test::all_pass(r);
   CHECK(static_cast<double>(r.runs[0].max_rank_pairs) * 4 / r.runs[0].total_pairs < 1.03);
 }
 
@@ -211,7 +193,7 @@ TEST_CASE("varlen: what goes round the ring is each rank's shard, once a step") 
   const std::vector<int64_t> lengths = {1, 2, 9, 47, 121};
   Shape s;
   attnhost::CaseResult r = run_on(DeviceKind::cpu, varlen_case(lengths, {1, 2, 3, 4}, s));
-  all_pass(r);
+  test::all_pass(r);
   for (const auto& run : r.runs) {
     const int P = run.world_size;
     int64_t slots = 0;
@@ -229,10 +211,10 @@ TEST_CASE("varlen: what goes round the ring is each rank's shard, once a step") 
 TEST_CASE("varlen: one unpacked sequence, no overlap, and what it refuses") {
   auto one = test::dense_case("varlen", {1, 3}, 130, 4, 2, 16, true);
   one.problem.batch = 1;
-  all_pass(run_on(DeviceKind::cpu, one));
+  test::all_pass(run_on(DeviceKind::cpu, one));
   auto serial = varlen_case({1, 3, 50, 17}, {2, 3});
   serial.params["overlap"] = false;
-  all_pass(run_on(DeviceKind::cpu, serial));
+  test::all_pass(run_on(DeviceKind::cpu, serial));
   auto batch = test::dense_case("varlen", {1}, 64, 2, 2, 16, true);
   auto refused = run_on(DeviceKind::cpu, batch);
   CHECK(refused.runs[0].status == "UNSUPPORTED");
@@ -252,17 +234,17 @@ TEST_CASE("gpu: varlen on the GPUs against the float64 reference" * doctest::tes
   for (bool causal : {true, false}) {
     Shape s{8, 2, 128, causal};
     auto r = run_on(DeviceKind::cuda, varlen_case(mix, sizes, s));
-    all_pass(r);
-    error_does_not_grow(r);
+    test::all_pass(r);
+    test::error_does_not_grow(r);
   }
   Shape window{4, 4, 128, true, 300, 0};
-  all_pass(run_on(DeviceKind::cuda, varlen_case({1, 700, 3, 2049, 17}, sizes, window)));
+  test::all_pass(run_on(DeviceKind::cuda, varlen_case({1, 700, 3, 2049, 17}, sizes, window)));
   for (int d : {64, 80, 96, 256}) {
     Shape fp16{4, 1, d, true, -1, -1, "fp16"};
-    all_pass(run_on(DeviceKind::cuda, varlen_case({1, 2, 513, 1000, 7}, sizes, fp16)));
+    test::all_pass(run_on(DeviceKind::cuda, varlen_case({1, 2, 513, 1000, 7}, sizes, fp16)));
   }
   auto det = varlen_case({5, 900, 1, 333}, sizes, Shape{4, 2, 128, false, 100, 100});
   det.problem.deterministic = true;
-  all_pass(run_on(DeviceKind::cuda, det));
+  test::all_pass(run_on(DeviceKind::cuda, det));
 }
 #endif

@@ -159,7 +159,7 @@ TEST_CASE("cli reports: a run killed in the middle and resumed ends with every c
   fs::remove(suite);
 }
 
-TEST_CASE("cli reports: a baseline from a faster run fails the gate; one from the same run passes") {
+TEST_CASE("cli reports: a baseline from a faster run fails the gate, one from the same run passes") {
   fs::path suite = write_file("gate.toml", gate_suite());
   fs::path first = temp_path("gate-first");
   Outcome o = run_attnhost("run " + suite.string() + kCommon + " --out " + first.string());

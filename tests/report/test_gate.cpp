@@ -60,7 +60,7 @@ TEST_CASE("gate: with 9 samples on both sides a move must also be significant") 
   CHECK(noisy.verdict == "SAME");
 }
 
-TEST_CASE("gate: cases match by id, world size and pass; the rest are NEW or MISSING") {
+TEST_CASE("gate: cases match by id, world size and pass, the rest are NEW or MISSING") {
   std::vector<CaseResult> base = {
       made_case("p/a", 128, {made_run(1, {timed_pass("fwd", {10}), timed_pass("bwd", {20})}), made_run(2, {timed_pass("fwd", {6})})}),
       made_case("p/gone", 128, {made_run(1, {timed_pass("fwd", {1})})})};

@@ -163,7 +163,7 @@ tokens = 65536
   CHECK(suite.cases.at(0).id == "ring/large/batch=auto/tokens=65536");
 }
 
-TEST_CASE("expansion: [defaults] fill every case; a case overrides them key by key") {
+TEST_CASE("expansion: [defaults] fill every case, a case overrides them key by key") {
   const Suite suite = parse(R"(
 [defaults]
 plugins = ["ring", "zigzag"]

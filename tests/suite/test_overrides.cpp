@@ -47,7 +47,7 @@ TEST_CASE("overrides: problem fields change every case and name themselves in it
   CHECK(suite.cases.at(2).problem.head_dim == 80);
 }
 
-TEST_CASE("overrides: an overridden sweep field replaces its id part; equal cases run once") {
+TEST_CASE("overrides: an overridden sweep field replaces its id part, equal cases run once") {
   Suite suite = parse("[[case]]\nname = \"s\"\nplugins = [\"ring\"]\nseqlen = [1024, 2048]\nheads = 8\nhead_dim = 64\n");
   Overrides o;
   o.seqlen = 512;

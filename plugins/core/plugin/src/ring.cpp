@@ -30,34 +30,6 @@ RingAttention::RingAttention(const RingShape& shape, RingPlan plan, attnhost::Ho
   work_ = at;
 }
 
-TensorRef RingAttention::q_ref(void* base, int64_t row0, bool fp32) const {
-  const int64_t token = static_cast<int64_t>(s_.heads_q) * s_.head_dim;
-  const size_t el = fp32 ? 4 : attnhost::dtype_size(s_.dtype);
-  return {static_cast<char*>(base) + row0 * token * el, s_.local_q * token, token, s_.head_dim};
-}
-
-TensorRef RingAttention::kv_ref(void* base, int64_t col0, bool fp32) const {
-  const int64_t token = static_cast<int64_t>(s_.heads_kv) * s_.head_dim;
-  const size_t el = fp32 ? 4 : attnhost::dtype_size(s_.dtype);
-  return {static_cast<char*>(base) + col0 * token * el, s_.local_kv * token, token, s_.head_dim};
-}
-
-RowStatsRef RingAttention::stats_ref(float* base, int64_t row0) const {
-  return {base + row0, static_cast<int64_t>(s_.heads_q) * s_.local_q, s_.local_q};
-}
-
-Mask RingAttention::mask_of(const BlockCall& c) const {
-  Mask m;
-  if (c.masked) {
-    m.causal = s_.mask.causal;
-    m.window_left = s_.mask.window_left;
-    m.window_right = s_.mask.window_right;
-  }
-  m.q_pos0 = c.q_pos0;
-  m.kv_pos0 = c.kv_pos0;
-  return m;
-}
-
 void RingAttention::exchange(const void* send_k, const void* send_v, void* recv_k, void* recv_v, int32_t dtype,
                              size_t count, void* stream, const char* what, int step) {
   const int next = (rank_ + 1) % world_, prev = (rank_ + world_ - 1) % world_;
@@ -115,18 +87,16 @@ void RingAttention::backward(const attnhost_backward_args& a) {
   KV dkv[2];
   for (int i = 0; i < 2; ++i)
     dkv[i] = {dkv_base + 2 * i * align_up(kv_elems * 4), dkv_base + (2 * i + 1) * align_up(kv_elems * 4)};
-  const DType dtype = core_dtype(s_.dtype);
-  float* lse = static_cast<float*>(a.lse.data);
-
+  const LocalViews views{s_};
   DeltaParams dp;
-  dp.dtype = dtype;
+  dp.dtype = core_dtype(s_.dtype);
   dp.batch = s_.batch;
   dp.heads = s_.heads_q;
   dp.head_dim = s_.head_dim;
   dp.seqlen = s_.local_q;
-  dp.o = q_ref(a.o.data, 0, false);
-  dp.d_o = q_ref(a.d_o.data, 0, false);
-  dp.delta = stats_ref(delta, 0);
+  dp.o = views.q(a.o.data, 0, false);
+  dp.d_o = views.q(a.d_o.data, 0, false);
+  dp.delta = views.stats(delta, 0);
   engine_->compute_delta(dp, compute);
   engine_->zero(dq, q_elems * 4, compute);
   engine_->zero(dkv[0].k, kv_elems * 4, compute);
@@ -145,30 +115,8 @@ void RingAttention::backward(const attnhost_backward_args& a) {
       if (c.backward_segments && c.num_backward_segments == 0) continue;  // nothing attends: nothing to differentiate
       std::string name = "attention backward step " + std::to_string(step);
       int32_t range = host_.range_begin(name.c_str(), ATTNHOST_RANGE_COMPUTE, compute);
-      BackwardParams p;
-      p.dtype = dtype;
-      p.batch = s_.batch;
-      p.heads_q = s_.heads_q;
-      p.heads_kv = s_.heads_kv;
-      p.head_dim = s_.head_dim;
-      p.seqlen_q = c.q_end - c.q_begin;
-      p.seqlen_kv = c.kv_end - c.kv_begin;
-      p.softmax_scale = s_.softmax_scale;
-      p.q = q_ref(a.q.data, c.q_begin, false);
-      p.k = kv_ref(cur.k, c.kv_begin, false);
-      p.v = kv_ref(cur.v, c.kv_begin, false);
-      p.d_o = q_ref(a.d_o.data, c.q_begin, false);
-      p.o = q_ref(a.o.data, c.q_begin, false);  // the final output: the cuDNN engine recomputes delta from it
-      p.lse = stats_ref(lse, c.q_begin);
-      p.delta = stats_ref(delta, c.q_begin);
-      p.dq = q_ref(dq, c.q_begin, true);
-      p.dk = kv_ref(grad.k, c.kv_begin, true);
-      p.dv = kv_ref(grad.v, c.kv_begin, true);
-      p.mask = mask_of(c);
-      p.segments = c.backward_segments ? c.backward_segments : c.segments;
-      p.num_segments = c.backward_segments ? c.num_backward_segments : c.num_segments;
-      p.blocks = c.blocks;
-      p.deterministic = s_.deterministic;
+      BackwardParams p = backward_params(s_, c, a, cur.k, cur.v, delta, dq, static_cast<float*>(grad.k),
+                                         static_cast<float*>(grad.v));
       engine_->backward(p, compute);
       host_.range_end(range, compute);
     }
@@ -180,23 +128,9 @@ void RingAttention::backward(const attnhost_backward_args& a) {
     }
   }
   KV home = world_ > 1 ? dkv[world_ % 2] : dkv[0];
-  ConvertParams cv;
-  cv.dtype = dtype;
-  cv.batch = s_.batch;
-  cv.head_dim = s_.head_dim;
-  cv.heads = s_.heads_q;
-  cv.seqlen = s_.local_q;
-  cv.src = q_ref(dq, 0, true);
-  cv.dst = q_ref(a.dq.data, 0, false);
-  engine_->convert(cv, compute);
-  cv.heads = s_.heads_kv;
-  cv.seqlen = s_.local_kv;
-  cv.src = kv_ref(home.k, 0, true);
-  cv.dst = kv_ref(a.dk.data, 0, false);
-  engine_->convert(cv, compute);
-  cv.src = kv_ref(home.v, 0, true);
-  cv.dst = kv_ref(a.dv.data, 0, false);
-  engine_->convert(cv, compute);
+  convert_out(s_, *engine_, dq, a.dq.data, false, compute);
+  convert_out(s_, *engine_, static_cast<float*>(home.k), a.dk.data, true, compute);
+  convert_out(s_, *engine_, static_cast<float*>(home.v), a.dv.data, true, compute);
 }
 
 int64_t RingAttention::rank_pairs() const {

@@ -73,10 +73,6 @@ class RingAttention {
     void* k;
     void* v;
   };
-  TensorRef q_ref(void* base, int64_t row0, bool fp32) const;
-  TensorRef kv_ref(void* base, int64_t col0, bool fp32) const;
-  RowStatsRef stats_ref(float* base, int64_t row0) const;
-  Mask mask_of(const BlockCall& c) const;
   int source(int step) const { return ((rank_ - step) % world_ + world_) % world_; }
   void exchange(const void* send_k, const void* send_v, void* recv_k, void* recv_v, int32_t dtype, size_t count,
                 void* stream, const char* what, int step);
