@@ -113,7 +113,7 @@ int run_command(Context& ctx, const std::vector<std::string>& args) {
   ctx.load_presets();
   ctx.load_plugins();
   suite::Suite s = suite::load_suite(resolve_suite(ctx, vm["suite"].as<std::string>()), ctx.presets, ctx.catalog());
-  suite::apply_overrides(s, overrides_from(vm));
+  suite::apply_overrides(s, overrides_from(vm), ctx.catalog());
   if (vm.count("no-check"))
     for (suite::Case& c : s.cases) c.check.enabled = false;
   ExecuteOptions ex;
@@ -189,7 +189,7 @@ int compare_command(Context& ctx, const std::vector<std::string>& args) {
   ctx.load_plugins();
   suite::Suite s = suite::make_compare_suite(vm["plugins"].as<std::vector<std::string>>(), vm["config"].as<std::string>(),
                                              ctx.presets, ctx.catalog());
-  suite::apply_overrides(s, overrides_from(vm));
+  suite::apply_overrides(s, overrides_from(vm), ctx.catalog());
   if (vm.count("no-check"))
     for (suite::Case& c : s.cases) c.check.enabled = false;
   ExecuteOptions ex;

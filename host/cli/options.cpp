@@ -54,7 +54,9 @@ po::options_description problem_options() {
     ("dtype", po::value<std::string>(), "bf16 | fp16 | fp32")
     ("causal", "causal attention")
     ("no-causal", "full attention")
-    ("window", po::value<std::string>(), "sliding window L,R (-1: unbounded)");
+    ("window", po::value<std::string>(), "sliding window L,R (-1: unbounded)")
+    ("param", po::value<std::vector<std::string>>()->composing(),
+     "NAME=VALUE: a plugin parameter for every case whose plugin has it, e.g. engine=cudnn (repeatable)");
   return d;
 }
 
@@ -138,6 +140,13 @@ suite::Overrides overrides_from(const po::variables_map& vm) {
   if (vm.count("timing-method")) o.timing_method = vm["timing-method"].as<std::string>();
   if (vm.count("warmup-runs")) o.warmup_runs = vm["warmup-runs"].as<int>();
   if (vm.count("timing-runs")) o.timing_runs = vm["timing-runs"].as<int>();
+  if (vm.count("param"))
+    for (const std::string& item : vm["param"].as<std::vector<std::string>>()) {
+      const size_t eq = item.find('=');
+      if (eq == 0 || eq == std::string::npos || eq + 1 == item.size())
+        throw UsageError("--param '" + item + "': expected NAME=VALUE, e.g. engine=cudnn");
+      o.params.emplace_back(item.substr(0, eq), item.substr(eq + 1));
+    }
   return o;
 }
 

@@ -53,7 +53,9 @@ int verify_command(Context& ctx, const std::vector<std::string>& args) {
   own.add_options()("plugins", po::value<std::vector<std::string>>()->multitoken(), "plugins to verify (default: all)")
                    ("set", po::value<std::string>()->default_value("correctness"),
                     "preset set to verify on (default: verify_<plugin> when presets.toml has it, else correctness)")
-                   ("world-sizes", po::value<std::string>(), "world sizes (default: CPU 1,2,3,4; GPUs 1..visible)");
+                   ("world-sizes", po::value<std::string>(), "world sizes (default: CPU 1,2,3,4; GPUs 1..visible)")
+                   ("param", po::value<std::vector<std::string>>()->composing(),
+                    "NAME=VALUE: a plugin parameter for every plugin that has it, e.g. engine=cudnn (repeatable)");
   desc.add(own);
   po::positional_options_description pos;
   pos.add("plugins", -1);
@@ -115,6 +117,9 @@ int verify_command(Context& ctx, const std::vector<std::string>& args) {
       s.cases.push_back(std::move(c));
     }
   }
+  suite::Overrides params;
+  params.params = overrides_from(vm).params;
+  suite::apply_overrides(s, params, ctx.catalog());
   ExecuteOptions ex;
   ex.summary_only = true;
   ex.formats = {"console"};

@@ -5,6 +5,8 @@
 #include "suite/settings.h"
 #include "suite/toml_reader.h"
 
+#include <attnhost/plugin.h>
+
 #include <algorithm>
 #include <set>
 #include <sstream>
@@ -112,6 +114,84 @@ void override_run(Case& c, const Overrides& o) {
   if (o.timing_runs) c.timing.timing_runs = *o.timing_runs;
 }
 
+// A --param value, typed by the parameter's schema: 3, 0.5, true, fp32 (or "fp32"), 1,2,3 (or [1, 2, 3]).
+ParamValue parse_param_text(const std::string& flag, const std::string& text, const PluginSchema& plugin,
+                            const ParamSchema& spec) {
+  const auto bad = [&](const char* expected) {
+    fail(kCommandLine, flag + ": parameter '" + spec.name + "' of plugin '" + plugin.name + "' takes " + expected +
+                           ", got '" + text + "'");
+  };
+  const auto integer = [&](const std::string& item) {
+    try {
+      size_t used = 0;
+      const int64_t v = std::stoll(item, &used);
+      if (used == item.size()) return v;
+    } catch (const std::exception&) {
+    }
+    bad(spec.type == ATTNHOST_PARAM_INT ? "an integer" : "a list of integers, e.g. 1,2,4");
+  };
+  ParamValue value;
+  switch (spec.type) {
+    case ATTNHOST_PARAM_INT: value = integer(text); break;
+    case ATTNHOST_PARAM_FLOAT:
+      try {
+        size_t used = 0;
+        value = std::stod(text, &used);
+        if (used != text.size()) bad("a number");
+      } catch (const std::exception&) {
+        bad("a number");
+      }
+      break;
+    case ATTNHOST_PARAM_BOOL:
+      if (text != "true" && text != "false") bad("true or false");
+      value = text == "true";
+      break;
+    case ATTNHOST_PARAM_STRING:
+      value = text.size() >= 2 && text.front() == '"' && text.back() == '"' ? text.substr(1, text.size() - 2) : text;
+      break;
+    case ATTNHOST_PARAM_INT_LIST: {
+      std::string inner = text;
+      if (inner.size() >= 2 && inner.front() == '[' && inner.back() == ']') inner = inner.substr(1, inner.size() - 2);
+      std::vector<int64_t> list;
+      std::stringstream items(inner);
+      for (std::string item; std::getline(items, item, ',');) {
+        item.erase(0, item.find_first_not_of(' '));
+        item.erase(item.find_last_not_of(' ') + 1);
+        list.push_back(integer(item));
+      }
+      value = std::move(list);
+      break;
+    }
+    default: bad("a value of a type this host does not know");
+  }
+  const std::string message = check_param_value(plugin, spec, value);
+  if (!message.empty()) fail(kCommandLine, flag + ": " + message);
+  return value;
+}
+
+void override_params(Suite& suite, const std::vector<std::pair<std::string, std::string>>& params,
+                     const PluginCatalog& catalog) {
+  for (const auto& [name, text] : params) {
+    const std::string flag = "--param " + name + "=" + text;
+    std::set<std::string> plugins;
+    bool used = false;
+    for (Case& c : suite.cases) {
+      plugins.insert(c.plugin);
+      const PluginSchema& plugin = find_plugin(catalog, c.plugin, kCommandLine);
+      const ParamSchema* spec = find_param(plugin, name);
+      if (!spec) continue;
+      const ParamValue value = parse_param_text(flag, text, plugin, *spec);
+      c.params[name] = value;
+      c.id = with_id_part(c.id, name, format_value(value));
+      used = true;
+    }
+    if (!used)
+      fail(kCommandLine, flag + ": no plugin of this run (" +
+                             join_choices(std::vector<std::string>(plugins.begin(), plugins.end()), "and") +
+                             ") has a parameter '" + name + "' (attnhost list plugins -v shows them)");
+  }
+}
+
 // Overrides can make sweep points equal (--seqlen over a seqlen sweep): run each case once.
 void drop_repeated_cases(std::vector<Case>& cases) {
   std::set<std::string> seen;
@@ -150,7 +230,7 @@ std::string compare_suite_text(const std::vector<std::string>& plugins, const st
 } // namespace
 } // namespace detail
 
-void apply_overrides(Suite& suite, const Overrides& overrides) {
+void apply_overrides(Suite& suite, const Overrides& overrides, const PluginCatalog& plugins) {
   using namespace detail;
   check_problem_flags(overrides);
   check_run_flags(overrides);
@@ -159,6 +239,7 @@ void apply_overrides(Suite& suite, const Overrides& overrides) {
     override_problem(c, values);
     override_run(c, overrides);
   }
+  override_params(suite, overrides.params, plugins);
   drop_repeated_cases(suite.cases);
 }
 

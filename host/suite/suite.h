@@ -154,8 +154,12 @@ struct Overrides {
   std::optional<std::vector<int>> world_sizes;
   std::optional<std::string> timing_method;
   std::optional<int> warmup_runs, timing_runs;
+  // --param NAME=VALUE, in order: set on every case whose plugin has the parameter (typed by its
+  // schema); a name no plugin of the suite has is an error.
+  std::vector<std::pair<std::string, std::string>> params;
 };
-void apply_overrides(Suite& suite, const Overrides& overrides); // throws SuiteError
+// `plugins`: the loaded plugins' schemas, which type the --param values.
+void apply_overrides(Suite& suite, const Overrides& overrides, const PluginCatalog& plugins = {}); // throws SuiteError
 
 // A suite made of plugins x one preset (attnhost compare).
 Suite make_compare_suite(const std::vector<std::string>& plugins, const std::string& preset,

@@ -155,6 +155,7 @@ class Varlen {
     s.deterministic = p->deterministic != 0;
     // cuDNN takes no segments, so every varlen call runs on the core's kernels whatever the choice.
     s.engine = attncore::plugin::engine_choice(p.get_string("engine"));
+    s.dtype_partials = p.get_string("partials") == "dtype";
     return s;
   }
 

@@ -21,10 +21,12 @@ for section in "$@"; do
     tests)
       step "GPU tests"
       run 300 .gpu/tests/test_core_gpu
+      for t in test_core_engine test_core_cudnn; do [ -x .gpu/tests/$t ] && run 300 .gpu/tests/$t; done
+      run 300 .gpu/tests/attnhost_host_tests -ts=gpu
       run 300 .gpu/tests/attnhost_plugin_tests -ts=gpu ;;
     verify)
-      step "verify ${VERIFY:-ring zigzag} (world sizes 1..$gpus)"
-      run 400 "$A" verify ${VERIFY:-ring zigzag} --quiet ;;
+      step "verify ${VERIFY:-ring zigzag} ${VERIFY_ARGS:-} (world sizes 1..$gpus)"
+      run 400 "$A" verify ${VERIFY:-ring zigzag} ${VERIFY_ARGS:-} --quiet ;;
     mpi)
       step "the example plugin's two-rank suite: threads + NCCL, then mpirun -np 2 (NCCL id over MPI)"
       run 200 "$A" run .gpu/tests/two_ranks.toml --device cuda --quiet --format console

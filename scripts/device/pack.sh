@@ -8,7 +8,7 @@ cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITE
 cmake --build build-gpu -j"$(nproc)"
 rm -rf .gpu && cmake --install build-gpu --prefix .gpu > /dev/null
 mkdir -p .gpu/tests
-cp build-gpu/bin/attnhost_*_tests build-gpu/bin/test_core_gpu .gpu/tests/ 2>/dev/null || true
+cp build-gpu/bin/attnhost_*_tests build-gpu/bin/test_core_* .gpu/tests/ 2>/dev/null || true
 [ -x build-gpu/bin/bench_core ] && cp build-gpu/bin/bench_core .gpu/tests/
 cp -r tests/integration/two_ranks.toml .gpu/tests/
 mkdir -p .gpu/peers && cp ../shared/peers/*.py .gpu/peers/

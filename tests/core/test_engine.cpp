@@ -71,10 +71,12 @@ struct Result {
 
 // One forward and backward of the ring at world size 1 with `calls` as its plan.
 Result run(EngineChoice choice, const RingShape& base, const std::vector<BlockCall>& calls,
-           const std::vector<uint16_t>& q, const std::vector<uint16_t>& kv, const std::vector<uint16_t>& d_o) {
+           const std::vector<uint16_t>& q, const std::vector<uint16_t>& kv, const std::vector<uint16_t>& d_o,
+           bool dtype_partials = false) {
   FakeHost host;
   RingShape s = base;
   s.engine = choice;
+  s.dtype_partials = dtype_partials;
   const size_t nq = q.size(), nkv = kv.size(), rows = size_t(s.batch) * s.heads_q * s.local_q;
   DeviceArray dq_in(nq * 2), dk_in(nkv * 2), dv_in(nkv * 2), ddo(nq * 2), o(nq * 2), lse(rows * 4), dq(nq * 2),
       dk(nkv * 2), dv(nkv * 2);
@@ -175,6 +177,23 @@ TEST_CASE("engine: the ring at world size 1 gives the same result with native, c
         const std::string calls_text = std::to_string(calls.size());
         CHECK(got.log[0].find(" of " + calls_text + " forward calls") != std::string::npos);
       }
+      // Partials in dtype: cuDNN serves every call of the split too (the fp32 ones it refuses
+      // otherwise), each partial rounded once to bf16 before the fp32 merge.
+      const Result rounded = run(EngineChoice::cudnn, s, calls, q, kv, d_o, true);
+      CHECK(rel_max(rounded.o, native.o) < 2e-2);
+      CHECK(rel_max(rounded.dq, native.dq) < 5e-2);
+      CHECK(rel_max(rounded.dk, native.dk) < 5e-2);
+      CHECK(rel_max(rounded.dv, native.dv) < 5e-2);
+      long lse_bad = 0;
+      for (size_t i = 0; i < rounded.lse.size(); ++i)
+        lse_bad += !(std::abs(rounded.lse[i] - native.lse[i]) <= 1e-4 * (1 + std::abs(native.lse[i])));
+      CHECK(lse_bad == 0);
+      REQUIRE(rounded.log.size() == 1);
+      MESSAGE(rounded.log[0]);
+      const std::string n = std::to_string(calls.size());
+      CHECK(rounded.log[0].find(" for " + n + " of " + n + " forward calls and " + n + " of " + n + " backward calls") !=
+            std::string::npos);
+      CHECK(rounded.log[0].find("partials in dtype") != std::string::npos);
     }
   }
   CHECK(engine_choice(std::string("auto")) == EngineChoice::automatic);

@@ -158,3 +158,50 @@ TEST_CASE("compare: errors name the command line") {
   CHECK(compare_error({}, "medium") == "command line: compare needs at least one plugin");
   CHECK(compare_error({"ring"}, "mediun") == "--config: unknown preset or preset set 'mediun' (did you mean 'medium'?)");
 }
+
+TEST_CASE("overrides: --param sets a parameter on every case whose plugin has it, typed by its schema") {
+  Suite suite = presets_suite();
+  Overrides o;
+  o.params = {{"overlap", "false"}, {"block_size", "64"}};
+  apply_overrides(suite, o, test_catalog());
+  CHECK(ids_of(suite) == std::vector<std::string>{"ring/medium/overlap=false/block_size=64", "zigzag/medium",
+                                                  "ring/qwen3_4b/overlap=false/block_size=64", "zigzag/qwen3_4b"});
+  CHECK(std::get<bool>(suite.cases.at(0).params.at("overlap")) == false);
+  CHECK(std::get<int64_t>(suite.cases.at(0).params.at("block_size")) == 64);
+  CHECK(suite.cases.at(1).params.count("overlap") == 0);
+
+  Suite dilated = parse("[[case]]\nplugins = [\"dilated\"]\npresets = [\"medium\"]\n");
+  Overrides lists;
+  lists.params = {{"segment_lengths", "[1024, 2048]"}, {"dilation_rates", "1,2"}, {"offset_mode", "\"torchscale\""}};
+  apply_overrides(dilated, lists, test_catalog());
+  const Case& c = dilated.cases.at(0);
+  CHECK(std::get<std::vector<int64_t>>(c.params.at("segment_lengths")) == std::vector<int64_t>{1024, 2048});
+  CHECK(std::get<std::vector<int64_t>>(c.params.at("dilation_rates")) == std::vector<int64_t>{1, 2});
+  CHECK(std::get<std::string>(c.params.at("offset_mode")) == "torchscale");
+}
+
+TEST_CASE("overrides: a --param no plugin has, or a value of the wrong type or choice, is one line") {
+  const auto error = [](const std::string& name, const std::string& value) {
+    Suite suite = presets_suite();
+    Overrides o;
+    o.params = {{name, value}};
+    try {
+      apply_overrides(suite, o, test_catalog());
+    } catch (const SuiteError& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  CHECK(error("engine", "cudnn") ==
+        "command line: --param engine=cudnn: no plugin of this run (ring and zigzag) has a parameter 'engine' "
+        "(attnhost list plugins -v shows them)");
+  CHECK(error("overlap", "yes") ==
+        "command line: --param overlap=yes: parameter 'overlap' of plugin 'ring' takes true or false, got 'yes'");
+  CHECK(error("block_size", "12x") ==
+        "command line: --param block_size=12x: parameter 'block_size' of plugin 'ring' takes an integer, got '12x'");
+  Suite sparse = parse("[[case]]\nplugins = [\"blocksparse\"]\npresets = [\"medium\"]\n");
+  Overrides pattern;
+  pattern.params = {{"pattern", "lcoal"}};
+  CHECK_THROWS_WITH(apply_overrides(sparse, pattern, test_catalog()),
+                    doctest::Contains("got 'lcoal' (did you mean 'local'?)"));
+}

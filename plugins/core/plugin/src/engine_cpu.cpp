@@ -1,4 +1,5 @@
 #include "attncore/cpu.h"
+#include "attncore/numeric.h"
 #include "attncore/plugin/engine.h"
 
 #include <algorithm>
@@ -31,8 +32,30 @@ class CpuEngine final : public Engine {
   void add(float* dst, const float* src, size_t count, void*) override {
     for (size_t i = 0; i < count; ++i) dst[i] += src[i];
   }
+  void widen(const WidenParams& p, void*) override {
+    for (int32_t b = 0; b < p.batch; ++b)
+      for (int64_t t = 0; t < p.seqlen; ++t)
+        for (int32_t h = 0; h < p.heads; ++h) {
+          const int64_t s = b * p.src.batch_stride + t * p.src.token_stride + h * p.src.head_stride;
+          float* dst = static_cast<float*>(p.dst.data) + b * p.dst.batch_stride + t * p.dst.token_stride +
+                       h * p.dst.head_stride;
+          for (int32_t d = 0; d < p.head_dim; ++d) {
+            const float x = widened(p, s + d);
+            dst[d] = p.add ? dst[d] + x : x;
+          }
+        }
+  }
   void upload(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
   void wait(void*, void*) override {}
+
+ private:
+  static float widened(const WidenParams& p, int64_t i) {
+    switch (p.dtype) {
+      case DType::bf16: return bf16_to_float(static_cast<const uint16_t*>(p.src.data)[i]);
+      case DType::fp16: return fp16_to_float(static_cast<const uint16_t*>(p.src.data)[i]);
+      default: return static_cast<const float*>(p.src.data)[i];
+    }
+  }
 };
 
 }  // namespace

@@ -1,6 +1,8 @@
 #include "attncore/cuda.h"
 #include "attncore/plugin/engine.h"
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 namespace attncore::plugin {
@@ -17,6 +19,25 @@ __global__ void fill_kernel(float* dst, float value, size_t n) {
 
 __global__ void add_kernel(float* dst, const float* src, size_t n) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) dst[i] += src[i];
+}
+
+__device__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ float to_float(__half x) { return __half2float(x); }
+__device__ float to_float(float x) { return x; }
+
+// One block a (batch, token) row of heads x dim elements; dim is a multiple of 8 on the paths
+// that use it, but the loop does not rely on it.
+template <class T>
+__global__ void widen_kernel(WidenParams p) {
+  const int64_t b = blockIdx.y, t = blockIdx.x;
+  const T* src = static_cast<const T*>(p.src.data) + b * p.src.batch_stride + t * p.src.token_stride;
+  float* dst = static_cast<float*>(p.dst.data) + b * p.dst.batch_stride + t * p.dst.token_stride;
+  for (int i = threadIdx.x; i < p.heads * p.head_dim; i += blockDim.x) {
+    const int h = i / p.head_dim, d = i % p.head_dim;
+    const float x = to_float(src[h * p.src.head_stride + d]);
+    float& y = dst[h * p.dst.head_stride + d];
+    y = p.add ? y + x : x;
+  }
 }
 
 cudaStream_t cuda(void* s) { return static_cast<cudaStream_t>(s); }
@@ -41,6 +62,16 @@ class CudaEngine final : public Engine {
     unsigned blocks = static_cast<unsigned>(std::min<size_t>((n + 255) / 256, 4096));
     add_kernel<<<blocks, 256, 0, cuda(s)>>>(dst, src, n);
     check(cudaGetLastError(), "add kernel");
+  }
+  void widen(const WidenParams& p, void* s) override {
+    if (p.seqlen == 0 || p.batch == 0) return;
+    const dim3 grid(static_cast<unsigned>(p.seqlen), static_cast<unsigned>(p.batch));
+    switch (p.dtype) {
+      case DType::bf16: widen_kernel<__nv_bfloat16><<<grid, 256, 0, cuda(s)>>>(p); break;
+      case DType::fp16: widen_kernel<__half><<<grid, 256, 0, cuda(s)>>>(p); break;
+      default: widen_kernel<float><<<grid, 256, 0, cuda(s)>>>(p); break;
+    }
+    check(cudaGetLastError(), "widen kernel");
   }
   void upload(void* dst, const void* src, size_t bytes) override {
     check(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice), "cudaMemcpy");

@@ -57,7 +57,8 @@ bool measured_faster(int sm_major, int32_t head_dim, int64_t seqlen_q, int64_t s
 class SelectingEngine final : public Engine {
  public:
   SelectingEngine(std::unique_ptr<Engine> native, const EngineOptions& options)
-      : native_(std::move(native)), choice_(options.choice), host_(options.host) {
+      : native_(std::move(native)), choice_(options.choice), dtype_partials_(options.dtype_partials),
+        host_(options.host) {
     if (!host_.raw()) attnhost::fail(ATTNHOST_ERR_INTERNAL, "the cuDNN engine needs the host (allocator and log)");
     int device = 0;
     if (cudaGetDevice(&device) == cudaSuccess) cudaDeviceGetAttribute(&sm_major_, cudaDevAttrComputeCapabilityMajor, device);
@@ -67,7 +68,7 @@ class SelectingEngine final : public Engine {
     std::string line = "engine: cudnn " + cudnn_version_string() + " for " + std::to_string(forward_.cudnn) + " of " +
                        std::to_string(forward_.calls) + " forward calls and " + std::to_string(backward_.cudnn) +
                        " of " + std::to_string(backward_.calls) + " backward calls (engine=" +
-                       engine_choice_name(choice_) + ")";
+                       engine_choice_name(choice_) + (dtype_partials_ ? ", partials in dtype" : "") + ")";
     for (const Tally* t : {&forward_, &backward_})
       if (!t->why_native.empty()) line += "; native " + std::string(t == &forward_ ? "forward" : "backward") + ": " + t->why_native;
     try {
@@ -79,22 +80,50 @@ class SelectingEngine final : public Engine {
   bool on_device() const override { return true; }
   void forward(const ForwardParams& p, void* s) override {
     ++forward_.calls;
-    if (use_cudnn(p, forward_)) {
+    if (p.o_fp32 && dtype_partials_) {  // cuDNN writes O in dtype into scratch; widened into the partial
+      ForwardParams r = p;
+      r.o_fp32 = false;
+      r.o = packed(partials(elements(p.seqlen_q, p.heads_q, p), p.dtype), p.seqlen_q, p.heads_q, p);
+      if (use_cudnn(r, forward_)) {
+        forward_cudnn(r, s, workspace());
+        widen(p.dtype, r.o, p.o, p.batch, p.heads_q, p.head_dim, p.seqlen_q, false, s);
+        ++forward_.cudnn;
+        return;
+      }
+    } else if (use_cudnn(p, forward_)) {
       forward_cudnn(p, s, workspace());
       ++forward_.cudnn;
-    } else {
-      native_->forward(p, s);
+      return;
     }
+    native_->forward(p, s);
   }
   void backward(const BackwardParams& p, void* s) override {
     ++backward_.calls;
-    if (use_cudnn(p, backward_)) {
+    if (!p.write_grads && dtype_partials_) {  // cuDNN writes this call's gradients in dtype; added into fp32
+      BackwardParams r = p;
+      r.write_grads = true;
+      const size_t nq = elements(p.seqlen_q, p.heads_q, p), nkv = elements(p.seqlen_kv, p.heads_kv, p);
+      char* scratch = static_cast<char*>(partials(nq + 2 * nkv, p.dtype));
+      const size_t el = p.dtype == DType::fp32 ? 4 : 2;
+      r.dq = packed(scratch, p.seqlen_q, p.heads_q, p);
+      r.dk = packed(scratch + nq * el, p.seqlen_kv, p.heads_kv, p);
+      r.dv = packed(scratch + (nq + nkv) * el, p.seqlen_kv, p.heads_kv, p);
+      if (use_cudnn(r, backward_)) {
+        backward_cudnn(r, s, workspace());
+        widen(p.dtype, r.dq, p.dq, p.batch, p.heads_q, p.head_dim, p.seqlen_q, true, s);
+        widen(p.dtype, r.dk, p.dk, p.batch, p.heads_kv, p.head_dim, p.seqlen_kv, true, s);
+        widen(p.dtype, r.dv, p.dv, p.batch, p.heads_kv, p.head_dim, p.seqlen_kv, true, s);
+        ++backward_.cudnn;
+        return;
+      }
+    } else if (use_cudnn(p, backward_)) {
       backward_cudnn(p, s, workspace());
       ++backward_.cudnn;
-    } else {
-      native_->backward(p, s);
+      return;
     }
+    native_->backward(p, s);
   }
+  void widen(const WidenParams& p, void* s) override { native_->widen(p, s); }
   void compute_delta(const DeltaParams& p, void* s) override { native_->compute_delta(p, s); }
   void merge(const MergeParams& p, void* s) override { native_->merge(p, s); }
   void convert(const ConvertParams& p, void* s) override { native_->convert(p, s); }
@@ -126,6 +155,38 @@ class SelectingEngine final : public Engine {
     return use;
   }
 
+  template <class Params> static size_t elements(int64_t tokens, int32_t heads, const Params& p) {
+    return static_cast<size_t>(p.batch) * tokens * heads * p.head_dim;
+  }
+  // A [batch, tokens, heads, dim] view of contiguous scratch.
+  template <class Params> static TensorRef packed(void* base, int64_t tokens, int32_t heads, const Params& p) {
+    const int64_t token = static_cast<int64_t>(heads) * p.head_dim;
+    return {base, tokens * token, token, p.head_dim};
+  }
+  void widen(DType dtype, const TensorRef& src, const TensorRef& dst, int32_t batch, int32_t heads, int32_t head_dim,
+             int64_t seqlen, bool add, void* s) {
+    WidenParams w;
+    w.dtype = dtype;
+    w.batch = batch;
+    w.heads = heads;
+    w.head_dim = head_dim;
+    w.seqlen = seqlen;
+    w.src = src;
+    w.dst = dst;
+    w.add = add;
+    native_->widen(w, s);
+  }
+  // Scratch for outputs in dtype, grown to the largest call; like the workspace, freeing the old
+  // buffer waits for the device.
+  void* partials(size_t count, DType dtype) {
+    const size_t bytes = count * (dtype == DType::fp32 ? 4 : 2);
+    if (bytes > partials_.bytes()) {
+      partials_.reset();
+      partials_ = attnhost::HostBuffer(host_, bytes);
+    }
+    return partials_.get();
+  }
+
   Workspace workspace() { return {&SelectingEngine::grow, this}; }
   // The scratch grows to the largest call; freeing the old buffer waits for the device (cudaFree).
   static void* grow(void* self, size_t bytes) {
@@ -139,10 +200,11 @@ class SelectingEngine final : public Engine {
 
   std::unique_ptr<Engine> native_;
   EngineChoice choice_;
+  bool dtype_partials_;
   attnhost::Host host_;
   int sm_major_ = 0;
   Tally forward_, backward_;
-  attnhost::HostBuffer scratch_;
+  attnhost::HostBuffer scratch_, partials_;
 };
 
 }  // namespace

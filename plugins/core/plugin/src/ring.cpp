@@ -10,7 +10,7 @@ namespace attncore::plugin {
 RingAttention::RingAttention(const RingShape& shape, RingPlan plan, attnhost::Host host, int rank, int world_size,
                              bool cuda, bool cpu_fp64, bool overlap)
     : s_(shape), plan_(std::move(plan)), host_(host), rank_(rank), world_(world_size), overlap_(overlap),
-      engine_(Engine::make(cuda, cpu_fp64, EngineOptions{shape.engine, host})) {
+      engine_(Engine::make(cuda, cpu_fp64, EngineOptions{shape.engine, host, shape.dtype_partials})) {
   const size_t el = attnhost::dtype_size(s_.dtype);
   const size_t kv_elems = static_cast<size_t>(s_.batch) * s_.local_kv * s_.heads_kv * s_.head_dim;
   const size_t q_elems = static_cast<size_t>(s_.batch) * s_.local_q * s_.heads_q * s_.head_dim;

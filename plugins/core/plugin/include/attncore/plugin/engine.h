@@ -30,6 +30,21 @@ struct EngineOptions {
   // The cuDNN engine's workspace comes from the host's allocator, and the line saying which engine
   // served how many calls goes to the host's log (at INFO, once, when the engine is destroyed).
   attnhost::Host host;
+  // A call whose outputs are fp32 partials (a forward's O to merge, a backward's gradients to add)
+  // is one cuDNN does not serve on the libraries measured (docs/PERFORMANCE-core.md). With this
+  // set, the engine lets cuDNN write such a call's outputs in the problem's dtype into scratch and
+  // widens them into the fp32 ones: every partial is rounded once, as PyTorch's context parallelism
+  // does, in exchange for cuDNN's speed. Off: partials stay exact (native kernels).
+  bool dtype_partials = false;
+};
+
+// dst (fp32) = src (in `dtype`), or dst += src when `add`: [batch, token, head, dim] views.
+struct WidenParams {
+  DType dtype = DType::bf16;  // of src
+  int32_t batch = 1, heads = 1, head_dim = 128;
+  int64_t seqlen = 0;
+  TensorRef src, dst;
+  bool add = false;
 };
 
 class Engine {
@@ -51,6 +66,7 @@ class Engine {
   virtual void fill(float* dst, float value, size_t count, void* stream) = 0;
   // dst[i] += src[i] for i < count, fp32: gradient partials sent home by other ranks.
   virtual void add(float* dst, const float* src, size_t count, void* stream) = 0;
+  virtual void widen(const WidenParams& p, void* stream) = 0;
   virtual void upload(void* dst, const void* host_src, size_t bytes) = 0;  // waits until done
   // `to` waits for everything enqueued on `from` so far (an event on the GPU; nothing on the CPU,
   // where every operation has finished when it returns).

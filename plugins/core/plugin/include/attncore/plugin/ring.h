@@ -54,6 +54,7 @@ struct RingShape {
   DenseMask mask;                     // the problem's causal and window
   bool deterministic = false;
   EngineChoice engine = EngineChoice::native;  // what serves the attention calls on a GPU (engine.h)
+  bool dtype_partials = false;                 // EngineOptions::dtype_partials
 };
 
 class RingAttention {

@@ -27,8 +27,13 @@ inline constexpr attnhost_param_spec kRingParams[] = {
      "what runs the attention blocks on a GPU: the core's kernels (native), cuDNN where it serves the call, or "
      "cuDNN where it also measured faster (auto); the log says which served how many calls",
      "auto|native|cudnn"},
+    {ATTNHOST_STRUCT_SIZE(attnhost_param_spec, choices), "partials", ATTNHOST_PARAM_STRING, "\"fp32\"",
+     "a GPU block's partial output and gradients before they are merged in fp32: fp32 (exact; cuDNN serves no "
+     "such call on the libraries measured), or the problem's dtype (rounded once per block, as PyTorch's context "
+     "parallelism does, so that cuDNN can serve the blocks)",
+     "fp32|dtype"},
 };
-inline constexpr int32_t kNumRingParams = 3;
+inline constexpr int32_t kNumRingParams = 4;
 
 inline constexpr uint32_t kRingDtypes = ATTNHOST_CAP_DTYPE(ATTNHOST_DTYPE_BF16) |
                                         ATTNHOST_CAP_DTYPE(ATTNHOST_DTYPE_FP16) |
@@ -97,6 +102,7 @@ class RingPlugin {
     s.mask = mask_;
     s.deterministic = p->deterministic != 0;
     s.engine = engine_choice(p.get_string("engine"));
+    s.dtype_partials = p.get_string("partials") == "dtype";
     return s;
   }
 
