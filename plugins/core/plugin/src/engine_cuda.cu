@@ -73,6 +73,16 @@ class CudaEngine final : public Engine {
     }
     check(cudaGetLastError(), "widen kernel");
   }
+  Event record(void* s) override {
+    cudaEvent_t e;
+    check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
+    Event event(static_cast<void*>(e), [](void* p) { cudaEventDestroy(static_cast<cudaEvent_t>(p)); });
+    check(cudaEventRecord(e, cuda(s)), "cudaEventRecord");
+    return event;
+  }
+  void wait(void* s, const Event& event) override {
+    if (event) check(cudaStreamWaitEvent(cuda(s), static_cast<cudaEvent_t>(event.get()), 0), "cudaStreamWaitEvent");
+  }
   void upload(void* dst, const void* src, size_t bytes) override {
     check(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
   }

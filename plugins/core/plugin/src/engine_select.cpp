@@ -97,7 +97,8 @@ class SelectingEngine final : public Engine {
     }
     native_->forward(p, s);
   }
-  void backward(const BackwardParams& p, void* s) override {
+  void backward(const BackwardParams& p, void* s) override { backward_after(p, s, nullptr); }
+  void backward_after(const BackwardParams& p, void* s, const Event& ready) override {
     ++backward_.calls;
     if (!p.write_grads && dtype_partials_) {  // cuDNN writes this call's gradients in dtype; added into fp32
       BackwardParams r = p;
@@ -110,6 +111,7 @@ class SelectingEngine final : public Engine {
       r.dv = packed(scratch + (nq + nkv) * el, p.seqlen_kv, p.heads_kv, p);
       if (use_cudnn(r, backward_)) {
         backward_cudnn(r, s, workspace());
+        native_->wait(s, ready);
         widen(p.dtype, r.dq, p.dq, p.batch, p.heads_q, p.head_dim, p.seqlen_q, true, s);
         widen(p.dtype, r.dk, p.dk, p.batch, p.heads_kv, p.head_dim, p.seqlen_kv, true, s);
         widen(p.dtype, r.dv, p.dv, p.batch, p.heads_kv, p.head_dim, p.seqlen_kv, true, s);
@@ -117,10 +119,12 @@ class SelectingEngine final : public Engine {
         return;
       }
     } else if (use_cudnn(p, backward_)) {
+      native_->wait(s, ready);
       backward_cudnn(p, s, workspace());
       ++backward_.cudnn;
       return;
     }
+    native_->wait(s, ready);
     native_->backward(p, s);
   }
   void widen(const WidenParams& p, void* s) override { native_->widen(p, s); }
@@ -130,6 +134,8 @@ class SelectingEngine final : public Engine {
   void zero(void* dst, size_t bytes, void* s) override { native_->zero(dst, bytes, s); }
   void fill(float* dst, float value, size_t count, void* s) override { native_->fill(dst, value, count, s); }
   void add(float* dst, const float* src, size_t count, void* s) override { native_->add(dst, src, count, s); }
+  Event record(void* s) override { return native_->record(s); }
+  void wait(void* s, const Event& e) override { native_->wait(s, e); }
   void upload(void* dst, const void* src, size_t bytes) override { native_->upload(dst, src, bytes); }
   void wait(void* to, void* from) override { native_->wait(to, from); }
 

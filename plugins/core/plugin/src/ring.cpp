@@ -102,14 +102,20 @@ void RingAttention::backward(const attnhost_backward_args& a) {
   engine_->zero(dkv[0].k, kv_elems * 4, compute);
   engine_->zero(dkv[0].v, kv_elems * 4, compute);
 
+  // Two points on the communication stream: the next block's K/V have arrived, and the gradient
+  // sums of the block in hand have. A step's compute waits for the first; its calls wait for the
+  // second only where they add (Engine::backward_after), so the dK/dV hop can hide under them.
+  Engine::Event grads_ready;
   for (int step = 0; step < world_; ++step) {
     const int src = source(step);
     KV cur = step == 0 ? KV{a.k.data, a.v.data} : kv_[step % 2];
     KV grad = dkv[step % 2];
+    Engine::Event kv_ready;
     if (step + 1 < world_) {
       engine_->wait(comm, compute);
       KV next = kv_[(step + 1) % 2];
       exchange(cur.k, cur.v, next.k, next.v, s_.dtype, kv_elems, comm, "K V", step);
+      kv_ready = engine_->record(comm);
     }
     for (const BlockCall& c : plan_(rank_, src)) {
       if (c.backward_segments && c.num_backward_segments == 0) continue;  // nothing attends: nothing to differentiate
@@ -117,16 +123,18 @@ void RingAttention::backward(const attnhost_backward_args& a) {
       int32_t range = host_.range_begin(name.c_str(), ATTNHOST_RANGE_COMPUTE, compute);
       BackwardParams p = backward_params(s_, c, a, cur.k, cur.v, delta, dq, static_cast<float*>(grad.k),
                                          static_cast<float*>(grad.v));
-      engine_->backward(p, compute);
+      engine_->backward_after(p, compute, grads_ready);
       host_.range_end(range, compute);
     }
     if (world_ > 1) {  // the block's gradients follow it; after P steps they are home
-      engine_->wait(comm, compute);
+      engine_->wait(comm, compute);  // (what arrived and is sent on is ordered by the stream itself)
       KV next = dkv[(step + 1) % 2];
       exchange(grad.k, grad.v, next.k, next.v, ATTNHOST_DTYPE_FP32, kv_elems, comm, "dK dV", step);
-      engine_->wait(compute, comm);
+      grads_ready = engine_->record(comm);
+      engine_->wait(compute, kv_ready);
     }
   }
+  engine_->wait(compute, grads_ready);  // home
   KV home = world_ > 1 ? dkv[world_ % 2] : dkv[0];
   convert_out(s_, *engine_, dq, a.dq.data, false, compute);
   convert_out(s_, *engine_, static_cast<float*>(home.k), a.dk.data, true, compute);
