@@ -126,19 +126,31 @@ void RingAttention::backward(const attnhost_backward_args& a) {
       engine_->backward_after(p, compute, grads_ready);
       host_.range_end(range, compute);
     }
-    if (world_ > 1) {  // the block's gradients follow it; after P steps they are home
+    if (world_ > 1 && step + 1 < world_) {  // the block's gradients follow it, summing on the way
       engine_->wait(comm, compute);  // (what arrived and is sent on is ordered by the stream itself)
       KV next = dkv[(step + 1) % 2];
       exchange(grad.k, grad.v, next.k, next.v, ATTNHOST_DTYPE_FP32, kv_elems, comm, "dK dV", step);
       grads_ready = engine_->record(comm);
       engine_->wait(compute, kv_ready);
+    } else if (world_ > 1) {
+      // The last hop takes finished sums home, so they are rounded to the problem dtype before it
+      // rather than after (the same values): half the bytes of the one hop nothing can hide, and
+      // they land in dK and dV. The K/V buffer of step P - 2 is free to stage them.
+      engine_->wait(compute, grads_ready);  // a step without calls still passes on what arrived
+      KV staged = kv_[world_ % 2];
+      convert_out(s_, *engine_, static_cast<float*>(grad.k), staged.k, true, compute);
+      convert_out(s_, *engine_, static_cast<float*>(grad.v), staged.v, true, compute);
+      engine_->wait(comm, compute);
+      exchange(staged.k, staged.v, a.dk.data, a.dv.data, s_.dtype, kv_elems, comm, "dK dV", step);
+      grads_ready = engine_->record(comm);
     }
   }
-  engine_->wait(compute, grads_ready);  // home
-  KV home = world_ > 1 ? dkv[world_ % 2] : dkv[0];
   convert_out(s_, *engine_, dq, a.dq.data, false, compute);
-  convert_out(s_, *engine_, static_cast<float*>(home.k), a.dk.data, true, compute);
-  convert_out(s_, *engine_, static_cast<float*>(home.v), a.dv.data, true, compute);
+  engine_->wait(compute, grads_ready);  // dK and dV are home
+  if (world_ == 1) {
+    convert_out(s_, *engine_, static_cast<float*>(dkv[0].k), a.dk.data, true, compute);
+    convert_out(s_, *engine_, static_cast<float*>(dkv[0].v), a.dv.data, true, compute);
+  }
 }
 
 int64_t RingAttention::rank_pairs() const {
