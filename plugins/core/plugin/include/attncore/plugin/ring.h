@@ -3,7 +3,8 @@
 // Each rank keeps its queries; the K/V blocks travel. At step i rank r holds the block that
 // started on rank (r - i) mod P, attends its queries to it while that block moves on to r + 1 on
 // a stream of its own, and merges the partial output in fp32. Backward sends the block round
-// again with its fp32 dK/dV accumulators, which arrive home after P steps.
+// again with its fp32 dK/dV accumulators; the last hop takes the finished sums home in the
+// problem dtype, straight into dK and dV.
 //
 // A variant says only which attention calls a step makes (RingPlan); this file is the schedule,
 // the double buffers, the stream ordering and the merges, shared by every ring-shaped variant.
