@@ -96,7 +96,7 @@ std::unique_ptr<Engine> Engine::make(bool cuda, bool fp64) {
 
 std::unique_ptr<Engine> Engine::make(bool cuda, bool fp64, const EngineOptions& options) {
 #if ATTNCORE_HAVE_CUDA
-  if (cuda && options.choice != EngineChoice::native) return make_selecting_engine(make_cuda_engine(), options);
+  if (cuda) return make_selecting_engine(make_cuda_engine(), options);
 #endif
   return make(cuda, fp64);
 }

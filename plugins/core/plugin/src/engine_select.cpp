@@ -1,5 +1,6 @@
 // The GPU engine with a choice between the native kernels and cuDNN for the attention calls
 // (EngineChoice in engine.h): per call, cached per shape. Everything else goes to the native engine.
+// It also serves engine=native, so that every GPU result says which engine ran its calls.
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
@@ -65,7 +66,10 @@ class SelectingEngine final : public Engine {
   }
   ~SelectingEngine() override {
     if (forward_.calls + backward_.calls == 0) return;
-    std::string line = "engine: cudnn " + cudnn_version_string() + " for " + std::to_string(forward_.cudnn) + " of " +
+    std::string line = choice_ == EngineChoice::native
+                           ? "engine: native for " + std::to_string(forward_.calls) + " forward calls and " +
+                                 std::to_string(backward_.calls) + " backward calls (engine=native)"
+                           : "engine: cudnn " + cudnn_version_string() + " for " + std::to_string(forward_.cudnn) + " of " +
                        std::to_string(forward_.calls) + " forward calls and " + std::to_string(backward_.cudnn) +
                        " of " + std::to_string(backward_.calls) + " backward calls (engine=" +
                        engine_choice_name(choice_) + (dtype_partials_ ? ", partials in dtype" : "") + ")";
@@ -147,6 +151,7 @@ class SelectingEngine final : public Engine {
   };
 
   template <class Params> bool use_cudnn(const Params& p, Tally& t) {
+    if (choice_ == EngineChoice::native) return false;
     const std::vector<int64_t> key = shape_key(p);
     if (auto it = t.decided.find(key); it != t.decided.end()) return it->second;
     const std::string why = cudnn_check(p);
