@@ -117,6 +117,18 @@ double rel_max(const std::vector<uint16_t>& a, const std::vector<uint16_t>& b) {
   return err / std::max(ref, 1e-3);
 }
 
+// O and gradients within the bf16 tolerances of the native result, LSE within 1e-4 (1 + |LSE|).
+void check_agrees(const Result& got, const Result& native) {
+  CHECK(rel_max(got.o, native.o) < 2e-2);
+  CHECK(rel_max(got.dq, native.dq) < 5e-2);
+  CHECK(rel_max(got.dk, native.dk) < 5e-2);
+  CHECK(rel_max(got.dv, native.dv) < 5e-2);
+  long lse_bad = 0;
+  for (size_t i = 0; i < got.lse.size(); ++i)
+    lse_bad += !(std::abs(got.lse[i] - native.lse[i]) <= 1e-4 * (1 + std::abs(native.lse[i])));
+  CHECK(lse_bad == 0);
+}
+
 std::vector<uint16_t> random_bf16(size_t n, std::mt19937_64& rng) {
   std::normal_distribution<float> d(0.f, 1.f);
   std::vector<uint16_t> v(n);
@@ -165,14 +177,7 @@ TEST_CASE("engine: the ring at world size 1 gives the same result with native, c
       for (EngineChoice choice : {EngineChoice::cudnn, EngineChoice::automatic}) {
         CAPTURE(engine_choice_name(choice));
         const Result got = run(choice, s, calls, q, kv, d_o);
-        CHECK(rel_max(got.o, native.o) < 2e-2);
-        CHECK(rel_max(got.dq, native.dq) < 5e-2);
-        CHECK(rel_max(got.dk, native.dk) < 5e-2);
-        CHECK(rel_max(got.dv, native.dv) < 5e-2);
-        long lse_bad = 0;
-        for (size_t i = 0; i < got.lse.size(); ++i)
-          lse_bad += !(std::abs(got.lse[i] - native.lse[i]) <= 1e-4 * (1 + std::abs(native.lse[i])));
-        CHECK(lse_bad == 0);
+        check_agrees(got, native);
         REQUIRE(got.log.size() == 1);
         MESSAGE(got.log[0]);
         CHECK(got.log[0].rfind("engine: cudnn " + cudnn_version_string() + " for ", 0) == 0);
@@ -182,14 +187,7 @@ TEST_CASE("engine: the ring at world size 1 gives the same result with native, c
       // Partials in dtype: cuDNN serves every call of the split too (the fp32 ones it refuses
       // otherwise), each partial rounded once to bf16 before the fp32 merge.
       const Result rounded = run(EngineChoice::cudnn, s, calls, q, kv, d_o, true);
-      CHECK(rel_max(rounded.o, native.o) < 2e-2);
-      CHECK(rel_max(rounded.dq, native.dq) < 5e-2);
-      CHECK(rel_max(rounded.dk, native.dk) < 5e-2);
-      CHECK(rel_max(rounded.dv, native.dv) < 5e-2);
-      long lse_bad = 0;
-      for (size_t i = 0; i < rounded.lse.size(); ++i)
-        lse_bad += !(std::abs(rounded.lse[i] - native.lse[i]) <= 1e-4 * (1 + std::abs(native.lse[i])));
-      CHECK(lse_bad == 0);
+      check_agrees(rounded, native);
       REQUIRE(rounded.log.size() == 1);
       MESSAGE(rounded.log[0]);
       const std::string n = std::to_string(calls.size());
