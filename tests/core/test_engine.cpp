@@ -29,11 +29,13 @@ namespace {
 struct FakeHost {
   attnhost_host_api api{};
   std::vector<std::string> lines;
+  size_t allocated = 0;  // bytes asked for, in all
   FakeHost() {
     api.struct_size = ATTNHOST_STRUCT_SIZE(attnhost_host_api, log);
     api.context = this;
     api.stream = [](void*, int32_t) -> void* { return nullptr; };
-    api.alloc = [](void*, size_t bytes, void** out) -> int32_t {
+    api.alloc = [](void* c, size_t bytes, void** out) -> int32_t {
+      static_cast<FakeHost*>(c)->allocated += bytes;
       return cudaMalloc(out, bytes) == cudaSuccess ? ATTNHOST_OK : ATTNHOST_ERR_OUT_OF_MEMORY;
     };
     api.free = [](void*, void* p) { cudaFree(p); };
@@ -67,6 +69,7 @@ struct Result {
   std::vector<uint16_t> o, dq, dk, dv;
   std::vector<float> lse;
   std::vector<std::string> log;
+  size_t allocated = 0;
 };
 
 // One forward and backward of the ring at world size 1 with `calls` as its plan.
@@ -102,6 +105,7 @@ Result run(EngineChoice choice, const RingShape& base, const std::vector<BlockCa
   r.dk = dk.download<uint16_t>();
   r.dv = dv.download<uint16_t>();
   r.log = host.lines;
+  r.allocated = host.allocated;
   return r;
 }
 
@@ -186,6 +190,11 @@ TEST_CASE("engine: the ring at world size 1 gives the same result with native, c
       }
       // Partials in dtype: cuDNN serves every call of the split too (the fp32 ones it refuses
       // otherwise), each partial rounded once to bf16 before the fp32 merge.
+      // The native engine asked for dtype partials has nothing to round: same result, no scratch
+      // (it once allocated the scratch before asking whether cuDNN serves the call).
+      const Result native_rounded = run(EngineChoice::native, s, calls, q, kv, d_o, true);
+      CHECK(native_rounded.o == native.o);
+      CHECK(native_rounded.allocated == native.allocated);
       const Result rounded = run(EngineChoice::cudnn, s, calls, q, kv, d_o, true);
       check_agrees(rounded, native);
       REQUIRE(rounded.log.size() == 1);

@@ -55,6 +55,10 @@ bool measured_faster(int sm_major, int32_t head_dim, int64_t seqlen_q, int64_t s
   return sm_major == 9 && head_dim == 128 && seqlen_q >= 1024 && seqlen_kv >= 1024;
 }
 
+// Where the dtype-partial scratch will be, while deciding whether cuDNN serves the call: the
+// decision reads only alignment and null-ness, and the scratch is allocated only for calls it serves.
+char* const kUndecided = reinterpret_cast<char*>(uintptr_t{256});
+
 class SelectingEngine final : public Engine {
  public:
   SelectingEngine(std::unique_ptr<Engine> native, const EngineOptions& options)
@@ -87,8 +91,9 @@ class SelectingEngine final : public Engine {
     if (p.o_fp32 && dtype_partials_) {  // cuDNN writes O in dtype into scratch; widened into the partial
       ForwardParams r = p;
       r.o_fp32 = false;
-      r.o = packed(partials(elements(p.seqlen_q, p.heads_q, p), p.dtype), p.seqlen_q, p.heads_q, p);
+      r.o = packed(kUndecided, p.seqlen_q, p.heads_q, p);
       if (use_cudnn(r, forward_)) {
+        r.o.data = partials(elements(p.seqlen_q, p.heads_q, p), p.dtype);
         forward_cudnn(r, s, workspace());
         widen(p.dtype, r.o, p.o, p.batch, p.heads_q, p.head_dim, p.seqlen_q, false, s);
         ++forward_.cudnn;
@@ -108,12 +113,15 @@ class SelectingEngine final : public Engine {
       BackwardParams r = p;
       r.write_grads = true;
       const size_t nq = elements(p.seqlen_q, p.heads_q, p), nkv = elements(p.seqlen_kv, p.heads_kv, p);
-      char* scratch = static_cast<char*>(partials(nq + 2 * nkv, p.dtype));
       const size_t el = p.dtype == DType::fp32 ? 4 : 2;
-      r.dq = packed(scratch, p.seqlen_q, p.heads_q, p);
-      r.dk = packed(scratch + nq * el, p.seqlen_kv, p.heads_kv, p);
-      r.dv = packed(scratch + (nq + nkv) * el, p.seqlen_kv, p.heads_kv, p);
+      const auto place = [&](char* scratch) {
+        r.dq = packed(scratch, p.seqlen_q, p.heads_q, p);
+        r.dk = packed(scratch + nq * el, p.seqlen_kv, p.heads_kv, p);
+        r.dv = packed(scratch + (nq + nkv) * el, p.seqlen_kv, p.heads_kv, p);
+      };
+      place(kUndecided);
       if (use_cudnn(r, backward_)) {
+        place(static_cast<char*>(partials(nq + 2 * nkv, p.dtype)));
         backward_cudnn(r, s, workspace());
         native_->wait(s, ready);
         widen(p.dtype, r.dq, p.dq, p.batch, p.heads_q, p.head_dim, p.seqlen_q, true, s);
