@@ -70,17 +70,8 @@ class SelectingEngine final : public Engine {
   }
   ~SelectingEngine() override {
     if (forward_.calls + backward_.calls == 0) return;
-    std::string line = choice_ == EngineChoice::native
-                           ? "engine: native for " + std::to_string(forward_.calls) + " forward calls and " +
-                                 std::to_string(backward_.calls) + " backward calls (engine=native)"
-                           : "engine: cudnn " + cudnn_version_string() + " for " + std::to_string(forward_.cudnn) + " of " +
-                       std::to_string(forward_.calls) + " forward calls and " + std::to_string(backward_.cudnn) +
-                       " of " + std::to_string(backward_.calls) + " backward calls (engine=" +
-                       engine_choice_name(choice_) + (dtype_partials_ ? ", partials in dtype" : "") + ")";
-    for (const Tally* t : {&forward_, &backward_})
-      if (!t->why_native.empty()) line += "; native " + std::string(t == &forward_ ? "forward" : "backward") + ": " + t->why_native;
     try {
-      host_.log(ATTNHOST_LOG_INFO, line);
+      host_.log(ATTNHOST_LOG_INFO, summary());
     } catch (...) {  // a destructor does not throw
     }
   }
@@ -172,6 +163,22 @@ class SelectingEngine final : public Engine {
                                  : why;
     t.decided.emplace(key, use);
     return use;
+  }
+
+  // "engine: cudnn 9.14.0 for 3 of 4 forward calls and ... (engine=auto); native forward: <why>"
+  std::string summary() const {
+    using std::to_string;
+    if (choice_ == EngineChoice::native)
+      return "engine: native for " + to_string(forward_.calls) + " forward calls and " + to_string(backward_.calls) +
+             " backward calls (engine=native)";
+    std::string line = "engine: cudnn " + cudnn_version_string() + " for " + to_string(forward_.cudnn) + " of " +
+                       to_string(forward_.calls) + " forward calls and " + to_string(backward_.cudnn) + " of " +
+                       to_string(backward_.calls) + " backward calls (engine=" + engine_choice_name(choice_) +
+                       (dtype_partials_ ? ", partials in dtype" : "") + ")";
+    for (const Tally* t : {&forward_, &backward_})
+      if (!t->why_native.empty())
+        line += "; native " + std::string(t == &forward_ ? "forward" : "backward") + ": " + t->why_native;
+    return line;
   }
 
   template <class Params> static size_t elements(int64_t tokens, int32_t heads, const Params& p) {
