@@ -33,7 +33,7 @@ DilatedAttention::DilatedAttention(const Geometry& geometry, const Shape& shape,
                                    bool cuda, bool cpu_fp64, bool overlap)
     : s_(shape), host_(host), rank_(rank), overlap_(overlap), causal_(geometry.causal()), local_(geometry.chunk()),
       group_(shape.heads_q / shape.heads_kv), dtype_(attncore::plugin::core_dtype(shape.dtype)),
-      engine_(attncore::plugin::Engine::make(cuda, cpu_fp64)), ops_(RowOps::make(cuda)) {
+      engine_(attncore::plugin::Engine::make(cuda, cpu_fp64, {attncore::plugin::EngineChoice::native, host})), ops_(RowOps::make(cuda)) {
   build_tables(geometry);
   size_t forward_bytes = 0, backward_bytes = 0;
   carve(nullptr, false, &forward_bytes);

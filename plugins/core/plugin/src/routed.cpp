@@ -9,7 +9,7 @@ namespace attncore::plugin {
 
 RoutedAttention::RoutedAttention(const RingShape& shape, const RoutedPlan& plan, attnhost::Host host, int rank,
                                  int world_size, bool cuda, bool cpu_fp64, bool overlap)
-    : s_(shape), host_(host), rank_(rank), world_(world_size), overlap_(overlap), engine_(Engine::make(cuda, cpu_fp64)) {
+    : s_(shape), host_(host), rank_(rank), world_(world_size), overlap_(overlap), engine_(Engine::make(cuda, cpu_fp64, EngineOptions{EngineChoice::native, host})) {
   bool receives = false;
   for (int t = 0; t < world_; ++t) {
     Round r;
