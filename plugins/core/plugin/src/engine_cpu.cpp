@@ -48,7 +48,6 @@ class CpuEngine final : public Engine {
   Event record(void*) override { return nullptr; }
   void wait(void*, const Event&) override {}
   void upload(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
-  void wait(void*, void*) override {}
 
  private:
   static float widened(const WidenParams& p, int64_t i) {

@@ -78,21 +78,13 @@ class CudaEngine final : public Engine {
     check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
     Event event(static_cast<void*>(e), [](void* p) { cudaEventDestroy(static_cast<cudaEvent_t>(p)); });
     check(cudaEventRecord(e, cuda(s)), "cudaEventRecord");
-    return event;
+    return event;  // destroying it after a wait is legal: the wait holds the event's state
   }
   void wait(void* s, const Event& event) override {
     if (event) check(cudaStreamWaitEvent(cuda(s), static_cast<cudaEvent_t>(event.get()), 0), "cudaStreamWaitEvent");
   }
   void upload(void* dst, const void* src, size_t bytes) override {
     check(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
-  }
-  void wait(void* to, void* from) override {
-    if (to == from) return;
-    cudaEvent_t e;
-    check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
-    check(cudaEventRecord(e, cuda(from)), "cudaEventRecord");
-    check(cudaStreamWaitEvent(cuda(to), e, 0), "cudaStreamWaitEvent");
-    check(cudaEventDestroy(e), "cudaEventDestroy");  // legal: the wait already holds the event's state
   }
 };
 

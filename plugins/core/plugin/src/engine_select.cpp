@@ -140,7 +140,6 @@ class SelectingEngine final : public Engine {
   Event record(void* s) override { return native_->record(s); }
   void wait(void* s, const Event& e) override { native_->wait(s, e); }
   void upload(void* dst, const void* src, size_t bytes) override { native_->upload(dst, src, bytes); }
-  void wait(void* to, void* from) override { native_->wait(to, from); }
 
  private:
   struct Tally {

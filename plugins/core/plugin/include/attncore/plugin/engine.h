@@ -81,7 +81,9 @@ class Engine {
   virtual void upload(void* dst, const void* host_src, size_t bytes) = 0;  // waits until done
   // `to` waits for everything enqueued on `from` so far (an event on the GPU; nothing on the CPU,
   // where every operation has finished when it returns).
-  virtual void wait(void* to, void* from) = 0;
+  void wait(void* to, void* from) {
+    if (to != from) wait(to, record(from));
+  }
 };
 
 // The core's dtype for the ABI's.
