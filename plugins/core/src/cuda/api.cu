@@ -10,6 +10,9 @@
 #include "attncore/cuda.h"
 #include "device.cuh"
 #include "launch.h"
+#if ATTNCORE_HAVE_SM90
+#include "sm90/tensor_map.h"
+#endif
 
 namespace attncore {
 namespace cuda {
@@ -65,6 +68,17 @@ void check_shape(DType dtype, int32_t batch, int32_t heads_q, int32_t heads_kv, 
 float resolve_scale(float s, int32_t head_dim) { return s != 0.f ? s : 1.f / std::sqrt(float(head_dim)); }
 
 template <class T> void dispatch_forward(const ForwardParams& p, cudaStream_t s) {
+#if ATTNCORE_HAVE_SM90
+  if (sm90::hopper_path_enabled() && sm90::tma_readable(p.q) && sm90::tma_readable(p.k) && sm90::tma_readable(p.v)) {
+    switch (p.head_dim) {
+    case 64: return sm90::launch_forward_sm90<T, 64>(p, s);
+    case 80: return sm90::launch_forward_sm90<T, 80>(p, s);
+    case 96: return sm90::launch_forward_sm90<T, 96>(p, s);
+    case 128: return sm90::launch_forward_sm90<T, 128>(p, s);
+    case 256: return sm90::launch_forward_sm90<T, 256>(p, s);
+    }
+  }
+#endif
   switch (p.head_dim) {
   case 64: return launch_forward<T, 64>(p, s);
   case 80: return launch_forward<T, 80>(p, s);

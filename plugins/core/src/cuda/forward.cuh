@@ -3,15 +3,13 @@
 // A CTA of 4 warps owns kBlockM query rows of one (batch, head); each warp owns kWarpRows of them
 // (two m16 tiles for D <= 128: every K/V fragment read from shared memory feeds two products).
 // It walks the key tiles its rows can see (KvWalk), double-buffered with cp.async:
-//     S = Q K^T;  mask (edge tiles only);  m' = max(m, rowmax S);  P = exp2(S c - m' c);
-//     l = l e^(m - m') + rowsum P;  O = O e^(m - m') + P V
-// and ends with O / l and LSE = ln 2 (m c + log2 l), c = scale log2(e). A row that sees no key has
-// l = 0: O = 0, LSE = -inf.
+//     S = Q K^T;  the online-softmax step (softmax.cuh);  O += P V.
 #pragma once
 
 #include "args.h"
 #include "device.cuh"
 #include "launch.h"
+#include "softmax.cuh"
 #include "tiles.cuh"
 
 namespace attncore::cuda {
@@ -33,26 +31,10 @@ template <class T, int D> struct ForwardConfig {
   static_assert(kSmemBytes <= 160 * 1024, "must fit an sm_80 CTA");
 };
 
-template <class T, int D> struct ForwardWarp {
+// The warp's online-softmax state (softmax.cuh) and its two products on mma.sync.
+template <class T, int D> struct ForwardWarp : OnlineSoftmax<ForwardConfig<T, D>::kMTiles, ForwardConfig<T, D>::kOTiles> {
   using C = ForwardConfig<T, D>;
-  float o[C::kMTiles][C::kOTiles][4];
-  float row_max[C::kMTiles][2]; // raw scores (unscaled); -inf until a key is seen
-  float row_sum[C::kMTiles][2]; // this lane's share of l
-
-  __device__ void init() {
-#pragma unroll
-    for (int mt = 0; mt < C::kMTiles; ++mt) {
-#pragma unroll
-      for (int j = 0; j < C::kOTiles; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) o[mt][j][e] = 0.f;
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        row_max[mt][h] = -INFINITY;
-        row_sum[mt][h] = 0.f;
-      }
-    }
-  }
+  using OnlineSoftmax<C::kMTiles, C::kOTiles>::o;
 
   // S = Q K^T for this warp's rows and the key tile in sK.
   __device__ void scores(float (&s)[C::kMTiles][C::kSTiles][4], const T* sQ, const T* sK, int row0, int lane) {
@@ -82,54 +64,6 @@ template <class T, int D> struct ForwardWarp {
     }
   }
 
-  // -inf for pairs the mask hides (when `masked`) and for columns past the region (when `cross`).
-  __device__ void mask_scores(float (&s)[C::kMTiles][C::kSTiles][4], const MaskArgs& mask, const Region& reg,
-                              int32_t row0, int32_t c0, bool masked, int lane) {
-    const int32_t base = reg.diff(row0, c0); // diff of (row0, c0); (row, col) adds col - row
-#pragma unroll
-    for (int mt = 0; mt < C::kMTiles; ++mt)
-#pragma unroll
-      for (int j = 0; j < C::kSTiles; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int r = mt * 16 + (lane >> 2) + (e >= 2 ? 8 : 0);
-          const int c = j * 8 + (lane & 3) * 2 + (e & 1);
-          const bool ok = c0 + c < reg.col_end && (!masked || visible(mask, base + c - r));
-          if (!ok) s[mt][j][e] = -INFINITY;
-        }
-  }
-
-  // The online-softmax step: new maxima, rescale O and l, S becomes P.
-  __device__ void softmax_step(float (&s)[C::kMTiles][C::kSTiles][4], float scale_log2) {
-#pragma unroll
-    for (int mt = 0; mt < C::kMTiles; ++mt)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        float mx = row_max[mt][h];
-#pragma unroll
-        for (int j = 0; j < C::kSTiles; ++j) mx = fmaxf(mx, fmaxf(s[mt][j][2 * h], s[mt][j][2 * h + 1]));
-        mx = quad_max(mx);
-        // A row that has seen nothing yet subtracts 0, not -inf: exp2(-inf - -inf) would be NaN.
-        const float m_scaled = mx == -INFINITY ? 0.f : mx * scale_log2;
-        const float alpha = fast_exp2(row_max[mt][h] * scale_log2 - m_scaled);
-        row_max[mt][h] = mx;
-        float sum = 0.f;
-#pragma unroll
-        for (int j = 0; j < C::kSTiles; ++j)
-#pragma unroll
-          for (int e = 2 * h; e < 2 * h + 2; ++e) {
-            s[mt][j][e] = fast_exp2(fmaf(s[mt][j][e], scale_log2, -m_scaled));
-            sum += s[mt][j][e];
-          }
-        row_sum[mt][h] = row_sum[mt][h] * alpha + sum;
-#pragma unroll
-        for (int j = 0; j < C::kOTiles; ++j) {
-          o[mt][j][2 * h] *= alpha;
-          o[mt][j][2 * h + 1] *= alpha;
-        }
-      }
-  }
-
   // O += P V, P straight from the score registers.
   __device__ void accumulate_pv(const float (&p)[C::kMTiles][C::kSTiles][4], const T* sV, int lane) {
 #pragma unroll
@@ -148,32 +82,6 @@ template <class T, int D> struct ForwardWarp {
         }
       }
     }
-  }
-
-  // O / l (in dtype or fp32) and LSE of the warp's rows that lie in [.., row_end).
-  __device__ void store(const AttnArgs& a, int b, int h, int32_t row0, int32_t row_end, int lane) {
-    float* lse = a.lse.data + b * a.lse.batch_stride + h * a.lse.head_stride;
-#pragma unroll
-    for (int mt = 0; mt < C::kMTiles; ++mt)
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const int32_t r = row0 + mt * 16 + (lane >> 2) + hh * 8;
-        const float l = quad_sum(row_sum[mt][hh]);
-        if (r >= row_end) continue;
-        const float inv = l > 0.f ? 1.f / l : 0.f;
-        const int64_t off = b * a.o.batch_stride + int64_t(r) * a.o.token_stride + h * a.o.head_stride;
-#pragma unroll
-        for (int j = 0; j < C::kOTiles; ++j) {
-          const int col = j * 8 + (lane & 3) * 2;
-          const float x0 = o[mt][j][2 * hh] * inv, x1 = o[mt][j][2 * hh + 1] * inv;
-          if (a.o_fp32)
-            *reinterpret_cast<float2*>(static_cast<float*>(a.o.data) + off + col) = make_float2(x0, x1);
-          else
-            *reinterpret_cast<uint32_t*>(static_cast<T*>(a.o.data) + off + col) = pack2<T>(x0, x1);
-        }
-        if ((lane & 3) == 0)
-          lse[r] = l > 0.f ? (row_max[mt][hh] * a.scale_log2 + __log2f(l)) * kLn2 : -INFINITY;
-      }
   }
 };
 
@@ -250,7 +158,7 @@ __global__ void __launch_bounds__(ForwardConfig<T, D>::kThreads, 2) flash_forwar
       float s[C::kMTiles][C::kSTiles][4];
       w.scores(s, sQ, sK + buf * C::kBlockN * C::kPitch, warp_row0, lane);
       if (masked || cur.cross) w.mask_scores(s, a.mask, reg, m0 + warp_row0, cur.c0, masked, lane);
-      w.softmax_step(s, a.scale_log2);
+      w.step(s, a.scale_log2);
       w.accumulate_pv(s, sV + buf * C::kBlockN * C::kPitch, lane);
     }
     __syncthreads(); // everyone is done with `buf` before it is refilled
@@ -259,28 +167,12 @@ __global__ void __launch_bounds__(ForwardConfig<T, D>::kThreads, 2) flash_forwar
     buf ^= 1;
   }
   cp_async_wait<0>();
-  w.store(a, batch, head, m0 + warp_row0, m1, lane);
+  w.template store<T>(a, batch, head, m0 + warp_row0, m1, lane);
 }
 
 template <class T, int D> void launch_forward(const ForwardParams& p, cudaStream_t stream) {
   using C = ForwardConfig<T, D>;
-  AttnArgs a;
-  a.q = p.q;
-  a.k = p.k;
-  a.v = p.v;
-  a.o = p.o;
-  a.lse = p.lse;
-  a.o_fp32 = p.o_fp32;
-  a.seqlen_q = int32_t(p.seqlen_q);
-  a.seqlen_kv = int32_t(p.seqlen_kv);
-  a.heads_q = p.heads_q;
-  a.group = p.heads_q / p.heads_kv;
-  a.scale = p.softmax_scale;
-  a.scale_log2 = p.softmax_scale * kLog2e;
-  a.mask = make_mask_args(p.mask);
-  a.segs = p.segments;
-  a.nseg = p.num_segments;
-  a.blocks = make_block_args(p.blocks);
+  const AttnArgs a = forward_args(p);
   const auto kernel = flash_forward_kernel<T, D>;
   cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(C::kSmemBytes));
   const dim3 grid(unsigned(tile_grid(p.seqlen_q, C::kBlockM, p.num_segments)), unsigned(p.heads_q),

@@ -1,0 +1,277 @@
+// Flash-attention forward on Hopper (sm_90a): warpgroup matrix products, bulk tensor copies and
+// warp specialization, FlashAttention-3's structure, with every feature of the mma.sync kernel
+// (forward.cuh): causal and windows on global positions, GQA, segments, block lists, fp32 partials.
+//
+// A CTA of three warpgroups owns kBlockM = 128 query rows of one (batch, head).
+//  - Warpgroup 0 is the producer. One thread copies Q once, then the K and V tiles of every key tile
+//    the rows see into a ring of kStages shared buffers; each copy completes on a transaction
+//    barrier (k_full, v_full), and a buffer is refilled once both consumers release it (empty).
+//  - Warpgroups 1 and 2 are the consumers, 64 rows each. For every key tile:
+//        S = Q K^T   (wgmma, Q and K in shared memory)
+//        mask; the online-softmax step (softmax.cuh, the same code as the mma.sync kernel)
+//        O += P V    (wgmma, P straight from the score registers, V in shared memory)
+//    then release the buffer. A consumer whose rows see nothing of a tile skips its products.
+// The producer gives most of its registers to the consumers (setmaxnreg): O, S and P of a d128
+// consumer take 64 + 64 + 32 registers a thread.
+#pragma once
+
+#include <cuda.h>
+
+#include "../args.h"
+#include "../device.cuh"
+#include "../launch.h"
+#include "../softmax.cuh"
+#include "../tiles.cuh"
+#include "hopper.cuh"
+#include "tensor_map.h"
+#include "wgmma_ops.cuh"
+
+namespace attncore::cuda::sm90 {
+
+template <class T, int D> struct ForwardConfig {
+  static constexpr int kConsumers = 2;
+  static constexpr int kThreads = (kConsumers + 1) * 128;
+  static constexpr int kBlockM = 64 * kConsumers;
+  static constexpr int kBlockN = D <= 128 ? 128 : 64; // d256: O alone takes 128 registers a thread
+  static constexpr int kStages = 2;
+  static constexpr int W = swizzle_cols(D);
+  static constexpr int kSTiles = kBlockN / 8;
+  static constexpr int kOTiles = D / 8;
+  static constexpr uint32_t kQBytes = kBlockM * D * sizeof(T);
+  static constexpr uint32_t kKVBytes = kBlockN * D * sizeof(T); // one of K or V
+  static constexpr int kProducerRegs = 24, kConsumerRegs = 240;  // 24 + 2 x 240 = 3 x 168
+  static constexpr size_t kSmemBytes = 1024 /* alignment */ + kQBytes + 2 * kStages * kKVBytes + 256;
+  static_assert(D % 16 == 0 && D % W == 0, "head dim must be a multiple of 16");
+  static_assert(kQBytes % 1024 == 0 && kKVBytes % 1024 == 0, "tiles start on 1024-byte boundaries");
+  static_assert(kSmemBytes <= 227 * 1024, "must fit a Hopper CTA");
+  static_assert(kBlockN == 64 || kBlockN == 128, "key tiles are one or two 64-column blocks");
+};
+
+// A step of the walk over key tiles of kN columns: per query block of the CTA (at most two), which
+// 64-column halves of the tile a block list lists, and which of those need element masking.
+struct TileStep {
+  int32_t c0;
+  uint32_t listed[2], masked[2];
+  bool cross; // the tile runs past the region's last column
+};
+
+// Key tiles of kN (64 or 128) columns, built from the 64-column walk of the mma.sync kernels
+// (tiles.cuh): a 128-column tile may hold two 64-column blocks of a block list, of which one or
+// both are listed for a query block.
+template <int kN> struct TileWalk {
+  KvWalk<64> inner;
+  KvStep pending;
+  bool have_pending = false;
+
+  __device__ bool next(TileStep& t, const MaskArgs& mask, const Region& reg, int32_t r0, int32_t r1,
+                       const BlockArgs& bl) {
+    KvStep s;
+    if (have_pending) {
+      s = pending;
+      have_pending = false;
+    } else if (!inner.next(s, mask, reg, r0, r1, bl)) {
+      return false;
+    }
+    const int32_t tile = (s.c0 - reg.col_begin) / kN;
+    t.c0 = reg.col_begin + tile * kN;
+    t.listed[0] = t.listed[1] = t.masked[0] = t.masked[1] = 0;
+    add(t, s);
+    if (kN > 64 && inner.next(pending, mask, reg, r0, r1, bl)) {
+      if ((pending.c0 - reg.col_begin) / kN == tile) add(t, pending);
+      else have_pending = true;
+    }
+    t.cross = t.c0 + kN > reg.col_end;
+    return true;
+  }
+  __device__ static void add(TileStep& t, const KvStep& s) {
+    const int half = (s.c0 - t.c0) / 64;
+    t.listed[0] |= uint32_t(s.active[0]) << half;
+    t.listed[1] |= uint32_t(s.active[1]) << half;
+    t.masked[0] |= uint32_t(s.masked[0]) << half;
+    t.masked[1] |= uint32_t(s.masked[1]) << half;
+  }
+};
+
+// -inf for the pairs of a consumer's score tile that it must not see: columns past the region,
+// columns of 64-column halves that are not listed, and pairs the Mask hides in the halves that
+// need element masking (bit h of `listed` / `masked`: half h of the tile).
+template <int kSTiles>
+__device__ void mask_tile(float (&s)[1][kSTiles][4], const MaskArgs& mask, const Region& reg, int32_t row0, int32_t c0,
+                          uint32_t listed, uint32_t masked, int lane) {
+  const int32_t base = reg.diff(row0, c0); // diff of (row0, c0); (row, col) adds col - row
+#pragma unroll
+  for (int j = 0; j < kSTiles; ++j) {
+    const uint32_t half = uint32_t(j / 8);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int r = (lane >> 2) + (e >= 2 ? 8 : 0);
+      const int c = j * 8 + (lane & 3) * 2 + (e & 1);
+      const bool ok = ((listed >> half) & 1u) && c0 + c < reg.col_end &&
+                      (!((masked >> half) & 1u) || visible(mask, base + c - r));
+      if (!ok) s[0][j][e] = -INFINITY;
+    }
+  }
+}
+
+template <class T, int D>
+__global__ void __launch_bounds__(ForwardConfig<T, D>::kThreads, 1)
+    flash_forward_sm90_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
+                              const __grid_constant__ CUtensorMap v_map, const __grid_constant__ AttnArgs a) {
+#if ATTNCORE_SM90_DEVICE
+  using C = ForwardConfig<T, D>;
+  constexpr int W = C::W;
+  extern __shared__ unsigned char smem_raw[];
+  unsigned char* smem = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  T* sQ = reinterpret_cast<T*>(smem);
+  T* sK = reinterpret_cast<T*>(smem + C::kQBytes);                            // kStages tiles
+  T* sV = reinterpret_cast<T*>(smem + C::kQBytes + C::kStages * C::kKVBytes); // kStages tiles
+  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + C::kQBytes + 2 * C::kStages * C::kKVBytes);
+  uint64_t* q_full = bars;
+  uint64_t* k_full = bars + 1;
+  uint64_t* v_full = k_full + C::kStages;
+  uint64_t* empty = v_full + C::kStages;
+
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, group = warp / 4;
+  const int head = blockIdx.y, batch = blockIdx.z, kv_head = head / a.group;
+  const int32_t x = int32_t(gridDim.x - 1 - blockIdx.x); // last tiles first: causal ones are heaviest
+
+  Region reg;
+  int32_t m0;
+  if (a.nseg > 0) {
+    int32_t seg, tile;
+    if (!locate_tile(a.segs, a.nseg, x, C::kBlockM, true, seg, tile)) return;
+    reg = segment_region(a.segs[seg]);
+    m0 = reg.row_begin + tile * C::kBlockM;
+  } else {
+    reg = whole_call(a.mask, a.seqlen_q, a.seqlen_kv);
+    m0 = x * C::kBlockM;
+  }
+  const int32_t m1 = min(m0 + C::kBlockM, reg.row_end);
+
+  if (tid == 0) {
+    barrier_init(q_full, 1);
+    for (int s = 0; s < C::kStages; ++s) {
+      barrier_init(&k_full[s], 1);
+      barrier_init(&v_full[s], 1);
+      barrier_init(&empty[s], C::kConsumers * 4); // one arrival per consumer warp
+    }
+    barrier_init_fence();
+  }
+  __syncthreads();
+
+  TileWalk<C::kBlockN> walk;
+  int32_t qb0 = 0;
+  const bool blocks = a.blocks.heads > 0;
+  if (blocks) {
+    const int32_t row = (a.blocks.heads == 1 ? 0 : head) * a.blocks.num_q_blocks;
+    qb0 = m0 / a.blocks.block_q;
+    walk.inner.init_blocks(a.blocks, row + qb0, row + (m1 - 1) / a.blocks.block_q);
+  } else {
+    walk.inner.init_interval(a.mask, reg, m0, m1);
+  }
+
+  if (group == 0) { // producer
+    regs_dealloc<C::kProducerRegs>();
+    if (warp == 0 && lane == 0) {
+      tma_prefetch_map(&q_map);
+      tma_prefetch_map(&k_map);
+      tma_prefetch_map(&v_map);
+      barrier_expect_bytes(q_full, C::kQBytes);
+      for (int cb = 0; cb < D / W; ++cb) tma_load_4d(sQ + cb * C::kBlockM * W, &q_map, q_full, cb * W, m0, head, batch);
+      TileStep t;
+      for (uint32_t step = 0; walk.next(t, a.mask, reg, m0, m1, a.blocks); ++step) {
+        const uint32_t s = step % C::kStages, phase = (step / C::kStages) & 1;
+        barrier_wait(&empty[s], phase ^ 1);
+        T* k_tile = sK + s * (C::kKVBytes / sizeof(T));
+        T* v_tile = sV + s * (C::kKVBytes / sizeof(T));
+        barrier_expect_bytes(&k_full[s], C::kKVBytes);
+        for (int cb = 0; cb < D / W; ++cb)
+          tma_load_4d(k_tile + cb * C::kBlockN * W, &k_map, &k_full[s], cb * W, t.c0, kv_head, batch);
+        barrier_expect_bytes(&v_full[s], C::kKVBytes);
+        for (int cb = 0; cb < D / W; ++cb)
+          tma_load_4d(v_tile + cb * C::kBlockN * W, &v_map, &v_full[s], cb * W, t.c0, kv_head, batch);
+      }
+    }
+    return;
+  }
+
+  // consumers
+  regs_alloc<C::kConsumerRegs>();
+  const int wg = group - 1, warp_in_wg = warp % 4;
+  const int32_t r_lo = m0 + 64 * wg, r_hi = min(r_lo + 64, m1); // this warpgroup's rows
+  const bool has_rows = r_hi > r_lo;
+  const int list = blocks && r_lo / a.blocks.block_q != qb0 ? 1 : 0; // (selects below, not list[...])
+  int32_t vis_lo = 0, vis_hi = 0;                                      // columns the rows see (no block list)
+  if (has_rows) visible_cols(a.mask, reg, r_lo, r_hi - 1, vis_lo, vis_hi);
+
+  OnlineSoftmax<1, C::kOTiles> sm;
+  sm.init();
+  barrier_wait(q_full, 0);
+  TileStep t;
+  for (uint32_t step = 0; walk.next(t, a.mask, reg, m0, m1, a.blocks); ++step) {
+    const uint32_t s = step % C::kStages, phase = (step / C::kStages) & 1;
+    const T* k_tile = sK + s * (C::kKVBytes / sizeof(T));
+    const T* v_tile = sV + s * (C::kKVBytes / sizeof(T));
+    constexpr uint32_t kAll = C::kBlockN == 128 ? 3u : 1u; // both halves, or the one
+    bool active;
+    uint32_t listed = kAll, masked;
+    if (blocks) {
+      listed = list ? t.listed[1] : t.listed[0];
+      masked = list ? t.masked[1] : t.masked[0];
+      active = has_rows && listed != 0;
+    } else {
+      active = has_rows && t.c0 < vis_hi && t.c0 + C::kBlockN > vis_lo;
+      masked = all_visible(a.mask, reg.row_pos(r_lo), reg.row_pos(r_hi - 1), reg.col_pos(t.c0),
+                           reg.col_pos(t.c0 + C::kBlockN - 1)) ? 0u : kAll;
+    }
+
+    barrier_wait(&k_full[s], phase);
+    uint32_t p[C::kBlockN / 16][4]; // P as A fragments of the second product
+    if (active) {
+      float sc[1][C::kSTiles][4];
+      wgmma_fence();
+#pragma unroll
+      for (int k0 = 0; k0 < D; k0 += 16)
+        Wgmma<T, C::kBlockN>::template ss<0, 0>(sc[0], desc_k_major<W>(sQ, C::kBlockM, 64 * wg, k0),
+                                                desc_k_major<W>(k_tile, C::kBlockN, 0, k0), k0 > 0);
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_registers(sc[0]);
+      if (listed != kAll || masked || t.cross) mask_tile(sc, a.mask, reg, r_lo + 16 * warp_in_wg, t.c0, listed, masked, lane);
+      sm.step(sc, a.scale_log2);
+#pragma unroll
+      for (int kk = 0; kk < C::kBlockN / 16; ++kk) c_to_a<T>(p[kk], sc[0][2 * kk], sc[0][2 * kk + 1]);
+    }
+    barrier_wait(&v_full[s], phase);
+    if (active) {
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < C::kBlockN / 16; ++kk)
+        Wgmma<T, D>::template rs<1>(sm.o[0], p[kk], desc_mn_major<W>(v_tile, C::kBlockN, 16 * kk), true);
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_registers(sm.o[0]);
+    }
+    __syncwarp();
+    if (lane == 0) barrier_arrive(&empty[s]);
+  }
+  sm.template store<T>(a, batch, head, r_lo + 16 * warp_in_wg, m1, lane);
+#endif
+}
+
+template <class T, int D> void launch_forward_sm90(const ForwardParams& p, cudaStream_t stream) {
+  using C = ForwardConfig<T, D>;
+  const AttnArgs a = forward_args(p);
+  const CUtensorMapSwizzle sw = tma_swizzle(C::W);
+  const CUtensorMap q_map = make_tile_map(p.q, p.dtype, p.batch, p.seqlen_q, p.heads_q, D, C::kBlockM, C::W, sw);
+  const CUtensorMap k_map = make_tile_map(p.k, p.dtype, p.batch, p.seqlen_kv, p.heads_kv, D, C::kBlockN, C::W, sw);
+  const CUtensorMap v_map = make_tile_map(p.v, p.dtype, p.batch, p.seqlen_kv, p.heads_kv, D, C::kBlockN, C::W, sw);
+  const auto kernel = flash_forward_sm90_kernel<T, D>;
+  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(C::kSmemBytes));
+  const dim3 grid(unsigned(tile_grid(p.seqlen_q, C::kBlockM, p.num_segments)), unsigned(p.heads_q),
+                  unsigned(p.batch));
+  kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(q_map, k_map, v_map, a);
+  check_launch("flash forward (sm90)");
+}
+
+} // namespace attncore::cuda::sm90

@@ -1,0 +1,7 @@
+// Hopper forward kernels for head dim 96, bf16 and fp16 (one translation unit per head dim).
+#include "forward_sm90.cuh"
+
+namespace attncore::cuda::sm90 {
+template void launch_forward_sm90<__nv_bfloat16, 96>(const ForwardParams&, cudaStream_t);
+template void launch_forward_sm90<__half, 96>(const ForwardParams&, cudaStream_t);
+} // namespace attncore::cuda::sm90

@@ -1,0 +1,142 @@
+// The device vocabulary of the Hopper (sm_90a) kernels: transaction barriers, bulk tensor copies
+// (TMA), shared-memory matrix descriptors, the warpgroup matrix fences, and register reallocation.
+// With wgmma_ops.cuh (the matrix instructions themselves) each kernel reads as its algorithm.
+//
+// Shared tiles. Every operand tile is stored as column blocks of kSwizzleCols elements: a
+// [rows x cols] tile is cols / W blocks, each [rows x W] with rows of W * 2 bytes, swizzled the way
+// the copy engine writes them and the matrix instructions read them (the 16-byte chunk index of a
+// row XORed with the row's position in its group of 8). W is 64 (128-byte rows) when the head dim
+// allows, else 32 or 16; each tile starts on a 1024-byte boundary.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+
+#include "../device.cuh"
+
+namespace attncore::cuda::sm90 {
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define ATTNCORE_SM90_DEVICE 1
+#else
+#define ATTNCORE_SM90_DEVICE 0
+#endif
+
+// ---- shared tile geometry ------------------------------------------------------------------------
+
+// Elements per swizzled row of a column block for a head dim.
+__host__ __device__ constexpr int swizzle_cols(int d) { return d % 64 == 0 ? 64 : d % 32 == 0 ? 32 : 16; }
+
+// The copy engine's swizzle mode and the descriptor's layout type for W columns of 16-bit elements.
+constexpr CUtensorMapSwizzle tma_swizzle(int w) {
+  return w == 64 ? CU_TENSOR_MAP_SWIZZLE_128B : w == 32 ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_32B;
+}
+__host__ __device__ constexpr uint64_t desc_layout(int w) { return w == 64 ? 1 : w == 32 ? 2 : 3; }
+
+// A shared-memory matrix descriptor (PTX ISA, "matrix descriptor"): start address, leading and
+// stride byte offsets (all in 16-byte units), layout type in bits 62-63.
+__device__ __forceinline__ uint64_t make_desc(uint32_t smem_addr, uint32_t lead_bytes, uint32_t stride_bytes,
+                                              uint64_t layout) {
+  return uint64_t((smem_addr & 0x3FFFF) >> 4) | (uint64_t(lead_bytes >> 4) << 16) |
+         (uint64_t(stride_bytes >> 4) << 32) | (layout << 62);
+}
+
+// K-major operand: rows of the tile are the M or N index, the W columns of a block the K index.
+// Descriptor of rows [row0, row0 + 64 or N) and K columns [k0, k0 + 16) of a tile of `rows` rows.
+template <int W>
+__device__ __forceinline__ uint64_t desc_k_major(const void* tile, int rows, int row0, int k0) {
+  const uint32_t base = smem_addr(tile) + uint32_t((k0 / W) * rows * W * 2 + row0 * W * 2 + (k0 % W) * 2);
+  return make_desc(base, 16, 8 * W * 2, desc_layout(W));
+}
+
+// MN-major operand (V in P V): rows of the tile are the K index, the columns N. Descriptor of K rows
+// [k0, k0 + 16) and every column of a tile of `rows` rows: column blocks lie rows * W * 2 apart.
+template <int W> __device__ __forceinline__ uint64_t desc_mn_major(const void* tile, int rows, int k0) {
+  return make_desc(smem_addr(tile) + uint32_t(k0 * W * 2), uint32_t(rows * W * 2), 8 * W * 2, desc_layout(W));
+}
+
+// ---- transaction barriers (mbarrier) ---------------------------------------------------------------
+
+__device__ __forceinline__ void barrier_init(uint64_t* bar, int arrivals) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(arrivals));
+}
+// Makes initialized barriers visible to the copy engine; then a __syncthreads.
+__device__ __forceinline__ void barrier_init_fence() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+__device__ __forceinline__ void barrier_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
+}
+// Arrives and says how many bytes the copies that complete this phase will bring.
+__device__ __forceinline__ void barrier_expect_bytes(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes)
+               : "memory");
+}
+// Waits until the phase of parity `phase` has completed.
+__device__ __forceinline__ void barrier_wait(uint64_t* bar, uint32_t phase) {
+  asm volatile("{\n"
+               ".reg .pred done;\n"
+               "wait_%=:\n"
+               "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+               "@!done bra wait_%=;\n"
+               "}\n" ::"r"(smem_addr(bar)),
+               "r"(phase)
+               : "memory");
+}
+
+// ---- bulk tensor copies (TMA) ----------------------------------------------------------------------
+
+// The box at coordinates (c0 innermost .. c3) of a 4-d tensor map into shared memory; completes
+// its bytes on `bar`. Coordinates past the tensor read zeros.
+__device__ __forceinline__ void tma_load_4d(void* dst, const CUtensorMap* map, uint64_t* bar, int32_t c0, int32_t c1,
+                                            int32_t c2, int32_t c3) {
+  asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+               " [%0], [%1, {%3, %4, %5, %6}], [%2];\n" ::"r"(smem_addr(dst)),
+               "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_addr(bar)), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+               : "memory");
+}
+__device__ __forceinline__ void tma_prefetch_map(const CUtensorMap* map) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
+}
+
+// ---- warpgroup matrix fences ----------------------------------------------------------------------
+
+#if ATTNCORE_SM90_DEVICE
+// Before the first wgmma of a batch, once registers it reads or accumulates were written otherwise.
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+// Waits until at most N committed batches of this warpgroup are still running.
+template <int N> __device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// Register budget of the calling warpgroup: producers give registers back, consumers take them.
+template <int R> __device__ __forceinline__ void regs_dealloc() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(R));
+}
+template <int R> __device__ __forceinline__ void regs_alloc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(R));
+}
+#else
+__device__ __forceinline__ void wgmma_fence() {}
+__device__ __forceinline__ void wgmma_commit() {}
+template <int N> __device__ __forceinline__ void wgmma_wait() {}
+template <int R> __device__ __forceinline__ void regs_dealloc() {}
+template <int R> __device__ __forceinline__ void regs_alloc() {}
+#endif
+
+// Keeps the compiler from moving reads or writes of accumulator registers across an async matrix
+// instruction: the registers are the hardware's from issue to wgmma_wait.
+template <int N> __device__ __forceinline__ void fence_registers(float (&d)[N][4]) {
+#pragma unroll
+  for (int j = 0; j < N; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(d[j][e])::"memory");
+}
+
+// A barrier among `threads` threads (whole warps) of the CTA, by id (0 is __syncthreads').
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+} // namespace attncore::cuda::sm90

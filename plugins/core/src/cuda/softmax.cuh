@@ -1,0 +1,135 @@
+// The online softmax of the forward kernels (FlashAttention-2's), on score tiles laid out as
+// mma.sync C fragments: what the mma.sync kernel's products and the Hopper kernel's warpgroup
+// products both leave in a warp's registers. A warp owns kMTiles x 16 rows; a lane holds two of
+// them (g and g + 8 of each m16 tile, g = lane / 4) and, of every n8 tile, columns 2t and 2t + 1.
+//     mask (edge tiles only);  m' = max(m, rowmax S);  P = exp2(S c - m' c);
+//     l = l e^(m - m') + rowsum P;  O = O e^(m - m')  (then O += P V, by the caller)
+// and ends with O / l and LSE = ln 2 (m c + log2 l), c = scale log2(e). A row that sees no key has
+// l = 0: O = 0, LSE = -inf.
+#pragma once
+
+#include "args.h"
+#include "device.cuh"
+#include "tiles.cuh"
+
+namespace attncore::cuda {
+
+template <int kMTiles, int kOTiles> struct OnlineSoftmax {
+  float o[kMTiles][kOTiles][4];
+  float row_max[kMTiles][2]; // raw scores (unscaled); -inf until a key is seen
+  float row_sum[kMTiles][2]; // this lane's share of l
+
+  __device__ void init() {
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+      for (int j = 0; j < kOTiles; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o[mt][j][e] = 0.f;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        row_max[mt][h] = -INFINITY;
+        row_sum[mt][h] = 0.f;
+      }
+    }
+  }
+
+  // -inf for pairs the mask hides (when `masked`) and for columns past the region (when `cross`).
+  template <int kSTiles>
+  __device__ static void mask_scores(float (&s)[kMTiles][kSTiles][4], const MaskArgs& mask, const Region& reg,
+                                     int32_t row0, int32_t c0, bool masked, int lane) {
+    const int32_t base = reg.diff(row0, c0); // diff of (row0, c0); (row, col) adds col - row
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+      for (int j = 0; j < kSTiles; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int r = mt * 16 + (lane >> 2) + (e >= 2 ? 8 : 0);
+          const int c = j * 8 + (lane & 3) * 2 + (e & 1);
+          const bool ok = c0 + c < reg.col_end && (!masked || visible(mask, base + c - r));
+          if (!ok) s[mt][j][e] = -INFINITY;
+        }
+  }
+
+  // The online-softmax step: new maxima, rescale O and l, S becomes P.
+  template <int kSTiles> __device__ void step(float (&s)[kMTiles][kSTiles][4], float scale_log2) {
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float mx = row_max[mt][h];
+#pragma unroll
+        for (int j = 0; j < kSTiles; ++j) mx = fmaxf(mx, fmaxf(s[mt][j][2 * h], s[mt][j][2 * h + 1]));
+        mx = quad_max(mx);
+        // A row that has seen nothing yet subtracts 0, not -inf: exp2(-inf - -inf) would be NaN.
+        const float m_scaled = mx == -INFINITY ? 0.f : mx * scale_log2;
+        const float alpha = fast_exp2(row_max[mt][h] * scale_log2 - m_scaled);
+        row_max[mt][h] = mx;
+        float sum = 0.f;
+#pragma unroll
+        for (int j = 0; j < kSTiles; ++j)
+#pragma unroll
+          for (int e = 2 * h; e < 2 * h + 2; ++e) {
+            s[mt][j][e] = fast_exp2(fmaf(s[mt][j][e], scale_log2, -m_scaled));
+            sum += s[mt][j][e];
+          }
+        row_sum[mt][h] = row_sum[mt][h] * alpha + sum;
+#pragma unroll
+        for (int j = 0; j < kOTiles; ++j) {
+          o[mt][j][2 * h] *= alpha;
+          o[mt][j][2 * h + 1] *= alpha;
+        }
+      }
+  }
+
+  // O / l (in T or fp32) and LSE of the warp's rows that lie in [.., row_end).
+  template <class T> __device__ void store(const AttnArgs& a, int b, int h, int32_t row0, int32_t row_end, int lane) {
+    float* lse = a.lse.data + b * a.lse.batch_stride + h * a.lse.head_stride;
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int32_t r = row0 + mt * 16 + (lane >> 2) + hh * 8;
+        const float l = quad_sum(row_sum[mt][hh]);
+        if (r >= row_end) continue;
+        const float inv = l > 0.f ? 1.f / l : 0.f;
+        const int64_t off = b * a.o.batch_stride + int64_t(r) * a.o.token_stride + h * a.o.head_stride;
+#pragma unroll
+        for (int j = 0; j < kOTiles; ++j) {
+          const int col = j * 8 + (lane & 3) * 2;
+          const float x0 = o[mt][j][2 * hh] * inv, x1 = o[mt][j][2 * hh + 1] * inv;
+          if (a.o_fp32)
+            *reinterpret_cast<float2*>(static_cast<float*>(a.o.data) + off + col) = make_float2(x0, x1);
+          else
+            *reinterpret_cast<uint32_t*>(static_cast<T*>(a.o.data) + off + col) = pack2<T>(x0, x1);
+        }
+        if ((lane & 3) == 0)
+          lse[r] = l > 0.f ? (row_max[mt][hh] * a.scale_log2 + __log2f(l)) * kLn2 : -INFINITY;
+      }
+  }
+};
+
+// The forward's kernel arguments from its public parameters (both kernels).
+inline AttnArgs forward_args(const ForwardParams& p) {
+  AttnArgs a;
+  a.q = p.q;
+  a.k = p.k;
+  a.v = p.v;
+  a.o = p.o;
+  a.lse = p.lse;
+  a.o_fp32 = p.o_fp32;
+  a.seqlen_q = int32_t(p.seqlen_q);
+  a.seqlen_kv = int32_t(p.seqlen_kv);
+  a.heads_q = p.heads_q;
+  a.group = p.heads_q / p.heads_kv;
+  a.scale = p.softmax_scale;
+  a.scale_log2 = p.softmax_scale * kLog2e;
+  a.mask = make_mask_args(p.mask);
+  a.segs = p.segments;
+  a.nseg = p.num_segments;
+  a.blocks = make_block_args(p.blocks);
+  return a;
+}
+
+} // namespace attncore::cuda
