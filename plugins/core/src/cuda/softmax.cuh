@@ -14,6 +14,25 @@
 
 namespace attncore::cuda {
 
+// max and sum of N (a power of two) values by a tree of depth log2 N. (Recursion on the width,
+// not a loop halving it: nvcc left that loop rolled, and the array went to local memory.)
+template <int Width, int N, class Op> __device__ __forceinline__ float tree_reduce(float (&v)[N], Op op) {
+  static_assert((N & (N - 1)) == 0, "a power of two");
+  if constexpr (Width == 0) {
+    return v[0];
+  } else {
+#pragma unroll
+    for (int j = 0; j < Width; ++j) v[j] = op(v[j], v[j + Width]);
+    return tree_reduce<Width / 2>(v, op);
+  }
+}
+template <int N> __device__ __forceinline__ float tree_max(float (&v)[N]) {
+  return tree_reduce<N / 2>(v, [](float x, float y) { return fmaxf(x, y); });
+}
+template <int N> __device__ __forceinline__ float tree_sum(float (&v)[N]) {
+  return tree_reduce<N / 2>(v, [](float x, float y) { return x + y; });
+}
+
 template <int kMTiles, int kOTiles> struct OnlineSoftmax {
   float o[kMTiles][kOTiles][4];
   float row_max[kMTiles][2]; // raw scores (unscaled); -inf until a key is seen
@@ -54,32 +73,47 @@ template <int kMTiles, int kOTiles> struct OnlineSoftmax {
 
   // The online-softmax step: new maxima, rescale O and l, S becomes P.
   template <int kSTiles> __device__ void step(float (&s)[kMTiles][kSTiles][4], float scale_log2) {
+    float alpha[kMTiles][2];
+    update(s, scale_log2, alpha);
+    rescale(alpha);
+  }
+
+  // The step without touching O (the Hopper kernel's P V product may still be writing it): new
+  // maxima, l rescaled, S becomes P; alpha = e^(m - m') for rescale() once O is back.
+  template <int kSTiles>
+  __device__ void update(float (&s)[kMTiles][kSTiles][4], float scale_log2, float (&alpha)[kMTiles][2]) {
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        float mx = row_max[mt][h];
+        // Reductions as trees, not chains: a consumer warp has little else to issue meanwhile.
+        float part[kSTiles];
 #pragma unroll
-        for (int j = 0; j < kSTiles; ++j) mx = fmaxf(mx, fmaxf(s[mt][j][2 * h], s[mt][j][2 * h + 1]));
-        mx = quad_max(mx);
+        for (int j = 0; j < kSTiles; ++j) part[j] = fmaxf(s[mt][j][2 * h], s[mt][j][2 * h + 1]);
+        const float mx = quad_max(fmaxf(row_max[mt][h], tree_max(part)));
         // A row that has seen nothing yet subtracts 0, not -inf: exp2(-inf - -inf) would be NaN.
         const float m_scaled = mx == -INFINITY ? 0.f : mx * scale_log2;
-        const float alpha = fast_exp2(row_max[mt][h] * scale_log2 - m_scaled);
+        alpha[mt][h] = fast_exp2(row_max[mt][h] * scale_log2 - m_scaled);
         row_max[mt][h] = mx;
-        float sum = 0.f;
 #pragma unroll
-        for (int j = 0; j < kSTiles; ++j)
+        for (int j = 0; j < kSTiles; ++j) {
 #pragma unroll
-          for (int e = 2 * h; e < 2 * h + 2; ++e) {
-            s[mt][j][e] = fast_exp2(fmaf(s[mt][j][e], scale_log2, -m_scaled));
-            sum += s[mt][j][e];
-          }
-        row_sum[mt][h] = row_sum[mt][h] * alpha + sum;
-#pragma unroll
-        for (int j = 0; j < kOTiles; ++j) {
-          o[mt][j][2 * h] *= alpha;
-          o[mt][j][2 * h + 1] *= alpha;
+          for (int e = 2 * h; e < 2 * h + 2; ++e) s[mt][j][e] = fast_exp2(fmaf(s[mt][j][e], scale_log2, -m_scaled));
+          part[j] = s[mt][j][2 * h] + s[mt][j][2 * h + 1];
         }
+        row_sum[mt][h] = row_sum[mt][h] * alpha[mt][h] + tree_sum(part);
+      }
+  }
+
+  __device__ void rescale(const float (&alpha)[kMTiles][2]) {
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+      for (int j = 0; j < kOTiles; ++j) {
+        o[mt][j][0] *= alpha[mt][0];
+        o[mt][j][1] *= alpha[mt][0];
+        o[mt][j][2] *= alpha[mt][1];
+        o[mt][j][3] *= alpha[mt][1];
       }
   }
 

@@ -4,18 +4,22 @@
 //
 // A CTA of three warpgroups owns kBlockM = 128 query rows of one (batch, head).
 //  - Warpgroup 0 is the producer. One thread copies Q once, then the K and V tiles of every key tile
-//    the rows see into a ring of kStages shared buffers; each copy completes on a transaction
-//    barrier (k_full, v_full), and a buffer is refilled once both consumers release it (empty).
+//    the rows see into two rings of kStages shared buffers; each copy completes on a transaction
+//    barrier (k_full, v_full), and a buffer is refilled once both consumers release it (k_empty as
+//    soon as their scores are back, v_empty once P V is).
 //  - Warpgroups 1 and 2 are the consumers, 64 rows each. For every key tile:
 //        S = Q K^T   (wgmma, Q and K in shared memory)
 //        mask; the online-softmax step (softmax.cuh, the same code as the mma.sync kernel)
 //        O += P V    (wgmma, P straight from the score registers, V in shared memory)
-//    then release the buffer. A consumer whose rows see nothing of a tile skips its products.
+//    then release the buffer. The loop runs one tile ahead: the scores of tile n are exponentiated
+//    while P V of tile n - 1 runs.
 // The producer gives most of its registers to the consumers (setmaxnreg): O, S and P of a d128
 // consumer take 64 + 64 + 32 registers a thread.
 #pragma once
 
 #include <cuda.h>
+
+#include <cstdlib>
 
 #include "../args.h"
 #include "../device.cuh"
@@ -40,7 +44,7 @@ template <class T, int D> struct ForwardConfig {
   static constexpr uint32_t kQBytes = kBlockM * D * sizeof(T);
   static constexpr uint32_t kKVBytes = kBlockN * D * sizeof(T); // one of K or V
   static constexpr int kProducerRegs = 24, kConsumerRegs = 240;  // 24 + 2 x 240 = 3 x 168
-  static constexpr size_t kSmemBytes = 1024 /* alignment */ + kQBytes + 2 * kStages * kKVBytes + 256;
+  static constexpr size_t kSmemBytes = 1024 /* alignment */ + kQBytes + 2 * kStages * kKVBytes + 512;
   static_assert(D % 16 == 0 && D % W == 0, "head dim must be a multiple of 16");
   static_assert(kQBytes % 1024 == 0 && kKVBytes % 1024 == 0, "tiles start on 1024-byte boundaries");
   static_assert(kSmemBytes <= 227 * 1024, "must fit a Hopper CTA");
@@ -116,7 +120,8 @@ __device__ void mask_tile(float (&s)[1][kSTiles][4], const MaskArgs& mask, const
 template <class T, int D>
 __global__ void __launch_bounds__(ForwardConfig<T, D>::kThreads, 1)
     flash_forward_sm90_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
-                              const __grid_constant__ CUtensorMap v_map, const __grid_constant__ AttnArgs a) {
+                              const __grid_constant__ CUtensorMap v_map, const __grid_constant__ AttnArgs a,
+                              int pingpong) {
 #if ATTNCORE_SM90_DEVICE
   using C = ForwardConfig<T, D>;
   constexpr int W = C::W;
@@ -129,9 +134,11 @@ __global__ void __launch_bounds__(ForwardConfig<T, D>::kThreads, 1)
   uint64_t* q_full = bars;
   uint64_t* k_full = bars + 1;
   uint64_t* v_full = k_full + C::kStages;
-  uint64_t* empty = v_full + C::kStages;
+  uint64_t* k_empty = v_full + C::kStages;
+  uint64_t* v_empty = k_empty + C::kStages;
+  TileStep* steps = reinterpret_cast<TileStep*>(v_empty + C::kStages); // the tile in each K buffer
 
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, group = warp / 4;
+  const int tid = threadIdx.x, warp = warp_uniform(int(tid / 32)), lane = tid % 32, group = warp / 4;
   const int head = blockIdx.y, batch = blockIdx.z, kv_head = head / a.group;
   const int32_t x = int32_t(gridDim.x - 1 - blockIdx.x); // last tiles first: causal ones are heaviest
 
@@ -147,46 +154,53 @@ __global__ void __launch_bounds__(ForwardConfig<T, D>::kThreads, 1)
     m0 = x * C::kBlockM;
   }
   const int32_t m1 = min(m0 + C::kBlockM, reg.row_end);
+  const bool blocks = a.blocks.heads > 0;
+  const int32_t qb0 = blocks ? m0 / a.blocks.block_q : 0;
 
   if (tid == 0) {
     barrier_init(q_full, 1);
     for (int s = 0; s < C::kStages; ++s) {
       barrier_init(&k_full[s], 1);
       barrier_init(&v_full[s], 1);
-      barrier_init(&empty[s], C::kConsumers * 4); // one arrival per consumer warp
+      barrier_init(&k_empty[s], C::kConsumers * 4); // one arrival per consumer warp
+      barrier_init(&v_empty[s], C::kConsumers * 4);
     }
     barrier_init_fence();
   }
   __syncthreads();
 
-  TileWalk<C::kBlockN> walk;
-  int32_t qb0 = 0;
-  const bool blocks = a.blocks.heads > 0;
-  if (blocks) {
-    const int32_t row = (a.blocks.heads == 1 ? 0 : head) * a.blocks.num_q_blocks;
-    qb0 = m0 / a.blocks.block_q;
-    walk.inner.init_blocks(a.blocks, row + qb0, row + (m1 - 1) / a.blocks.block_q);
-  } else {
-    walk.inner.init_interval(a.mask, reg, m0, m1);
-  }
-
-  if (group == 0) { // producer
+  if (group == 0) { // producer: the only walker; each tile's TileStep rides with its K buffer
     regs_dealloc<C::kProducerRegs>();
     if (warp == 0 && lane == 0) {
+      TileWalk<C::kBlockN> walk;
+      if (blocks) {
+        const int32_t row = (a.blocks.heads == 1 ? 0 : head) * a.blocks.num_q_blocks;
+        walk.inner.init_blocks(a.blocks, row + qb0, row + (m1 - 1) / a.blocks.block_q);
+      } else {
+        walk.inner.init_interval(a.mask, reg, m0, m1);
+      }
       tma_prefetch_map(&q_map);
       tma_prefetch_map(&k_map);
       tma_prefetch_map(&v_map);
       barrier_expect_bytes(q_full, C::kQBytes);
       for (int cb = 0; cb < D / W; ++cb) tma_load_4d(sQ + cb * C::kBlockM * W, &q_map, q_full, cb * W, m0, head, batch);
       TileStep t;
-      for (uint32_t step = 0; walk.next(t, a.mask, reg, m0, m1, a.blocks); ++step) {
+      for (uint32_t step = 0;; ++step) {
         const uint32_t s = step % C::kStages, phase = (step / C::kStages) & 1;
-        barrier_wait(&empty[s], phase ^ 1);
+        const bool more = walk.next(t, a.mask, reg, m0, m1, a.blocks);
+        barrier_wait(&k_empty[s], phase ^ 1);
+        if (!more) { // the end: a step with no tile
+          steps[s].c0 = -1;
+          barrier_arrive(&k_full[s]);
+          break;
+        }
+        steps[s] = t; // published by the arrive below (release), read after the consumers' wait
         T* k_tile = sK + s * (C::kKVBytes / sizeof(T));
         T* v_tile = sV + s * (C::kKVBytes / sizeof(T));
         barrier_expect_bytes(&k_full[s], C::kKVBytes);
         for (int cb = 0; cb < D / W; ++cb)
           tma_load_4d(k_tile + cb * C::kBlockN * W, &k_map, &k_full[s], cb * W, t.c0, kv_head, batch);
+        barrier_wait(&v_empty[s], phase ^ 1);
         barrier_expect_bytes(&v_full[s], C::kKVBytes);
         for (int cb = 0; cb < D / W; ++cb)
           tma_load_4d(v_tile + cb * C::kBlockN * W, &v_map, &v_full[s], cb * W, t.c0, kv_head, batch);
@@ -201,59 +215,130 @@ __global__ void __launch_bounds__(ForwardConfig<T, D>::kThreads, 1)
   const int32_t r_lo = m0 + 64 * wg, r_hi = min(r_lo + 64, m1); // this warpgroup's rows
   const bool has_rows = r_hi > r_lo;
   const int list = blocks && r_lo / a.blocks.block_q != qb0 ? 1 : 0; // (selects below, not list[...])
-  int32_t vis_lo = 0, vis_hi = 0;                                      // columns the rows see (no block list)
-  if (has_rows) visible_cols(a.mask, reg, r_lo, r_hi - 1, vis_lo, vis_hi);
 
+  // The tile of step `step`, once its K is in: false at the end.
+  const auto next_tile = [&](uint32_t step, TileStep& t) {
+    barrier_wait(&k_full[step % C::kStages], (step / C::kStages) & 1);
+    t = steps[step % C::kStages];
+    return warp_uniform(t.c0 >= 0);
+  };
+
+  // Which of a tile's pairs this warpgroup must hide: the halves a block list does not list for
+  // its query block, the halves that need element masking, the columns past the region.
+  constexpr uint32_t kAll = C::kBlockN == 128 ? 3u : 1u; // both 64-column halves, or the one
+  struct Use {
+    bool needs_mask; // (warp-uniform: it decides a branch between the products)
+    uint32_t listed, masked;
+  };
+  const auto use_of = [&](const TileStep& t) {
+    Use u;
+    if (blocks) {
+      u.listed = list ? t.listed[1] : t.listed[0];
+      u.masked = list ? t.masked[1] : t.masked[0];
+    } else {
+      u.listed = kAll;
+      u.masked = has_rows && all_visible(a.mask, reg.row_pos(r_lo), reg.row_pos(r_hi - 1), reg.col_pos(t.c0),
+                                         reg.col_pos(t.c0 + C::kBlockN - 1)) ? 0u : kAll;
+    }
+    u.needs_mask = warp_uniform(u.listed != kAll || u.masked != 0 || t.cross);
+    return u;
+  };
+
+  // Shared-memory descriptors, made once: a k-step or a stage only adds a constant.
+  const uint64_t q_desc = desc_k_major<W>(sQ, C::kBlockM, 64 * wg);
+  const uint64_t k_desc = desc_k_major<W>(sK, C::kBlockN, 0);
+  const uint64_t v_desc = desc_mn_major<W>(sV, C::kBlockN);
+  constexpr uint32_t kStageStep = desc_offset(C::kKVBytes);
+
+  // S = Q K^T, issued (its registers are the hardware's until the caller waits).
+  float sc[1][C::kSTiles][4];
+  const auto issue_scores = [&](uint32_t s) {
+    const uint64_t k_stage = k_desc + s * kStageStep;
+    wgmma_fence();
+#pragma unroll
+    for (int k0 = 0; k0 < D; k0 += 16)
+      Wgmma<T, C::kBlockN>::template ss<0, 0>(sc[0], q_desc + k_major_step<W>(C::kBlockM, k0),
+                                              k_stage + k_major_step<W>(C::kBlockN, k0), k0 > 0);
+    wgmma_commit();
+  };
+  // O += P V, issued.
   OnlineSoftmax<1, C::kOTiles> sm;
+  uint32_t p[C::kBlockN / 16][4]; // P as A fragments of the second product
+  const auto issue_pv = [&](uint32_t s) {
+    const uint64_t v_stage = v_desc + s * kStageStep;
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < C::kBlockN / 16; ++kk)
+      Wgmma<T, D>::template rs<1>(sm.o[0], p[kk], v_stage + mn_major_step<W>(16 * kk), true);
+    wgmma_commit();
+  };
+  // The scores back: mask, the softmax update (O untouched), alpha for O.
+  float alpha[1][2];
+  const auto softmax_update = [&](const TileStep& t, const Use& u) {
+    fence_registers(sc[0]);
+    if (u.needs_mask) mask_tile(sc, a.mask, reg, r_lo + 16 * warp_in_wg, t.c0, u.listed, u.masked, lane);
+    sm.update(sc, a.scale_log2, alpha);
+  };
+  const auto to_p = [&] {
+#pragma unroll
+    for (int kk = 0; kk < C::kBlockN / 16; ++kk) c_to_a<T>(p[kk], sc[0][2 * kk], sc[0][2 * kk + 1]);
+  };
+  const auto release = [&](uint64_t* empty) {
+    __syncwarp();
+    if (lane == 0) barrier_arrive(empty);
+  };
+  // Ping-pong: the warpgroups take turns to issue their products, so that one's products run on the
+  // tensor cores while the other exponentiates (named barriers 1 and 2: "warpgroup wg may issue").
+  const auto my_turn = [&] {
+    if (pingpong) named_barrier_sync(1 + wg, 2 * 128);
+  };
+  const auto their_turn = [&] {
+    if (pingpong) named_barrier_arrive(1 + (wg ^ 1), 2 * 128);
+  };
+
+  // Both warpgroups compute every tile the walk yields (at least one of them sees part of it; the
+  // mask hides the rest): a product skipped on a run-time condition makes ptxas wait after every
+  // product (C7515). The loop runs one tile ahead inside the warpgroup: the scores of tile n are
+  // exponentiated while the tensor cores still add P V of tile n - 1 into O.
   sm.init();
   barrier_wait(q_full, 0);
+  if (wg == 1) their_turn(); // warpgroup 0 goes first
   TileStep t;
-  for (uint32_t step = 0; walk.next(t, a.mask, reg, m0, m1, a.blocks); ++step) {
-    const uint32_t s = step % C::kStages, phase = (step / C::kStages) & 1;
-    const T* k_tile = sK + s * (C::kKVBytes / sizeof(T));
-    const T* v_tile = sV + s * (C::kKVBytes / sizeof(T));
-    constexpr uint32_t kAll = C::kBlockN == 128 ? 3u : 1u; // both halves, or the one
-    bool active;
-    uint32_t listed = kAll, masked;
-    if (blocks) {
-      listed = list ? t.listed[1] : t.listed[0];
-      masked = list ? t.masked[1] : t.masked[0];
-      active = has_rows && listed != 0;
-    } else {
-      active = has_rows && t.c0 < vis_hi && t.c0 + C::kBlockN > vis_lo;
-      masked = all_visible(a.mask, reg.row_pos(r_lo), reg.row_pos(r_hi - 1), reg.col_pos(t.c0),
-                           reg.col_pos(t.c0 + C::kBlockN - 1)) ? 0u : kAll;
-    }
-
-    barrier_wait(&k_full[s], phase);
-    uint32_t p[C::kBlockN / 16][4]; // P as A fragments of the second product
-    if (active) {
-      float sc[1][C::kSTiles][4];
-      wgmma_fence();
-#pragma unroll
-      for (int k0 = 0; k0 < D; k0 += 16)
-        Wgmma<T, C::kBlockN>::template ss<0, 0>(sc[0], desc_k_major<W>(sQ, C::kBlockM, 64 * wg, k0),
-                                                desc_k_major<W>(k_tile, C::kBlockN, 0, k0), k0 > 0);
-      wgmma_commit();
-      wgmma_wait<0>();
-      fence_registers(sc[0]);
-      if (listed != kAll || masked || t.cross) mask_tile(sc, a.mask, reg, r_lo + 16 * warp_in_wg, t.c0, listed, masked, lane);
-      sm.step(sc, a.scale_log2);
-#pragma unroll
-      for (int kk = 0; kk < C::kBlockN / 16; ++kk) c_to_a<T>(p[kk], sc[0][2 * kk], sc[0][2 * kk + 1]);
-    }
-    barrier_wait(&v_full[s], phase);
-    if (active) {
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < C::kBlockN / 16; ++kk)
-        Wgmma<T, D>::template rs<1>(sm.o[0], p[kk], desc_mn_major<W>(v_tile, C::kBlockN, 16 * kk), true);
-      wgmma_commit();
+  if (next_tile(0, t)) {
+    my_turn();
+    issue_scores(0);
+    their_turn();
+    wgmma_wait<0>();
+    release(&k_empty[0]);
+    softmax_update(t, use_of(t)); // O is still 0: no rescale
+    to_p();
+    uint32_t s = 0, phase = 0; // the stage of the tile whose P V is next
+    for (uint32_t step = 1; next_tile(step, t); ++step) {
+      const uint32_t sn = step % C::kStages, pn = (step / C::kStages) & 1;
+      const Use u = use_of(t);
+      my_turn();
+      issue_scores(sn);
+      barrier_wait(&v_full[s], phase);
+      issue_pv(s);
+      their_turn();
+      wgmma_wait<1>(); // the scores (committed first) are back; P V may still run
+      release(&k_empty[sn]);
+      softmax_update(t, u);
       wgmma_wait<0>();
       fence_registers(sm.o[0]);
+      release(&v_empty[s]);
+      sm.rescale(alpha);
+      to_p();
+      s = sn;
+      phase = pn;
     }
-    __syncwarp();
-    if (lane == 0) barrier_arrive(&empty[s]);
+    barrier_wait(&v_full[s], phase);
+    my_turn();
+    issue_pv(s);
+    their_turn();
+    wgmma_wait<0>();
+    fence_registers(sm.o[0]);
+    release(&v_empty[s]);
   }
   sm.template store<T>(a, batch, head, r_lo + 16 * warp_in_wg, m1, lane);
 #endif
@@ -270,7 +355,8 @@ template <class T, int D> void launch_forward_sm90(const ForwardParams& p, cudaS
   cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(C::kSmemBytes));
   const dim3 grid(unsigned(tile_grid(p.seqlen_q, C::kBlockM, p.num_segments)), unsigned(p.heads_q),
                   unsigned(p.batch));
-  kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(q_map, k_map, v_map, a);
+  const char* pp = std::getenv("ATTNCORE_SM90_PINGPONG"); // TEMPORARY: measuring both
+  kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(q_map, k_map, v_map, a, pp && pp[0] == '1');
   check_launch("flash forward (sm90)");
 }
 

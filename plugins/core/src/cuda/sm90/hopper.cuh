@@ -42,19 +42,27 @@ __device__ __forceinline__ uint64_t make_desc(uint32_t smem_addr, uint32_t lead_
          (uint64_t(stride_bytes >> 4) << 32) | (layout << 62);
 }
 
+// Descriptors of a tile are made once and stepped by adding constants: the start address is the
+// low field, in 16-byte units, and no step carries out of it (shared memory is under 256 KiB).
+__host__ __device__ constexpr uint32_t desc_offset(uint32_t bytes) { return bytes >> 4; }
+
 // K-major operand: rows of the tile are the M or N index, the W columns of a block the K index.
-// Descriptor of rows [row0, row0 + 64 or N) and K columns [k0, k0 + 16) of a tile of `rows` rows.
-template <int W>
-__device__ __forceinline__ uint64_t desc_k_major(const void* tile, int rows, int row0, int k0) {
-  const uint32_t base = smem_addr(tile) + uint32_t((k0 / W) * rows * W * 2 + row0 * W * 2 + (k0 % W) * 2);
-  return make_desc(base, 16, 8 * W * 2, desc_layout(W));
+// The descriptor of rows [row0, row0 + 64 or N) at k = 0 of a tile of `rows` rows; k_major_step
+// moves it to K columns [k0, k0 + 16).
+template <int W> __device__ __forceinline__ uint64_t desc_k_major(const void* tile, int rows, int row0) {
+  return make_desc(smem_addr(tile) + uint32_t(row0 * W * 2), 16, 8 * W * 2, desc_layout(W));
+}
+template <int W> __host__ __device__ constexpr uint32_t k_major_step(int rows, int k0) {
+  return desc_offset(uint32_t((k0 / W) * rows * W * 2 + (k0 % W) * 2));
 }
 
-// MN-major operand (V in P V): rows of the tile are the K index, the columns N. Descriptor of K rows
-// [k0, k0 + 16) and every column of a tile of `rows` rows: column blocks lie rows * W * 2 apart.
-template <int W> __device__ __forceinline__ uint64_t desc_mn_major(const void* tile, int rows, int k0) {
-  return make_desc(smem_addr(tile) + uint32_t(k0 * W * 2), uint32_t(rows * W * 2), 8 * W * 2, desc_layout(W));
+// MN-major operand (V in P V): rows of the tile are the K index, the columns N. The descriptor of
+// K rows [0, 16) and every column of a tile of `rows` rows (column blocks lie rows * W * 2 apart);
+// mn_major_step moves it to K rows [k0, k0 + 16).
+template <int W> __device__ __forceinline__ uint64_t desc_mn_major(const void* tile, int rows) {
+  return make_desc(smem_addr(tile), uint32_t(rows * W * 2), 8 * W * 2, desc_layout(W));
 }
+template <int W> __host__ __device__ constexpr uint32_t mn_major_step(int k0) { return desc_offset(uint32_t(k0 * W * 2)); }
 
 // ---- transaction barriers (mbarrier) ---------------------------------------------------------------
 
@@ -134,9 +142,28 @@ template <int N> __device__ __forceinline__ void fence_registers(float (&d)[N][4
     for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(d[j][e])::"memory");
 }
 
-// A barrier among `threads` threads (whole warps) of the CTA, by id (0 is __syncthreads').
+// A value the compiler can prove equal across the warp (a broadcast from lane 0). Every branch
+// around a wgmma must be on such values: ptxas otherwise waits after each one (warning C7518).
+__device__ __forceinline__ bool warp_uniform(bool x) { return __shfl_sync(kFullMask, x, 0); }
+__device__ __forceinline__ int warp_uniform(int x) { return __shfl_sync(kFullMask, x, 0); }
+__device__ __forceinline__ uint32_t warp_uniform(uint32_t x) { return __shfl_sync(kFullMask, x, 0); }
+
+// The same for registers an async matrix instruction reads (A fragments): live, and unchanged,
+// until its wgmma_wait returns.
+template <int N> __device__ __forceinline__ void fence_registers(uint32_t (&a)[N][4]) {
+#pragma unroll
+  for (int j = 0; j < N; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(a[j][e])::"memory");
+}
+
+// A barrier among `threads` threads (whole warps) of the CTA, by id (0 is __syncthreads'): sync
+// waits for the count, arrive adds to it without waiting.
 __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
 } // namespace attncore::cuda::sm90
