@@ -19,8 +19,6 @@
 
 #include <cuda.h>
 
-#include <cstdlib>
-
 #include "../args.h"
 #include "../device.cuh"
 #include "../launch.h"
@@ -120,8 +118,7 @@ __device__ void mask_tile(float (&s)[1][kSTiles][4], const MaskArgs& mask, const
 template <class T, int D>
 __global__ void __launch_bounds__(ForwardConfig<T, D>::kThreads, 1)
     flash_forward_sm90_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
-                              const __grid_constant__ CUtensorMap v_map, const __grid_constant__ AttnArgs a,
-                              int pingpong) {
+                              const __grid_constant__ CUtensorMap v_map, const __grid_constant__ AttnArgs a) {
 #if ATTNCORE_SM90_DEVICE
   using C = ForwardConfig<T, D>;
   constexpr int W = C::W;
@@ -287,14 +284,6 @@ __global__ void __launch_bounds__(ForwardConfig<T, D>::kThreads, 1)
     __syncwarp();
     if (lane == 0) barrier_arrive(empty);
   };
-  // Ping-pong: the warpgroups take turns to issue their products, so that one's products run on the
-  // tensor cores while the other exponentiates (named barriers 1 and 2: "warpgroup wg may issue").
-  const auto my_turn = [&] {
-    if (pingpong) named_barrier_sync(1 + wg, 2 * 128);
-  };
-  const auto their_turn = [&] {
-    if (pingpong) named_barrier_arrive(1 + (wg ^ 1), 2 * 128);
-  };
 
   // Both warpgroups compute every tile the walk yields (at least one of them sees part of it; the
   // mask hides the rest): a product skipped on a run-time condition makes ptxas wait after every
@@ -302,12 +291,9 @@ __global__ void __launch_bounds__(ForwardConfig<T, D>::kThreads, 1)
   // exponentiated while the tensor cores still add P V of tile n - 1 into O.
   sm.init();
   barrier_wait(q_full, 0);
-  if (wg == 1) their_turn(); // warpgroup 0 goes first
   TileStep t;
   if (next_tile(0, t)) {
-    my_turn();
     issue_scores(0);
-    their_turn();
     wgmma_wait<0>();
     release(&k_empty[0]);
     softmax_update(t, use_of(t)); // O is still 0: no rescale
@@ -316,11 +302,9 @@ __global__ void __launch_bounds__(ForwardConfig<T, D>::kThreads, 1)
     for (uint32_t step = 1; next_tile(step, t); ++step) {
       const uint32_t sn = step % C::kStages, pn = (step / C::kStages) & 1;
       const Use u = use_of(t);
-      my_turn();
       issue_scores(sn);
       barrier_wait(&v_full[s], phase);
       issue_pv(s);
-      their_turn();
       wgmma_wait<1>(); // the scores (committed first) are back; P V may still run
       release(&k_empty[sn]);
       softmax_update(t, u);
@@ -333,9 +317,7 @@ __global__ void __launch_bounds__(ForwardConfig<T, D>::kThreads, 1)
       phase = pn;
     }
     barrier_wait(&v_full[s], phase);
-    my_turn();
     issue_pv(s);
-    their_turn();
     wgmma_wait<0>();
     fence_registers(sm.o[0]);
     release(&v_empty[s]);
@@ -355,8 +337,7 @@ template <class T, int D> void launch_forward_sm90(const ForwardParams& p, cudaS
   cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(C::kSmemBytes));
   const dim3 grid(unsigned(tile_grid(p.seqlen_q, C::kBlockM, p.num_segments)), unsigned(p.heads_q),
                   unsigned(p.batch));
-  const char* pp = std::getenv("ATTNCORE_SM90_PINGPONG"); // TEMPORARY: measuring both
-  kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(q_map, k_map, v_map, a, pp && pp[0] == '1');
+  kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(q_map, k_map, v_map, a);
   check_launch("flash forward (sm90)");
 }
 
