@@ -348,9 +348,10 @@ TEST_CASE("gpu: one-stage dK/dV pipeline (what an sm_80 gets), with segments and
   unsetenv("ATTNCORE_BWD_STAGES");
 }
 
-// On a Hopper device every test above runs the wgmma forward (sm90/); this one keeps the portable
-// mma.sync forward covered there too. Elsewhere it repeats what the tests above check.
-TEST_CASE("gpu: the mma.sync forward where the Hopper path would run (ATTNCORE_KERNELS=mma)") {
+// On a Hopper device the tests above run the wgmma kernels (sm90/: the forward, and the backward
+// up to head dim 128 unless deterministic); this one keeps the portable mma.sync kernels covered
+// there too. Elsewhere it repeats what the tests above check.
+TEST_CASE("gpu: the mma.sync kernels where the Hopper path would run (ATTNCORE_KERNELS=mma)") {
   REQUIRE(device_count() > 0);
   setenv("ATTNCORE_KERNELS", "mma", 1);
   std::mt19937_64 rng(37);
@@ -361,11 +362,11 @@ TEST_CASE("gpu: the mma.sync forward where the Hopper path would run (ATTNCORE_K
       p.mask.q_pos0 = int64_t(rng() % 64);
       CAPTURE(name(dt));
       CAPTURE(D);
-      check_all(p, false);
+      check_all(p);
     }
   Problem p = random_problem(rng, DType::bf16, 128, 2, 500);
   p.mask.causal = true;
   p.blocks = block_list_from_mask(p.mask, p.Sq, p.Skv, 64, 64);
-  check_all(p, false);
+  check_all(p);
   unsetenv("ATTNCORE_KERNELS");
 }

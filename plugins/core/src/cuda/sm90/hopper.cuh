@@ -108,6 +108,12 @@ __device__ __forceinline__ void tma_prefetch_map(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
 }
 
+// Orders this thread's ordinary shared-memory stores before later reads by the tensor cores or the
+// copy engine (the async proxy); a barrier among the threads involved follows.
+__device__ __forceinline__ void fence_async_shared() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
 // ---- warpgroup matrix fences ----------------------------------------------------------------------
 
 #if ATTNCORE_SM90_DEVICE

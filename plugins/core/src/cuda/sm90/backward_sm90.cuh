@@ -1,0 +1,455 @@
+// Flash-attention backward on Hopper (sm_90a): the mma.sync kernel's algorithm (backward.cuh) on
+// warpgroup matrix products and bulk tensor copies, with warp specialization (FlashAttention-3's
+// structure). From the final O's LSE and delta = rowsum(dO * O):
+//     P = exp(scale q.k - LSE),  dP = dO V^T,  dS = P (dP - delta),
+//     dV += P^T dO,  dK += scale dS^T Q,  dQ += scale dS K.
+//
+// A CTA of three warpgroups owns kBlockN = 128 keys of one (batch, kv head) and walks every (query
+// head of the GQA group, 64-row query tile) that sees them (QWalk, as the mma.sync kernel).
+//  - Warpgroup 0, warp 0: the producer. K and V once per key tile; per step, Q and dO into a ring of
+//    kStages buffers by the copy engine, and the step's record (query head, first row, block-list
+//    flags, the 64 rows' LSE and delta) written beside them by the warp's lanes.
+//  - Warpgroups 1 and 2: the consumers, 64 keys each. Per step:
+//        S^T = K Q^T, dP^T = V dO^T          (wgmma, all operands in shared memory)
+//        P^T, dS^T in registers               (masked: a key or row outside the mask gives 0)
+//        dV += P^T dO, dK += dS^T Q           (wgmma, P^T and dS^T straight from registers)
+//        dQ_part = dS K over the consumer's keys (dS^T through shared memory)
+//    and dK, dV are added into the fp32 accumulators once, at the end of the key tile.
+//  - Warpgroup 0, warps 1-3: the dQ reducer. Per step they add the two consumers' dQ parts and add
+//    the sum into the fp32 dQ accumulator with vector atomics, off the consumers' path.
+// Segments that share keys can give more key tiles than CTAs: a CTA strides over them, every role
+// walking the same sequence of tiles.
+#pragma once
+
+#include <cuda.h>
+
+#include "../args.h"
+#include "../device.cuh"
+#include "../launch.h"
+#include "../tiles.cuh"
+#include "hopper.cuh"
+#include "tensor_map.h"
+#include "wgmma_ops.cuh"
+
+namespace attncore::cuda::sm90 {
+
+template <class T, int D> struct BackwardConfig {
+  static constexpr int kConsumers = 2;
+  static constexpr int kThreads = (kConsumers + 1) * 128;
+  static constexpr int kBlockN = 64 * kConsumers; // keys per CTA
+  static constexpr int kBlockM = 64;              // queries per step
+  static constexpr int kStages = 2;
+  static constexpr int W = swizzle_cols(D);
+  static constexpr int kMTiles = kBlockM / 8; // n8 tiles of S^T (its columns are queries)
+  static constexpr int kOTiles = D / 8;
+  static constexpr int kReducers = 3 * 32; // warps 1-3 of warpgroup 0
+  static constexpr int kDqPitch = D + 4;   // floats: a row of a dQ part, padded against bank conflicts
+  static constexpr uint32_t kKVBytes = kBlockN * D * sizeof(T);  // K or V
+  static constexpr uint32_t kQBytes = kBlockM * D * sizeof(T);   // Q or dO, one stage
+  static constexpr uint32_t kDsBytes = 64 * kBlockM * sizeof(T); // one consumer's dS^T
+  static constexpr uint32_t kDqBytes = kBlockM * kDqPitch * 4;   // one consumer's dQ part
+  static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
+  static_assert(D % 16 == 0 && D <= 128, "dK and dV of 64 keys stay in registers up to head dim 128");
+  static_assert(kKVBytes % 1024 == 0 && kQBytes % 1024 == 0 && kDsBytes % 1024 == 0, "1024-byte tiles");
+};
+
+// What the producer tells the consumers about a step, beside its Q and dO. head < 0: the key tile
+// has no more steps.
+struct StepRecord {
+  int32_t head, r0;
+  uint32_t flags; // bit i: key block i of the tile is active; bit 2 + i: it needs element masking
+  int32_t pad;
+  float lse2[64];  // the rows' LSE in log2 units; +inf for a row without keys or past the region
+  float delta[64]; // 0 past the region
+};
+
+// What the consumers tell the reducer about a dQ part: rows [r0, r0 + rows) of query head `head`.
+// head < 0: nothing more.
+struct DqRecord {
+  int32_t head, r0, rows, pad;
+};
+
+template <class T, int D> struct BackwardSmem {
+  using C = BackwardConfig<T, D>;
+  static constexpr size_t kK = 0;
+  static constexpr size_t kV = kK + C::kKVBytes;
+  static constexpr size_t kQ = kV + C::kKVBytes;
+  static constexpr size_t kDO = kQ + C::kStages * C::kQBytes;
+  static constexpr size_t kDS = kDO + C::kStages * C::kQBytes;
+  static constexpr size_t kDQ = kDS + C::kConsumers * C::kDsBytes;
+  static constexpr size_t kSteps = kDQ + C::kConsumers * C::kDqBytes;
+  static constexpr size_t kDqRec = kSteps + C::kStages * sizeof(StepRecord);
+  static constexpr size_t kBars = kDqRec + sizeof(DqRecord);
+  static constexpr size_t kEnd = kBars + (4 + 2 * C::kStages) * sizeof(uint64_t);
+  static constexpr size_t kBytes = 1024 /* alignment */ + kEnd;
+  static_assert(kBytes <= 227 * 1024, "must fit a Hopper CTA");
+};
+
+template <class T, int D>
+__global__ void __launch_bounds__(BackwardConfig<T, D>::kThreads, 1)
+    flash_backward_sm90_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
+                               const __grid_constant__ CUtensorMap v_map, const __grid_constant__ CUtensorMap do_map,
+                               const __grid_constant__ AttnArgs a, bool dq_vec4) {
+#if ATTNCORE_SM90_DEVICE
+  using C = BackwardConfig<T, D>;
+  using L = BackwardSmem<T, D>;
+  constexpr int W = C::W;
+  extern __shared__ unsigned char smem_raw[];
+  unsigned char* smem = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  T* sK = reinterpret_cast<T*>(smem + L::kK);
+  T* sV = reinterpret_cast<T*>(smem + L::kV);
+  T* sQ = reinterpret_cast<T*>(smem + L::kQ);   // kStages tiles
+  T* sdO = reinterpret_cast<T*>(smem + L::kDO); // kStages tiles
+  T* sdS = reinterpret_cast<T*>(smem + L::kDS); // one [64 keys][64 queries] tile per consumer
+  float* sDq = reinterpret_cast<float*>(smem + L::kDQ);
+  StepRecord* steps = reinterpret_cast<StepRecord*>(smem + L::kSteps);
+  DqRecord* dq_rec = reinterpret_cast<DqRecord*>(smem + L::kDqRec);
+  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + L::kBars);
+  uint64_t* kv_full = bars;
+  uint64_t* kv_empty = bars + 1;
+  uint64_t* dq_full = bars + 2;
+  uint64_t* dq_empty = bars + 3;
+  uint64_t* q_full = bars + 4;
+  uint64_t* q_empty = q_full + C::kStages;
+
+  const int tid = threadIdx.x, warp = warp_uniform(int(tid / 32)), lane = tid % 32, group = warp / 4;
+  const int kv_head = blockIdx.y, batch = blockIdx.z;
+
+  if (tid == 0) {
+    barrier_init(kv_full, 1);
+    barrier_init(kv_empty, C::kConsumers * 4); // one arrival per consumer warp
+    barrier_init(dq_full, C::kConsumers * 4);
+    barrier_init(dq_empty, C::kReducers / 32); // one per reducer warp
+    for (int s = 0; s < C::kStages; ++s) {
+      barrier_init(&q_full[s], 1);
+      barrier_init(&q_empty[s], C::kConsumers * 4);
+    }
+    barrier_init_fence();
+  }
+  __syncthreads();
+
+  // The key tiles of this CTA, in the same order for every role: one, or a stride over segments.
+  const auto tile_at = [&](int32_t i, Region& reg, int32_t& n0) {
+    const int32_t x = int32_t(blockIdx.x) + i * int32_t(gridDim.x);
+    if (a.nseg == 0) {
+      reg = whole_call(a.mask, a.seqlen_q, a.seqlen_kv);
+      n0 = x * C::kBlockN;
+      return i == 0 && n0 < a.seqlen_kv;
+    }
+    int32_t seg, tile;
+    if (!locate_tile(a.segs, a.nseg, x, C::kBlockN, false, seg, tile)) return false;
+    reg = segment_region(a.segs[seg]);
+    n0 = reg.col_begin + tile * C::kBlockN;
+    return true;
+  };
+
+  if (group == 0) {
+    regs_dealloc<C::kProducerRegs>();
+    if (warp == 0) { // producer
+      uint32_t step = 0;
+      Region reg;
+      int32_t n0;
+      for (int32_t i = 0; tile_at(i, reg, n0); ++i) {
+        barrier_wait(kv_empty, (i & 1) ^ 1);
+        if (lane == 0) {
+          barrier_expect_bytes(kv_full, 2 * C::kKVBytes);
+          for (int cb = 0; cb < D / W; ++cb) {
+            tma_load_4d(sK + cb * C::kBlockN * W, &k_map, kv_full, cb * W, n0, kv_head, batch);
+            tma_load_4d(sV + cb * C::kBlockN * W, &v_map, kv_full, cb * W, n0, kv_head, batch);
+          }
+        }
+        QWalk<C::kBlockM, C::kBlockN> walk;
+        walk.init(a.mask, reg, a.blocks, kv_head * a.group, a.group, n0);
+        for (;; ++step) {
+          const uint32_t s = step % C::kStages;
+          QStep q;
+          const bool more = walk.next(q, a.mask, reg, a.blocks, n0);
+          barrier_wait(&q_empty[s], ((step / C::kStages) & 1) ^ 1);
+          StepRecord& rec = steps[s];
+          if (!more) {
+            if (lane == 0) {
+              rec.head = -1;
+              barrier_arrive(&q_full[s]);
+            }
+            ++step;
+            break;
+          }
+          const float* lse = a.lse.data + batch * a.lse.batch_stride + q.head * a.lse.head_stride;
+          const float* dlt = a.delta.data + batch * a.delta.batch_stride + q.head * a.delta.head_stride;
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int32_t r = q.r0 + lane + 32 * h;
+            float lse2 = INFINITY, delta = 0.f;
+            if (r < reg.row_end) {
+              const float l = lse[r];
+              lse2 = l == -INFINITY ? INFINITY : l * kLog2e; // a row without keys: P = 0
+              delta = dlt[r];
+            }
+            rec.lse2[lane + 32 * h] = lse2;
+            rec.delta[lane + 32 * h] = delta;
+          }
+          if (lane == 0) {
+            rec.head = q.head;
+            rec.r0 = q.r0;
+            rec.flags = uint32_t(q.active[0]) | uint32_t(q.active[1]) << 1 | uint32_t(q.masked[0]) << 2 |
+                        uint32_t(q.masked[1]) << 3;
+          }
+          __syncwarp(); // the lanes' stores, then lane 0's arrive publishes them (release)
+          if (lane == 0) {
+            barrier_expect_bytes(&q_full[s], 2 * C::kQBytes);
+            T* q_tile = sQ + s * (C::kQBytes / sizeof(T));
+            T* do_tile = sdO + s * (C::kQBytes / sizeof(T));
+            for (int cb = 0; cb < D / W; ++cb) {
+              tma_load_4d(q_tile + cb * C::kBlockM * W, &q_map, &q_full[s], cb * W, q.r0, q.head, batch);
+              tma_load_4d(do_tile + cb * C::kBlockM * W, &do_map, &q_full[s], cb * W, q.r0, q.head, batch);
+            }
+          }
+        }
+      }
+    } else { // dQ reducer
+      const int rt = tid - 32; // 0 .. kReducers - 1
+      for (uint32_t round = 0;; ++round) {
+        barrier_wait(dq_full, round & 1);
+        const DqRecord rec = *dq_rec;
+        if (rec.head < 0) break;
+        float* dq = static_cast<float*>(a.dq.data) + batch * a.dq.batch_stride + rec.head * a.dq.head_stride;
+        for (int i = rt; i < rec.rows * (D / 4); i += C::kReducers) {
+          const int row = i / (D / 4), col = (i % (D / 4)) * 4;
+          const float4 x = *reinterpret_cast<const float4*>(sDq + row * C::kDqPitch + col);
+          const float4 y = *reinterpret_cast<const float4*>(sDq + C::kBlockM * C::kDqPitch + row * C::kDqPitch + col);
+          float* dst = dq + int64_t(rec.r0 + row) * a.dq.token_stride + col;
+          if (dq_vec4) {
+            atomicAdd(reinterpret_cast<float4*>(dst), make_float4(x.x + y.x, x.y + y.y, x.z + y.z, x.w + y.w));
+          } else {
+            atomicAdd(reinterpret_cast<float2*>(dst), make_float2(x.x + y.x, x.y + y.y));
+            atomicAdd(reinterpret_cast<float2*>(dst + 2), make_float2(x.z + y.z, x.w + y.w));
+          }
+        }
+        __syncwarp();
+        if (lane == 0) barrier_arrive(dq_empty);
+      }
+    }
+    return;
+  }
+
+  // consumers
+  regs_alloc<C::kConsumerRegs>();
+  const int wg = group - 1, warp_in_wg = warp % 4;
+  const int key0 = 64 * wg + 16 * warp_in_wg; // this warp's first key in the tile
+
+  const uint64_t k_desc = desc_k_major<W>(sK, C::kBlockN, 64 * wg);
+  const uint64_t v_desc = desc_k_major<W>(sV, C::kBlockN, 64 * wg);
+  const uint64_t kb_desc = desc_mn_major<W>(sK, C::kBlockN) + mn_major_step<W>(64 * wg); // K as dQ's B
+  const uint64_t q_desc = desc_k_major<W>(sQ, C::kBlockM, 0);       // Q as S^T's B
+  const uint64_t do_desc = desc_k_major<W>(sdO, C::kBlockM, 0);     // dO as dP^T's B
+  const uint64_t qb_desc = desc_mn_major<W>(sQ, C::kBlockM);        // Q as dK's B
+  const uint64_t dob_desc = desc_mn_major<W>(sdO, C::kBlockM);      // dO as dV's B
+  T* my_ds = sdS + wg * (C::kDsBytes / sizeof(T));
+  const uint64_t ds_desc = desc_mn_major<64>(my_ds, 64);           // dS (= (dS^T)^T) as dQ's A
+  constexpr uint32_t kQStage = desc_offset(C::kQBytes);
+  float* my_dq = sDq + wg * C::kBlockM * C::kDqPitch;
+
+  float dk[C::kOTiles][4], dv[C::kOTiles][4];
+  uint32_t step = 0, round = 0;
+  Region reg;
+  int32_t n0;
+  for (int32_t i = 0; tile_at(i, reg, n0); ++i) {
+#pragma unroll
+    for (int j = 0; j < C::kOTiles; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dk[j][e] = dv[j][e] = 0.f;
+    // With a block list of 64-key blocks, each consumer's keys are one block of the tile.
+    const int list = a.blocks.heads > 0 && (n0 + 64 * wg) / a.blocks.block_kv != n0 / a.blocks.block_kv ? 1 : 0;
+    barrier_wait(kv_full, i & 1);
+
+    for (;; ++step) {
+      const uint32_t s = step % C::kStages;
+      barrier_wait(&q_full[s], (step / C::kStages) & 1);
+      const StepRecord& rec = steps[s];
+      const int32_t head = rec.head, r0 = rec.r0;
+      if (warp_uniform(head < 0)) {
+        __syncwarp();
+        if (lane == 0) barrier_arrive(&q_empty[s]);
+        ++step;
+        break;
+      }
+      const uint32_t flags = rec.flags;
+      const bool active = (flags >> list) & 1u, masked = (flags >> (2 + list)) & 1u;
+      const bool needs_mask = warp_uniform(!active || masked || n0 + 64 * wg + 64 > reg.col_end);
+
+      // S^T = K Q^T and dP^T = V dO^T for this consumer's 64 keys and the step's 64 queries.
+      float st[C::kMTiles][4], dpt[C::kMTiles][4];
+      wgmma_fence();
+#pragma unroll
+      for (int k0 = 0; k0 < D; k0 += 16)
+        Wgmma<T, 64>::template ss<0, 0>(st, k_desc + k_major_step<W>(C::kBlockN, k0),
+                                        q_desc + s * kQStage + k_major_step<W>(C::kBlockM, k0), k0 > 0);
+      wgmma_commit();
+#pragma unroll
+      for (int k0 = 0; k0 < D; k0 += 16)
+        Wgmma<T, 64>::template ss<0, 0>(dpt, v_desc + k_major_step<W>(C::kBlockN, k0),
+                                        do_desc + s * kQStage + k_major_step<W>(C::kBlockM, k0), k0 > 0);
+      wgmma_commit();
+
+      // P^T = exp2(S^T c - LSE2), 0 outside the mask; as A fragments of dV's product.
+      wgmma_wait<1>();
+      fence_registers(st);
+      const int32_t base = reg.diff(r0, n0 + key0); // (row r0 + m, key n0 + key0 + n): base + n - m
+#pragma unroll
+      for (int j = 0; j < C::kMTiles; ++j) {
+        const int m = j * 8 + (lane & 3) * 2;
+        const float2 l2 = *reinterpret_cast<const float2*>(&rec.lse2[m]);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int n = (lane >> 2) + (e >= 2 ? 8 : 0), mm = m + (e & 1);
+          float p = fast_exp2(fmaf(st[j][e], a.scale_log2, -((e & 1) ? l2.y : l2.x)));
+          if (needs_mask) {
+            const bool ok = active && n0 + key0 + n < reg.col_end && (!masked || visible(a.mask, base + n - mm));
+            p = ok ? p : 0.f;
+          }
+          st[j][e] = p;
+        }
+      }
+      uint32_t pa[C::kMTiles / 2][4];
+#pragma unroll
+      for (int kk = 0; kk < C::kMTiles / 2; ++kk) c_to_a<T>(pa[kk], st[2 * kk], st[2 * kk + 1]);
+
+      // dS^T = P^T (dP^T - delta).
+      wgmma_wait<0>();
+      fence_registers(dpt);
+#pragma unroll
+      for (int j = 0; j < C::kMTiles; ++j) {
+        const float2 dl = *reinterpret_cast<const float2*>(&rec.delta[j * 8 + (lane & 3) * 2]);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) dpt[j][e] = st[j][e] * (dpt[j][e] - ((e & 1) ? dl.y : dl.x));
+      }
+      uint32_t dsa[C::kMTiles / 2][4];
+#pragma unroll
+      for (int kk = 0; kk < C::kMTiles / 2; ++kk) c_to_a<T>(dsa[kk], dpt[2 * kk], dpt[2 * kk + 1]);
+
+      // dV += P^T dO, dK += dS^T Q.
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < C::kBlockM / 16; ++kk)
+        Wgmma<T, D>::template rs<1>(dv, pa[kk], dob_desc + s * kQStage + mn_major_step<W>(16 * kk), true);
+#pragma unroll
+      for (int kk = 0; kk < C::kBlockM / 16; ++kk)
+        Wgmma<T, D>::template rs<1>(dk, dsa[kk], qb_desc + s * kQStage + mn_major_step<W>(16 * kk), true);
+      wgmma_commit();
+
+      // dS^T into shared memory (rows: the consumer's keys, swizzled 128-byte rows of 64 queries)
+      // for dQ's product, whose A operand is dS.
+#pragma unroll
+      for (int kk = 0; kk < C::kMTiles / 2; ++kk)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          const int n = 16 * warp_in_wg + (lane >> 2) + (r & 1) * 8; // key within the consumer
+          const int m = 16 * kk + (r >> 1) * 8 + (lane & 3) * 2;     // query
+          const int chunk = (m / 8) ^ (n % 8);
+          *reinterpret_cast<uint32_t*>(reinterpret_cast<unsigned char*>(my_ds) + n * 128 + chunk * 16 + (m % 8) * 2) =
+              dsa[kk][r];
+        }
+      fence_async_shared();
+      named_barrier_sync(1 + wg, 128);
+
+      // dQ part = dS K over this consumer's keys.
+      wgmma_wait<0>();
+      fence_registers(dv);
+      fence_registers(dk);
+      fence_registers(pa);
+      fence_registers(dsa);
+      __syncwarp();
+      if (lane == 0) barrier_arrive(&q_empty[s]); // Q, dO and the record are free again
+      float dq[C::kOTiles][4];
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < 64 / 16; ++kk)
+        Wgmma<T, D>::template ss<1, 1>(dq, ds_desc + mn_major_step<64>(16 * kk), kb_desc + mn_major_step<W>(16 * kk),
+                                       kk > 0);
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_registers(dq);
+
+      // The part, times the softmax scale, to the reducer once it is done with the last parts.
+      barrier_wait(dq_empty, (round & 1) ^ 1);
+#pragma unroll
+      for (int j = 0; j < C::kOTiles; ++j)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const int row = 16 * warp_in_wg + (lane >> 2) + 8 * hh, col = j * 8 + (lane & 3) * 2;
+          *reinterpret_cast<float2*>(my_dq + row * C::kDqPitch + col) =
+              make_float2(a.scale * dq[j][2 * hh], a.scale * dq[j][2 * hh + 1]);
+        }
+      if (wg == 0 && warp_in_wg == 0 && lane == 0) *dq_rec = DqRecord{head, r0, min(C::kBlockM, reg.row_end - r0), 0};
+      __syncwarp();
+      if (lane == 0) barrier_arrive(dq_full);
+      ++round;
+    }
+
+    // dK (times scale) and dV into the fp32 accumulators: atomic, since segments may share keys.
+    __syncwarp();
+    if (lane == 0) barrier_arrive(kv_empty); // the last product that read K and V has returned
+    float* dk_g = static_cast<float*>(a.dk.data) + batch * a.dk.batch_stride + kv_head * a.dk.head_stride;
+    float* dv_g = static_cast<float*>(a.dv.data) + batch * a.dv.batch_stride + kv_head * a.dv.head_stride;
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int32_t n = n0 + key0 + (lane >> 2) + 8 * hh;
+      if (n >= reg.col_end) continue;
+      float* pk = dk_g + int64_t(n) * a.dk.token_stride + (lane & 3) * 2;
+      float* pv = dv_g + int64_t(n) * a.dv.token_stride + (lane & 3) * 2;
+#pragma unroll
+      for (int j = 0; j < C::kOTiles; ++j) {
+        atomicAdd(reinterpret_cast<float2*>(pk + j * 8), make_float2(a.scale * dk[j][2 * hh], a.scale * dk[j][2 * hh + 1]));
+        atomicAdd(reinterpret_cast<float2*>(pv + j * 8), make_float2(dv[j][2 * hh], dv[j][2 * hh + 1]));
+      }
+    }
+  }
+  // Tell the reducer there is nothing more, once it is done with the last parts.
+  barrier_wait(dq_empty, (round & 1) ^ 1);
+  if (wg == 0 && warp_in_wg == 0 && lane == 0) dq_rec->head = -1;
+  __syncwarp();
+  if (lane == 0) barrier_arrive(dq_full);
+#endif
+}
+
+template <class T, int D> void launch_backward_sm90(const BackwardParams& p, cudaStream_t stream) {
+  using C = BackwardConfig<T, D>;
+  AttnArgs a;
+  a.q = p.q;
+  a.k = p.k;
+  a.v = p.v;
+  a.d_o = p.d_o;
+  a.lse = p.lse;
+  a.delta = p.delta;
+  a.dq = p.dq;
+  a.dk = p.dk;
+  a.dv = p.dv;
+  a.seqlen_q = int32_t(p.seqlen_q);
+  a.seqlen_kv = int32_t(p.seqlen_kv);
+  a.heads_q = p.heads_q;
+  a.group = p.heads_q / p.heads_kv;
+  a.scale = p.softmax_scale;
+  a.scale_log2 = p.softmax_scale * kLog2e;
+  a.mask = make_mask_args(p.mask);
+  a.segs = p.segments;
+  a.nseg = p.num_segments;
+  a.blocks = make_block_args(p.blocks);
+  const CUtensorMapSwizzle sw = tma_swizzle(C::W);
+  const CUtensorMap q_map = make_tile_map(p.q, p.dtype, p.batch, p.seqlen_q, p.heads_q, D, C::kBlockM, C::W, sw);
+  const CUtensorMap do_map = make_tile_map(p.d_o, p.dtype, p.batch, p.seqlen_q, p.heads_q, D, C::kBlockM, C::W, sw);
+  const CUtensorMap k_map = make_tile_map(p.k, p.dtype, p.batch, p.seqlen_kv, p.heads_kv, D, C::kBlockN, C::W, sw);
+  const CUtensorMap v_map = make_tile_map(p.v, p.dtype, p.batch, p.seqlen_kv, p.heads_kv, D, C::kBlockN, C::W, sw);
+  const auto aligned4 = [](const TensorRef& t) {
+    return reinterpret_cast<uintptr_t>(t.data) % 16 == 0 && t.batch_stride % 4 == 0 && t.token_stride % 4 == 0 &&
+           t.head_stride % 4 == 0;
+  };
+  const auto kernel = flash_backward_sm90_kernel<T, D>;
+  constexpr size_t smem = BackwardSmem<T, D>::kBytes;
+  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+  const dim3 grid(unsigned(tile_grid(p.seqlen_kv, C::kBlockN, p.num_segments)), unsigned(p.heads_kv),
+                  unsigned(p.batch));
+  kernel<<<grid, C::kThreads, smem, stream>>>(q_map, k_map, v_map, do_map, a, aligned4(p.dq));
+  check_launch("flash backward (sm90)");
+}
+
+} // namespace attncore::cuda::sm90
