@@ -237,17 +237,20 @@ __global__ void __launch_bounds__(BackwardConfig<T, D>::kThreads, 1)
   const int wg = group - 1, warp_in_wg = warp % 4;
   const int key0 = 64 * wg + 16 * warp_in_wg; // this warp's first key in the tile
 
-  const uint64_t k_desc = desc_k_major<W>(sK, C::kBlockN, 64 * wg);
-  const uint64_t v_desc = desc_k_major<W>(sV, C::kBlockN, 64 * wg);
-  const uint64_t kb_desc = desc_mn_major<W>(sK, C::kBlockN) + mn_major_step<W>(64 * wg); // K as dQ's B
-  const uint64_t q_desc = desc_k_major<W>(sQ, C::kBlockM, 0);       // Q as S^T's B
-  const uint64_t do_desc = desc_k_major<W>(sdO, C::kBlockM, 0);     // dO as dP^T's B
-  const uint64_t qb_desc = desc_mn_major<W>(sQ, C::kBlockM);        // Q as dK's B
-  const uint64_t dob_desc = desc_mn_major<W>(sdO, C::kBlockM);      // dO as dV's B
+  const SmemDesc k_desc = desc_k_major<W>(sK, C::kBlockN, 64 * wg);
+  const SmemDesc v_desc = desc_k_major<W>(sV, C::kBlockN, 64 * wg);
+  const SmemDesc kb_desc = desc_mn_major<W>(sK, C::kBlockN) + mn_major_step<W>(64 * wg); // K as dQ's B
+  const SmemDesc q_desc = desc_k_major<W>(sQ, C::kBlockM, 0);       // Q as S^T's B
+  const SmemDesc do_desc = desc_k_major<W>(sdO, C::kBlockM, 0);     // dO as dP^T's B
+  const SmemDesc qb_desc = desc_mn_major<W>(sQ, C::kBlockM);        // Q as dK's B
+  const SmemDesc dob_desc = desc_mn_major<W>(sdO, C::kBlockM);      // dO as dV's B
   T* my_ds = sdS + wg * (C::kDsBytes / sizeof(T));
-  const uint64_t ds_desc = desc_mn_major<64>(my_ds, 64);           // dS (= (dS^T)^T) as dQ's A
+  const SmemDesc ds_desc = desc_mn_major<64>(my_ds, 64);           // dS (= (dS^T)^T) as dQ's A
   constexpr uint32_t kQStage = desc_offset(C::kQBytes);
-  float* my_dq = sDq + wg * C::kBlockM * C::kDqPitch;
+  // This warp's first row of dS^T, and this lane's first element of its dQ part (shared addresses).
+  const uint32_t ds_row0 = smem_addr(my_ds) + uint32_t(16 * warp_in_wg * 128);
+  const uint32_t dq_lane0 = smem_addr(sDq + wg * C::kBlockM * C::kDqPitch) +
+                            uint32_t(((16 * warp_in_wg + (lane >> 2)) * C::kDqPitch + (lane & 3) * 2) * 4);
 
   float dk[C::kOTiles][4], dv[C::kOTiles][4];
   uint32_t step = 0, round = 0;
@@ -338,17 +341,15 @@ __global__ void __launch_bounds__(BackwardConfig<T, D>::kThreads, 1)
       wgmma_commit();
 
       // dS^T into shared memory (rows: the consumer's keys, swizzled 128-byte rows of 64 queries)
-      // for dQ's product, whose A operand is dS.
+      // for dQ's product, whose A operand is dS. Lane l addresses row l % 8 of matrix l / 8: keys
+      // + 8 for matrices 1 and 3, queries + 8 (the next 16-byte chunk) for matrices 2 and 3.
+      {
+        const int mat = lane >> 3, row = lane & 7;
+        const uint32_t row_addr = ds_row0 + uint32_t((row + 8 * (mat & 1)) * 128);
 #pragma unroll
-      for (int kk = 0; kk < C::kMTiles / 2; ++kk)
-#pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          const int n = 16 * warp_in_wg + (lane >> 2) + (r & 1) * 8; // key within the consumer
-          const int m = 16 * kk + (r >> 1) * 8 + (lane & 3) * 2;     // query
-          const int chunk = (m / 8) ^ (n % 8);
-          *reinterpret_cast<uint32_t*>(reinterpret_cast<unsigned char*>(my_ds) + n * 128 + chunk * 16 + (m % 8) * 2) =
-              dsa[kk][r];
-        }
+        for (int kk = 0; kk < C::kMTiles / 2; ++kk)
+          stmatrix_x4(row_addr + uint32_t(((2 * kk + (mat >> 1)) ^ row) * 16), dsa[kk]);
+      }
       fence_async_shared();
       named_barrier_sync(1 + wg, 128);
 
@@ -375,11 +376,9 @@ __global__ void __launch_bounds__(BackwardConfig<T, D>::kThreads, 1)
 #pragma unroll
       for (int j = 0; j < C::kOTiles; ++j)
 #pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-          const int row = 16 * warp_in_wg + (lane >> 2) + 8 * hh, col = j * 8 + (lane & 3) * 2;
-          *reinterpret_cast<float2*>(my_dq + row * C::kDqPitch + col) =
-              make_float2(a.scale * dq[j][2 * hh], a.scale * dq[j][2 * hh + 1]);
-        }
+        for (int hh = 0; hh < 2; ++hh)
+          st_shared_v2(dq_lane0 + uint32_t((8 * hh * C::kDqPitch + j * 8) * 4), a.scale * dq[j][2 * hh],
+                       a.scale * dq[j][2 * hh + 1]);
       if (wg == 0 && warp_in_wg == 0 && lane == 0) *dq_rec = DqRecord{head, r0, min(C::kBlockM, reg.row_end - r0), 0};
       __syncwarp();
       if (lane == 0) barrier_arrive(dq_full);
