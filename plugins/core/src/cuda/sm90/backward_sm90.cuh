@@ -237,15 +237,15 @@ __global__ void __launch_bounds__(BackwardConfig<T, D>::kThreads, 1)
   const int wg = group - 1, warp_in_wg = warp % 4;
   const int key0 = 64 * wg + 16 * warp_in_wg; // this warp's first key in the tile
 
-  const SmemDesc k_desc = desc_k_major<W>(sK, C::kBlockN, 64 * wg);
-  const SmemDesc v_desc = desc_k_major<W>(sV, C::kBlockN, 64 * wg);
-  const SmemDesc kb_desc = desc_mn_major<W>(sK, C::kBlockN) + mn_major_step<W>(64 * wg); // K as dQ's B
-  const SmemDesc q_desc = desc_k_major<W>(sQ, C::kBlockM, 0);       // Q as S^T's B
-  const SmemDesc do_desc = desc_k_major<W>(sdO, C::kBlockM, 0);     // dO as dP^T's B
-  const SmemDesc qb_desc = desc_mn_major<W>(sQ, C::kBlockM);        // Q as dK's B
-  const SmemDesc dob_desc = desc_mn_major<W>(sdO, C::kBlockM);      // dO as dV's B
+  const uint64_t k_desc = desc_k_major<W>(sK, C::kBlockN, 64 * wg);
+  const uint64_t v_desc = desc_k_major<W>(sV, C::kBlockN, 64 * wg);
+  const uint64_t kb_desc = desc_mn_major<W>(sK, C::kBlockN) + mn_major_step<W>(64 * wg); // K as dQ's B
+  const uint64_t q_desc = desc_k_major<W>(sQ, C::kBlockM, 0);       // Q as S^T's B
+  const uint64_t do_desc = desc_k_major<W>(sdO, C::kBlockM, 0);     // dO as dP^T's B
+  const uint64_t qb_desc = desc_mn_major<W>(sQ, C::kBlockM);        // Q as dK's B
+  const uint64_t dob_desc = desc_mn_major<W>(sdO, C::kBlockM);      // dO as dV's B
   T* my_ds = sdS + wg * (C::kDsBytes / sizeof(T));
-  const SmemDesc ds_desc = desc_mn_major<64>(my_ds, 64);           // dS (= (dS^T)^T) as dQ's A
+  const uint64_t ds_desc = desc_mn_major<64>(my_ds, 64);           // dS (= (dS^T)^T) as dQ's A
   constexpr uint32_t kQStage = desc_offset(C::kQBytes);
   // This warp's first row of dS^T, and this lane's first element of its dQ part (shared addresses).
   const uint32_t ds_row0 = smem_addr(my_ds) + uint32_t(16 * warp_in_wg * 128);

@@ -242,15 +242,15 @@ __global__ void __launch_bounds__(ForwardConfig<T, D>::kThreads, 1)
   };
 
   // Shared-memory descriptors, made once: a k-step or a stage only adds a constant.
-  const SmemDesc q_desc = desc_k_major<W>(sQ, C::kBlockM, 64 * wg);
-  const SmemDesc k_desc = desc_k_major<W>(sK, C::kBlockN, 0);
-  const SmemDesc v_desc = desc_mn_major<W>(sV, C::kBlockN);
+  const uint64_t q_desc = desc_k_major<W>(sQ, C::kBlockM, 64 * wg);
+  const uint64_t k_desc = desc_k_major<W>(sK, C::kBlockN, 0);
+  const uint64_t v_desc = desc_mn_major<W>(sV, C::kBlockN);
   constexpr uint32_t kStageStep = desc_offset(C::kKVBytes);
 
   // S = Q K^T, issued (its registers are the hardware's until the caller waits).
   float sc[1][C::kSTiles][4];
   const auto issue_scores = [&](uint32_t s) {
-    const SmemDesc k_stage = k_desc + s * kStageStep;
+    const uint64_t k_stage = k_desc + s * kStageStep;
     wgmma_fence();
 #pragma unroll
     for (int k0 = 0; k0 < D; k0 += 16)
@@ -262,7 +262,7 @@ __global__ void __launch_bounds__(ForwardConfig<T, D>::kThreads, 1)
   OnlineSoftmax<1, C::kOTiles> sm;
   uint32_t p[C::kBlockN / 16][4]; // P as A fragments of the second product
   const auto issue_pv = [&](uint32_t s) {
-    const SmemDesc v_stage = v_desc + s * kStageStep;
+    const uint64_t v_stage = v_desc + s * kStageStep;
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < C::kBlockN / 16; ++kk)

@@ -32,30 +32,24 @@ __host__ __device__ constexpr int swizzle_cols(int d) { return d % 64 == 0 ? 64 
 constexpr CUtensorMapSwizzle tma_swizzle(int w) {
   return w == 64 ? CU_TENSOR_MAP_SWIZZLE_128B : w == 32 ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_32B;
 }
-__host__ __device__ constexpr uint32_t desc_layout(int w) { return w == 64 ? 1 : w == 32 ? 2 : 3; }
+__host__ __device__ constexpr uint64_t desc_layout(int w) { return w == 64 ? 1 : w == 32 ? 2 : 3; }
 
 // A shared-memory matrix descriptor (PTX ISA, "matrix descriptor"): start address, leading and
-// stride byte offsets (all in 16-byte units), layout type in bits 62-63. Only the start address
-// (bits 0-13) ever changes, and stepping it never carries out of its field (shared memory is under
-// 256 KiB): the arithmetic is done on the low word alone, so that a kernel keeps 32 bits of each
-// descriptor live, not 64 (the high word is a constant of the tile's layout).
-struct SmemDesc {
-  uint32_t lo, hi;
-  __device__ __forceinline__ SmemDesc operator+(uint32_t step) const { return SmemDesc{lo + step, hi}; }
-  __device__ __forceinline__ operator uint64_t() const { return uint64_t(hi) << 32 | lo; }
-};
-__device__ __forceinline__ SmemDesc make_desc(uint32_t smem_addr, uint32_t lead_bytes, uint32_t stride_bytes,
-                                              uint32_t layout) {
-  return SmemDesc{((smem_addr & 0x3FFFF) >> 4) | ((lead_bytes >> 4) << 16), (stride_bytes >> 4) | (layout << 30)};
+// stride byte offsets (all in 16-byte units), layout type in bits 62-63.
+__device__ __forceinline__ uint64_t make_desc(uint32_t smem_addr, uint32_t lead_bytes, uint32_t stride_bytes,
+                                              uint64_t layout) {
+  return uint64_t((smem_addr & 0x3FFFF) >> 4) | (uint64_t(lead_bytes >> 4) << 16) |
+         (uint64_t(stride_bytes >> 4) << 32) | (layout << 62);
 }
 
-// Descriptor steps, in 16-byte units.
+// Descriptors of a tile are made once and stepped by adding constants: the start address is the
+// low field, in 16-byte units, and no step carries out of it (shared memory is under 256 KiB).
 __host__ __device__ constexpr uint32_t desc_offset(uint32_t bytes) { return bytes >> 4; }
 
 // K-major operand: rows of the tile are the M or N index, the W columns of a block the K index.
 // The descriptor of rows [row0, row0 + 64 or N) at k = 0 of a tile of `rows` rows; k_major_step
 // moves it to K columns [k0, k0 + 16).
-template <int W> __device__ __forceinline__ SmemDesc desc_k_major(const void* tile, int rows, int row0) {
+template <int W> __device__ __forceinline__ uint64_t desc_k_major(const void* tile, int rows, int row0) {
   return make_desc(smem_addr(tile) + uint32_t(row0 * W * 2), 16, 8 * W * 2, desc_layout(W));
 }
 template <int W> __host__ __device__ constexpr uint32_t k_major_step(int rows, int k0) {
@@ -65,7 +59,7 @@ template <int W> __host__ __device__ constexpr uint32_t k_major_step(int rows, i
 // MN-major operand (V in P V): rows of the tile are the K index, the columns N. The descriptor of
 // K rows [0, 16) and every column of a tile of `rows` rows (column blocks lie rows * W * 2 apart);
 // mn_major_step moves it to K rows [k0, k0 + 16).
-template <int W> __device__ __forceinline__ SmemDesc desc_mn_major(const void* tile, int rows) {
+template <int W> __device__ __forceinline__ uint64_t desc_mn_major(const void* tile, int rows) {
   return make_desc(smem_addr(tile), uint32_t(rows * W * 2), 8 * W * 2, desc_layout(W));
 }
 template <int W> __host__ __device__ constexpr uint32_t mn_major_step(int k0) { return desc_offset(uint32_t(k0 * W * 2)); }
