@@ -43,7 +43,7 @@ template <class T, int D> struct BackwardConfig {
   static constexpr int kMTiles = kBlockM / 8; // n8 tiles of S^T (its columns are queries)
   static constexpr int kOTiles = D / 8;
   static constexpr int kReducers = 3 * 32; // warps 1-3 of warpgroup 0
-  static constexpr int kDqPitch = D + 4;   // floats: a row of a dQ part, padded against bank conflicts
+  static constexpr int kDqPitch = D + 8;   // floats: a row of a dQ part; 8 words apart, a half warp's v2 stores hit distinct banks
   static constexpr uint32_t kKVBytes = kBlockN * D * sizeof(T);  // K or V
   static constexpr uint32_t kQBytes = kBlockM * D * sizeof(T);   // Q or dO, one stage
   static constexpr uint32_t kDsBytes = 64 * kBlockM * sizeof(T); // one consumer's dS^T
