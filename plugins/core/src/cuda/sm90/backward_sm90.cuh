@@ -13,10 +13,12 @@
 //        S^T = K Q^T, dP^T = V dO^T          (wgmma, all operands in shared memory)
 //        P^T, dS^T in registers               (masked: a key or row outside the mask gives 0)
 //        dV += P^T dO, dK += dS^T Q           (wgmma, P^T and dS^T straight from registers)
-//        dQ_part = dS K over the consumer's keys (dS^T through shared memory)
+//        dQ part = dS K (dS^T through shared memory): by columns between the consumers at d128,
+//        else over each consumer's keys
 //    and dK, dV are added into the fp32 accumulators once, at the end of the key tile.
-//  - Warpgroup 0, warps 1-3: the dQ reducer. Per step they add the two consumers' dQ parts and add
-//    the sum into the fp32 dQ accumulator with vector atomics, off the consumers' path.
+//  - Warpgroup 0, warps 1-3: the dQ reducer. Per step they add the step's dQ (the two consumers'
+//    parts summed where dQ is split by keys) into the fp32 dQ accumulator with vector atomics, off
+//    the consumers' path.
 // Segments that share keys can give more key tiles than CTAs: a CTA strides over them, every role
 // walking the same sequence of tiles.
 #pragma once
@@ -46,8 +48,16 @@ template <class T, int D> struct BackwardConfig {
   static constexpr int kDqPitch = D + 8;   // floats: a row of a dQ part; 8 words apart, a half warp's v2 stores hit distinct banks
   static constexpr uint32_t kKVBytes = kBlockN * D * sizeof(T);  // K or V
   static constexpr uint32_t kQBytes = kBlockM * D * sizeof(T);   // Q or dO, one stage
+  // dQ split by columns between the consumers where half the head dim is whole swizzle blocks
+  // (d128): each consumer's product covers all 128 keys, reading both consumers' dS^T (shared,
+  // double-buffered), and leaves no part to sum. Otherwise each consumer's product covers its own
+  // keys and the reducer sums the two parts.
+  static constexpr bool kSplitDq = (D / 2) % W == 0;
+  static constexpr int kDqCols = kSplitDq ? D / 2 : D;
+  static constexpr int kDsBuffers = kSplitDq ? 2 : 1;
+  static constexpr int kDqParts = kSplitDq ? 1 : kConsumers;
   static constexpr uint32_t kDsBytes = 64 * kBlockM * sizeof(T); // one consumer's dS^T
-  static constexpr uint32_t kDqBytes = kBlockM * kDqPitch * 4;   // one consumer's dQ part
+  static constexpr uint32_t kDqBytes = kBlockM * kDqPitch * 4;   // one dQ part
   static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
   static_assert(D % 16 == 0 && D <= 128, "dK and dV of 64 keys stay in registers up to head dim 128");
   static_assert(kKVBytes % 1024 == 0 && kQBytes % 1024 == 0 && kDsBytes % 1024 == 0, "1024-byte tiles");
@@ -76,8 +86,8 @@ template <class T, int D> struct BackwardSmem {
   static constexpr size_t kQ = kV + C::kKVBytes;
   static constexpr size_t kDO = kQ + C::kStages * C::kQBytes;
   static constexpr size_t kDS = kDO + C::kStages * C::kQBytes;
-  static constexpr size_t kDQ = kDS + C::kConsumers * C::kDsBytes;
-  static constexpr size_t kSteps = kDQ + C::kConsumers * C::kDqBytes;
+  static constexpr size_t kDQ = kDS + C::kDsBuffers * C::kConsumers * C::kDsBytes;
+  static constexpr size_t kSteps = kDQ + C::kDqParts * C::kDqBytes;
   static constexpr size_t kDqRec = kSteps + C::kStages * sizeof(StepRecord);
   static constexpr size_t kBars = kDqRec + sizeof(DqRecord);
   static constexpr size_t kEnd = kBars + (4 + 2 * C::kStages) * sizeof(uint64_t);
@@ -100,7 +110,7 @@ __global__ void __launch_bounds__(BackwardConfig<T, D>::kThreads, 1)
   T* sV = reinterpret_cast<T*>(smem + L::kV);
   T* sQ = reinterpret_cast<T*>(smem + L::kQ);   // kStages tiles
   T* sdO = reinterpret_cast<T*>(smem + L::kDO); // kStages tiles
-  T* sdS = reinterpret_cast<T*>(smem + L::kDS); // one [64 keys][64 queries] tile per consumer
+  T* sdS = reinterpret_cast<T*>(smem + L::kDS); // [buffer][consumer]: [64 keys][64 queries] tiles
   float* sDq = reinterpret_cast<float*>(smem + L::kDQ);
   StepRecord* steps = reinterpret_cast<StepRecord*>(smem + L::kSteps);
   DqRecord* dq_rec = reinterpret_cast<DqRecord*>(smem + L::kDqRec);
@@ -215,14 +225,17 @@ __global__ void __launch_bounds__(BackwardConfig<T, D>::kThreads, 1)
         float* dq = static_cast<float*>(a.dq.data) + batch * a.dq.batch_stride + rec.head * a.dq.head_stride;
         for (int i = rt; i < rec.rows * (D / 4); i += C::kReducers) {
           const int row = i / (D / 4), col = (i % (D / 4)) * 4;
-          const float4 x = *reinterpret_cast<const float4*>(sDq + row * C::kDqPitch + col);
-          const float4 y = *reinterpret_cast<const float4*>(sDq + C::kBlockM * C::kDqPitch + row * C::kDqPitch + col);
+          float4 x = *reinterpret_cast<const float4*>(sDq + row * C::kDqPitch + col);
+          if constexpr (C::kDqParts == 2) {
+            const float4 y = *reinterpret_cast<const float4*>(sDq + C::kBlockM * C::kDqPitch + row * C::kDqPitch + col);
+            x = make_float4(x.x + y.x, x.y + y.y, x.z + y.z, x.w + y.w);
+          }
           float* dst = dq + int64_t(rec.r0 + row) * a.dq.token_stride + col;
           if (dq_vec4) {
-            atomicAdd(reinterpret_cast<float4*>(dst), make_float4(x.x + y.x, x.y + y.y, x.z + y.z, x.w + y.w));
+            atomicAdd(reinterpret_cast<float4*>(dst), x);
           } else {
-            atomicAdd(reinterpret_cast<float2*>(dst), make_float2(x.x + y.x, x.y + y.y));
-            atomicAdd(reinterpret_cast<float2*>(dst + 2), make_float2(x.z + y.z, x.w + y.w));
+            atomicAdd(reinterpret_cast<float2*>(dst), make_float2(x.x, x.y));
+            atomicAdd(reinterpret_cast<float2*>(dst + 2), make_float2(x.z, x.w));
           }
         }
         __syncwarp();
@@ -239,18 +252,23 @@ __global__ void __launch_bounds__(BackwardConfig<T, D>::kThreads, 1)
 
   const uint64_t k_desc = desc_k_major<W>(sK, C::kBlockN, 64 * wg);
   const uint64_t v_desc = desc_k_major<W>(sV, C::kBlockN, 64 * wg);
-  const uint64_t kb_desc = desc_mn_major<W>(sK, C::kBlockN) + mn_major_step<W>(64 * wg); // K as dQ's B
+  // K as dQ's B: this consumer's keys (dQ by keys), or every key and this consumer's columns.
+  const uint64_t kb_desc = desc_mn_major<W>(sK, C::kBlockN) +
+                           (C::kSplitDq ? desc_offset(uint32_t(wg * (D / 2 / W) * C::kBlockN * W * 2))
+                                        : mn_major_step<W>(64 * wg));
   const uint64_t q_desc = desc_k_major<W>(sQ, C::kBlockM, 0);       // Q as S^T's B
   const uint64_t do_desc = desc_k_major<W>(sdO, C::kBlockM, 0);     // dO as dP^T's B
   const uint64_t qb_desc = desc_mn_major<W>(sQ, C::kBlockM);        // Q as dK's B
   const uint64_t dob_desc = desc_mn_major<W>(sdO, C::kBlockM);      // dO as dV's B
-  T* my_ds = sdS + wg * (C::kDsBytes / sizeof(T));
-  const uint64_t ds_desc = desc_mn_major<64>(my_ds, 64);           // dS (= (dS^T)^T) as dQ's A
+  const uint64_t ds_desc = desc_mn_major<64>(sdS, 64); // dS (= (dS^T)^T) as dQ's A; + tile steps
+  constexpr uint32_t kDsTile = desc_offset(C::kDsBytes);
   constexpr uint32_t kQStage = desc_offset(C::kQBytes);
   // This warp's first row of dS^T, and this lane's first element of its dQ part (shared addresses).
-  const uint32_t ds_row0 = smem_addr(my_ds) + uint32_t(16 * warp_in_wg * 128);
-  const uint32_t dq_lane0 = smem_addr(sDq + wg * C::kBlockM * C::kDqPitch) +
-                            uint32_t(((16 * warp_in_wg + (lane >> 2)) * C::kDqPitch + (lane & 3) * 2) * 4);
+  const uint32_t ds_row0 = smem_addr(sdS) + uint32_t(wg * C::kDsBytes + 16 * warp_in_wg * 128);
+  const uint32_t dq_lane0 = smem_addr(sDq) + uint32_t(((C::kSplitDq ? 0 : wg * C::kBlockM) * C::kDqPitch +
+                                                       (16 * warp_in_wg + (lane >> 2)) * C::kDqPitch +
+                                                       (C::kSplitDq ? wg * (D / 2) : 0) + (lane & 3) * 2) *
+                                                      4);
 
   float dk[C::kOTiles][4], dv[C::kOTiles][4];
   uint32_t step = 0, round = 0;
@@ -343,17 +361,20 @@ __global__ void __launch_bounds__(BackwardConfig<T, D>::kThreads, 1)
       // dS^T into shared memory (rows: the consumer's keys, swizzled 128-byte rows of 64 queries)
       // for dQ's product, whose A operand is dS. Lane l addresses row l % 8 of matrix l / 8: keys
       // + 8 for matrices 1 and 3, queries + 8 (the next 16-byte chunk) for matrices 2 and 3.
+      const uint32_t ds_buf = C::kSplitDq ? (round & 1) : 0;
       {
         const int mat = lane >> 3, row = lane & 7;
-        const uint32_t row_addr = ds_row0 + uint32_t((row + 8 * (mat & 1)) * 128);
+        const uint32_t row_addr =
+            ds_row0 + ds_buf * C::kConsumers * C::kDsBytes + uint32_t((row + 8 * (mat & 1)) * 128);
 #pragma unroll
         for (int kk = 0; kk < C::kMTiles / 2; ++kk)
           stmatrix_x4(row_addr + uint32_t(((2 * kk + (mat >> 1)) ^ row) * 16), dsa[kk]);
       }
       fence_async_shared();
-      named_barrier_sync(1 + wg, 128);
+      if constexpr (C::kSplitDq) named_barrier_sync(1, 2 * 128); // both consumers' dS^T are in
+      else named_barrier_sync(1 + wg, 128);
 
-      // dQ part = dS K over this consumer's keys.
+      // dQ part = dS K: over this consumer's keys, or over every key for this consumer's columns.
       wgmma_wait<0>();
       fence_registers(dv);
       fence_registers(dk);
@@ -361,12 +382,20 @@ __global__ void __launch_bounds__(BackwardConfig<T, D>::kThreads, 1)
       fence_registers(dsa);
       __syncwarp();
       if (lane == 0) barrier_arrive(&q_empty[s]); // Q, dO and the record are free again
-      float dq[C::kOTiles][4];
+      float dq[C::kDqCols / 8][4];
       wgmma_fence();
+      if constexpr (C::kSplitDq) {
 #pragma unroll
-      for (int kk = 0; kk < 64 / 16; ++kk)
-        Wgmma<T, D>::template ss<1, 1>(dq, ds_desc + mn_major_step<64>(16 * kk), kb_desc + mn_major_step<W>(16 * kk),
-                                       kk > 0);
+        for (int kk = 0; kk < C::kBlockN / 16; ++kk)
+          Wgmma<T, C::kDqCols>::template ss<1, 1>(
+              dq, ds_desc + (ds_buf * C::kConsumers + kk / 4) * kDsTile + mn_major_step<64>(16 * (kk % 4)),
+              kb_desc + mn_major_step<W>(16 * kk), kk > 0);
+      } else {
+#pragma unroll
+        for (int kk = 0; kk < 64 / 16; ++kk)
+          Wgmma<T, C::kDqCols>::template ss<1, 1>(dq, ds_desc + wg * kDsTile + mn_major_step<64>(16 * kk),
+                                                  kb_desc + mn_major_step<W>(16 * kk), kk > 0);
+      }
       wgmma_commit();
       wgmma_wait<0>();
       fence_registers(dq);
@@ -374,7 +403,7 @@ __global__ void __launch_bounds__(BackwardConfig<T, D>::kThreads, 1)
       // The part, times the softmax scale, to the reducer once it is done with the last parts.
       barrier_wait(dq_empty, (round & 1) ^ 1);
 #pragma unroll
-      for (int j = 0; j < C::kOTiles; ++j)
+      for (int j = 0; j < C::kDqCols / 8; ++j)
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh)
           st_shared_v2(dq_lane0 + uint32_t((8 * hh * C::kDqPitch + j * 8) * 4), a.scale * dq[j][2 * hh],
