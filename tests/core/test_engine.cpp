@@ -176,8 +176,9 @@ TEST_CASE("engine: the ring at world size 1 gives the same result with native, c
       CAPTURE(plan);
       const Result native = run(EngineChoice::native, s, calls, q, kv, d_o);
       REQUIRE(native.log.size() == 1);  // every result says which engine ran it
-      CHECK(native.log[0] == "engine: native for " + std::to_string(calls.size()) + " forward calls and " +
-                                 std::to_string(calls.size()) + " backward calls (engine=native)");
+      CHECK(native.log[0] == "engine: native (" + std::string(native_kernels()) + ") for " +
+                                 std::to_string(calls.size()) + " forward calls and " + std::to_string(calls.size()) +
+                                 " backward calls (engine=native)");
       for (EngineChoice choice : {EngineChoice::cudnn, EngineChoice::automatic}) {
         CAPTURE(engine_choice_name(choice));
         const Result got = run(choice, s, calls, q, kv, d_o);

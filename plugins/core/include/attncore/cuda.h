@@ -5,6 +5,10 @@
 // unsupported call, or a failed launch, throws attncore::Error (one line: what, and why); an error
 // inside a kernel surfaces at the caller's next synchronization, as with any CUDA work.
 //
+// Two families of kernels, the same contract: mma.sync ones for sm_80 and newer, and on Hopper
+// (compute capability 9.0, when built for sm_90a) warpgroup-product ones; native_kernels() says
+// which serve the current device.
+//
 // Supported: bf16 and fp16 inputs, head_dim 64, 80, 96, 128, 256 (check_supported says so in one
 // line); all of the Mask, GQA, segments and block lists (attention.h). Every data pointer is device
 // memory, except the BlockList struct itself (host). Q, K, V, dO and a dtype O need a 16-byte
@@ -40,5 +44,10 @@ void merge_partial_cuda(const MergeParams& p, void* stream);
 
 // fp32 -> bf16 / fp16 / fp32.
 void convert_cuda(const ConvertParams& p, void* stream);
+
+// Which native kernels serve calls on the current device: "wgmma" (the Hopper kernels, sm_90a:
+// warpgroup products, TMA; the backward of head dim 256 and deterministic backwards still run
+// mma.sync) or "mma.sync" (any other device, or ATTNCORE_KERNELS=mma).
+const char* native_kernels();
 
 } // namespace attncore

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "attncore/cuda.h"
 #include "attncore/cudnn.h"
 #include "attncore/plugin/engine.h"
 
@@ -164,19 +165,21 @@ class SelectingEngine final : public Engine {
     return use;
   }
 
-  // "engine: cudnn 9.14.0 for 3 of 4 forward calls and ... (engine=auto); native forward: <why>"
+  // "engine: cudnn 9.14.0 for 3 of 4 forward calls and ... (engine=auto); native (wgmma) forward: <why>"
   std::string summary() const {
     using std::to_string;
+    const std::string kernels = native_kernels();
     if (choice_ == EngineChoice::native)
-      return "engine: native for " + to_string(forward_.calls) + " forward calls and " + to_string(backward_.calls) +
-             " backward calls (engine=native)";
+      return "engine: native (" + kernels + ") for " + to_string(forward_.calls) + " forward calls and " +
+             to_string(backward_.calls) + " backward calls (engine=native)";
     std::string line = "engine: cudnn " + cudnn_version_string() + " for " + to_string(forward_.cudnn) + " of " +
                        to_string(forward_.calls) + " forward calls and " + to_string(backward_.cudnn) + " of " +
                        to_string(backward_.calls) + " backward calls (engine=" + engine_choice_name(choice_) +
                        (dtype_partials_ ? ", partials in dtype" : "") + ")";
     for (const Tally* t : {&forward_, &backward_})
       if (!t->why_native.empty())
-        line += "; native " + std::string(t == &forward_ ? "forward" : "backward") + ": " + t->why_native;
+        line += "; native (" + kernels + ") " + std::string(t == &forward_ ? "forward" : "backward") + ": " +
+                t->why_native;
     return line;
   }
 

@@ -228,6 +228,13 @@ void backward_cuda(const BackwardParams& params, void* stream) {
   else dispatch_backward<__half>(p, s);
 }
 
+const char* native_kernels() {
+#if ATTNCORE_HAVE_SM90
+  if (sm90::hopper_path_enabled()) return "wgmma";
+#endif
+  return "mma.sync";
+}
+
 void compute_delta_cuda(const DeltaParams& p, void* stream) {
   if (p.dtype != DType::bf16 && p.dtype != DType::fp16) fail("compute_delta: dtype must be bf16 or fp16");
   check_rows(p.batch, p.heads, p.head_dim, p.seqlen, "compute_delta");
