@@ -180,6 +180,40 @@ TEST_CASE("gpu: segments (varlen), rows outside every segment untouched") {
     }
 }
 
+// Only the rows of a call's segments are its data: what lies between or after them may be anything,
+// NaN included (the dilated plugin's gathered buffers leave unused slots unwritten). A tile that
+// runs past a segment's end must not bring those rows into a product: 0 x NaN is NaN. (The Hopper
+// kernels' copy engine zero-fills past the tensor's end only; this caught it.)
+TEST_CASE("gpu: rows outside every segment hold NaN, tiles run past segment ends") {
+  REQUIRE(device_count() > 0);
+  std::mt19937_64 rng(43);
+  for (int32_t D : {64, 80, 128})
+    for (int causal = 0; causal < 2; ++causal) {
+      Problem p;
+      p.dtype = DType::bf16;
+      p.D = D;
+      p.Hq = 4;
+      p.Hkv = 2;
+      p.Sq = p.Skv = 700;
+      std::mt19937_64 data(rng());
+      p.randomize(data);
+      p.mask.causal = causal == 1;
+      p.segments = {{0, 130, 0, 130, 0, 0}, {200, 400, 200, 400, 0, 0}, {500, 640, 500, 640, 0, 0}};
+      for (int64_t i = 0; i < p.Sq; ++i) {
+        if ((i >= 0 && i < 130) || (i >= 200 && i < 400) || (i >= 500 && i < 640)) continue;
+        for (Tensor* t : {&p.q, &p.d_o})
+          for (int64_t h = 0; h < p.Hq; ++h)
+            for (int64_t d = 0; d < D; ++d) t->set(0, i, h, d, std::nan(""));
+        for (Tensor* t : {&p.k, &p.v})
+          for (int64_t h = 0; h < p.Hkv; ++h)
+            for (int64_t d = 0; d < D; ++d) t->set(0, i, h, d, std::nan(""));
+      }
+      CAPTURE(D);
+      CAPTURE(causal);
+      check_all(p);
+    }
+}
+
 TEST_CASE("gpu: block lists (64 and 128, shared and per head, random with masked edges)") {
   REQUIRE(device_count() > 0);
   std::mt19937_64 rng(13);
