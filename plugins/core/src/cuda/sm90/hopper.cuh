@@ -201,13 +201,9 @@ template <int N> __device__ __forceinline__ void fence_registers(uint32_t (&a)[N
     for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(a[j][e])::"memory");
 }
 
-// A barrier among `threads` threads (whole warps) of the CTA, by id (0 is __syncthreads'): sync
-// waits for the count, arrive adds to it without waiting.
+// A barrier among `threads` threads (whole warps) of the CTA, by id (0 is __syncthreads').
 __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
 } // namespace attncore::cuda::sm90
