@@ -88,6 +88,20 @@ Outputs run_gpu(Problem& p, bool grads, bool deterministic, const Outputs* cpu_r
   return r;
 }
 
+// 700 tokens of batch 1, 4 query heads on 2 kv heads, random data; the caller sets the segments.
+Problem segments_problem(std::mt19937_64& rng, DType dtype, int32_t D, bool causal) {
+  Problem p;
+  p.dtype = dtype;
+  p.D = D;
+  p.Hq = 4;
+  p.Hkv = 2;
+  p.Sq = p.Skv = 700;
+  std::mt19937_64 data(rng());
+  p.randomize(data);
+  p.mask.causal = causal;
+  return p;
+}
+
 void check_all(Problem& p, bool grads = true) {
   REQUIRE(check_supported(p.dtype, p.D).empty());
   const Outputs want = run_cpu(p, grads);
@@ -162,15 +176,7 @@ TEST_CASE("gpu: segments (varlen), rows outside every segment untouched") {
   std::mt19937_64 rng(11);
   for (int32_t D : {64, 96, 256})
     for (int causal = 0; causal < 2; ++causal) {
-      Problem p;
-      p.dtype = D == 96 ? DType::fp16 : DType::bf16;
-      p.D = D;
-      p.Hq = 4;
-      p.Hkv = 2;
-      p.Sq = p.Skv = 700;
-      std::mt19937_64 data(rng());
-      p.randomize(data);
-      p.mask.causal = causal == 1;
+      Problem p = segments_problem(rng, D == 96 ? DType::fp16 : DType::bf16, D, causal == 1);
       p.segments = {{0, 130, 0, 130, 0, 0},   {130, 130, 130, 130, 0, 0}, {130, 400, 130, 400, 0, 0},
                     {410, 411, 410, 411, 0, 0}, {420, 700, 420, 700, 0, 0}};
       if (causal) p.segments.push_back({400, 410, 0, 300, 500, 0}); // queries after a long context
@@ -189,15 +195,7 @@ TEST_CASE("gpu: rows outside every segment hold NaN, tiles run past segment ends
   std::mt19937_64 rng(43);
   for (int32_t D : {64, 80, 128})
     for (int causal = 0; causal < 2; ++causal) {
-      Problem p;
-      p.dtype = DType::bf16;
-      p.D = D;
-      p.Hq = 4;
-      p.Hkv = 2;
-      p.Sq = p.Skv = 700;
-      std::mt19937_64 data(rng());
-      p.randomize(data);
-      p.mask.causal = causal == 1;
+      Problem p = segments_problem(rng, DType::bf16, D, causal == 1);
       p.segments = {{0, 130, 0, 130, 0, 0}, {200, 400, 200, 400, 0, 0}, {500, 640, 500, 640, 0, 0}};
       for (int64_t i = 0; i < p.Sq; ++i) {
         if ((i >= 0 && i < 130) || (i >= 200 && i < 400) || (i >= 500 && i < 640)) continue;

@@ -575,26 +575,7 @@ inline int max_smem_per_block() {
 }
 
 template <class T, int D> void launch_backward(const BackwardParams& p, cudaStream_t stream) {
-  AttnArgs a;
-  a.q = p.q;
-  a.k = p.k;
-  a.v = p.v;
-  a.d_o = p.d_o;
-  a.lse = p.lse;
-  a.delta = p.delta;
-  a.dq = p.dq;
-  a.dk = p.dk;
-  a.dv = p.dv;
-  a.seqlen_q = int32_t(p.seqlen_q);
-  a.seqlen_kv = int32_t(p.seqlen_kv);
-  a.heads_q = p.heads_q;
-  a.group = p.heads_q / p.heads_kv;
-  a.scale = p.softmax_scale;
-  a.scale_log2 = p.softmax_scale * kLog2e;
-  a.mask = make_mask_args(p.mask);
-  a.segs = p.segments;
-  a.nseg = p.num_segments;
-  a.blocks = make_block_args(p.blocks);
+  AttnArgs a = backward_args(p);
   a.accumulate_dq = !p.deterministic;
   {
     using C = BackwardConfig<T, D>;

@@ -144,26 +144,4 @@ template <int kMTiles, int kOTiles> struct OnlineSoftmax {
   }
 };
 
-// The forward's kernel arguments from its public parameters (both kernels).
-inline AttnArgs forward_args(const ForwardParams& p) {
-  AttnArgs a;
-  a.q = p.q;
-  a.k = p.k;
-  a.v = p.v;
-  a.o = p.o;
-  a.lse = p.lse;
-  a.o_fp32 = p.o_fp32;
-  a.seqlen_q = int32_t(p.seqlen_q);
-  a.seqlen_kv = int32_t(p.seqlen_kv);
-  a.heads_q = p.heads_q;
-  a.group = p.heads_q / p.heads_kv;
-  a.scale = p.softmax_scale;
-  a.scale_log2 = p.softmax_scale * kLog2e;
-  a.mask = make_mask_args(p.mask);
-  a.segs = p.segments;
-  a.nseg = p.num_segments;
-  a.blocks = make_block_args(p.blocks);
-  return a;
-}
-
 } // namespace attncore::cuda

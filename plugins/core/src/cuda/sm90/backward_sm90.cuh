@@ -460,26 +460,7 @@ __global__ void __launch_bounds__(BackwardConfig<T, D>::kThreads, 1)
 
 template <class T, int D> void launch_backward_sm90(const BackwardParams& p, cudaStream_t stream) {
   using C = BackwardConfig<T, D>;
-  AttnArgs a;
-  a.q = p.q;
-  a.k = p.k;
-  a.v = p.v;
-  a.d_o = p.d_o;
-  a.lse = p.lse;
-  a.delta = p.delta;
-  a.dq = p.dq;
-  a.dk = p.dk;
-  a.dv = p.dv;
-  a.seqlen_q = int32_t(p.seqlen_q);
-  a.seqlen_kv = int32_t(p.seqlen_kv);
-  a.heads_q = p.heads_q;
-  a.group = p.heads_q / p.heads_kv;
-  a.scale = p.softmax_scale;
-  a.scale_log2 = p.softmax_scale * kLog2e;
-  a.mask = make_mask_args(p.mask);
-  a.segs = p.segments;
-  a.nseg = p.num_segments;
-  a.blocks = make_block_args(p.blocks);
+  const AttnArgs a = backward_args(p);
   const CUtensorMapSwizzle sw = tma_swizzle(C::W);
   const CUtensorMap q_map = make_tile_map(p.q, p.dtype, p.batch, p.seqlen_q, p.heads_q, D, C::kBlockM, C::W, sw);
   const CUtensorMap do_map = make_tile_map(p.d_o, p.dtype, p.batch, p.seqlen_q, p.heads_q, D, C::kBlockM, C::W, sw);
