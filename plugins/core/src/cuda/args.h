@@ -39,15 +39,13 @@ inline BlockArgs make_block_args(const BlockList* b) {
   return a;
 }
 
-// The kernel arguments of a forward (both families of kernels).
-inline AttnArgs forward_args(const ForwardParams& p) {
+// What a forward and a backward call have in common (their parameter structs share these names).
+template <class Params> AttnArgs call_args(const Params& p) {
   AttnArgs a;
   a.q = p.q;
   a.k = p.k;
   a.v = p.v;
-  a.o = p.o;
   a.lse = p.lse;
-  a.o_fp32 = p.o_fp32;
   a.seqlen_q = int32_t(p.seqlen_q);
   a.seqlen_kv = int32_t(p.seqlen_kv);
   a.heads_q = p.heads_q;
@@ -61,28 +59,22 @@ inline AttnArgs forward_args(const ForwardParams& p) {
   return a;
 }
 
+// The kernel arguments of a forward (both families of kernels).
+inline AttnArgs forward_args(const ForwardParams& p) {
+  AttnArgs a = call_args(p);
+  a.o = p.o;
+  a.o_fp32 = p.o_fp32;
+  return a;
+}
+
 // The kernel arguments of a backward (both families; accumulate_dq is the mma.sync launcher's).
 inline AttnArgs backward_args(const BackwardParams& p) {
-  AttnArgs a;
-  a.q = p.q;
-  a.k = p.k;
-  a.v = p.v;
+  AttnArgs a = call_args(p);
   a.d_o = p.d_o;
-  a.lse = p.lse;
   a.delta = p.delta;
   a.dq = p.dq;
   a.dk = p.dk;
   a.dv = p.dv;
-  a.seqlen_q = int32_t(p.seqlen_q);
-  a.seqlen_kv = int32_t(p.seqlen_kv);
-  a.heads_q = p.heads_q;
-  a.group = p.heads_q / p.heads_kv;
-  a.scale = p.softmax_scale;
-  a.scale_log2 = p.softmax_scale * kLog2e;
-  a.mask = make_mask_args(p.mask);
-  a.segs = p.segments;
-  a.nseg = p.num_segments;
-  a.blocks = make_block_args(p.blocks);
   return a;
 }
 
