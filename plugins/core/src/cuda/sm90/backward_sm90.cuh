@@ -8,7 +8,8 @@
 // head of the GQA group, 64-row query tile) that sees them (QWalk, as the mma.sync kernel).
 //  - Warpgroup 0, warp 0: the producer. K and V once per key tile; per step, Q and dO into a ring of
 //    kStages buffers by the copy engine, and the step's record (query head, first row, block-list
-//    flags, the 64 rows' LSE and delta) written beside them by the warp's lanes.
+//    flags, the 64 rows' LSE and delta) written beside them by the warp's lanes. A tile that runs
+//    past a segment's end inside the tensor is copied by the warp itself, rows past the end zeroed.
 //  - Warpgroups 1 and 2: the consumers, 64 keys each. Per step:
 //        S^T = K Q^T, dP^T = V dO^T          (wgmma, all operands in shared memory)
 //        P^T, dS^T in registers               (masked: a key or row outside the mask gives 0)

@@ -3,10 +3,12 @@
 // (forward.cuh): causal and windows on global positions, GQA, segments, block lists, fp32 partials.
 //
 // A CTA of three warpgroups owns kBlockM = 128 query rows of one (batch, head).
-//  - Warpgroup 0 is the producer. One thread copies Q once, then the K and V tiles of every key tile
-//    the rows see into two rings of kStages shared buffers; each copy completes on a transaction
-//    barrier (k_full, v_full), and a buffer is refilled once both consumers release it (k_empty as
-//    soon as their scores are back, v_empty once P V is).
+//  - Warpgroup 0, warp 0 is the producer and the only walker of the key tiles. The copy engine
+//    brings Q once, then the K and V tiles of every key tile the rows see into two rings of kStages
+//    shared buffers; each copy completes on a transaction barrier (k_full, v_full), the tile's
+//    TileStep rides with its K buffer, and a buffer is refilled once both consumers release it
+//    (k_empty as soon as their scores are back, v_empty once P V is). A tile that runs past a
+//    segment's end inside the tensor is copied by the warp itself, rows past the end zeroed.
 //  - Warpgroups 1 and 2 are the consumers, 64 rows each. For every key tile:
 //        S = Q K^T   (wgmma, Q and K in shared memory)
 //        mask; the online-softmax step (softmax.cuh, the same code as the mma.sync kernel)
