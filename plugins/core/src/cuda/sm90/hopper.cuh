@@ -190,7 +190,6 @@ template <int N> __device__ __forceinline__ void fence_registers(float (&d)[N][4
 // around a wgmma must be on such values: ptxas otherwise waits after each one (warning C7518).
 __device__ __forceinline__ bool warp_uniform(bool x) { return __shfl_sync(kFullMask, x, 0); }
 __device__ __forceinline__ int warp_uniform(int x) { return __shfl_sync(kFullMask, x, 0); }
-__device__ __forceinline__ uint32_t warp_uniform(uint32_t x) { return __shfl_sync(kFullMask, x, 0); }
 
 // The same for registers an async matrix instruction reads (A fragments): live, and unchanged,
 // until its wgmma_wait returns.
