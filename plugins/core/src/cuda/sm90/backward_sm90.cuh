@@ -8,8 +8,8 @@
 // head of the GQA group, 64-row query tile) that sees them (QWalk, as the mma.sync kernel).
 //  - Warpgroup 0, warp 0: the producer. K and V once per key tile; per step, Q and dO into a ring of
 //    kStages buffers by the copy engine, and the step's record (query head, first row, block-list
-//    flags, the 64 rows' LSE and delta) written beside them by the warp's lanes. A tile that runs
-//    past a segment's end inside the tensor is copied by the warp itself, rows past the end zeroed.
+//    flags, the 64 rows' LSE and delta) written beside them by the warp's lanes. Rows of a tile past
+//    a segment's end inside the tensor are zeroed by the consumers before they read it.
 //  - Warpgroups 1 and 2: the consumers, 64 keys each. Per step:
 //        S^T = K Q^T, dP^T = V dO^T          (wgmma, all operands in shared memory)
 //        P^T, dS^T in registers               (masked: a key or row outside the mask gives 0)
@@ -162,17 +162,7 @@ __global__ void __launch_bounds__(BackwardConfig<T, D>::kThreads, 1)
       int32_t n0;
       for (int32_t i = 0; tile_at(i, reg, n0); ++i) {
         barrier_wait(kv_empty, (i & 1) ^ 1);
-        // K and V by the copy engine, or, where the tile runs past the region's end inside the
-        // tensor (a segment's end), by the warp with the rows past it zeroed (copy_tile_zero_fill).
-        if (n0 + C::kBlockN > reg.col_end && reg.col_end < a.seqlen_kv) {
-          const T* k = static_cast<const T*>(a.k.data) + batch * a.k.batch_stride + kv_head * a.k.head_stride;
-          const T* v = static_cast<const T*>(a.v.data) + batch * a.v.batch_stride + kv_head * a.v.head_stride;
-          copy_tile_zero_fill<W, D, C::kBlockN>(sK, k + int64_t(n0) * a.k.token_stride, a.k.token_stride,
-                                                reg.col_end - n0, lane);
-          copy_tile_zero_fill<W, D, C::kBlockN>(sV, v + int64_t(n0) * a.v.token_stride, a.v.token_stride,
-                                                reg.col_end - n0, lane);
-          if (lane == 0) barrier_arrive(kv_full);
-        } else if (lane == 0) {
+        if (lane == 0) {
           barrier_expect_bytes(kv_full, 2 * C::kKVBytes);
           for (int cb = 0; cb < D / W; ++cb) {
             tma_load_4d(sK + cb * C::kBlockN * W, &k_map, kv_full, cb * W, n0, kv_head, batch);
@@ -216,18 +206,10 @@ __global__ void __launch_bounds__(BackwardConfig<T, D>::kThreads, 1)
                         uint32_t(q.masked[1]) << 3;
           }
           __syncwarp(); // the lanes' stores, then lane 0's arrive publishes them (release)
-          T* q_tile = sQ + s * (C::kQBytes / sizeof(T));
-          T* do_tile = sdO + s * (C::kQBytes / sizeof(T));
-          if (q.r0 + C::kBlockM > reg.row_end && reg.row_end < a.seqlen_q) { // past a segment's end
-            const T* qh = static_cast<const T*>(a.q.data) + batch * a.q.batch_stride + q.head * a.q.head_stride;
-            const T* doh = static_cast<const T*>(a.d_o.data) + batch * a.d_o.batch_stride + q.head * a.d_o.head_stride;
-            copy_tile_zero_fill<W, D, C::kBlockM>(q_tile, qh + int64_t(q.r0) * a.q.token_stride, a.q.token_stride,
-                                                  reg.row_end - q.r0, lane);
-            copy_tile_zero_fill<W, D, C::kBlockM>(do_tile, doh + int64_t(q.r0) * a.d_o.token_stride,
-                                                  a.d_o.token_stride, reg.row_end - q.r0, lane);
-            if (lane == 0) barrier_arrive(&q_full[s]);
-          } else if (lane == 0) {
+          if (lane == 0) {
             barrier_expect_bytes(&q_full[s], 2 * C::kQBytes);
+            T* q_tile = sQ + s * (C::kQBytes / sizeof(T));
+            T* do_tile = sdO + s * (C::kQBytes / sizeof(T));
             for (int cb = 0; cb < D / W; ++cb) {
               tma_load_4d(q_tile + cb * C::kBlockM * W, &q_map, &q_full[s], cb * W, q.r0, q.head, batch);
               tma_load_4d(do_tile + cb * C::kBlockM * W, &do_map, &q_full[s], cb * W, q.r0, q.head, batch);
@@ -301,6 +283,13 @@ __global__ void __launch_bounds__(BackwardConfig<T, D>::kThreads, 1)
     // With a block list of 64-key blocks, each consumer's keys are one block of the tile.
     const int list = a.blocks.heads > 0 && (n0 + 64 * wg) / a.blocks.block_kv != n0 / a.blocks.block_kv ? 1 : 0;
     barrier_wait(kv_full, i & 1);
+    // Rows past a segment's end inside the tensor are zeroed before any product reads them
+    // (zero_rows_past): K's would reach dQ, V's dP, as 0 x NaN. Both consumers meet at barrier 3.
+    if (warp_uniform(n0 + C::kBlockN > reg.col_end && reg.col_end < a.seqlen_kv)) {
+      zero_rows_past<W, D, C::kBlockN>(sK, reg.col_end - n0, tid - 128, C::kConsumers * 128);
+      zero_rows_past<W, D, C::kBlockN>(sV, reg.col_end - n0, tid - 128, C::kConsumers * 128);
+      named_barrier_sync(3, C::kConsumers * 128);
+    }
 
     for (;; ++step) {
       const uint32_t s = step % C::kStages;
@@ -312,6 +301,14 @@ __global__ void __launch_bounds__(BackwardConfig<T, D>::kThreads, 1)
         if (lane == 0) barrier_arrive(&q_empty[s]);
         ++step;
         break;
+      }
+      // The same for rows of Q and dO past a segment's end (Q's would make P^T 0 x NaN, dO's dP^T).
+      if (warp_uniform(r0 + C::kBlockM > reg.row_end && reg.row_end < a.seqlen_q)) {
+        zero_rows_past<W, D, C::kBlockM>(sQ + s * (C::kQBytes / sizeof(T)), reg.row_end - r0, tid - 128,
+                                         C::kConsumers * 128);
+        zero_rows_past<W, D, C::kBlockM>(sdO + s * (C::kQBytes / sizeof(T)), reg.row_end - r0, tid - 128,
+                                         C::kConsumers * 128);
+        named_barrier_sync(3, C::kConsumers * 128);
       }
       const uint32_t flags = rec.flags;
       const bool active = (flags >> list) & 1u, masked = (flags >> (2 + list)) & 1u;

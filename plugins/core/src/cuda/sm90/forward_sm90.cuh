@@ -3,12 +3,12 @@
 // (forward.cuh): causal and windows on global positions, GQA, segments, block lists, fp32 partials.
 //
 // A CTA of three warpgroups owns kBlockM = 128 query rows of one (batch, head).
-//  - Warpgroup 0, warp 0 is the producer and the only walker of the key tiles. The copy engine
+//  - Warpgroup 0, one thread, is the producer and the only walker of the key tiles. The copy engine
 //    brings Q once, then the K and V tiles of every key tile the rows see into two rings of kStages
 //    shared buffers; each copy completes on a transaction barrier (k_full, v_full), the tile's
 //    TileStep rides with its K buffer, and a buffer is refilled once both consumers release it
-//    (k_empty as soon as their scores are back, v_empty once P V is). A tile that runs past a
-//    segment's end inside the tensor is copied by the warp itself, rows past the end zeroed.
+//    (k_empty as soon as their scores are back, v_empty once P V is). Rows of V past a segment's
+//    end inside the tensor are zeroed by the consumers before P V reads them.
 //  - Warpgroups 1 and 2 are the consumers, 64 rows each. For every key tile:
 //        S = Q K^T   (wgmma, Q and K in shared memory)
 //        mask; the online-softmax step (softmax.cuh, the same code as the mma.sync kernel)
@@ -168,9 +168,9 @@ __global__ void __launch_bounds__(ForwardConfig<T, D>::kThreads, 1)
   }
   __syncthreads();
 
-  if (group == 0) { // producer (warp 0): the only walker; each tile's TileStep rides with its K buffer
+  if (group == 0) { // producer: the only walker; each tile's TileStep rides with its K buffer
     regs_dealloc<C::kProducerRegs>();
-    if (warp == 0) {
+    if (warp == 0 && lane == 0) {
       TileWalk<C::kBlockN> walk;
       if (blocks) {
         const int32_t row = (a.blocks.heads == 1 ? 0 : head) * a.blocks.num_q_blocks;
@@ -178,45 +178,31 @@ __global__ void __launch_bounds__(ForwardConfig<T, D>::kThreads, 1)
       } else {
         walk.inner.init_interval(a.mask, reg, m0, m1);
       }
-      if (lane == 0) {
-        tma_prefetch_map(&q_map);
-        tma_prefetch_map(&k_map);
-        tma_prefetch_map(&v_map);
-        // (Rows of Q past the region reach only rows that are not stored: no zero fill needed.)
-        barrier_expect_bytes(q_full, C::kQBytes);
-        for (int cb = 0; cb < D / W; ++cb)
-          tma_load_4d(sQ + cb * C::kBlockM * W, &q_map, q_full, cb * W, m0, head, batch);
-      }
-      const T* k_head = static_cast<const T*>(a.k.data) + batch * a.k.batch_stride + kv_head * a.k.head_stride;
-      const T* v_head = static_cast<const T*>(a.v.data) + batch * a.v.batch_stride + kv_head * a.v.head_stride;
-      // A tile of K or V by the copy engine, or, where it runs past the region's end inside the
-      // tensor (a segment's end), by the warp with the rows past it zeroed.
-      const auto load = [&](T* tile, const CUtensorMap* map, const T* head_base, int64_t stride, uint64_t* full,
-                            int32_t c0) {
-        if (c0 + C::kBlockN > reg.col_end && reg.col_end < a.seqlen_kv) {
-          copy_tile_zero_fill<W, D, C::kBlockN>(tile, head_base + int64_t(c0) * stride, stride, reg.col_end - c0, lane);
-          if (lane == 0) barrier_arrive(full);
-        } else if (lane == 0) {
-          barrier_expect_bytes(full, C::kKVBytes);
-          for (int cb = 0; cb < D / W; ++cb) tma_load_4d(tile + cb * C::kBlockN * W, map, full, cb * W, c0, kv_head, batch);
-        }
-      };
+      tma_prefetch_map(&q_map);
+      tma_prefetch_map(&k_map);
+      tma_prefetch_map(&v_map);
+      barrier_expect_bytes(q_full, C::kQBytes);
+      for (int cb = 0; cb < D / W; ++cb) tma_load_4d(sQ + cb * C::kBlockM * W, &q_map, q_full, cb * W, m0, head, batch);
       TileStep t;
       for (uint32_t step = 0;; ++step) {
         const uint32_t s = step % C::kStages, phase = (step / C::kStages) & 1;
         const bool more = walk.next(t, a.mask, reg, m0, m1, a.blocks);
         barrier_wait(&k_empty[s], phase ^ 1);
         if (!more) { // the end: a step with no tile
-          if (lane == 0) {
-            steps[s].c0 = -1;
-            barrier_arrive(&k_full[s]);
-          }
+          steps[s].c0 = -1;
+          barrier_arrive(&k_full[s]);
           break;
         }
-        if (lane == 0) steps[s] = t; // published by lane 0's arrive on k_full (release)
-        load(sK + s * (C::kKVBytes / sizeof(T)), &k_map, k_head, a.k.token_stride, &k_full[s], t.c0);
+        steps[s] = t; // published by the arrive below (release), read after the consumers' wait
+        T* k_tile = sK + s * (C::kKVBytes / sizeof(T));
+        T* v_tile = sV + s * (C::kKVBytes / sizeof(T));
+        barrier_expect_bytes(&k_full[s], C::kKVBytes);
+        for (int cb = 0; cb < D / W; ++cb)
+          tma_load_4d(k_tile + cb * C::kBlockN * W, &k_map, &k_full[s], cb * W, t.c0, kv_head, batch);
         barrier_wait(&v_empty[s], phase ^ 1);
-        load(sV + s * (C::kKVBytes / sizeof(T)), &v_map, v_head, a.v.token_stride, &v_full[s], t.c0);
+        barrier_expect_bytes(&v_full[s], C::kKVBytes);
+        for (int cb = 0; cb < D / W; ++cb)
+          tma_load_4d(v_tile + cb * C::kBlockN * W, &v_map, &v_full[s], cb * W, t.c0, kv_head, batch);
       }
     }
     return;
@@ -296,6 +282,19 @@ __global__ void __launch_bounds__(ForwardConfig<T, D>::kThreads, 1)
 #pragma unroll
     for (int kk = 0; kk < C::kBlockN / 16; ++kk) c_to_a<T>(p[kk], sc[0][2 * kk], sc[0][2 * kk + 1]);
   };
+  // Rows of V past a segment's end are zeroed before P V reads them (zero_rows_past): K's are
+  // harmless (their scores are masked by a select), V's would reach O as 0 x V. Rare: one tile a
+  // segment end; both consumers zero and meet at named barrier 1.
+  const auto v_rows = [&](const TileStep& t) {
+    return warp_uniform(t.c0 + C::kBlockN > reg.col_end && reg.col_end < a.seqlen_kv ? int(reg.col_end - t.c0)
+                                                                                       : C::kBlockN);
+  };
+  const auto clean_v = [&](uint32_t s, int rows) {
+    if (rows < C::kBlockN) {
+      zero_rows_past<W, D, C::kBlockN>(sV + s * (C::kKVBytes / sizeof(T)), rows, tid - 128, C::kConsumers * 128);
+      named_barrier_sync(1, C::kConsumers * 128);
+    }
+  };
   const auto release = [&](uint64_t* empty) {
     __syncwarp();
     if (lane == 0) barrier_arrive(empty);
@@ -315,11 +314,13 @@ __global__ void __launch_bounds__(ForwardConfig<T, D>::kThreads, 1)
     softmax_update(t, use_of(t)); // O is still 0: no rescale
     to_p();
     uint32_t s = 0, phase = 0; // the stage of the tile whose P V is next
+    int pv_rows = v_rows(t);
     for (uint32_t step = 1; next_tile(step, t); ++step) {
       const uint32_t sn = step % C::kStages, pn = (step / C::kStages) & 1;
       const Use u = use_of(t);
       issue_scores(sn);
       barrier_wait(&v_full[s], phase);
+      clean_v(s, pv_rows);
       issue_pv(s);
       wgmma_wait<1>(); // the scores (committed first) are back; P V may still run
       release(&k_empty[sn]);
@@ -331,8 +332,10 @@ __global__ void __launch_bounds__(ForwardConfig<T, D>::kThreads, 1)
       to_p();
       s = sn;
       phase = pn;
+      pv_rows = v_rows(t);
     }
     barrier_wait(&v_full[s], phase);
+    clean_v(s, pv_rows);
     issue_pv(s);
     wgmma_wait<0>();
     fence_registers(sm.o[0]);

@@ -127,29 +127,23 @@ __device__ __forceinline__ void fence_async_shared() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
-// ---- a tile copied by a warp ------------------------------------------------------------------------
+// ---- rows past a segment's end ----------------------------------------------------------------------
 
-// Rows [0, kRows) of a block of one head (row r at src + r * row_stride, D elements) into a tile laid
-// out as the copy engine lays it ([D / W][kRows][W], swizzled), rows at or past `valid` as zeros, by
-// the 32 lanes of a warp. For tiles that run past a segment's end: the copy engine zero-fills past
-// the tensor's end only, and rows past a segment may hold anything, NaN included, which a product
-// would spread (0 x NaN). On return the tile may be read by the tensor cores of threads that
-// acquire a barrier the caller arrives on after this.
+// Zeroes rows [valid, kRows) of a tile laid out as the copy engine lays it ([D / W][kRows][W],
+// swizzled within a row only, so whole rows are the same rows), by `threads` threads, and makes the
+// zeros visible to the tensor cores of those threads once they pass a barrier together. For tiles
+// that run past a segment's end inside the tensor: the copy engine zero-fills past the tensor's end
+// only, and rows past a segment may hold anything, NaN included, which a product spreads (0 x NaN).
 template <int W, int D, int kRows, class T>
-__device__ void copy_tile_zero_fill(T* tile, const T* src, int64_t row_stride, int32_t valid, int lane) {
-  constexpr int kChunks = D / 8; // 16-byte chunks of a row
-  constexpr uint32_t kSwizzleMask = W == 64 ? 7 : W == 32 ? 3 : 1;
-  unsigned char* base = reinterpret_cast<unsigned char*>(tile);
-  for (int c = lane; c < kRows * kChunks; c += 32) {
-    const int row = c / kChunks, col = (c % kChunks) * 8;
-    const uint32_t off = uint32_t(((col / W) * kRows + row) * W * 2 + (col % W) * 2); // unswizzled
-    const bool ok = row < valid;
-    cp_async_16(base + (off ^ (((off >> 7) & kSwizzleMask) << 4)), ok ? src + row * row_stride + col : src, ok);
+__device__ void zero_rows_past(T* tile, int32_t valid, int thread, int threads) {
+  constexpr int kRowChunks = W / 8; // 16-byte chunks of a row of a column block
+  const int rows = kRows - max(valid, 0);
+  uint4* base = reinterpret_cast<uint4*>(tile);
+  for (int c = thread; c < (D / W) * rows * kRowChunks; c += threads) {
+    const int cb = c / (rows * kRowChunks), r = valid + (c / kRowChunks) % rows, chunk = c % kRowChunks;
+    base[(cb * kRows + r) * kRowChunks + chunk] = make_uint4(0, 0, 0, 0);
   }
-  cp_async_commit();
-  cp_async_wait<0>();
   fence_async_shared();
-  __syncwarp();
 }
 
 // ---- warpgroup matrix fences ----------------------------------------------------------------------
