@@ -382,6 +382,42 @@ TEST_CASE("cpu: rows with no key give O = 0, LSE = -inf, zero gradients, no NaN"
   CHECK(bad == 0);
 }
 
+// write_dkdv (one call that makes every key's gradients): dK and dV in the input dtype, bit for bit
+// the fp32 accumulators (started at zero) rounded once; keys no query sees get zeros, not what was
+// there; dQ still adds. Calls with segments are refused.
+TEST_CASE("cpu: write_dkdv writes dK and dV in dtype, the accumulators rounded once") {
+  for (DType dt : {DType::bf16, DType::fp16}) {
+    // Causal with more keys than queries: the last 30 keys are after every query.
+    Problem p = make({"write", dt, 2, 4, 2, 64, 70, 100, true, -1, -1, 0, 0}, 650);
+    Outputs want = run<float>(p, true);
+    Tensor dq(DType::fp32, p.B, p.Sq, p.Hq, p.D), dk(dt, p.B, p.Skv, p.Hkv, p.D), dv(dt, p.B, p.Skv, p.Hkv, p.D);
+    dk.fill(kPoison);
+    dv.fill(kPoison);
+    BackwardParams g = p.backward_params(want.lse32, want.delta, dq, dk, dv);
+    g.write_dkdv = true;
+    cpu::backward<float>(g);
+    CAPTURE(int(dt));
+    int64_t differ = 0, unseen_nonzero = 0;
+    for (int64_t b = 0; b < p.B; ++b)
+      for (int64_t j = 0; j < p.Skv; ++j)
+        for (int32_t h = 0; h < p.Hkv; ++h)
+          for (int32_t d = 0; d < p.D; ++d) {
+            Tensor one(dt, 1, 1, 1, 2);
+            one.set(0, 0, 0, 0, want.dk.get(b, j, h, d));
+            one.set(0, 0, 0, 1, want.dv.get(b, j, h, d));
+            differ += dk.get(b, j, h, d) != one.get(0, 0, 0, 0) || dv.get(b, j, h, d) != one.get(0, 0, 0, 1);
+            if (j >= p.Sq) unseen_nonzero += dk.get(b, j, h, d) != 0.0 || dv.get(b, j, h, d) != 0.0;
+          }
+    CHECK(differ == 0);
+    CHECK(unseen_nonzero == 0);
+    CHECK(dq.bytes == want.dq.bytes);
+    p.segments = {{0, int32_t(p.Sq), 0, int32_t(p.Skv), 0, 0}};
+    BackwardParams with_segments = p.backward_params(want.lse32, want.delta, dq, dk, dv);
+    with_segments.write_dkdv = true;
+    CHECK_THROWS_AS(cpu::backward<float>(with_segments), Error);
+  }
+}
+
 TEST_CASE("cpu: merge of two empty sides stays (0, -inf), one empty side passes the other") {
   Tensor acc(DType::fp32, 1, 2, 1, 4), part(DType::fp32, 1, 2, 1, 4);
   Stats la(1, 1, 2, kNegInf), lp(1, 1, 2, kNegInf);

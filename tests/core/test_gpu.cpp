@@ -113,6 +113,43 @@ void check_all(Problem& p, bool grads = true) {
   check_backward(p, want, det);
 }
 
+// The backward with write_dkdv: dK and dV in the input dtype over NaN poison. Each key's gradient
+// is one add into zero in accumulator mode, so the written values must be `acc`'s dK and dV
+// rounded, bit for bit, on every key (zeros where no query sees it).
+void check_write_dkdv(Problem& p, const Outputs& want, const Outputs& acc) {
+  DeviceProblem dp(p);
+  Tensor dq32(DType::fp32, p.B, p.Sq, p.Hq, p.D), dk(p.dtype, p.B, p.Skv, p.Hkv, p.D), dv(p.dtype, p.B, p.Skv, p.Hkv, p.D);
+  DeviceTensor dq_d(dq32), dk_d(dk), dv_d(dv);
+  dk_d.buf->poison();
+  dv_d.buf->poison();
+  Stats lse = want.lse, delta = want.delta;
+  DeviceStats lse_d(lse), delta_d(delta);
+  BackwardParams g = p.backward_params(lse, delta, dq32, dk, dv);
+  dp.point(p, g);
+  g.lse = lse_d.ref;
+  g.delta = delta_d.ref;
+  g.dq = dq_d.ref;
+  g.dk = dk_d.ref;
+  g.dv = dv_d.ref;
+  g.write_dkdv = true;
+  backward_cuda(g, nullptr);
+  CUDA_OK(cudaDeviceSynchronize());
+  dk_d.download(dk);
+  dv_d.download(dv);
+  Tensor rounded(p.dtype, 1, 1, 1, 2);
+  int64_t differ = 0;
+  for (int64_t b = 0; b < p.B; ++b)
+    for (int64_t j = 0; j < p.Skv; ++j)
+      for (int32_t h = 0; h < p.Hkv; ++h)
+        for (int32_t d = 0; d < p.D; ++d) {
+          rounded.set(0, 0, 0, 0, acc.dk.get(b, j, h, d));
+          rounded.set(0, 0, 0, 1, acc.dv.get(b, j, h, d));
+          const double k = dk.get(b, j, h, d), v = dv.get(b, j, h, d);
+          differ += !(k == rounded.get(0, 0, 0, 0)) || !(v == rounded.get(0, 0, 0, 1)); // NaN differs
+        }
+  CHECK(differ == 0);
+}
+
 } // namespace
 
 TEST_CASE("gpu: a CUDA device is present") { REQUIRE_MESSAGE(device_count() > 0, "the gpu tests need a CUDA device"); }
@@ -378,6 +415,33 @@ TEST_CASE("gpu: one-stage dK/dV pipeline (what an sm_80 gets), with segments and
     check_all(p);
   }
   unsetenv("ATTNCORE_BWD_STAGES");
+}
+
+TEST_CASE("gpu: write_dkdv writes dK and dV in dtype, the accumulators rounded, zeros for unseen keys") {
+  REQUIRE(device_count() > 0);
+  std::mt19937_64 rng(41);
+  for (const char* kernels : {"", "mma"}) {
+    if (*kernels) setenv("ATTNCORE_KERNELS", kernels, 1);
+    for (DType dt : {DType::bf16, DType::fp16})
+      for (int32_t D : {64, 128, 256}) {
+        // Causal with more keys than queries: the last keys are after every query.
+        Problem p = random_problem(rng, dt, D, 2, 300);
+        p.Skv = p.Sq + 50 + int64_t(rng() % 100);
+        std::mt19937_64 data(rng());
+        p.randomize(data);
+        p.mask.causal = true;
+        const Outputs want = run_cpu(p, true);
+        const Outputs acc = run_gpu(p, true, false, &want);
+        CAPTURE(kernels);
+        CAPTURE(name(dt));
+        CAPTURE(D);
+        check_write_dkdv(p, want, acc);
+        p.blocks = block_list_from_mask(p.mask, p.Sq, p.Skv, 128, 128);
+        const Outputs acc_blocks = run_gpu(p, true, false, &want);
+        check_write_dkdv(p, want, acc_blocks);
+      }
+    unsetenv("ATTNCORE_KERNELS");
+  }
 }
 
 // On a Hopper device the tests above run the wgmma kernels (sm90/: the forward, and the backward

@@ -117,6 +117,12 @@ struct BackwardParams {
   // call that is the whole problem, as frameworks do. Only the cuDNN engine writes; the native
   // kernels and the CPU reject it.
   bool write_grads = false;
+  // Appended. true: dk and dv are written in `dtype` (overwritten) instead of added into fp32
+  // accumulators; dq stays an fp32 accumulator. For a call that alone makes the gradients of all
+  // seqlen_kv keys (one call, no segments, seqlen_q > 0): no zeroing, no conversion and no atomics
+  // for dK and dV; keys no query sees get zeros. The native kernels and the CPU write; the cuDNN
+  // engine does not serve such a call.
+  bool write_dkdv = false;
 };
 
 // Empty when the core supports the configuration, else one line naming what is supported.

@@ -41,7 +41,7 @@ std::vector<int64_t> shape_key(const ForwardParams& p) {
 }
 
 std::vector<int64_t> shape_key(const BackwardParams& p) {
-  std::vector<int64_t> k = {1, p.deterministic, p.write_grads};
+  std::vector<int64_t> k = {1, p.deterministic, p.write_grads, p.write_dkdv};
   push_common(k, p.dtype, p.batch, p.heads_q, p.heads_kv, p.head_dim, p.seqlen_q, p.seqlen_kv, p.softmax_scale, p.mask,
               p.num_segments, p.blocks, p.lse);
   for (const TensorRef* t : {&p.q, &p.k, &p.v, &p.o, &p.d_o, &p.dq, &p.dk, &p.dv}) push_tensor(k, *t);
@@ -101,7 +101,7 @@ class SelectingEngine final : public Engine {
   void backward(const BackwardParams& p, void* s) override { backward_after(p, s, nullptr); }
   void backward_after(const BackwardParams& p, void* s, const Event& ready) override {
     ++backward_.calls;
-    if (!p.write_grads && dtype_partials_) {  // cuDNN writes this call's gradients in dtype; added into fp32
+    if (!p.write_grads && !p.write_dkdv && dtype_partials_) {  // cuDNN writes this call's gradients in dtype; added into fp32
       BackwardParams r = p;
       r.write_grads = true;
       const size_t nq = elements(p.seqlen_q, p.heads_q, p), nkv = elements(p.seqlen_kv, p.heads_kv, p);

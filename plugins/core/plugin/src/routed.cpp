@@ -165,8 +165,22 @@ void RoutedAttention::backward(const attnhost_backward_args& a) {
   dp.delta = views.stats(delta, 0);
   engine_->compute_delta(dp, compute);
   engine_->zero(dq, q_elems * 4, compute);
-  engine_->zero(own.k, kv_elems * 4, compute);
-  engine_->zero(own.v, kv_elems * 4, compute);
+  // One call that makes every local key's gradients (no other rank reads these keys, no segments)
+  // writes dK and dV in the problem's dtype straight into the outputs: no fp32 accumulators to zero
+  // and convert.
+  const BlockCall* sole = nullptr;
+  size_t calls = 0;
+  for (const Round& r : rounds_) calls += r.calls.size();
+  if (calls == 1 && rounds_[0].calls.size() == 1 && active_rounds() == 0) {
+    const BlockCall& c = rounds_[0].calls[0];
+    const BackwardParams p = backward_params(s_, c, a, a.k.data, a.v.data, delta, dq, nullptr, nullptr);
+    if (!c.backward_segments && p.num_segments == 0 && c.kv_begin == 0 && c.kv_end == s_.local_kv && p.seqlen_q > 0)
+      sole = &c;
+  }
+  if (!sole) {
+    engine_->zero(own.k, kv_elems * 4, compute);
+    engine_->zero(own.v, kv_elems * 4, compute);
+  }
 
   for (int t = 0; t < world_; ++t) {
     const Round& r = rounds_[t];
@@ -185,9 +199,14 @@ void RoutedAttention::backward(const attnhost_backward_args& a) {
       if (c.backward_segments && c.num_backward_segments == 0) continue;  // nothing attends
       std::string name = "attention backward round " + std::to_string(t);
       int32_t range = host_.range_begin(name.c_str(), ATTNHOST_RANGE_COMPUTE, compute);
-      engine_->backward(backward_params(s_, c, a, cur.k, cur.v, delta, dq, static_cast<float*>(grad.k),
-                                        static_cast<float*>(grad.v)),
-                        compute);
+      BackwardParams p = backward_params(s_, c, a, cur.k, cur.v, delta, dq, static_cast<float*>(grad.k),
+                                         static_cast<float*>(grad.v));
+      if (&c == sole) {
+        p.dk = views.kv(a.dk.data, c.kv_begin, false);
+        p.dv = views.kv(a.dv.data, c.kv_begin, false);
+        p.write_dkdv = true;
+      }
+      engine_->backward(p, compute);
       host_.range_end(range, compute);
     }
     if (t > 0 && r.transfers()) {
@@ -204,8 +223,10 @@ void RoutedAttention::backward(const attnhost_backward_args& a) {
   }
   if (active_rounds() > 0) engine_->wait(compute, comm);  // stream 1 joins stream 0 before the pass ends
   convert_out(s_, *engine_, dq, a.dq.data, false, compute);
-  convert_out(s_, *engine_, static_cast<float*>(own.k), a.dk.data, true, compute);
-  convert_out(s_, *engine_, static_cast<float*>(own.v), a.dv.data, true, compute);
+  if (!sole) {
+    convert_out(s_, *engine_, static_cast<float*>(own.k), a.dk.data, true, compute);
+    convert_out(s_, *engine_, static_cast<float*>(own.v), a.dv.data, true, compute);
+  }
 }
 
 }  // namespace attncore::plugin

@@ -2,7 +2,7 @@
 // final LSE and delta, so P = exp(scale q.k - LSE) is recomputed exactly as the forward saw it.
 //   dP = dO V^T,  dS = P * (dP - delta),  dQ += scale dS K,  dK += scale dS^T Q,  dV += P^T dO.
 // Gradients of one (batch, kv head) are summed in Acc over every query head of its group and added
-// to the fp32 accumulators once.
+// to the fp32 accumulators once (or, for dK and dV with write_dkdv, written in the input dtype).
 #include "attncore/cpu.h"
 
 #include <algorithm>
@@ -49,6 +49,8 @@ template <class Acc> void backward(const BackwardParams& p) {
              p.segments, p.num_segments, p.blocks);
   if (p.softmax_scale < 0.f) fail("softmax_scale must be positive (0 means 1/sqrt(head_dim))");
   if (p.write_grads) fail("backward: the CPU reference adds into fp32 accumulators (write_grads is the cuDNN engine's)");
+  if (p.write_dkdv && (p.num_segments > 0 || p.seqlen_q == 0))
+    fail("backward: write_dkdv needs a call without segments and with queries (it writes every key's dK and dV)");
   if (p.seqlen_q == 0 || p.seqlen_kv == 0) return;
   if (!p.q.data || !p.k.data || !p.v.data || !p.d_o.data || !p.lse.data || !p.delta.data ||
       !p.dq.data || !p.dk.data || !p.dv.data)
@@ -152,6 +154,12 @@ template <class Acc> void backward(const BackwardParams& p) {
         }
       }
       for (int64_t j = 0; j < S; ++j) {
+        if (p.write_dkdv) { // written in the input dtype: every key, zeros where no query sees it
+          for (int d = 0; d < D; ++d) dk[size_t(j) * D + d] *= scale;
+          store(p.dtype, p.dk.data, offset(p.dk, b, j, hk), D, &dk[size_t(j) * D]);
+          store(p.dtype, p.dv.data, offset(p.dv, b, j, hk), D, &dv[size_t(j) * D]);
+          continue;
+        }
         add_into(static_cast<float*>(p.dk.data) + offset(p.dk, b, j, hk), &dk[size_t(j) * D], D,
                  scale);
         add_into(static_cast<float*>(p.dv.data) + offset(p.dv, b, j, hk), &dv[size_t(j) * D], D,

@@ -43,16 +43,6 @@ template <class T, int D> struct BackwardConfig {
   static_assert(smem_bytes(2) <= 227 * 1024, "two stages must fit an sm_90 CTA");
 };
 
-// Two consecutive floats added atomically (one vector atomic on sm_90, two scalar ones before).
-__device__ __forceinline__ void atomic_add2(float* p, float x, float y) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  atomicAdd(reinterpret_cast<float2*>(p), make_float2(x, y));
-#else
-  atomicAdd(p, x);
-  atomicAdd(p + 1, y);
-#endif
-}
-
 // out[mt][j] += A (kMTiles x 16 rows over 64 queries, from a [rows][kPitchP] tile) times
 // B (64 queries x this warp's half of the head dim).
 template <class T, int D>
@@ -320,11 +310,12 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
   }
   cp_async_wait<0>();
 
-  // dK (times scale) and dV into the fp32 accumulators. Without segments this CTA is the only
-  // writer of these keys; with segments whose key ranges overlap it is not, hence the atomic adds
-  // (one add per element and call: the result does not depend on their order when keys are owned).
-  float* dk_g = static_cast<float*>(a.dk.data) + batch * a.dk.batch_stride + kv_head * a.dk.head_stride;
-  float* dv_g = static_cast<float*>(a.dv.data) + batch * a.dv.batch_stride + kv_head * a.dv.head_stride;
+  // dK (times scale) and dV into the fp32 accumulators, or written (write_dkdv). Without segments
+  // this CTA is the only writer of these keys; with segments whose key ranges overlap it is not,
+  // hence the atomic adds (one add per element and call: the result does not depend on their order
+  // when keys are owned).
+  const int64_t dk_head = batch * a.dk.batch_stride + kv_head * a.dk.head_stride;
+  const int64_t dv_head = batch * a.dv.batch_stride + kv_head * a.dv.head_stride;
 #pragma unroll
   for (int mt = 0; mt < C::kMTiles; ++mt)
 #pragma unroll
@@ -332,12 +323,12 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
       const int32_t n = n0 + wrow0 + 16 * mt + (lane >> 2) + hh * 8;
       if (n >= reg.col_end) continue;
       const int col = wh * (D / 2) + (lane & 3) * 2;
-      float* pk = dk_g + int64_t(n) * a.dk.token_stride + col;
-      float* pv = dv_g + int64_t(n) * a.dv.token_stride + col;
+      const int64_t pk = dk_head + int64_t(n) * a.dk.token_stride + col;
+      const int64_t pv = dv_head + int64_t(n) * a.dv.token_stride + col;
 #pragma unroll
       for (int j = 0; j < C::kHalfTiles; ++j) {
-        atomic_add2(pk + j * 8, a.scale * dk[mt][j][2 * hh], a.scale * dk[mt][j][2 * hh + 1]);
-        atomic_add2(pv + j * 8, dv[mt][j][2 * hh], dv[mt][j][2 * hh + 1]);
+        put_grad2<T>(a.dk.data, pk + j * 8, a.scale * dk[mt][j][2 * hh], a.scale * dk[mt][j][2 * hh + 1], a.write_dkdv);
+        put_grad2<T>(a.dv.data, pv + j * 8, dv[mt][j][2 * hh], dv[mt][j][2 * hh + 1], a.write_dkdv);
       }
     }
 }

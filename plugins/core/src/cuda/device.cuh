@@ -34,6 +34,24 @@ template <> __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi
   return *reinterpret_cast<uint32_t*>(&v);
 }
 
+// Two consecutive floats added atomically (one vector atomic on sm_90, two scalar ones before).
+__device__ __forceinline__ void atomic_add2(float* p, float x, float y) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  atomicAdd(reinterpret_cast<float2*>(p), make_float2(x, y));
+#else
+  atomicAdd(p, x);
+  atomicAdd(p + 1, y);
+#endif
+}
+
+// Two consecutive gradient values at element `off` of `base`: added into fp32 accumulators, or
+// written in T where the call owns them (BackwardParams::write_dkdv).
+template <class T>
+__device__ __forceinline__ void put_grad2(void* base, int64_t off, float x, float y, bool write) {
+  if (write) *reinterpret_cast<uint32_t*>(static_cast<T*>(base) + off) = pack2<T>(x, y);
+  else atomic_add2(static_cast<float*>(base) + off, x, y);
+}
+
 template <class T> __device__ __forceinline__ float2 unpack2(uint32_t x);
 template <> __device__ __forceinline__ float2 unpack2<__nv_bfloat16>(uint32_t x) {
   return __bfloat1622float2(*reinterpret_cast<__nv_bfloat162*>(&x));

@@ -246,6 +246,7 @@ Resolved resolve(const BackwardParams& p) {
                        p.mask, p.num_segments, p.blocks, &s);
   if (!r.why.empty()) return r;
   if (p.deterministic) return no("cuDNN engine: deterministic backward (cuDNN adds dQ with atomics)");
+  if (p.write_dkdv) return no("cuDNN engine: write_dkdv (dK, dV in dtype beside an fp32 dQ) is the native kernels' mode");
   if (cudnn_version() < kBackwardMinVersion)
     return no("cuDNN engine: backward needs cuDNN 9.6 or later (loaded: " + cudnn_version_string() + ")");
   if (!p.o.data) return no("cuDNN engine: the final output O is not given (BackwardParams::o)");

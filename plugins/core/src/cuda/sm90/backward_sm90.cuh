@@ -430,21 +430,22 @@ __global__ void __launch_bounds__(BackwardConfig<T, D>::kThreads, 1)
       ++round;
     }
 
-    // dK (times scale) and dV into the fp32 accumulators: atomic, since segments may share keys.
+    // dK (times scale) and dV into the fp32 accumulators, atomic since segments may share keys; or
+    // written in T (write_dkdv: no segments, this CTA alone makes these keys' gradients).
     __syncwarp();
     if (lane == 0) barrier_arrive(kv_empty); // the last product that read K and V has returned
-    float* dk_g = static_cast<float*>(a.dk.data) + batch * a.dk.batch_stride + kv_head * a.dk.head_stride;
-    float* dv_g = static_cast<float*>(a.dv.data) + batch * a.dv.batch_stride + kv_head * a.dv.head_stride;
+    const int64_t dk_head = batch * a.dk.batch_stride + kv_head * a.dk.head_stride;
+    const int64_t dv_head = batch * a.dv.batch_stride + kv_head * a.dv.head_stride;
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
       const int32_t n = n0 + key0 + (lane >> 2) + 8 * hh;
       if (n >= reg.col_end) continue;
-      float* pk = dk_g + int64_t(n) * a.dk.token_stride + (lane & 3) * 2;
-      float* pv = dv_g + int64_t(n) * a.dv.token_stride + (lane & 3) * 2;
+      const int64_t pk = dk_head + int64_t(n) * a.dk.token_stride + (lane & 3) * 2;
+      const int64_t pv = dv_head + int64_t(n) * a.dv.token_stride + (lane & 3) * 2;
 #pragma unroll
       for (int j = 0; j < C::kOTiles; ++j) {
-        atomicAdd(reinterpret_cast<float2*>(pk + j * 8), make_float2(a.scale * dk[j][2 * hh], a.scale * dk[j][2 * hh + 1]));
-        atomicAdd(reinterpret_cast<float2*>(pv + j * 8), make_float2(dv[j][2 * hh], dv[j][2 * hh + 1]));
+        put_grad2<T>(a.dk.data, pk + j * 8, a.scale * dk[j][2 * hh], a.scale * dk[j][2 * hh + 1], a.write_dkdv);
+        put_grad2<T>(a.dv.data, pv + j * 8, dv[j][2 * hh], dv[j][2 * hh + 1], a.write_dkdv);
       }
     }
   }
