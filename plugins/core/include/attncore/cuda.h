@@ -46,8 +46,8 @@ void merge_partial_cuda(const MergeParams& p, void* stream);
 void convert_cuda(const ConvertParams& p, void* stream);
 
 // Which native kernels serve calls on the current device: "wgmma" (the Hopper kernels, sm_90a:
-// warpgroup products, TMA; the backward of head dim 256 and deterministic backwards still run
-// mma.sync) or "mma.sync" (any other device, or ATTNCORE_KERNELS=mma).
+// warpgroup products, TMA; deterministic backwards still run mma.sync) or "mma.sync" (any other
+// device, or ATTNCORE_KERNELS=mma).
 const char* native_kernels();
 
 } // namespace attncore

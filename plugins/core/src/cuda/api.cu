@@ -89,15 +89,15 @@ template <class T> void dispatch_forward(const ForwardParams& p, cudaStream_t s)
 }
 template <class T> void dispatch_backward(const BackwardParams& p, cudaStream_t s) {
 #if ATTNCORE_HAVE_SM90
-  // The Hopper backward adds dQ with atomics and keeps dK/dV of 64 keys in registers: deterministic
-  // calls and head dim 256 stay on the mma.sync kernels.
-  if (!p.deterministic && p.head_dim <= 128 && sm90::hopper_path_enabled() && sm90::tma_readable(p.q) &&
+  // The Hopper backward adds dQ with atomics: deterministic calls stay on the mma.sync kernels.
+  if (!p.deterministic && sm90::hopper_path_enabled() && sm90::tma_readable(p.q) &&
       sm90::tma_readable(p.k) && sm90::tma_readable(p.v) && sm90::tma_readable(p.d_o)) {
     switch (p.head_dim) {
     case 64: return sm90::launch_backward_sm90<T, 64>(p, s);
     case 80: return sm90::launch_backward_sm90<T, 80>(p, s);
     case 96: return sm90::launch_backward_sm90<T, 96>(p, s);
     case 128: return sm90::launch_backward_sm90<T, 128>(p, s);
+    case 256: return sm90::launch_backward_sm90<T, 256>(p, s);
     }
   }
 #endif

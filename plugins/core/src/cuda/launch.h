@@ -35,7 +35,7 @@ ATTNCORE_DECLARE_HDIM(256)
 // The Hopper path (sm90/): launched only where sm90::hopper_path_enabled() says it runs.
 namespace sm90 {
 template <class T, int D> void launch_forward_sm90(const ForwardParams& p, cudaStream_t stream);
-// Head dims up to 128, not deterministic (dQ is added with atomics).
+// Not deterministic (dQ is added with atomics).
 template <class T, int D> void launch_backward_sm90(const BackwardParams& p, cudaStream_t stream);
 #define ATTNCORE_DECLARE_SM90_HDIM(D)                                                              \
   extern template void launch_forward_sm90<__nv_bfloat16, D>(const ForwardParams&, cudaStream_t); \
@@ -53,6 +53,7 @@ ATTNCORE_DECLARE_SM90_BWD_HDIM(64)
 ATTNCORE_DECLARE_SM90_BWD_HDIM(80)
 ATTNCORE_DECLARE_SM90_BWD_HDIM(96)
 ATTNCORE_DECLARE_SM90_BWD_HDIM(128)
+ATTNCORE_DECLARE_SM90_BWD_HDIM(256)
 #undef ATTNCORE_DECLARE_SM90_BWD_HDIM
 } // namespace sm90
 #endif

@@ -4,13 +4,15 @@
 //     P = exp(scale q.k - LSE),  dP = dO V^T,  dS = P (dP - delta),
 //     dV += P^T dO,  dK += scale dS^T Q,  dQ += scale dS K.
 //
-// A CTA of three warpgroups owns kBlockN = 128 keys of one (batch, kv head) and walks every (query
-// head of the GQA group, 64-row query tile) that sees them (QWalk, as the mma.sync kernel).
+// A CTA of three warpgroups owns kBlockN = 128 keys of one (batch, kv head) (64 at d256) and walks
+// every (query head of the GQA group, 64-row query tile) that sees them (QWalk, as the mma.sync
+// kernel).
 //  - Warpgroup 0, warp 0: the producer. K and V once per key tile; per step, Q and dO into a ring of
 //    kStages buffers by the copy engine, and the step's record (query head, first row, block-list
 //    flags, the 64 rows' LSE and delta) written beside them by the warp's lanes. Rows of a tile past
 //    a segment's end inside the tensor are zeroed by the consumers before they read it.
-//  - Warpgroups 1 and 2: the consumers, 64 keys each. Per step:
+//  - Warpgroups 1 and 2: the consumers, 64 keys each (at d256 the same 64 keys, each consumer
+//    with half of dK's and dV's columns, see BackwardConfig). Per step:
 //        S^T = K Q^T, dP^T = V dO^T          (wgmma, all operands in shared memory)
 //        P^T, dS^T in registers               (masked: a key or row outside the mask gives 0)
 //        dV += P^T dO, dK += dS^T Q           (wgmma, P^T and dS^T straight from registers)
@@ -39,28 +41,37 @@ namespace attncore::cuda::sm90 {
 template <class T, int D> struct BackwardConfig {
   static constexpr int kConsumers = 2;
   static constexpr int kThreads = (kConsumers + 1) * 128;
-  static constexpr int kBlockN = 64 * kConsumers; // keys per CTA
-  static constexpr int kBlockM = 64;              // queries per step
-  static constexpr int kStages = 2;
+  // Up to d128 each consumer owns 64 keys. At d256, dK and dV of 64 keys (256 registers a thread)
+  // do not fit one consumer: both consumers take the same 64 keys, each holding dK and dV for half
+  // the head dim; both compute the whole S^T and dP^T (7 products' work for 5), and one stage of
+  // Q and dO leaves room for the dQ part.
+  static constexpr bool kSharedKeys = D > 128;
+  static constexpr int kBlockN = kSharedKeys ? 64 : 64 * kConsumers; // keys per CTA
+  static constexpr int kBlockM = 64;                                  // queries per step
+  static constexpr int kStages = kSharedKeys ? 1 : 2;
+  static constexpr int kKeys0 = kSharedKeys ? 0 : 64; // first key of consumer wg: kKeys0 * wg
+  static constexpr int kGradCols = kSharedKeys ? D / 2 : D; // dK, dV columns of a consumer
   static constexpr int W = swizzle_cols(D);
   static constexpr int kMTiles = kBlockM / 8; // n8 tiles of S^T (its columns are queries)
-  static constexpr int kOTiles = D / 8;
+  static constexpr int kOTiles = kGradCols / 8;
   static constexpr int kReducers = 3 * 32; // warps 1-3 of warpgroup 0
   static constexpr int kDqPitch = D + 8;   // floats: a row of a dQ part; 8 words apart, a half warp's v2 stores hit distinct banks
   static constexpr uint32_t kKVBytes = kBlockN * D * sizeof(T);  // K or V
   static constexpr uint32_t kQBytes = kBlockM * D * sizeof(T);   // Q or dO, one stage
   // dQ split by columns between the consumers where half the head dim is whole swizzle blocks
-  // (d128): each consumer's product covers all 128 keys, reading both consumers' dS^T (shared,
-  // double-buffered), and leaves no part to sum. Otherwise each consumer's product covers its own
-  // keys and the reducer sums the two parts.
+  // (d128, d256): no part to sum. At d128 each consumer's product covers all 128 keys, reading both
+  // consumers' dS^T (shared, double-buffered); at d256 the keys are shared and each consumer reads
+  // its own dS^T. Otherwise each consumer's product covers its own keys and the reducer sums the
+  // two parts.
   static constexpr bool kSplitDq = (D / 2) % W == 0;
+  static constexpr bool kDsShared = kSplitDq && !kSharedKeys; // dQ reads both consumers' dS^T
   static constexpr int kDqCols = kSplitDq ? D / 2 : D;
-  static constexpr int kDsBuffers = kSplitDq ? 2 : 1;
+  static constexpr int kDsBuffers = kDsShared ? 2 : 1;
   static constexpr int kDqParts = kSplitDq ? 1 : kConsumers;
   static constexpr uint32_t kDsBytes = 64 * kBlockM * sizeof(T); // one consumer's dS^T
   static constexpr uint32_t kDqBytes = kBlockM * kDqPitch * 4;   // one dQ part
   static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
-  static_assert(D % 16 == 0 && D <= 128, "dK and dV of 64 keys stay in registers up to head dim 128");
+  static_assert(D % 16 == 0 && kGradCols <= 128, "a consumer's dK and dV (64 keys) stay in registers");
   static_assert(kKVBytes % 1024 == 0 && kQBytes % 1024 == 0 && kDsBytes % 1024 == 0, "1024-byte tiles");
 };
 
@@ -249,18 +260,23 @@ __global__ void __launch_bounds__(BackwardConfig<T, D>::kThreads, 1)
   // consumers
   regs_alloc<C::kConsumerRegs>();
   const int wg = group - 1, warp_in_wg = warp % 4;
-  const int key0 = 64 * wg + 16 * warp_in_wg; // this warp's first key in the tile
+  const int keys0 = C::kKeys0 * wg;          // this consumer's first key in the tile
+  const int key0 = keys0 + 16 * warp_in_wg; // this warp's
+  // Where the consumer's dK/dV columns start (d256: its half), and that half as a descriptor offset
+  // into an MN-major tile of `rows` rows.
+  const int col0 = C::kSharedKeys ? wg * (D / 2) : 0;
+  const auto half_of = [&](int rows) { return desc_offset(uint32_t((col0 / W) * rows * W * 2)); };
 
-  const uint64_t k_desc = desc_k_major<W>(sK, C::kBlockN, 64 * wg);
-  const uint64_t v_desc = desc_k_major<W>(sV, C::kBlockN, 64 * wg);
+  const uint64_t k_desc = desc_k_major<W>(sK, C::kBlockN, keys0);
+  const uint64_t v_desc = desc_k_major<W>(sV, C::kBlockN, keys0);
   // K as dQ's B: this consumer's keys (dQ by keys), or every key and this consumer's columns.
   const uint64_t kb_desc = desc_mn_major<W>(sK, C::kBlockN) +
                            (C::kSplitDq ? desc_offset(uint32_t(wg * (D / 2 / W) * C::kBlockN * W * 2))
-                                        : mn_major_step<W>(64 * wg));
+                                        : mn_major_step<W>(keys0));
   const uint64_t q_desc = desc_k_major<W>(sQ, C::kBlockM, 0);       // Q as S^T's B
   const uint64_t do_desc = desc_k_major<W>(sdO, C::kBlockM, 0);     // dO as dP^T's B
-  const uint64_t qb_desc = desc_mn_major<W>(sQ, C::kBlockM);        // Q as dK's B
-  const uint64_t dob_desc = desc_mn_major<W>(sdO, C::kBlockM);      // dO as dV's B
+  const uint64_t qb_desc = desc_mn_major<W>(sQ, C::kBlockM) + half_of(C::kBlockM);   // Q as dK's B
+  const uint64_t dob_desc = desc_mn_major<W>(sdO, C::kBlockM) + half_of(C::kBlockM); // dO as dV's B
   const uint64_t ds_desc = desc_mn_major<64>(sdS, 64); // dS (= (dS^T)^T) as dQ's A; + tile steps
   constexpr uint32_t kDsTile = desc_offset(C::kDsBytes);
   constexpr uint32_t kQStage = desc_offset(C::kQBytes);
@@ -281,7 +297,7 @@ __global__ void __launch_bounds__(BackwardConfig<T, D>::kThreads, 1)
 #pragma unroll
       for (int e = 0; e < 4; ++e) dk[j][e] = dv[j][e] = 0.f;
     // With a block list of 64-key blocks, each consumer's keys are one block of the tile.
-    const int list = a.blocks.heads > 0 && (n0 + 64 * wg) / a.blocks.block_kv != n0 / a.blocks.block_kv ? 1 : 0;
+    const int list = a.blocks.heads > 0 && (n0 + keys0) / a.blocks.block_kv != n0 / a.blocks.block_kv ? 1 : 0;
     barrier_wait(kv_full, i & 1);
     // Rows past a segment's end inside the tensor are zeroed before any product reads them
     // (zero_rows_past): K's would reach dQ, V's dP, as 0 x NaN. Both consumers meet at barrier 3.
@@ -312,7 +328,7 @@ __global__ void __launch_bounds__(BackwardConfig<T, D>::kThreads, 1)
       }
       const uint32_t flags = rec.flags;
       const bool active = (flags >> list) & 1u, masked = (flags >> (2 + list)) & 1u;
-      const bool needs_mask = warp_uniform(!active || masked || n0 + 64 * wg + 64 > reg.col_end);
+      const bool needs_mask = warp_uniform(!active || masked || n0 + keys0 + 64 > reg.col_end);
 
       // S^T = K Q^T and dP^T = V dO^T for this consumer's 64 keys and the step's 64 queries.
       float st[C::kMTiles][4], dpt[C::kMTiles][4];
@@ -368,16 +384,16 @@ __global__ void __launch_bounds__(BackwardConfig<T, D>::kThreads, 1)
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < C::kBlockM / 16; ++kk)
-        Wgmma<T, D>::template rs<1>(dv, pa[kk], dob_desc + s * kQStage + mn_major_step<W>(16 * kk), true);
+        Wgmma<T, C::kGradCols>::template rs<1>(dv, pa[kk], dob_desc + s * kQStage + mn_major_step<W>(16 * kk), true);
 #pragma unroll
       for (int kk = 0; kk < C::kBlockM / 16; ++kk)
-        Wgmma<T, D>::template rs<1>(dk, dsa[kk], qb_desc + s * kQStage + mn_major_step<W>(16 * kk), true);
+        Wgmma<T, C::kGradCols>::template rs<1>(dk, dsa[kk], qb_desc + s * kQStage + mn_major_step<W>(16 * kk), true);
       wgmma_commit();
 
       // dS^T into shared memory (rows: the consumer's keys, swizzled 128-byte rows of 64 queries)
       // for dQ's product, whose A operand is dS. Lane l addresses row l % 8 of matrix l / 8: keys
       // + 8 for matrices 1 and 3, queries + 8 (the next 16-byte chunk) for matrices 2 and 3.
-      const uint32_t ds_buf = C::kSplitDq ? (round & 1) : 0;
+      const uint32_t ds_buf = C::kDsShared ? (round & 1) : 0;
       {
         const int mat = lane >> 3, row = lane & 7;
         const uint32_t row_addr =
@@ -387,7 +403,7 @@ __global__ void __launch_bounds__(BackwardConfig<T, D>::kThreads, 1)
           stmatrix_x4(row_addr + uint32_t(((2 * kk + (mat >> 1)) ^ row) * 16), dsa[kk]);
       }
       fence_async_shared();
-      if constexpr (C::kSplitDq) named_barrier_sync(1, 2 * 128); // both consumers' dS^T are in
+      if constexpr (C::kDsShared) named_barrier_sync(1, 2 * 128); // both consumers' dS^T are in
       else named_barrier_sync(1 + wg, 128);
 
       // dQ part = dS K: over this consumer's keys, or over every key for this consumer's columns.
@@ -400,7 +416,7 @@ __global__ void __launch_bounds__(BackwardConfig<T, D>::kThreads, 1)
       if (lane == 0) barrier_arrive(&q_empty[s]); // Q, dO and the record are free again
       float dq[C::kDqCols / 8][4];
       wgmma_fence();
-      if constexpr (C::kSplitDq) {
+      if constexpr (C::kDsShared) {
 #pragma unroll
         for (int kk = 0; kk < C::kBlockN / 16; ++kk)
           Wgmma<T, C::kDqCols>::template ss<1, 1>(
@@ -440,8 +456,8 @@ __global__ void __launch_bounds__(BackwardConfig<T, D>::kThreads, 1)
     for (int hh = 0; hh < 2; ++hh) {
       const int32_t n = n0 + key0 + (lane >> 2) + 8 * hh;
       if (n >= reg.col_end) continue;
-      const int64_t pk = dk_head + int64_t(n) * a.dk.token_stride + (lane & 3) * 2;
-      const int64_t pv = dv_head + int64_t(n) * a.dv.token_stride + (lane & 3) * 2;
+      const int64_t pk = dk_head + int64_t(n) * a.dk.token_stride + col0 + (lane & 3) * 2;
+      const int64_t pv = dv_head + int64_t(n) * a.dv.token_stride + col0 + (lane & 3) * 2;
 #pragma unroll
       for (int j = 0; j < C::kOTiles; ++j) {
         put_grad2<T>(a.dk.data, pk + j * 8, a.scale * dk[j][2 * hh], a.scale * dk[j][2 * hh + 1], a.write_dkdv);

@@ -1,0 +1,7 @@
+// Hopper backward kernels for head dim 256, bf16 and fp16 (one translation unit per head dim).
+#include "backward_sm90.cuh"
+
+namespace attncore::cuda::sm90 {
+template void launch_backward_sm90<__nv_bfloat16, 256>(const BackwardParams&, cudaStream_t);
+template void launch_backward_sm90<__half, 256>(const BackwardParams&, cudaStream_t);
+} // namespace attncore::cuda::sm90
