@@ -84,6 +84,18 @@ BackwardParams backward_params(const RingShape& s, const BlockCall& c, const att
   return p;
 }
 
+bool covers_all_keys(const RingShape& s, const BlockCall& c) {
+  const bool segments = c.backward_segments ? true : c.num_segments > 0;
+  return !segments && c.kv_begin == 0 && c.kv_end == s.local_kv && c.q_end > c.q_begin;
+}
+
+void write_dkdv_into(BackwardParams& p, const RingShape& s, const BlockCall& c, const attnhost_backward_args& a) {
+  const LocalViews views{s};
+  p.dk = views.kv(a.dk.data, c.kv_begin, false);
+  p.dv = views.kv(a.dv.data, c.kv_begin, false);
+  p.write_dkdv = true;
+}
+
 void convert_out(const RingShape& s, Engine& engine, const float* src, void* dst, bool kv, void* stream) {
   const LocalViews views{s};
   ConvertParams cv;

@@ -31,6 +31,12 @@ ForwardParams forward_params(const RingShape& s, const BlockCall& c, void* q, vo
 BackwardParams backward_params(const RingShape& s, const BlockCall& c, const attnhost_backward_args& a, void* k,
                                void* v, float* delta, float* dq, float* dk, float* dv);
 
+// Whether call `c` alone can make every local key's gradients, when it is a rank's only call and no
+// other rank reads its keys: no segments, all local keys, some queries. Such a call writes dK and
+// dV in the problem dtype straight into the outputs (write_dkdv_into).
+bool covers_all_keys(const RingShape& s, const BlockCall& c);
+void write_dkdv_into(BackwardParams& p, const RingShape& s, const BlockCall& c, const attnhost_backward_args& a);
+
 // fp32 src (a shape's Q-like or K/V-like tensor) to the problem dtype in dst.
 void convert_out(const RingShape& s, Engine& engine, const float* src, void* dst, bool kv, void* stream);
 

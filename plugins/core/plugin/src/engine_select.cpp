@@ -101,7 +101,20 @@ class SelectingEngine final : public Engine {
   void backward(const BackwardParams& p, void* s) override { backward_after(p, s, nullptr); }
   void backward_after(const BackwardParams& p, void* s, const Event& ready) override {
     ++backward_.calls;
-    if (!p.write_grads && !p.write_dkdv && dtype_partials_) {  // cuDNN writes this call's gradients in dtype; added into fp32
+    if (p.write_dkdv) {  // cuDNN writes dK, dV in place and dQ in dtype into scratch, added into fp32
+      BackwardParams r = p;
+      r.write_dkdv = false;
+      r.write_grads = true;
+      r.dq = packed(kUndecided, p.seqlen_q, p.heads_q, p);
+      if (use_cudnn(r, backward_)) {
+        r.dq.data = partials(elements(p.seqlen_q, p.heads_q, p), p.dtype);
+        native_->wait(s, ready);
+        backward_cudnn(r, s, workspace());
+        widen(p.dtype, r.dq, p.dq, p.batch, p.heads_q, p.head_dim, p.seqlen_q, true, s);
+        ++backward_.cudnn;
+        return;
+      }
+    } else if (!p.write_grads && dtype_partials_) {  // cuDNN writes this call's gradients in dtype; added into fp32
       BackwardParams r = p;
       r.write_grads = true;
       const size_t nq = elements(p.seqlen_q, p.heads_q, p), nkv = elements(p.seqlen_kv, p.heads_kv, p);

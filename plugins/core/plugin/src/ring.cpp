@@ -99,8 +99,14 @@ void RingAttention::backward(const attnhost_backward_args& a) {
   dp.delta = views.stats(delta, 0);
   engine_->compute_delta(dp, compute);
   engine_->zero(dq, q_elems * 4, compute);
-  engine_->zero(dkv[0].k, kv_elems * 4, compute);
-  engine_->zero(dkv[0].v, kv_elems * 4, compute);
+  // On one rank with one call over every key, that call writes dK and dV in the problem dtype
+  // straight into the outputs: no fp32 accumulators to zero and convert.
+  const std::vector<BlockCall> own_calls = plan_(rank_, source(0));
+  const bool sole = world_ == 1 && own_calls.size() == 1 && covers_all_keys(s_, own_calls[0]);
+  if (!sole) {
+    engine_->zero(dkv[0].k, kv_elems * 4, compute);
+    engine_->zero(dkv[0].v, kv_elems * 4, compute);
+  }
 
   // Two points on the communication stream: the next block's K/V have arrived, and the gradient
   // sums of the block in hand have. A step's compute waits for the first; its calls wait for the
@@ -123,6 +129,7 @@ void RingAttention::backward(const attnhost_backward_args& a) {
       int32_t range = host_.range_begin(name.c_str(), ATTNHOST_RANGE_COMPUTE, compute);
       BackwardParams p = backward_params(s_, c, a, cur.k, cur.v, delta, dq, static_cast<float*>(grad.k),
                                          static_cast<float*>(grad.v));
+      if (sole) write_dkdv_into(p, s_, c, a);
       engine_->backward_after(p, compute, grads_ready);
       host_.range_end(range, compute);
     }
@@ -147,7 +154,7 @@ void RingAttention::backward(const attnhost_backward_args& a) {
   }
   convert_out(s_, *engine_, dq, a.dq.data, false, compute);
   engine_->wait(compute, grads_ready);  // dK and dV are home
-  if (world_ == 1) {
+  if (world_ == 1 && !sole) {
     convert_out(s_, *engine_, static_cast<float*>(dkv[0].k), a.dk.data, true, compute);
     convert_out(s_, *engine_, static_cast<float*>(dkv[0].v), a.dv.data, true, compute);
   }

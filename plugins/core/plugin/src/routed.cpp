@@ -171,12 +171,8 @@ void RoutedAttention::backward(const attnhost_backward_args& a) {
   const BlockCall* sole = nullptr;
   size_t calls = 0;
   for (const Round& r : rounds_) calls += r.calls.size();
-  if (calls == 1 && rounds_[0].calls.size() == 1 && active_rounds() == 0) {
-    const BlockCall& c = rounds_[0].calls[0];
-    const BackwardParams p = backward_params(s_, c, a, a.k.data, a.v.data, delta, dq, nullptr, nullptr);
-    if (!c.backward_segments && p.num_segments == 0 && c.kv_begin == 0 && c.kv_end == s_.local_kv && p.seqlen_q > 0)
-      sole = &c;
-  }
+  if (calls == 1 && rounds_[0].calls.size() == 1 && active_rounds() == 0 && covers_all_keys(s_, rounds_[0].calls[0]))
+    sole = &rounds_[0].calls[0];
   if (!sole) {
     engine_->zero(own.k, kv_elems * 4, compute);
     engine_->zero(own.v, kv_elems * 4, compute);
@@ -201,11 +197,7 @@ void RoutedAttention::backward(const attnhost_backward_args& a) {
       int32_t range = host_.range_begin(name.c_str(), ATTNHOST_RANGE_COMPUTE, compute);
       BackwardParams p = backward_params(s_, c, a, cur.k, cur.v, delta, dq, static_cast<float*>(grad.k),
                                          static_cast<float*>(grad.v));
-      if (&c == sole) {
-        p.dk = views.kv(a.dk.data, c.kv_begin, false);
-        p.dv = views.kv(a.dv.data, c.kv_begin, false);
-        p.write_dkdv = true;
-      }
+      if (&c == sole) write_dkdv_into(p, s_, c, a);
       engine_->backward(p, compute);
       host_.range_end(range, compute);
     }
