@@ -19,14 +19,16 @@
 //        dQ part = dS K (dS^T through shared memory): by columns between the consumers at d128,
 //        else over each consumer's keys
 //    and dK, dV are added into the fp32 accumulators once, at the end of the key tile.
-//  - Warpgroup 0, warps 1-3: the dQ reducer. Per step they add the step's dQ (the two consumers'
-//    parts summed where dQ is split by keys) into the fp32 dQ accumulator with vector atomics, off
-//    the consumers' path.
+//  - Warpgroup 0, warps 1-3: the dQ reducer, off the consumers' path. Per step the step's dQ goes
+//    into the fp32 dQ accumulator: 32-column chunks added in L2 by the copy engine, issued by warp 1
+//    (d96, d128, d256), or vector atomics by the three warps, the two parts summed first (DqAdd).
 // Segments that share keys can give more key tiles than CTAs: a CTA strides over them, every role
 // walking the same sequence of tiles.
 #pragma once
 
 #include <cuda.h>
+
+#include <cstring>
 
 #include "../args.h"
 #include "../device.cuh"
@@ -55,7 +57,6 @@ template <class T, int D> struct BackwardConfig {
   static constexpr int kMTiles = kBlockM / 8; // n8 tiles of S^T (its columns are queries)
   static constexpr int kOTiles = kGradCols / 8;
   static constexpr int kReducers = 3 * 32; // warps 1-3 of warpgroup 0
-  static constexpr int kDqPitch = D + 8;   // floats: a row of a dQ part; 8 words apart, a half warp's v2 stores hit distinct banks
   static constexpr uint32_t kKVBytes = kBlockN * D * sizeof(T);  // K or V
   static constexpr uint32_t kQBytes = kBlockM * D * sizeof(T);   // Q or dO, one stage
   // dQ split by columns between the consumers where half the head dim is whole swizzle blocks
@@ -69,7 +70,14 @@ template <class T, int D> struct BackwardConfig {
   static constexpr int kDsBuffers = kDsShared ? 2 : 1;
   static constexpr int kDqParts = kSplitDq ? 1 : kConsumers;
   static constexpr uint32_t kDsBytes = 64 * kBlockM * sizeof(T); // one consumer's dS^T
-  static constexpr uint32_t kDqBytes = kBlockM * kDqPitch * 4;   // one dQ part
+  // A dQ part: 32-column chunks of [64 rows][32 fp32] as the copy engine lays out such a box
+  // (dq_part_offset), so that it adds whole chunks into dQ (tma_reduce_add_4d) where D allows.
+  // Where the copy engine adds them (d96, d128, d256: measured faster than vector atomics); at d64
+  // the two parts each reduced in L2 measured slower than summed first (315.8 against 337-344
+  // TFLOP/s), and d80 is not whole chunks.
+  static constexpr int kDqChunks = (D + 31) / 32;
+  static constexpr bool kDqByCopyEngine = D % 32 == 0 && D >= 96;
+  static constexpr uint32_t kDqBytes = kDqChunks * kBlockM * 128; // one dQ part
   static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
   static_assert(D % 16 == 0 && kGradCols <= 128, "a consumer's dK and dV (64 keys) stay in registers");
   static_assert(kKVBytes % 1024 == 0 && kQBytes % 1024 == 0 && kDsBytes % 1024 == 0, "1024-byte tiles");
@@ -84,6 +92,17 @@ struct StepRecord {
   float lse2[64];  // the rows' LSE in log2 units; +inf for a row without keys or past the region
   float delta[64]; // 0 past the region
 };
+
+// Byte offset of (row, col) in a dQ part: 128-byte rows of 32 columns, 16-byte unit u of row r at
+// u ^ (r % 8) (the copy engine's 128-byte swizzle); a half warp's 8-byte stores of 8 rows land in
+// distinct banks.
+__device__ __forceinline__ uint32_t dq_part_offset(int row, int col) {
+  return uint32_t((col / 32) * 64 * 128 + row * 128 + ((((col % 32) / 4) ^ (row & 7)) << 4) + (col % 4) * 4);
+}
+
+// How the reducer adds the dQ parts into the fp32 accumulator: float2 or float4 atomics (by warps
+// 1-3, the parts summed first), or whole chunks by the copy engine (warp 1 alone issues them).
+enum class DqAdd : int { pairs, quads, copy_engine };
 
 // What the consumers tell the reducer about a dQ part: rows [r0, r0 + rows) of query head `head`.
 // head < 0: nothing more.
@@ -105,13 +124,15 @@ template <class T, int D> struct BackwardSmem {
   static constexpr size_t kEnd = kBars + (4 + 2 * C::kStages) * sizeof(uint64_t);
   static constexpr size_t kBytes = 1024 /* alignment */ + kEnd;
   static_assert(kBytes <= 227 * 1024, "must fit a Hopper CTA");
+  static_assert(kDQ % 1024 == 0, "dQ parts aligned as the copy engine's 128-byte swizzle needs");
 };
 
 template <class T, int D>
 __global__ void __launch_bounds__(BackwardConfig<T, D>::kThreads, 1)
     flash_backward_sm90_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
                                const __grid_constant__ CUtensorMap v_map, const __grid_constant__ CUtensorMap do_map,
-                               const __grid_constant__ AttnArgs a, bool dq_vec4) {
+                               const __grid_constant__ CUtensorMap dq_map, const __grid_constant__ AttnArgs a,
+                               DqAdd dq_add) {
 #if ATTNCORE_SM90_DEVICE
   using C = BackwardConfig<T, D>;
   using L = BackwardSmem<T, D>;
@@ -141,7 +162,7 @@ __global__ void __launch_bounds__(BackwardConfig<T, D>::kThreads, 1)
     barrier_init(kv_full, 1);
     barrier_init(kv_empty, C::kConsumers * 4); // one arrival per consumer warp
     barrier_init(dq_full, C::kConsumers * 4);
-    barrier_init(dq_empty, C::kReducers / 32); // one per reducer warp
+    barrier_init(dq_empty, dq_add == DqAdd::copy_engine ? 1 : C::kReducers / 32); // one per reducer warp
     for (int s = 0; s < C::kStages; ++s) {
       barrier_init(&q_full[s], 1);
       barrier_init(&q_empty[s], C::kConsumers * 4);
@@ -228,31 +249,46 @@ __global__ void __launch_bounds__(BackwardConfig<T, D>::kThreads, 1)
           }
         }
       }
-    } else { // dQ reducer
+    } else if (dq_add != DqAdd::copy_engine || warp == 1) { // dQ reducer
       const int rt = tid - 32; // 0 .. kReducers - 1
       for (uint32_t round = 0;; ++round) {
         barrier_wait(dq_full, round & 1);
         const DqRecord rec = *dq_rec;
         if (rec.head < 0) break;
         float* dq = static_cast<float*>(a.dq.data) + batch * a.dq.batch_stride + rec.head * a.dq.head_stride;
-        for (int i = rt; i < rec.rows * (D / 4); i += C::kReducers) {
-          const int row = i / (D / 4), col = (i % (D / 4)) * 4;
-          float4 x = *reinterpret_cast<const float4*>(sDq + row * C::kDqPitch + col);
-          if constexpr (C::kDqParts == 2) {
-            const float4 y = *reinterpret_cast<const float4*>(sDq + C::kBlockM * C::kDqPitch + row * C::kDqPitch + col);
-            x = make_float4(x.x + y.x, x.y + y.y, x.z + y.z, x.w + y.w);
+        if (dq_add == DqAdd::copy_engine) {
+          // Whole 64-row chunks: rows past the region add zeros (their P and dS are 0), rows past
+          // the tensor are dropped. One thread: each lane's instruction would be a reduction.
+          if (lane == 0) {
+            for (int part = 0; part < C::kDqParts; ++part)
+              for (int c = 0; c < D / 32; ++c)
+                tma_reduce_add_4d(&dq_map, reinterpret_cast<const unsigned char*>(sDq) + part * C::kDqBytes + c * 64 * 128,
+                                  c * 32, rec.r0, rec.head, batch);
+            bulk_commit();
+            bulk_wait_read();
           }
-          float* dst = dq + int64_t(rec.r0 + row) * a.dq.token_stride + col;
-          if (dq_vec4) {
-            atomicAdd(reinterpret_cast<float4*>(dst), x);
-          } else {
-            atomicAdd(reinterpret_cast<float2*>(dst), make_float2(x.x, x.y));
-            atomicAdd(reinterpret_cast<float2*>(dst + 2), make_float2(x.z, x.w));
+        } else {
+          const unsigned char* parts = reinterpret_cast<const unsigned char*>(sDq);
+          for (int i = rt; i < rec.rows * (D / 4); i += C::kReducers) {
+            const int row = i / (D / 4), col = (i % (D / 4)) * 4;
+            float4 x = *reinterpret_cast<const float4*>(parts + dq_part_offset(row, col));
+            if constexpr (C::kDqParts == 2) {
+              const float4 y = *reinterpret_cast<const float4*>(parts + C::kDqBytes + dq_part_offset(row, col));
+              x = make_float4(x.x + y.x, x.y + y.y, x.z + y.z, x.w + y.w);
+            }
+            float* dst = dq + int64_t(rec.r0 + row) * a.dq.token_stride + col;
+            if (dq_add == DqAdd::quads) {
+              atomicAdd(reinterpret_cast<float4*>(dst), x);
+            } else {
+              atomicAdd(reinterpret_cast<float2*>(dst), make_float2(x.x, x.y));
+              atomicAdd(reinterpret_cast<float2*>(dst + 2), make_float2(x.z, x.w));
+            }
           }
         }
         __syncwarp();
         if (lane == 0) barrier_arrive(dq_empty);
       }
+      if (dq_add == DqAdd::copy_engine && lane == 0) bulk_wait_all();
     }
     return;
   }
@@ -282,10 +318,15 @@ __global__ void __launch_bounds__(BackwardConfig<T, D>::kThreads, 1)
   constexpr uint32_t kQStage = desc_offset(C::kQBytes);
   // This warp's first row of dS^T, and this lane's first element of its dQ part (shared addresses).
   const uint32_t ds_row0 = smem_addr(sdS) + uint32_t(wg * C::kDsBytes + 16 * warp_in_wg * 128);
-  const uint32_t dq_lane0 = smem_addr(sDq) + uint32_t(((C::kSplitDq ? 0 : wg * C::kBlockM) * C::kDqPitch +
-                                                       (16 * warp_in_wg + (lane >> 2)) * C::kDqPitch +
-                                                       (C::kSplitDq ? wg * (D / 2) : 0) + (lane & 3) * 2) *
-                                                      4);
+  // This lane's element (row 16 w + lane / 4, column c0 + 2 (lane % 4)) of its dQ part, and the
+  // swizzled 16-byte unit of its n8 tile j by j % 4 (rows r and r + 8 share it): every store's
+  // address is then one of four registers plus a constant.
+  const int dq_c0 = C::kSplitDq ? wg * (D / 2) : 0; // a multiple of 32
+  const uint32_t dq_lane0 = smem_addr(sDq) + (C::kSplitDq ? 0u : uint32_t(wg) * C::kDqBytes) +
+                            uint32_t((dq_c0 / 32) * 64 * 128 + (16 * warp_in_wg + (lane >> 2)) * 128 + (lane & 1) * 8);
+  uint32_t dq_unit[4];
+#pragma unroll
+  for (int q = 0; q < 4; ++q) dq_unit[q] = uint32_t(((2 * q + ((lane & 3) >> 1)) ^ ((lane >> 2) & 7)) << 4);
 
   float dk[C::kOTiles][4], dv[C::kOTiles][4];
   uint32_t step = 0, round = 0;
@@ -438,9 +479,10 @@ __global__ void __launch_bounds__(BackwardConfig<T, D>::kThreads, 1)
       for (int j = 0; j < C::kDqCols / 8; ++j)
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh)
-          st_shared_v2(dq_lane0 + uint32_t((8 * hh * C::kDqPitch + j * 8) * 4), a.scale * dq[j][2 * hh],
+          st_shared_v2(dq_lane0 + dq_unit[j % 4] + uint32_t((j / 4) * 64 * 128 + hh * 8 * 128), a.scale * dq[j][2 * hh],
                        a.scale * dq[j][2 * hh + 1]);
       if (wg == 0 && warp_in_wg == 0 && lane == 0) *dq_rec = DqRecord{head, r0, min(C::kBlockM, reg.row_end - r0), 0};
+      fence_async_shared(); // the part is read by the copy engine (tma_reduce_add_4d)
       __syncwarp();
       if (lane == 0) barrier_arrive(dq_full);
       ++round;
@@ -481,16 +523,21 @@ template <class T, int D> void launch_backward_sm90(const BackwardParams& p, cud
   const CUtensorMap do_map = make_tile_map(p.d_o, p.dtype, p.batch, p.seqlen_q, p.heads_q, D, C::kBlockM, C::W, sw);
   const CUtensorMap k_map = make_tile_map(p.k, p.dtype, p.batch, p.seqlen_kv, p.heads_kv, D, C::kBlockN, C::W, sw);
   const CUtensorMap v_map = make_tile_map(p.v, p.dtype, p.batch, p.seqlen_kv, p.heads_kv, D, C::kBlockN, C::W, sw);
-  const auto aligned4 = [](const TensorRef& t) {
-    return reinterpret_cast<uintptr_t>(t.data) % 16 == 0 && t.batch_stride % 4 == 0 && t.token_stride % 4 == 0 &&
-           t.head_stride % 4 == 0;
-  };
+  // dQ chunks added by the copy engine where the head dim and the accumulator allow it.
+  const DqAdd dq_add = C::kDqByCopyEngine && tma_readable(p.dq, 4) ? DqAdd::copy_engine
+                       : tma_readable(p.dq, 4)                     ? DqAdd::quads
+                                                                   : DqAdd::pairs;
+  CUtensorMap dq_map;
+  std::memset(&dq_map, 0, sizeof dq_map);
+  if (dq_add == DqAdd::copy_engine)
+    dq_map = make_tile_map(p.dq, DType::fp32, p.batch, p.seqlen_q, p.heads_q, D, C::kBlockM, 32,
+                           CU_TENSOR_MAP_SWIZZLE_128B);
   const auto kernel = flash_backward_sm90_kernel<T, D>;
   constexpr size_t smem = BackwardSmem<T, D>::kBytes;
   cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
   const dim3 grid(unsigned(tile_grid(p.seqlen_kv, C::kBlockN, p.num_segments)), unsigned(p.heads_kv),
                   unsigned(p.batch));
-  kernel<<<grid, C::kThreads, smem, stream>>>(q_map, k_map, v_map, do_map, a, aligned4(p.dq));
+  kernel<<<grid, C::kThreads, smem, stream>>>(q_map, k_map, v_map, do_map, dq_map, a, dq_add);
   check_launch("flash backward (sm90)");
 }
 

@@ -53,8 +53,10 @@ bool hopper_path_enabled() {
 #endif
 }
 
-bool tma_readable(const TensorRef& t) {
-  const auto ok = [](int64_t elems) { return elems >= 0 && uint64_t(elems) * 2 < kMaxStride && elems % 8 == 0; };
+bool tma_readable(const TensorRef& t, int elem_bytes) {
+  const auto ok = [&](int64_t elems) {
+    return elems >= 0 && uint64_t(elems) * elem_bytes < kMaxStride && elems * elem_bytes % 16 == 0;
+  };
   return reinterpret_cast<uintptr_t>(t.data) % 16 == 0 && ok(t.batch_stride) && ok(t.token_stride) &&
          ok(t.head_stride);
 }
@@ -62,7 +64,8 @@ bool tma_readable(const TensorRef& t) {
 CUtensorMap make_tile_map(const TensorRef& t, DType dtype, int32_t batch, int64_t tokens, int32_t heads, int32_t dim,
                           int box_rows, int box_cols, CUtensorMapSwizzle swizzle) {
   // A dimension of extent 1 is never stepped along: any legal stride will do (0 is not one).
-  const auto stride = [](int64_t elems, int64_t extent) { return extent > 1 ? uint64_t(elems) * 2 : uint64_t(16); };
+  const uint64_t el = dtype == DType::fp32 ? 4 : 2;
+  const auto stride = [&](int64_t elems, int64_t extent) { return extent > 1 ? uint64_t(elems) * el : uint64_t(16); };
   const cuuint64_t dims[4] = {cuuint64_t(dim), cuuint64_t(tokens > 0 ? tokens : 1), cuuint64_t(heads),
                               cuuint64_t(batch)};
   const cuuint64_t strides[3] = {stride(t.token_stride, tokens), stride(t.head_stride, heads),
@@ -73,7 +76,11 @@ CUtensorMap make_tile_map(const TensorRef& t, DType dtype, int32_t batch, int64_
   std::memset(&map, 0, sizeof map);
   const auto encode = encoder();
   const CUresult r =
-      encode ? encode(&map, dtype == DType::bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4,
+      encode ? encode(&map,
+                      dtype == DType::fp32   ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32
+                      : dtype == DType::bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                             : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+                      4,
                       t.data, dims, strides, box, steps, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
                       CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
              : CUDA_ERROR_NOT_SUPPORTED;

@@ -15,13 +15,13 @@ namespace attncore::cuda::sm90 {
 // mma.sync kernels: the GPU tests run both paths on one machine).
 bool hopper_path_enabled();
 
-// Whether a [batch, token, head, dim] tensor of 16-bit elements can be read by the copy engine:
-// base 16-byte aligned, strides non-negative multiples of 16 bytes below 2^40.
-bool tma_readable(const TensorRef& t);
+// Whether a [batch, token, head, dim] tensor of `elem_bytes`-byte elements can be read (or reduced
+// into) by the copy engine: base 16-byte aligned, strides non-negative multiples of 16 bytes below 2^40.
+bool tma_readable(const TensorRef& t, int elem_bytes = 2);
 
-// A 4-d map (dim, token, head, batch) over such a tensor: boxes of `box_rows` tokens x `box_cols`
-// dims of one head, swizzled for the matrix instructions (hopper.cuh). Throws attncore::Error when
-// the driver refuses it.
+// A 4-d map (dim, token, head, batch) over such a tensor (bf16, fp16, or fp32): boxes of
+// `box_rows` tokens x `box_cols` dims of one head, swizzled for the matrix instructions
+// (hopper.cuh). Throws attncore::Error when the driver refuses it.
 CUtensorMap make_tile_map(const TensorRef& t, DType dtype, int32_t batch, int64_t tokens, int32_t heads, int32_t dim,
                           int box_rows, int box_cols, CUtensorMapSwizzle swizzle);
 
