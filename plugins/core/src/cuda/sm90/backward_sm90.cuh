@@ -77,7 +77,10 @@ template <class T, int D> struct BackwardConfig {
   // TFLOP/s), and d80 is not whole chunks.
   static constexpr int kDqChunks = (D + 31) / 32;
   static constexpr bool kDqByCopyEngine = D % 32 == 0 && D >= 96;
-  static constexpr uint32_t kDqBytes = kDqChunks * kBlockM * 128; // one dQ part
+  // Parts read by the atomic reducer have padded rows instead (kDqPitch floats: 8 words apart, a
+  // half warp's 8-byte stores hit distinct banks), which keeps its address arithmetic short.
+  static constexpr int kDqPitch = D + 8;
+  static constexpr uint32_t kDqBytes = kDqByCopyEngine ? kDqChunks * kBlockM * 128 : kBlockM * kDqPitch * 4; // one part
   static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
   static_assert(D % 16 == 0 && kGradCols <= 128, "a consumer's dK and dV (64 keys) stay in registers");
   static_assert(kKVBytes % 1024 == 0 && kQBytes % 1024 == 0 && kDsBytes % 1024 == 0, "1024-byte tiles");
@@ -93,11 +96,14 @@ struct StepRecord {
   float delta[64]; // 0 past the region
 };
 
-// Byte offset of (row, col) in a dQ part: 128-byte rows of 32 columns, 16-byte unit u of row r at
-// u ^ (r % 8) (the copy engine's 128-byte swizzle); a half warp's 8-byte stores of 8 rows land in
-// distinct banks.
-__device__ __forceinline__ uint32_t dq_part_offset(int row, int col) {
-  return uint32_t((col / 32) * 64 * 128 + row * 128 + ((((col % 32) / 4) ^ (row & 7)) << 4) + (col % 4) * 4);
+// Byte offset of (row, col) in a dQ part. For the copy engine: 128-byte rows of 32 columns, 16-byte
+// unit u of row r at u ^ (r % 8) (its 128-byte swizzle; a half warp's 8-byte stores of 8 rows land
+// in distinct banks). Else padded rows.
+template <class C> __device__ __forceinline__ uint32_t dq_part_offset(int row, int col) {
+  if constexpr (C::kDqByCopyEngine)
+    return uint32_t((col / 32) * 64 * 128 + row * 128 + ((((col % 32) / 4) ^ (row & 7)) << 4) + (col % 4) * 4);
+  else
+    return uint32_t((row * C::kDqPitch + col) * 4);
 }
 
 // How the reducer adds the dQ parts into the fp32 accumulator: float2 or float4 atomics (by warps
@@ -271,9 +277,9 @@ __global__ void __launch_bounds__(BackwardConfig<T, D>::kThreads, 1)
           const unsigned char* parts = reinterpret_cast<const unsigned char*>(sDq);
           for (int i = rt; i < rec.rows * (D / 4); i += C::kReducers) {
             const int row = i / (D / 4), col = (i % (D / 4)) * 4;
-            float4 x = *reinterpret_cast<const float4*>(parts + dq_part_offset(row, col));
+            float4 x = *reinterpret_cast<const float4*>(parts + dq_part_offset<C>(row, col));
             if constexpr (C::kDqParts == 2) {
-              const float4 y = *reinterpret_cast<const float4*>(parts + C::kDqBytes + dq_part_offset(row, col));
+              const float4 y = *reinterpret_cast<const float4*>(parts + C::kDqBytes + dq_part_offset<C>(row, col));
               x = make_float4(x.x + y.x, x.y + y.y, x.z + y.z, x.w + y.w);
             }
             float* dst = dq + int64_t(rec.r0 + row) * a.dq.token_stride + col;
@@ -322,8 +328,11 @@ __global__ void __launch_bounds__(BackwardConfig<T, D>::kThreads, 1)
   // swizzled 16-byte unit of its n8 tile j by j % 4 (rows r and r + 8 share it): every store's
   // address is then one of four registers plus a constant.
   const int dq_c0 = C::kSplitDq ? wg * (D / 2) : 0; // a multiple of 32
-  const uint32_t dq_lane0 = smem_addr(sDq) + (C::kSplitDq ? 0u : uint32_t(wg) * C::kDqBytes) +
-                            uint32_t((dq_c0 / 32) * 64 * 128 + (16 * warp_in_wg + (lane >> 2)) * 128 + (lane & 1) * 8);
+  const uint32_t dq_part = smem_addr(sDq) + (C::kSplitDq ? 0u : uint32_t(wg) * C::kDqBytes);
+  const uint32_t dq_lane0 =
+      C::kDqByCopyEngine
+          ? dq_part + uint32_t((dq_c0 / 32) * 64 * 128 + (16 * warp_in_wg + (lane >> 2)) * 128 + (lane & 1) * 8)
+          : dq_part + dq_part_offset<C>(16 * warp_in_wg + (lane >> 2), dq_c0 + (lane & 3) * 2);
   uint32_t dq_unit[4];
 #pragma unroll
   for (int q = 0; q < 4; ++q) dq_unit[q] = uint32_t(((2 * q + ((lane & 3) >> 1)) ^ ((lane >> 2) & 7)) << 4);
@@ -479,10 +488,11 @@ __global__ void __launch_bounds__(BackwardConfig<T, D>::kThreads, 1)
       for (int j = 0; j < C::kDqCols / 8; ++j)
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh)
-          st_shared_v2(dq_lane0 + dq_unit[j % 4] + uint32_t((j / 4) * 64 * 128 + hh * 8 * 128), a.scale * dq[j][2 * hh],
-                       a.scale * dq[j][2 * hh + 1]);
+          st_shared_v2(dq_lane0 + (C::kDqByCopyEngine ? dq_unit[j % 4] + uint32_t((j / 4) * 64 * 128 + hh * 8 * 128)
+                                                      : uint32_t((8 * hh * C::kDqPitch + j * 8) * 4)),
+                       a.scale * dq[j][2 * hh], a.scale * dq[j][2 * hh + 1]);
       if (wg == 0 && warp_in_wg == 0 && lane == 0) *dq_rec = DqRecord{head, r0, min(C::kBlockM, reg.row_end - r0), 0};
-      fence_async_shared(); // the part is read by the copy engine (tma_reduce_add_4d)
+      if constexpr (C::kDqByCopyEngine) fence_async_shared(); // the copy engine reads the part
       __syncwarp();
       if (lane == 0) barrier_arrive(dq_full);
       ++round;
