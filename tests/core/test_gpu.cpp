@@ -19,6 +19,33 @@ using namespace coretest;
 
 namespace {
 
+// The backward on the device into host tensors dq, dk, dv (fp32 accumulators starting from their
+// contents; with write_dkdv, dk and dv in the problem's dtype over NaN poison).
+void backward_gpu(Problem& p, Stats lse, Stats delta, Tensor& dq, Tensor& dk, Tensor& dv, bool deterministic,
+                  bool write_dkdv) {
+  DeviceProblem dp(p);
+  DeviceStats lse_d(lse), delta_d(delta);
+  DeviceTensor dq_d(dq), dk_d(dk), dv_d(dv);
+  if (write_dkdv) {
+    dk_d.buf->poison();
+    dv_d.buf->poison();
+  }
+  BackwardParams g = p.backward_params(lse, delta, dq, dk, dv);
+  dp.point(p, g);
+  g.lse = lse_d.ref;
+  g.delta = delta_d.ref;
+  g.dq = dq_d.ref;
+  g.dk = dk_d.ref;
+  g.dv = dv_d.ref;
+  g.deterministic = deterministic;
+  g.write_dkdv = write_dkdv;
+  backward_cuda(g, nullptr);
+  CUDA_OK(cudaDeviceSynchronize());
+  dq_d.download(dq);
+  dk_d.download(dk);
+  dv_d.download(dv);
+}
+
 // The same on the GPU. The backward takes the CPU's LSE and delta so that its check isolates it.
 Outputs run_gpu(Problem& p, bool grads, bool deterministic, const Outputs* cpu_ref) {
   DeviceProblem dp(p);
@@ -66,25 +93,11 @@ Outputs run_gpu(Problem& p, bool grads, bool deterministic, const Outputs* cpu_r
   CUDA_OK(cudaDeviceSynchronize());
   delta.download(r.delta);
 
-  Stats ref_lse = cpu_ref ? cpu_ref->lse : r.lse, ref_delta = cpu_ref ? cpu_ref->delta : r.delta;
-  DeviceStats lse_in(ref_lse), delta_in(ref_delta);
-  r.dq = Tensor(DType::fp32, p.B, p.Sq, p.Hq, p.D);
+  r.dq = Tensor(DType::fp32, p.B, p.Sq, p.Hq, p.D); // zero: accumulators start empty
   r.dk = Tensor(DType::fp32, p.B, p.Skv, p.Hkv, p.D);
   r.dv = Tensor(DType::fp32, p.B, p.Skv, p.Hkv, p.D);
-  DeviceTensor dq(r.dq), dk(r.dk), dv(r.dv); // zero: accumulators start empty
-  BackwardParams g = p.backward_params(ref_lse, ref_delta, r.dq, r.dk, r.dv);
-  dp.point(p, g);
-  g.lse = lse_in.ref;
-  g.delta = delta_in.ref;
-  g.dq = dq.ref;
-  g.dk = dk.ref;
-  g.dv = dv.ref;
-  g.deterministic = deterministic;
-  backward_cuda(g, nullptr);
-  CUDA_OK(cudaDeviceSynchronize());
-  dq.download(r.dq);
-  dk.download(r.dk);
-  dv.download(r.dv);
+  backward_gpu(p, cpu_ref ? cpu_ref->lse : r.lse, cpu_ref ? cpu_ref->delta : r.delta, r.dq, r.dk, r.dv, deterministic,
+               false);
   return r;
 }
 
@@ -117,25 +130,8 @@ void check_all(Problem& p, bool grads = true) {
 // is one add into zero in accumulator mode, so the written values must be `acc`'s dK and dV
 // rounded, bit for bit, on every key (zeros where no query sees it).
 void check_write_dkdv(Problem& p, const Outputs& want, const Outputs& acc) {
-  DeviceProblem dp(p);
   Tensor dq32(DType::fp32, p.B, p.Sq, p.Hq, p.D), dk(p.dtype, p.B, p.Skv, p.Hkv, p.D), dv(p.dtype, p.B, p.Skv, p.Hkv, p.D);
-  DeviceTensor dq_d(dq32), dk_d(dk), dv_d(dv);
-  dk_d.buf->poison();
-  dv_d.buf->poison();
-  Stats lse = want.lse, delta = want.delta;
-  DeviceStats lse_d(lse), delta_d(delta);
-  BackwardParams g = p.backward_params(lse, delta, dq32, dk, dv);
-  dp.point(p, g);
-  g.lse = lse_d.ref;
-  g.delta = delta_d.ref;
-  g.dq = dq_d.ref;
-  g.dk = dk_d.ref;
-  g.dv = dv_d.ref;
-  g.write_dkdv = true;
-  backward_cuda(g, nullptr);
-  CUDA_OK(cudaDeviceSynchronize());
-  dk_d.download(dk);
-  dv_d.download(dv);
+  backward_gpu(p, want.lse, want.delta, dq32, dk, dv, false, true);
   Tensor rounded(p.dtype, 1, 1, 1, 2);
   int64_t differ = 0;
   for (int64_t b = 0; b < p.B; ++b)
