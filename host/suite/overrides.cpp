@@ -122,13 +122,15 @@ ParamValue parse_param_text(const std::string& flag, const std::string& text, co
                            ", got '" + text + "'");
   };
   const auto integer = [&](const std::string& item) {
+    size_t used = 0;
+    int64_t v = 0;
     try {
-      size_t used = 0;
-      const int64_t v = std::stoll(item, &used);
-      if (used == item.size()) return v;
+      v = std::stoll(item, &used);
     } catch (const std::exception&) {
+      used = 0;
     }
-    bad(spec.type == ATTNHOST_PARAM_INT ? "an integer" : "a list of integers, e.g. 1,2,4");
+    if (used == 0 || used != item.size()) bad(spec.type == ATTNHOST_PARAM_INT ? "an integer" : "a list of integers, e.g. 1,2,4");
+    return v;
   };
   ParamValue value;
   switch (spec.type) {
