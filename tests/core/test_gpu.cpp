@@ -440,6 +440,25 @@ TEST_CASE("gpu: write_dkdv writes dK and dV in dtype, the accumulators rounded, 
   }
 }
 
+// The Hopper backward hands dQ to the copy engine where the accumulator's rows are 16-byte aligned
+// (every other test); rows 8 bytes apart from 16 take the atomic reducer instead.
+TEST_CASE("gpu: dQ accumulators the copy engine cannot address (token stride 2 floats past 16 bytes)") {
+  REQUIRE(device_count() > 0);
+  std::mt19937_64 rng(43);
+  for (int32_t D : {64, 96, 128, 256}) {
+    Problem p = random_problem(rng, DType::bf16, D, 2, 300);
+    p.mask.causal = true;
+    Outputs want = run_cpu(p, true);
+    Outputs got = want;
+    got.dq = Tensor(DType::fp32, p.B, p.Sq, p.Hq, p.D, /*pad=*/2);
+    got.dk = Tensor(DType::fp32, p.B, p.Skv, p.Hkv, p.D);
+    got.dv = Tensor(DType::fp32, p.B, p.Skv, p.Hkv, p.D);
+    backward_gpu(p, want.lse, want.delta, got.dq, got.dk, got.dv, false, false);
+    CAPTURE(D);
+    check_backward(p, want, got);
+  }
+}
+
 // On a Hopper device the tests above run the wgmma kernels (sm90/: the forward, and the backward
 // up to head dim 128 unless deterministic); this one keeps the portable mma.sync kernels covered
 // there too. Elsewhere it repeats what the tests above check.
