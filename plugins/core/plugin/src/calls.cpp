@@ -85,7 +85,7 @@ BackwardParams backward_params(const RingShape& s, const BlockCall& c, const att
 }
 
 bool covers_all_keys(const RingShape& s, const BlockCall& c) {
-  const bool segments = c.backward_segments ? true : c.num_segments > 0;
+  const bool segments = c.backward_segments || c.num_segments > 0;
   return !segments && c.kv_begin == 0 && c.kv_end == s.local_kv && c.q_end > c.q_begin;
 }
 

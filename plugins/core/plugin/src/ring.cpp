@@ -101,8 +101,10 @@ void RingAttention::backward(const attnhost_backward_args& a) {
   engine_->zero(dq, q_elems * 4, compute);
   // On one rank with one call over every key, that call writes dK and dV in the problem dtype
   // straight into the outputs: no fp32 accumulators to zero and convert.
-  const std::vector<BlockCall> own_calls = plan_(rank_, source(0));
-  const bool sole = world_ == 1 && own_calls.size() == 1 && covers_all_keys(s_, own_calls[0]);
+  const bool sole = world_ == 1 && [&] {
+    const std::vector<BlockCall> calls = plan_(rank_, source(0));
+    return calls.size() == 1 && covers_all_keys(s_, calls[0]);
+  }();
   if (!sole) {
     engine_->zero(dkv[0].k, kv_elems * 4, compute);
     engine_->zero(dkv[0].v, kv_elems * 4, compute);

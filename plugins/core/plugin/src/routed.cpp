@@ -165,14 +165,10 @@ void RoutedAttention::backward(const attnhost_backward_args& a) {
   dp.delta = views.stats(delta, 0);
   engine_->compute_delta(dp, compute);
   engine_->zero(dq, q_elems * 4, compute);
-  // One call that makes every local key's gradients (no other rank reads these keys, no segments)
-  // writes dK and dV in the problem's dtype straight into the outputs: no fp32 accumulators to zero
-  // and convert.
-  const BlockCall* sole = nullptr;
-  size_t calls = 0;
-  for (const Round& r : rounds_) calls += r.calls.size();
-  if (calls == 1 && rounds_[0].calls.size() == 1 && active_rounds() == 0 && covers_all_keys(s_, rounds_[0].calls[0]))
-    sole = &rounds_[0].calls[0];
+  // One call that makes every local key's gradients (no other rank reads these keys, so no round
+  // after the first has calls; no segments) writes dK and dV in the problem's dtype straight into
+  // the outputs: no fp32 accumulators to zero and convert.
+  const bool sole = active_rounds() == 0 && rounds_[0].calls.size() == 1 && covers_all_keys(s_, rounds_[0].calls[0]);
   if (!sole) {
     engine_->zero(own.k, kv_elems * 4, compute);
     engine_->zero(own.v, kv_elems * 4, compute);
@@ -197,7 +193,7 @@ void RoutedAttention::backward(const attnhost_backward_args& a) {
       int32_t range = host_.range_begin(name.c_str(), ATTNHOST_RANGE_COMPUTE, compute);
       BackwardParams p = backward_params(s_, c, a, cur.k, cur.v, delta, dq, static_cast<float*>(grad.k),
                                          static_cast<float*>(grad.v));
-      if (&c == sole) write_dkdv_into(p, s_, c, a);
+      if (sole) write_dkdv_into(p, s_, c, a);
       engine_->backward(p, compute);
       host_.range_end(range, compute);
     }

@@ -70,17 +70,15 @@ template <class T, int D> struct BackwardConfig {
   static constexpr int kDsBuffers = kDsShared ? 2 : 1;
   static constexpr int kDqParts = kSplitDq ? 1 : kConsumers;
   static constexpr uint32_t kDsBytes = 64 * kBlockM * sizeof(T); // one consumer's dS^T
-  // A dQ part: 32-column chunks of [64 rows][32 fp32] as the copy engine lays out such a box
-  // (dq_part_offset), so that it adds whole chunks into dQ (tma_reduce_add_4d) where D allows.
-  // Where the copy engine adds them (d96, d128, d256: measured faster than vector atomics); at d64
-  // the two parts each reduced in L2 measured slower than summed first (315.8 against 337-344
-  // TFLOP/s), and d80 is not whole chunks.
-  static constexpr int kDqChunks = (D + 31) / 32;
+  // Who adds a dQ part into the accumulator, and so its layout (dq_part_offset). The copy engine
+  // at d96, d128, d256 (measured faster than vector atomics): D / 32 chunks of [64 rows][32 fp32]
+  // as it lays out such a box (tma_reduce_add_4d). Else the atomic reducer, on padded rows
+  // (kDqPitch floats: 8 words apart, a half warp's 8-byte stores hit distinct banks), which keeps
+  // its address arithmetic short: at d64 the two parts each reduced in L2 measured slower than
+  // summed first (315.8 against 337-344 TFLOP/s), and d80 is not whole chunks.
   static constexpr bool kDqByCopyEngine = D % 32 == 0 && D >= 96;
-  // Parts read by the atomic reducer have padded rows instead (kDqPitch floats: 8 words apart, a
-  // half warp's 8-byte stores hit distinct banks), which keeps its address arithmetic short.
   static constexpr int kDqPitch = D + 8;
-  static constexpr uint32_t kDqBytes = kDqByCopyEngine ? kDqChunks * kBlockM * 128 : kBlockM * kDqPitch * 4; // one part
+  static constexpr uint32_t kDqBytes = kBlockM * (kDqByCopyEngine ? D : kDqPitch) * 4; // one part
   static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
   static_assert(D % 16 == 0 && kGradCols <= 128, "a consumer's dK and dV (64 keys) stay in registers");
   static_assert(kKVBytes % 1024 == 0 && kQBytes % 1024 == 0 && kDsBytes % 1024 == 0, "1024-byte tiles");
