@@ -34,11 +34,8 @@ constexpr size_t kBufferBytes = 8 << 20;
 std::string short_name(const char* mangled) {
   int status = 0;
   char* demangled = abi::__cxa_demangle(mangled, nullptr, nullptr, &status);
-  std::string name = status == 0 && demangled ? demangled : mangled;
+  std::string name = kernel_display_name(status == 0 && demangled ? demangled : mangled);
   std::free(demangled);
-  if (auto paren = name.find('('); paren != std::string::npos) name.resize(paren);  // no parameter list
-  if (name.rfind("void ", 0) == 0) name = name.substr(5);
-  if (name.size() > 96) name = name.substr(0, 93) + "...";
   return name;
 }
 

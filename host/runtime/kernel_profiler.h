@@ -15,6 +15,10 @@ struct KernelRecord {
   uint64_t start_ns = 0, end_ns = 0;
 };
 
+// A demangled kernel name as the breakdown shows it: no return type, no parameter list, no
+// "(anonymous namespace)::" (kernels in one are named by what follows it), at most 96 characters.
+std::string kernel_display_name(std::string demangled);
+
 class KernelProfiler {
  public:
   static KernelProfiler& instance();

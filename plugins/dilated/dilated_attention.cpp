@@ -6,7 +6,6 @@
 namespace dilated {
 
 using attncore::BackwardParams;
-using attncore::ConvertParams;
 using attncore::DeltaParams;
 using attncore::ForwardParams;
 using attncore::RowStatsRef;
@@ -477,15 +476,7 @@ void DilatedAttention::pattern_backward(size_t p, const attnhost_backward_args& 
   bp.dq = rows_ref(b.dq, st.nq);
   bp.dk = rows_ref(b.dk, st.nk);
   bp.dv = rows_ref(b.dv, st.nk);
-  engine_->backward(bp, stream);
-  // Scatter-add: each local row sums its gathered rows (a key row: one per query head of its group).
-  const int32_t D = s_.head_dim;
-  ops_->gather_add({w.dq, b.dq, st.q_dst, local_ * s_.heads_q, 1, D, local_ * s_.heads_q * D, rq * D}, s_.batch,
-                   stream);
-  ops_->gather_add({w.dk, b.dk, st.kv_dst, local_ * s_.heads_kv, group_, D, local_ * s_.heads_kv * D, rk * D},
-                   s_.batch, stream);
-  ops_->gather_add({w.dv, b.dv, st.kv_dst, local_ * s_.heads_kv, group_, D, local_ * s_.heads_kv * D, rk * D},
-                   s_.batch, stream);
+  engine_->backward(bp, stream);  // the partials stay gathered until backward's last step sums them
 }
 
 void DilatedAttention::backward(const attnhost_backward_args& a) {
@@ -525,22 +516,24 @@ void DilatedAttention::backward(const attnhost_backward_args& a) {
   }
   if (exchanges_) return_gradients(w, compute, comm);
 
-  ConvertParams cv;
-  cv.dtype = dtype_;
-  cv.batch = s_.batch;
-  cv.head_dim = s_.head_dim;
-  cv.seqlen = local_;
-  cv.heads = s_.heads_q;
-  cv.src = local_ref(w.dq, s_.heads_q);
-  cv.dst = local_ref(a.dq.data, s_.heads_q);
-  engine_->convert(cv, compute);
-  cv.heads = s_.heads_kv;
-  cv.src = local_ref(w.dk, s_.heads_kv);
-  cv.dst = local_ref(a.dk.data, s_.heads_kv);
-  engine_->convert(cv, compute);
-  cv.src = local_ref(w.dv, s_.heads_kv);
-  cv.dst = local_ref(a.dv.data, s_.heads_kv);
-  engine_->convert(cv, compute);
+  // Each local row: its accumulator (direct patterns, returned partials) plus its gathered
+  // partials (a key row: one per query head of its group), rounded once.
+  const int32_t D = s_.head_dim;
+  RowSum dq{a.dq.data, s_.dtype, w.dq, local_ * s_.heads_q, D, local_ * s_.heads_q * D, {}};
+  RowSum dk{a.dk.data, s_.dtype, w.dk, local_ * s_.heads_kv, D, local_ * s_.heads_kv * D, {}};
+  RowSum dv{a.dv.data, s_.dtype, w.dv, local_ * s_.heads_kv, D, local_ * s_.heads_kv * D, {}};
+  for (size_t p = 0; p < patterns_.size(); ++p) {
+    const PatternState& st = patterns_[p];
+    if (st.plan.direct || st.host_segments.empty()) continue;
+    const PatternBuffers& b = w.patterns[p];
+    const int64_t rq = s_.heads_q * st.nq * int64_t{D}, rk = s_.heads_q * st.nk * int64_t{D};
+    dq.parts.push_back({b.dq, st.q_dst, 1, rq});
+    dk.parts.push_back({b.dk, st.kv_dst, group_, rk});
+    dv.parts.push_back({b.dv, st.kv_dst, group_, rk});
+  }
+  const int32_t range = host_.range_begin("dilated dQ/dK/dV sums", ATTNHOST_RANGE_COMPUTE, compute);
+  for (const RowSum* r : {&dq, &dk, &dv}) ops_->sum(*r, s_.batch, compute);
+  host_.range_end(range, compute);
 }
 
 }  // namespace dilated

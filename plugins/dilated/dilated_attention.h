@@ -17,7 +17,8 @@
 //    added there (the reduce-scatter of the gathered K/V).
 // Forward: combine(O_i, LSE_i) over the patterns -> O, LSE. Backward: delta = rowsum(dO * O) of
 // the final output, and each pattern's flash backward with the final LSE and that delta (exact,
-// VARIANTS.md); dQ/dK/dV are scatter-added into fp32 accumulators and converted once.
+// VARIANTS.md); direct patterns and returned partials add into fp32 accumulators, and one pass per
+// gradient sums each local row's accumulator and gathered partials and rounds it once.
 #pragma once
 
 #include "geometry.h"

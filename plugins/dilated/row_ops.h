@@ -1,6 +1,6 @@
 // The row operations around the core's attention calls: gather the dilated rows of a pattern into
-// dense buffers, scatter-add their gradients back, pack and unpack messages, combine the patterns'
-// partial outputs by LSE. CPU loops (row_ops_cpu.cpp) and CUDA kernels (row_ops_cuda.cu), one
+// dense buffers, sum their gradients back into the local rows, pack and unpack messages, combine
+// the patterns' partial outputs by LSE. CPU loops (row_ops_cpu.cpp) and CUDA kernels (row_ops_cuda.cu), one
 // contract, chosen with the core's Engine.
 //
 // A row is `row_bytes` contiguous bytes at base + index * row_bytes: one token of one head (D
@@ -27,16 +27,26 @@ struct RowCopy {
   int64_t dst_batch_bytes = 0, src_batch_bytes = 0;
 };
 
-// fp32: dst row j += sum over f < fan of src row src_rows[j * fan + f] (negative: nothing).
-// One writer per destination row: no atomics, the same sum every run.
-struct RowGatherAdd {
-  float* dst = nullptr;
+// One pattern's gathered gradient rows (fp32): local row j draws on rows[j * fan + f], f < fan
+// (negative: nothing; fan > 1 when the query heads of a GQA group each have a copy of a key row).
+struct SumPart {
   const float* src = nullptr;
-  const int32_t* src_rows = nullptr;
-  int64_t rows = 0;
+  const int32_t* rows = nullptr;
   int32_t fan = 1;
+  int64_t batch = 0;  // in floats
+};
+
+// A gradient's last step: every local row j of [B, rows, row_floats] is its fp32 accumulator row
+// (base) plus every pattern's gathered rows for it, summed in fp32 in a fixed order and rounded
+// once into dst (`dtype`). One writer per row: no atomics, the same sum every run.
+struct RowSum {
+  void* dst = nullptr;
+  int32_t dtype = 0;  // attnhost_dtype: bf16, fp16 or fp32
+  const float* base = nullptr;
+  int64_t rows = 0;
   int32_t row_floats = 0;
-  int64_t dst_batch = 0, src_batch = 0;  // in floats
+  int64_t batch = 0;  // of dst and base, in elements
+  std::vector<SumPart> parts;  // at most kMaxPatterns (geometry.h)
 };
 
 // fp32: dst row dst_rows[j] += src row j for j < rows; destinations may repeat (GQA: the query heads
@@ -79,7 +89,7 @@ class RowOps {
   static std::unique_ptr<RowOps> make(bool cuda);
 
   virtual void copy(const std::vector<RowCopy>& jobs, int32_t batch, void* stream) = 0;
-  virtual void gather_add(const RowGatherAdd& a, int32_t batch, void* stream) = 0;
+  virtual void sum(const RowSum& a, int32_t batch, void* stream) = 0;
   virtual void scatter_add(const RowScatterAdd& a, int32_t batch, void* stream) = 0;
   virtual void combine(const Combine& c, int32_t batch, void* stream) = 0;
 };

@@ -27,16 +27,21 @@ class CpuRowOps final : public RowOps {
       }
   }
 
-  void gather_add(const RowGatherAdd& a, int32_t batch, void*) override {
+  void sum(const RowSum& a, int32_t batch, void*) override {
+    const int32_t n = a.row_floats;
+    std::vector<float> acc(n);
     for (int32_t b = 0; b < batch; ++b)
       for (int64_t j = 0; j < a.rows; ++j) {
-        float* dst = a.dst + b * a.dst_batch + j * a.row_floats;
-        for (int32_t f = 0; f < a.fan; ++f) {
-          const int64_t s = a.src_rows[j * a.fan + f];
-          if (s < 0) continue;
-          const float* src = a.src + b * a.src_batch + s * a.row_floats;
-          for (int32_t d = 0; d < a.row_floats; ++d) dst[d] += src[d];
-        }
+        const float* base = a.base + b * a.batch + j * n;
+        std::copy(base, base + n, acc.begin());
+        for (const SumPart& p : a.parts)
+          for (int32_t f = 0; f < p.fan; ++f) {
+            const int64_t s = p.rows[j * p.fan + f];
+            if (s < 0) continue;
+            const float* src = p.src + b * p.batch + s * n;
+            for (int32_t d = 0; d < n; ++d) acc[d] += src[d];
+          }
+        store(a.dst, a.dtype, b * a.batch + j * n, acc.data(), n);
       }
   }
 
@@ -79,22 +84,21 @@ class CpuRowOps final : public RowOps {
             }
           }
           c.lse[(int64_t(b) * c.heads + h) * c.tokens + t] = lse;
-          store(c, (int64_t(b) * c.tokens * c.heads + j) * D, acc.data());
+          store(c.o, c.dtype, (int64_t(b) * c.tokens * c.heads + j) * D, acc.data(), D);
         }
   }
 
  private:
-  static void store(const Combine& c, int64_t at, const float* v) {
-    const int32_t D = c.head_dim;
-    switch (c.dtype) {
+  static void store(void* dst, int32_t dtype, int64_t at, const float* v, int32_t n) {
+    switch (dtype) {
       case ATTNHOST_DTYPE_BF16:
-        for (int32_t d = 0; d < D; ++d) static_cast<uint16_t*>(c.o)[at + d] = attncore::float_to_bf16(v[d]);
+        for (int32_t d = 0; d < n; ++d) static_cast<uint16_t*>(dst)[at + d] = attncore::float_to_bf16(v[d]);
         break;
       case ATTNHOST_DTYPE_FP16:
-        for (int32_t d = 0; d < D; ++d) static_cast<uint16_t*>(c.o)[at + d] = attncore::float_to_fp16(v[d]);
+        for (int32_t d = 0; d < n; ++d) static_cast<uint16_t*>(dst)[at + d] = attncore::float_to_fp16(v[d]);
         break;
-      case ATTNHOST_DTYPE_FP32: std::memcpy(static_cast<float*>(c.o) + at, v, D * sizeof(float)); break;
-      default: attnhost::fail(ATTNHOST_ERR_INTERNAL, "dilated combine: output dtype must be bf16, fp16 or fp32");
+      case ATTNHOST_DTYPE_FP32: std::memcpy(static_cast<float*>(dst) + at, v, n * sizeof(float)); break;
+      default: attnhost::fail(ATTNHOST_ERR_INTERNAL, "dilated: outputs are bf16, fp16 or fp32");
     }
   }
 };

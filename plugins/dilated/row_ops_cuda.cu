@@ -1,7 +1,7 @@
 // The row operations on the GPU (row_ops.h). Memory-bound copies and adds: each thread moves one
 // 16-byte (or 4-byte, for LSE rows and odd sizes) unit of a row, reading the row's index from a
 // table; the combine gives each local row one warp. Four small kernels, one instantiation each
-// except the combine (bf16, fp16, fp32 output).
+// except the sum and the combine (bf16, fp16, fp32 output).
 #include "geometry.h"
 #include "row_ops.h"
 
@@ -20,7 +20,7 @@ namespace dilated {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kMaxJobs = 4;        // copies per launch (Q, K, V and a row-stats table, say)
+constexpr int kMaxJobs = 6;        // copies per launch (Q, K, V, dO and two row-stats tables)
 constexpr unsigned kMaxBlocks = 8192;  // grid-stride beyond this
 constexpr int kMaxDimPerLane = 8;  // head_dim <= 256 in the combine
 
@@ -81,36 +81,59 @@ __global__ void copy_rows_kernel(const __grid_constant__ CopyArgs a) {
   }
 }
 
-// One float4 of a destination row per thread: the sum of its sources, then one read-add-write.
-__global__ void gather_add_kernel(const __grid_constant__ RowGatherAdd a) {
+struct SumArgs {
+  SumPart parts[kMaxPatterns];
+  int32_t num_parts;
+  void* dst;
+  const float* base;
+  int64_t rows;
+  int32_t row_floats;
+  int64_t batch;
+};
+
+template <class T> __device__ __forceinline__ void store4(T* dst, float4 v) {
+  if constexpr (std::is_same_v<T, float>) {
+    *reinterpret_cast<float4*>(dst) = v;
+  } else {
+    using T2 = std::conditional_t<std::is_same_v<T, __nv_bfloat16>, __nv_bfloat162, __half2>;
+    T2 lo, hi;
+    if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+      lo = __floats2bfloat162_rn(v.x, v.y);
+      hi = __floats2bfloat162_rn(v.z, v.w);
+    } else {
+      lo = __floats2half2_rn(v.x, v.y);
+      hi = __floats2half2_rn(v.z, v.w);
+    }
+    uint2 bits;
+    bits.x = *reinterpret_cast<uint32_t*>(&lo);
+    bits.y = *reinterpret_cast<uint32_t*>(&hi);
+    *reinterpret_cast<uint2*>(dst) = bits;
+  }
+}
+
+// One float4 of a local row per thread: its accumulator, then each pattern's rows, rounded once.
+// grid: x strides over (row, unit), y the batch entry.
+template <class T> __global__ void sum_rows_kernel(const __grid_constant__ SumArgs a) {
   const int32_t units = a.row_floats / 4;
-  const int64_t n = a.rows * units;
-  float* dst = a.dst + blockIdx.y * a.dst_batch;
-  const float* src = a.src + blockIdx.y * a.src_batch;
+  const int64_t n = a.rows * units, b = blockIdx.y;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     int64_t row;
     int32_t u;
     split(i, units, row, u);
-    float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
-    bool any = false;
-    for (int32_t f = 0; f < a.fan; ++f) {
-      const int64_t s = a.src_rows[row * a.fan + f];
-      if (s < 0) continue;
-      const float4 x = reinterpret_cast<const float4*>(src + s * a.row_floats)[u];
-      sum.x += x.x;
-      sum.y += x.y;
-      sum.z += x.z;
-      sum.w += x.w;
-      any = true;
+    float4 acc = reinterpret_cast<const float4*>(a.base + b * a.batch + row * a.row_floats)[u];
+    for (int32_t p = 0; p < a.num_parts; ++p) {
+      const SumPart& part = a.parts[p];
+      for (int32_t f = 0; f < part.fan; ++f) {
+        const int64_t s = part.rows[row * part.fan + f];
+        if (s < 0) continue;
+        const float4 x = reinterpret_cast<const float4*>(part.src + b * part.batch + s * a.row_floats)[u];
+        acc.x += x.x;
+        acc.y += x.y;
+        acc.z += x.z;
+        acc.w += x.w;
+      }
     }
-    if (!any) continue;
-    float4* d = reinterpret_cast<float4*>(dst + row * a.row_floats) + u;
-    float4 v = *d;
-    v.x += sum.x;
-    v.y += sum.y;
-    v.z += sum.z;
-    v.w += sum.w;
-    *d = v;
+    store4(static_cast<T*>(a.dst) + b * a.batch + row * a.row_floats + 4 * u, acc);
   }
 }
 
@@ -217,11 +240,26 @@ class CudaRowOps final : public RowOps {
     }
   }
 
-  void gather_add(const RowGatherAdd& a, int32_t batch, void* stream) override {
-    if (a.rows == 0) return;
-    if (a.row_floats % 4 != 0) attnhost::fail(ATTNHOST_ERR_INTERNAL, "dilated gather_add: rows of 4k floats");
-    gather_add_kernel<<<dim3(blocks_for(a.rows * a.row_floats / 4), batch), kThreads, 0, cuda(stream)>>>(a);
-    check(cudaGetLastError(), "gather_add launch");
+  void sum(const RowSum& r, int32_t batch, void* stream) override {
+    if (r.rows == 0) return;
+    if (r.row_floats % 4 != 0 || r.parts.size() > static_cast<size_t>(kMaxPatterns))
+      attnhost::fail(ATTNHOST_ERR_INTERNAL, "dilated sum: rows of 4k floats, at most kMaxPatterns parts");
+    SumArgs a{};
+    std::copy(r.parts.begin(), r.parts.end(), a.parts);
+    a.num_parts = static_cast<int32_t>(r.parts.size());
+    a.dst = r.dst;
+    a.base = r.base;
+    a.rows = r.rows;
+    a.row_floats = r.row_floats;
+    a.batch = r.batch;
+    const dim3 grid(blocks_for(r.rows * r.row_floats / 4), batch);
+    switch (r.dtype) {
+      case ATTNHOST_DTYPE_BF16: sum_rows_kernel<__nv_bfloat16><<<grid, kThreads, 0, cuda(stream)>>>(a); break;
+      case ATTNHOST_DTYPE_FP16: sum_rows_kernel<__half><<<grid, kThreads, 0, cuda(stream)>>>(a); break;
+      case ATTNHOST_DTYPE_FP32: sum_rows_kernel<float><<<grid, kThreads, 0, cuda(stream)>>>(a); break;
+      default: attnhost::fail(ATTNHOST_ERR_INTERNAL, "dilated sum: output dtype must be bf16, fp16 or fp32");
+    }
+    check(cudaGetLastError(), "sum_rows launch");
   }
 
   void scatter_add(const RowScatterAdd& a, int32_t batch, void* stream) override {

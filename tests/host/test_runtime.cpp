@@ -2,6 +2,7 @@
 // planted fault is caught or contained, and a failing case never stops the next.
 #include "plugins/loader.h"
 #include "runtime/backend.h"
+#include "runtime/kernel_profiler.h"
 #include "runtime/runner.h"
 
 #include <doctest/doctest.h>
@@ -144,4 +145,16 @@ TEST_CASE("a plugin that refuses the problem, and a capability the plugin lacks"
   fp16.problem.dtype = "fp16";
   CHECK(run(fp16).runs[0].error == "plugin 'faulty' does not support fp16 (supports bf16,fp32)");
   CHECK_FALSE(run(fp16).failed());
+}
+
+TEST_CASE("kernel names in the breakdown keep what follows an anonymous namespace") {
+  // The profiler cut names at their first '(' and every kernel of an anonymous namespace showed as
+  // "dilated::", its copies and adds merged into one line.
+  CHECK(kernel_display_name("void dilated::(anonymous namespace)::copy_rows_kernel(dilated::(anonymous namespace)::CopyArgs)") ==
+        "dilated::copy_rows_kernel");
+  CHECK(kernel_display_name("void attncore::cuda::sm90::flash_forward_sm90_kernel<__nv_bfloat16, 128>(CUtensorMap_st, "
+                            "attncore::cuda::AttnArgs)") == "attncore::cuda::sm90::flash_forward_sm90_kernel<__nv_bfloat16, 128>");
+  CHECK(kernel_display_name("void f<(anonymous namespace)::Op>(int (*)(int))") == "f<Op>");
+  CHECK(kernel_display_name("_Z3fooi") == "_Z3fooi");  // not demangled: kept
+  CHECK(kernel_display_name(std::string(200, 'k')).size() == 96);
 }
