@@ -22,7 +22,6 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kMaxJobs = 6;        // copies per launch (Q, K, V, dO and two row-stats tables)
 constexpr unsigned kMaxBlocks = 8192;  // grid-stride beyond this
-constexpr int kMaxDimPerLane = 8;  // head_dim <= 256 in the combine
 
 void check(cudaError_t e, const char* what) {
   if (e != cudaSuccess) attnhost::fail(ATTNHOST_ERR_DEVICE, std::string("dilated ") + what + ": " + cudaGetErrorString(e));
@@ -166,52 +165,62 @@ struct CombineArgs {
 };
 
 constexpr int kCombineWarps = kThreads / 32;
+constexpr int kMaxUnitsPerLane = 2;  // float4s of a row a lane adds: head_dim <= 256
+static_assert(kMaxPatterns <= 32, "the combine gives each pattern's LSE one lane");
 
-template <class T> __device__ __forceinline__ T from_float(float x) {
-  if constexpr (std::is_same_v<T, float>) return x;
-  else if constexpr (std::is_same_v<T, __nv_bfloat16>) return __float2bfloat16_rn(x);
-  else return __float2half_rn(x);
-}
-
-// One warp per local row (token, head); lanes split the head dim. grid: x rows, y batch entries.
+// One warp per local row (token, head). Lane p holds pattern p's row index and LSE, so the LSE
+// reduction is two shuffle trees and each pattern's weight one broadcast; lanes then split the
+// row in float4s, and every pattern's loads are independent of the others' (a sum, not a chain
+// of dependent scalar loads). grid: x rows, y batch entries.
 template <class T> __global__ void combine_kernel(const __grid_constant__ CombineArgs a) {
   const int64_t j = int64_t(blockIdx.x) * kCombineWarps + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   const int64_t b = blockIdx.y;
   if (j >= a.tokens * a.heads) return;
-  float hi = -INFINITY;
-  for (int32_t p = 0; p < a.num_parts; ++p) {
-    const int32_t idx = a.parts[p].rows[j];
-    if (idx >= 0) hi = fmaxf(hi, a.parts[p].lse[b * a.parts[p].lse_batch + idx]);
+  int32_t idx = -1;
+  float l = -INFINITY;
+  if (lane < a.num_parts) {
+    const PartArgs& part = a.parts[lane];
+    idx = part.rows[j];
+    if (idx >= 0) l = part.lse[b * part.lse_batch + idx];
   }
-  float acc[kMaxDimPerLane];
+  float hi = l;
 #pragma unroll
-  for (int k = 0; k < kMaxDimPerLane; ++k) acc[k] = 0.f;
-  float lse = -INFINITY;
+  for (int o = 16; o > 0; o >>= 1) hi = fmaxf(hi, __shfl_xor_sync(0xffffffffu, hi, o));
+  float lse = -INFINITY, weight = 0.f;
   if (hi != -INFINITY) {
-    float sum = 0.f;
-    for (int32_t p = 0; p < a.num_parts; ++p) {
-      const int32_t idx = a.parts[p].rows[j];
-      if (idx >= 0) sum += expf(a.parts[p].lse[b * a.parts[p].lse_batch + idx] - hi);
-    }
-    lse = hi + logf(sum);
-    for (int32_t p = 0; p < a.num_parts; ++p) {
-      const int32_t idx = a.parts[p].rows[j];
-      if (idx < 0) continue;
-      const float l = a.parts[p].lse[b * a.parts[p].lse_batch + idx];
-      if (l == -INFINITY) continue;
-      const float weight = expf(l - lse);
-      const float* o = a.parts[p].o + b * a.parts[p].o_batch + int64_t(idx) * a.head_dim;
+    float sum = l == -INFINITY ? 0.f : expf(l - hi);
 #pragma unroll
-      for (int k = 0; k < kMaxDimPerLane; ++k)
-        if (lane + 32 * k < a.head_dim) acc[k] += weight * o[lane + 32 * k];
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    lse = hi + logf(sum);
+    if (l != -INFINITY) weight = expf(l - lse);
+  }
+  const int32_t units = a.head_dim / 4;
+  float4 acc[kMaxUnitsPerLane];
+#pragma unroll
+  for (int k = 0; k < kMaxUnitsPerLane; ++k) acc[k] = make_float4(0.f, 0.f, 0.f, 0.f);
+  for (int32_t p = 0; p < a.num_parts; ++p) {
+    const float w = __shfl_sync(0xffffffffu, weight, p);
+    const int32_t row = __shfl_sync(0xffffffffu, idx, p);
+    if (w == 0.f) continue;  // not selected, or nothing attended (warp-uniform)
+    const float4* o = reinterpret_cast<const float4*>(a.parts[p].o + b * a.parts[p].o_batch + int64_t(row) * a.head_dim);
+#pragma unroll
+    for (int k = 0; k < kMaxUnitsPerLane; ++k) {
+      const int u = lane + 32 * k;
+      if (u < units) {
+        const float4 x = o[u];
+        acc[k].x += w * x.x;
+        acc[k].y += w * x.y;
+        acc[k].z += w * x.z;
+        acc[k].w += w * x.w;
+      }
     }
   }
   const int64_t t = j / a.heads, h = j - t * a.heads;
   T* out = static_cast<T*>(a.o) + (b * a.tokens * a.heads + j) * a.head_dim;
 #pragma unroll
-  for (int k = 0; k < kMaxDimPerLane; ++k)
-    if (lane + 32 * k < a.head_dim) out[lane + 32 * k] = from_float<T>(acc[k]);
+  for (int k = 0; k < kMaxUnitsPerLane; ++k)
+    if (lane + 32 * k < units) store4(out + 4 * (lane + 32 * k), acc[k]);
   if (lane == 0) a.lse[(b * a.heads + h) * a.tokens + t] = lse;
 }
 
@@ -269,7 +278,7 @@ class CudaRowOps final : public RowOps {
   }
 
   void combine(const Combine& c, int32_t batch, void* stream) override {
-    if (c.parts.size() > static_cast<size_t>(kMaxPatterns) || c.head_dim > 32 * kMaxDimPerLane)
+    if (c.parts.size() > static_cast<size_t>(kMaxPatterns) || c.head_dim > 128 * kMaxUnitsPerLane || c.head_dim % 4 != 0)
       attnhost::fail(ATTNHOST_ERR_INTERNAL, "dilated combine: too many patterns or head_dim above 256");
     CombineArgs a{};
     for (size_t p = 0; p < c.parts.size(); ++p)
