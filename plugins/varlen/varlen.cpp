@@ -46,7 +46,7 @@ class Varlen {
          ATTNHOST_FEATURE_CAUSAL | ATTNHOST_FEATURE_NONCAUSAL | ATTNHOST_FEATURE_WINDOW | ATTNHOST_FEATURE_GQA |
              ATTNHOST_FEATURE_VARLEN | ATTNHOST_FEATURE_BACKWARD | ATTNHOST_FEATURE_DETERMINISTIC,
          1, 0, 0, nullptr},
-        attncore::plugin::kNumRingParams,
+        attncore::plugin::kNumPackedRingParams,
         attncore::plugin::kRingParams,
     };
     return info;

@@ -2,24 +2,55 @@
 
 #include "calls.h"
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
 namespace attncore::plugin {
 
+namespace {
+
+RingShape slice_shape(const RingShape& s, int32_t batch) {
+  RingShape slice = s;
+  slice.batch = batch;
+  return slice;
+}
+
+// Batch entries per slice: the slices are this size, the last one what is left.
+int32_t slice_batch(const RingShape& s) {
+  const int32_t slices = std::clamp(s.batch_slices, 1, std::max(1, s.batch));
+  return (s.batch + slices - 1) / slices;
+}
+
+// The tensor from batch entry b0 on, for `batch` entries ([B, ...] and [B, H, S] alike).
+attnhost_tensor from_entry(attnhost_tensor t, int64_t b0, int64_t batch) {
+  if (t.data) t.data = static_cast<char*>(t.data) + b0 * t.strides[0] * static_cast<int64_t>(attnhost::dtype_size(t.dtype));
+  t.shape[0] = batch;
+  return t;
+}
+
+}  // namespace
+
+size_t RingAttention::workspace_bytes(const RingShape& shape, int world_size) {
+  const RingShape s = slice_shape(shape, slice_batch(shape));
+  const size_t el = attnhost::dtype_size(s.dtype);
+  const size_t kv_elems = static_cast<size_t>(s.batch) * s.local_kv * s.heads_kv * s.head_dim;
+  const size_t q_elems = static_cast<size_t>(s.batch) * s.local_q * s.heads_q * s.head_dim;
+  const size_t rows = static_cast<size_t>(s.batch) * s.heads_q * s.local_q;
+  const size_t forward_work = 2 * align_up(q_elems * 4) + align_up(rows * 4);                      // O acc, O part, LSE part
+  const size_t backward_work = align_up(rows * 4) + align_up(q_elems * 4) + 4 * align_up(kv_elems * 4);  // delta, dQ, 2 x dK dV
+  const size_t receive = world_size > 1 ? 4 * align_up(kv_elems * el) : 0;
+  return receive + std::max(forward_work, backward_work);
+}
+
 RingAttention::RingAttention(const RingShape& shape, RingPlan plan, attnhost::Host host, int rank, int world_size,
                              bool cuda, bool cpu_fp64, bool overlap)
     : s_(shape), plan_(std::move(plan)), host_(host), rank_(rank), world_(world_size), overlap_(overlap),
       engine_(Engine::make(cuda, cpu_fp64, EngineOptions{shape.engine, host, shape.dtype_partials})) {
-  const size_t el = attnhost::dtype_size(s_.dtype);
-  const size_t kv_elems = static_cast<size_t>(s_.batch) * s_.local_kv * s_.heads_kv * s_.head_dim;
-  const size_t q_elems = static_cast<size_t>(s_.batch) * s_.local_q * s_.heads_q * s_.head_dim;
-  const size_t rows = static_cast<size_t>(s_.batch) * s_.heads_q * s_.local_q;
-  const size_t kv_block = align_up(kv_elems * el);
-  const size_t forward_work = 2 * align_up(q_elems * 4) + align_up(rows * 4);                      // O acc, O part, LSE part
-  const size_t backward_work = align_up(rows * 4) + align_up(q_elems * 4) + 4 * align_up(kv_elems * 4);  // delta, dQ, 2 x dK dV
-  const size_t receive = world_ > 1 ? 4 * kv_block : 0;
-  arena_ = attnhost::HostBuffer(host_, receive + std::max(forward_work, backward_work));
+  const RingShape s = slice_shape(s_, slice_batch(s_));
+  const size_t kv_block = align_up(static_cast<size_t>(s.batch) * s.local_kv * s.heads_kv * s.head_dim *
+                                   attnhost::dtype_size(s.dtype));
+  arena_ = attnhost::HostBuffer(host_, workspace_bytes(s_, world_));
   char* at = arena_.as<char>();
   if (world_ > 1)
     for (KV& b : kv_) {
@@ -45,15 +76,25 @@ void RingAttention::exchange(const void* send_k, const void* send_v, void* recv_
 }
 
 void RingAttention::forward(const attnhost_forward_args& a) {
+  const int32_t per = slice_batch(s_);
+  for (int32_t b0 = 0; b0 < s_.batch; b0 += per) {
+    const int32_t n = std::min(per, s_.batch - b0);
+    attnhost_forward_args slice = a;
+    for (attnhost_tensor* t : {&slice.q, &slice.k, &slice.v, &slice.o, &slice.lse}) *t = from_entry(*t, b0, n);
+    forward_slice(slice_shape(s_, n), slice);
+  }
+}
+
+void RingAttention::forward_slice(const RingShape& s, const attnhost_forward_args& a) {
   void* compute = host_.stream(0);
   void* comm = overlap_ ? host_.stream(1) : compute;
-  const size_t q_elems = static_cast<size_t>(s_.batch) * s_.local_q * s_.heads_q * s_.head_dim;
-  const size_t kv_elems = static_cast<size_t>(s_.batch) * s_.local_kv * s_.heads_kv * s_.head_dim;
+  const size_t q_elems = static_cast<size_t>(s.batch) * s.local_q * s.heads_q * s.head_dim;
+  const size_t kv_elems = static_cast<size_t>(s.batch) * s.local_kv * s.heads_kv * s.head_dim;
   std::vector<std::vector<BlockCall>> plans(world_);
   size_t calls = 0;
   for (int step = 0; step < world_; ++step) calls += (plans[step] = plan_(rank_, source(step))).size();
   // One call in all (world size 1 with a single block): O goes straight to the problem's dtype.
-  OutputAccumulator out(s_, *engine_, reinterpret_cast<float*>(work_), reinterpret_cast<float*>(work_ + align_up(q_elems * 4)),
+  OutputAccumulator out(s, *engine_, reinterpret_cast<float*>(work_), reinterpret_cast<float*>(work_ + align_up(q_elems * 4)),
                         reinterpret_cast<float*>(work_ + 2 * align_up(q_elems * 4)), static_cast<float*>(a.lse.data),
                         calls == 1 ? a.o.data : nullptr);
 
@@ -62,12 +103,12 @@ void RingAttention::forward(const attnhost_forward_args& a) {
     if (step + 1 < world_) {
       engine_->wait(comm, compute);  // the receive buffer was read by the previous step
       KV next = kv_[(step + 1) % 2];
-      exchange(cur.k, cur.v, next.k, next.v, s_.dtype, kv_elems, comm, "K V", step);
+      exchange(cur.k, cur.v, next.k, next.v, s.dtype, kv_elems, comm, "K V", step);
     }
     for (const BlockCall& c : plans[step]) {
       std::string name = "attention step " + std::to_string(step);
       int32_t range = host_.range_begin(name.c_str(), ATTNHOST_RANGE_COMPUTE, compute);
-      out.run(forward_params(s_, c, a.q.data, cur.k, cur.v), c, compute);  // first call on its rows, or merged
+      out.run(forward_params(s, c, a.q.data, cur.k, cur.v), c, compute);  // first call on its rows, or merged
       host_.range_end(range, compute);
     }
     if (step + 1 < world_) engine_->wait(compute, comm);  // the next block has arrived
@@ -76,24 +117,36 @@ void RingAttention::forward(const attnhost_forward_args& a) {
 }
 
 void RingAttention::backward(const attnhost_backward_args& a) {
+  const int32_t per = slice_batch(s_);
+  for (int32_t b0 = 0; b0 < s_.batch; b0 += per) {
+    const int32_t n = std::min(per, s_.batch - b0);
+    attnhost_backward_args slice = a;
+    for (attnhost_tensor* t : {&slice.q, &slice.k, &slice.v, &slice.o, &slice.lse, &slice.d_o, &slice.dq, &slice.dk,
+                               &slice.dv})
+      *t = from_entry(*t, b0, n);
+    backward_slice(slice_shape(s_, n), slice, b0 + n == s_.batch);
+  }
+}
+
+void RingAttention::backward_slice(const RingShape& s, const attnhost_backward_args& a, bool last) {
   void* compute = host_.stream(0);
   void* comm = overlap_ ? host_.stream(1) : compute;
-  const size_t q_elems = static_cast<size_t>(s_.batch) * s_.local_q * s_.heads_q * s_.head_dim;
-  const size_t kv_elems = static_cast<size_t>(s_.batch) * s_.local_kv * s_.heads_kv * s_.head_dim;
-  const size_t rows = static_cast<size_t>(s_.batch) * s_.heads_q * s_.local_q;
+  const size_t q_elems = static_cast<size_t>(s.batch) * s.local_q * s.heads_q * s.head_dim;
+  const size_t kv_elems = static_cast<size_t>(s.batch) * s.local_kv * s.heads_kv * s.head_dim;
+  const size_t rows = static_cast<size_t>(s.batch) * s.heads_q * s.local_q;
   float* delta = reinterpret_cast<float*>(work_);
   float* dq = reinterpret_cast<float*>(work_ + align_up(rows * 4));
   char* dkv_base = work_ + align_up(rows * 4) + align_up(q_elems * 4);
   KV dkv[2];
   for (int i = 0; i < 2; ++i)
     dkv[i] = {dkv_base + 2 * i * align_up(kv_elems * 4), dkv_base + (2 * i + 1) * align_up(kv_elems * 4)};
-  const LocalViews views{s_};
+  const LocalViews views{s};
   DeltaParams dp;
-  dp.dtype = core_dtype(s_.dtype);
-  dp.batch = s_.batch;
-  dp.heads = s_.heads_q;
-  dp.head_dim = s_.head_dim;
-  dp.seqlen = s_.local_q;
+  dp.dtype = core_dtype(s.dtype);
+  dp.batch = s.batch;
+  dp.heads = s.heads_q;
+  dp.head_dim = s.head_dim;
+  dp.seqlen = s.local_q;
   dp.o = views.q(a.o.data, 0, false);
   dp.d_o = views.q(a.d_o.data, 0, false);
   dp.delta = views.stats(delta, 0);
@@ -103,7 +156,7 @@ void RingAttention::backward(const attnhost_backward_args& a) {
   // straight into the outputs: no fp32 accumulators to zero and convert.
   const bool sole = world_ == 1 && [&] {
     const std::vector<BlockCall> calls = plan_(rank_, source(0));
-    return calls.size() == 1 && covers_all_keys(s_, calls[0]);
+    return calls.size() == 1 && covers_all_keys(s, calls[0]);
   }();
   if (!sole) {
     engine_->zero(dkv[0].k, kv_elems * 4, compute);
@@ -122,16 +175,16 @@ void RingAttention::backward(const attnhost_backward_args& a) {
     if (step + 1 < world_) {
       engine_->wait(comm, compute);
       KV next = kv_[(step + 1) % 2];
-      exchange(cur.k, cur.v, next.k, next.v, s_.dtype, kv_elems, comm, "K V", step);
+      exchange(cur.k, cur.v, next.k, next.v, s.dtype, kv_elems, comm, "K V", step);
       kv_ready = engine_->record(comm);
     }
     for (const BlockCall& c : plan_(rank_, src)) {
       if (c.backward_segments && c.num_backward_segments == 0) continue;  // nothing attends: nothing to differentiate
       std::string name = "attention backward step " + std::to_string(step);
       int32_t range = host_.range_begin(name.c_str(), ATTNHOST_RANGE_COMPUTE, compute);
-      BackwardParams p = backward_params(s_, c, a, cur.k, cur.v, delta, dq, static_cast<float*>(grad.k),
+      BackwardParams p = backward_params(s, c, a, cur.k, cur.v, delta, dq, static_cast<float*>(grad.k),
                                          static_cast<float*>(grad.v));
-      if (sole) write_dkdv_into(p, s_, c, a);
+      if (sole) write_dkdv_into(p, s, c, a);
       engine_->backward_after(p, compute, grads_ready);
       host_.range_end(range, compute);
     }
@@ -147,18 +200,18 @@ void RingAttention::backward(const attnhost_backward_args& a) {
       // they land in dK and dV. The K/V buffer of step P - 2 is free to stage them.
       engine_->wait(compute, grads_ready);  // a step without calls still passes on what arrived
       KV staged = kv_[world_ % 2];
-      convert_out(s_, *engine_, static_cast<float*>(grad.k), staged.k, true, compute);
-      convert_out(s_, *engine_, static_cast<float*>(grad.v), staged.v, true, compute);
+      convert_out(s, *engine_, static_cast<float*>(grad.k), staged.k, true, compute);
+      convert_out(s, *engine_, static_cast<float*>(grad.v), staged.v, true, compute);
       engine_->wait(comm, compute);
-      exchange(staged.k, staged.v, a.dk.data, a.dv.data, s_.dtype, kv_elems, comm, "dK dV", step);
+      exchange(staged.k, staged.v, a.dk.data, a.dv.data, s.dtype, kv_elems, comm, "dK dV", step);
       grads_ready = engine_->record(comm);
     }
   }
-  convert_out(s_, *engine_, dq, a.dq.data, false, compute);
-  engine_->wait(compute, grads_ready);  // dK and dV are home
+  convert_out(s, *engine_, dq, a.dq.data, false, compute);
+  if (last) engine_->wait(compute, grads_ready);  // dK and dV are home (every slice's: the hops are in order)
   if (world_ == 1 && !sole) {
-    convert_out(s_, *engine_, static_cast<float*>(dkv[0].k), a.dk.data, true, compute);
-    convert_out(s_, *engine_, static_cast<float*>(dkv[0].v), a.dv.data, true, compute);
+    convert_out(s, *engine_, static_cast<float*>(dkv[0].k), a.dk.data, true, compute);
+    convert_out(s, *engine_, static_cast<float*>(dkv[0].v), a.dv.data, true, compute);
   }
 }
 

@@ -4,7 +4,8 @@
 // started on rank (r - i) mod P, attends its queries to it while that block moves on to r + 1 on
 // a stream of its own, and merges the partial output in fp32. Backward sends the block round
 // again with its fp32 dK/dV accumulators; the last hop takes the finished sums home in the
-// problem dtype, straight into dK and dV.
+// problem dtype, straight into dK and dV. The whole ring may run once per slice of the batch
+// (RingShape::batch_slices), which divides its buffers by the slice count.
 //
 // A variant says only which attention calls a step makes (RingPlan); this file is the schedule,
 // the double buffers, the stream ordering and the merges, shared by every ring-shaped variant.
@@ -56,6 +57,9 @@ struct RingShape {
   bool deterministic = false;
   EngineChoice engine = EngineChoice::native;  // what serves the attention calls on a GPU (engine.h)
   bool dtype_partials = false;                 // EngineOptions::dtype_partials
+  // The ring runs over this many slices of the batch, one after another: the receive buffers and
+  // the fp32 workspace are sized for one slice (about 1/batch_slices of the whole). 1: no slicing.
+  int32_t batch_slices = 1;
 };
 
 class RingAttention {
@@ -69,6 +73,9 @@ class RingAttention {
   void backward(const attnhost_backward_args& a);
   // Pairs this rank computes (every call of every step, batch and heads included).
   int64_t rank_pairs() const;
+  // The bytes a ring of `shape` allocates beyond the problem's tensors (receive buffers and the
+  // larger of the forward's and the backward's workspace), for one slice of the batch.
+  static size_t workspace_bytes(const RingShape& shape, int world_size);
 
  private:
   struct KV {
@@ -76,6 +83,11 @@ class RingAttention {
     void* v;
   };
   int source(int step) const { return ((rank_ - step) % world_ + world_) % world_; }
+  // One slice of the batch: `s` is the shape with the slice's batch; the args point at its first
+  // entry. The last slice of a backward waits for its dK/dV to come home; earlier ones leave that
+  // hop on the communication stream, under the next slice's first step.
+  void forward_slice(const RingShape& s, const attnhost_forward_args& a);
+  void backward_slice(const RingShape& s, const attnhost_backward_args& a, bool last);
   void exchange(const void* send_k, const void* send_v, void* recv_k, void* recv_v, int32_t dtype, size_t count,
                 void* stream, const char* what, int step);
 

@@ -15,9 +15,11 @@
 
 #include <attnhost/plugin.hpp>
 
+#include <algorithm>
+
 namespace attncore::plugin {
 
-// The parameters every ring-shaped plugin takes.
+// The parameters of the ring-shaped plugins; batch_slices last.
 inline constexpr attnhost_param_spec kRingParams[] = {
     {ATTNHOST_STRUCT_SIZE(attnhost_param_spec, choices), "overlap", ATTNHOST_PARAM_BOOL, "true",
      "send the next K/V block on its own stream while this one computes (false: one stream)", nullptr},
@@ -32,8 +34,14 @@ inline constexpr attnhost_param_spec kRingParams[] = {
      "such call on the libraries measured), or the problem's dtype (rounded once per block, as PyTorch's context "
      "parallelism does, so that cuDNN can serve the blocks)",
      "fp32|dtype"},
+    {ATTNHOST_STRUCT_SIZE(attnhost_param_spec, choices), "batch_slices", ATTNHOST_PARAM_INT, "0",
+     "run the ring over this many slices of the batch, one after another, so that its receive buffers and fp32 "
+     "workspace hold one slice; 0: one at world size 1, else the fewest that keep a rank's memory within 1.3x of "
+     "its Q, K, V, O, dO, dQ, dK, dV and two K/V blocks",
+     nullptr},
 };
-inline constexpr int32_t kNumRingParams = 4;
+inline constexpr int32_t kNumRingParams = 5;        // ring, zigzag: all of them
+inline constexpr int32_t kNumPackedRingParams = 4;  // varlen: all but batch_slices (its batch is one sequence)
 
 inline constexpr uint32_t kRingDtypes = ATTNHOST_CAP_DTYPE(ATTNHOST_DTYPE_BF16) |
                                         ATTNHOST_CAP_DTYPE(ATTNHOST_DTYPE_FP16) |
@@ -48,6 +56,10 @@ inline constexpr uint32_t kRingDevices = ATTNHOST_CAP_DEVICE_CPU
 // core runs on this device.
 void validate_dense(const attnhost::Problem& p);
 DenseMask dense_mask(const attnhost::Problem& p);
+// batch_slices = 0: at world size 1 one slice; above, the fewest slices with which the tensors a
+// rank holds plus the ring's workspace stay within 1.3x of its working set (Q, K, V, O, dO, dQ,
+// dK, dV and two K/V blocks); the whole batch when none does.
+int32_t auto_batch_slices(const RingShape& s, int world_size);
 
 template <class Variant>
 class RingPlugin {
@@ -55,6 +67,7 @@ class RingPlugin {
   static const attnhost_plugin_info& info() { return Variant::info(); }
   static void validate(const attnhost::Problem& p) {
     validate_dense(p);
+    if (p.get_int("batch_slices") < 0) attnhost::fail(ATTNHOST_ERR_INVALID_ARGUMENT, "batch_slices must be 0 (auto) or more");
     Variant::validate(p);
   }
 
@@ -103,6 +116,9 @@ class RingPlugin {
     s.deterministic = p->deterministic != 0;
     s.engine = engine_choice(p.get_string("engine"));
     s.dtype_partials = p.get_string("partials") == "dtype";
+    const int64_t slices = p.get_int("batch_slices");
+    s.batch_slices = slices > 0 ? static_cast<int32_t>(std::min<int64_t>(slices, s.batch))
+                                : auto_batch_slices(s, p->world_size);
     return s;
   }
 
