@@ -132,6 +132,16 @@ void DilatedAttention::build_tables(const Geometry& g) {
     exchanges_ = exchanges_ || !st.sends.empty() || !st.recvs.empty();
     patterns_.push_back(std::move(st));
   }
+  // Local patterns run first, in order (forward(), backward()): the first direct one is the first to
+  // touch the local dK/dV, and writes them if its segments hold every local key.
+  for (size_t p = 0; p < patterns_.size() && dkdv_writer_ < 0; ++p) {
+    const PatternState& st = patterns_[p];
+    if (st.plan.remote || !st.plan.direct) continue;
+    std::vector<char> held(local_, 0);
+    for (const Segment& s : st.host_segments) std::fill(held.begin() + s.kv_begin, held.begin() + s.kv_end, 1);
+    if (std::all_of(held.begin(), held.end(), [](char c) { return c != 0; })) dkdv_writer_ = static_cast<int>(p);
+    break;  // a later direct pattern adds to what this one wrote
+  }
 
   // One upload: the int tables, then every pattern's segments.
   size_t segments = 0;
@@ -405,6 +415,8 @@ void DilatedAttention::pattern_backward(size_t p, const attnhost_backward_args& 
   bp.mask.causal = causal_;
   bp.segments = st.segments;
   bp.num_segments = static_cast<int32_t>(st.host_segments.size());
+  // Written, not added: a gathered pattern's segments share no keys, and the writer's hold them all.
+  bp.write_dkdv = bp.write_dkdv_fp32 = !st.plan.direct || static_cast<int>(p) == dkdv_writer_;
   if (st.plan.direct) {
     bp.delta = local_stats(w.delta);
     if (ts) {  // delta_i = rowsum(dO * O_i) of this pattern's own output
@@ -448,8 +460,6 @@ void DilatedAttention::pattern_backward(size_t p, const attnhost_backward_args& 
   if (!ts) jobs.push_back({b.delta, w.delta, nullptr, st.stat_src, rq, 4, rq * 4, s_.heads_q * local_ * 4});
   ops_->copy(jobs, s_.batch, stream);
   engine_->zero(b.dq, s_.batch * rq * s_.head_dim * 4, stream);
-  engine_->zero(b.dk, s_.batch * rk * s_.head_dim * 4, stream);
-  engine_->zero(b.dv, s_.batch * rk * s_.head_dim * 4, stream);
   if (ts) {
     engine_->forward(forward_params(p, b.q, b.k, b.v, b.o, b.part_lse), stream);
     DeltaParams dp;
@@ -497,8 +507,10 @@ void DilatedAttention::backward(const attnhost_backward_args& a) {
   dp.delta = local_stats(w.delta);
   engine_->compute_delta(dp, compute);
   engine_->zero(w.dq, q_elems * 4, compute);
-  engine_->zero(w.dk, kv_elems * 4, compute);
-  engine_->zero(w.dv, kv_elems * 4, compute);
+  if (dkdv_writer_ < 0) {
+    engine_->zero(w.dk, kv_elems * 4, compute);
+    engine_->zero(w.dv, kv_elems * 4, compute);
+  }
   if (exchanges_) {
     engine_->wait(comm, compute);
     exchange_kv(a.k.data, a.v.data, w, comm);

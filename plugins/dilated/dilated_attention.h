@@ -18,7 +18,10 @@
 // Forward: combine(O_i, LSE_i) over the patterns -> O, LSE. Backward: delta = rowsum(dO * O) of
 // the final output, and each pattern's flash backward with the final LSE and that delta (exact,
 // VARIANTS.md); direct patterns and returned partials add into fp32 accumulators, and one pass per
-// gradient sums each local row's accumulator and gathered partials and rounds it once.
+// gradient sums each local row's accumulator and gathered partials and rounds it once. A gathered
+// pattern's segments share no keys, so its call writes its fp32 dK/dV partials (write_dkdv) rather
+// than adding into zeroed buffers; so does the first direct pattern when its segments hold every
+// local key.
 #pragma once
 
 #include "geometry.h"
@@ -118,6 +121,9 @@ class DilatedAttention {
   std::unique_ptr<RowOps> ops_;
   std::vector<PatternState> patterns_;
   bool exchanges_ = false;  // some pattern sends or receives rows
+  // The direct pattern whose segments hold every local key, if any: the first to run, it writes the
+  // local dK/dV accumulators (write_dkdv) instead of adding into zeroed ones. -1: none.
+  int dkdv_writer_ = -1;
   int64_t rank_pairs_ = 0;
   attnhost::HostBuffer tables_;  // every table and segment list, on the instance's device
   attnhost::HostBuffer arena_;   // the forward's or the backward's buffers

@@ -384,7 +384,7 @@ TEST_CASE("cpu: rows with no key give O = 0, LSE = -inf, zero gradients, no NaN"
 
 // write_dkdv (one call that makes every key's gradients): dK and dV in the input dtype, bit for bit
 // the fp32 accumulators (started at zero) rounded once; keys no query sees get zeros, not what was
-// there; dQ still adds. Calls with segments are refused.
+// there; dQ still adds.
 TEST_CASE("cpu: write_dkdv writes dK and dV in dtype, the accumulators rounded once") {
   for (DType dt : {DType::bf16, DType::fp16}) {
     // Causal with more keys than queries: the last 30 keys are after every query.
@@ -411,11 +411,37 @@ TEST_CASE("cpu: write_dkdv writes dK and dV in dtype, the accumulators rounded o
     CHECK(differ == 0);
     CHECK(unseen_nonzero == 0);
     CHECK(dq.bytes == want.dq.bytes);
-    p.segments = {{0, int32_t(p.Sq), 0, int32_t(p.Skv), 0, 0}};
-    BackwardParams with_segments = p.backward_params(want.lse32, want.delta, dq, dk, dv);
-    with_segments.write_dkdv = true;
-    CHECK_THROWS_AS(cpu::backward<float>(with_segments), Error);
   }
+}
+
+// write_dkdv in fp32 with segments that share no keys (dilated's patterns): every key of a segment
+// is its accumulator's value (one add into zero), keys in no segment keep what was there.
+TEST_CASE("cpu: write_dkdv in fp32 with segments writes every key of a segment and no other") {
+  Problem p = make({"write fp32", DType::bf16, 2, 4, 2, 32, 120, 120, true, -1, -1, 0, 0}, 651);
+  p.segments = {{0, 50, 0, 50, 0, 0}, {50, 120, 61, 120, 50, 61}};  // keys 50..60 in no segment
+  Outputs want = run<float>(p, true);
+  Tensor dq(DType::fp32, p.B, p.Sq, p.Hq, p.D), dk(DType::fp32, p.B, p.Skv, p.Hkv, p.D),
+      dv(DType::fp32, p.B, p.Skv, p.Hkv, p.D);
+  dk.fill(kPoison);
+  dv.fill(kPoison);
+  BackwardParams g = p.backward_params(want.lse32, want.delta, dq, dk, dv);
+  g.write_dkdv = true;
+  g.write_dkdv_fp32 = true;
+  cpu::backward<float>(g);
+  int64_t differ = 0, gap_written = 0;
+  for (int64_t b = 0; b < p.B; ++b)
+    for (int64_t j = 0; j < p.Skv; ++j)
+      for (int32_t h = 0; h < p.Hkv; ++h)
+        for (int32_t d = 0; d < p.D; ++d) {
+          const double k = dk.get(b, j, h, d), v = dv.get(b, j, h, d);
+          if (j >= 50 && j < 61) gap_written += !(k == kPoison) || !(v == kPoison);
+          else differ += k != want.dk.get(b, j, h, d) || v != want.dv.get(b, j, h, d);
+        }
+  CHECK(differ == 0);
+  CHECK(gap_written == 0);
+  CHECK(dq.bytes == want.dq.bytes);
+  g.write_dkdv = false;  // fp32 writing is a way of write_dkdv, not a mode of its own
+  CHECK_THROWS_AS(cpu::backward<float>(g), Error);
 }
 
 TEST_CASE("cpu: merge of two empty sides stays (0, -inf), one empty side passes the other") {

@@ -19,14 +19,17 @@ using namespace coretest;
 
 namespace {
 
+// How the backward puts dK and dV out (BackwardParams::write_dkdv, write_dkdv_fp32).
+enum class Dkdv { add, write, write_fp32 };
+
 // The backward on the device into host tensors dq, dk, dv (fp32 accumulators starting from their
-// contents; with write_dkdv, dk and dv in the problem's dtype over NaN poison).
+// contents; written dk and dv, in the problem's dtype or in fp32, over NaN poison).
 void backward_gpu(Problem& p, Stats lse, Stats delta, Tensor& dq, Tensor& dk, Tensor& dv, bool deterministic,
-                  bool write_dkdv) {
+                  Dkdv out) {
   DeviceProblem dp(p);
   DeviceStats lse_d(lse), delta_d(delta);
   DeviceTensor dq_d(dq), dk_d(dk), dv_d(dv);
-  if (write_dkdv) {
+  if (out != Dkdv::add) {
     dk_d.buf->poison();
     dv_d.buf->poison();
   }
@@ -38,7 +41,8 @@ void backward_gpu(Problem& p, Stats lse, Stats delta, Tensor& dq, Tensor& dk, Te
   g.dk = dk_d.ref;
   g.dv = dv_d.ref;
   g.deterministic = deterministic;
-  g.write_dkdv = write_dkdv;
+  g.write_dkdv = out != Dkdv::add;
+  g.write_dkdv_fp32 = out == Dkdv::write_fp32;
   backward_cuda(g, nullptr);
   CUDA_OK(cudaDeviceSynchronize());
   dq_d.download(dq);
@@ -97,7 +101,7 @@ Outputs run_gpu(Problem& p, bool grads, bool deterministic, const Outputs* cpu_r
   r.dk = Tensor(DType::fp32, p.B, p.Skv, p.Hkv, p.D);
   r.dv = Tensor(DType::fp32, p.B, p.Skv, p.Hkv, p.D);
   backward_gpu(p, cpu_ref ? cpu_ref->lse : r.lse, cpu_ref ? cpu_ref->delta : r.delta, r.dq, r.dk, r.dv, deterministic,
-               false);
+               Dkdv::add);
   return r;
 }
 
@@ -131,7 +135,7 @@ void check_all(Problem& p, bool grads = true) {
 // rounded, bit for bit, on every key (zeros where no query sees it).
 void check_write_dkdv(Problem& p, const Outputs& want, const Outputs& acc) {
   Tensor dq32(DType::fp32, p.B, p.Sq, p.Hq, p.D), dk(p.dtype, p.B, p.Skv, p.Hkv, p.D), dv(p.dtype, p.B, p.Skv, p.Hkv, p.D);
-  backward_gpu(p, want.lse, want.delta, dq32, dk, dv, false, true);
+  backward_gpu(p, want.lse, want.delta, dq32, dk, dv, false, Dkdv::write);
   Tensor rounded(p.dtype, 1, 1, 1, 2);
   int64_t differ = 0;
   for (int64_t b = 0; b < p.B; ++b)
@@ -440,6 +444,46 @@ TEST_CASE("gpu: write_dkdv writes dK and dV in dtype, the accumulators rounded, 
   }
 }
 
+// write_dkdv in fp32 with segments that share no keys (dilated's patterns). Each key of a segment
+// gets one add into zero in accumulator mode, so the written values are the accumulators' bit for
+// bit; keys in no segment keep what was there (the poison). The first segment ends inside a key tile
+// whose other rows belong to the gap and the next segment: a tile must not write past its segment.
+TEST_CASE("gpu: write_dkdv in fp32 with segments writes every key of a segment and no other") {
+  REQUIRE(device_count() > 0);
+  std::mt19937_64 rng(43);
+  for (const char* kernels : {"", "mma"}) {
+    if (*kernels) setenv("ATTNCORE_KERNELS", kernels, 1);
+    for (int32_t D : {64, 128, 256}) {
+      Problem p = random_problem(rng, DType::bf16, D, 1 + int(rng() % 2), 300);
+      p.Sq = p.Skv = 700;
+      std::mt19937_64 data(rng());
+      p.randomize(data);
+      p.mask.causal = true;
+      constexpr int32_t a = 200, gap = 37, b = 450;  // keys [a, a + gap) are in no segment
+      p.segments = {{0, a, 0, a, 0, 0}, {a, b, a + gap, b, a, a + gap}, {b, 700, b, 700, b, b}};
+      const Outputs want = run_cpu(p, true);
+      const Outputs acc = run_gpu(p, true, false, &want);
+      Tensor dq(DType::fp32, p.B, p.Sq, p.Hq, p.D), dk(DType::fp32, p.B, p.Skv, p.Hkv, p.D), dv(DType::fp32, p.B, p.Skv, p.Hkv, p.D);
+      backward_gpu(p, want.lse, want.delta, dq, dk, dv, false, Dkdv::write_fp32);
+      CAPTURE(kernels);
+      CAPTURE(D);
+      int64_t differ = 0, gap_written = 0;
+      for (int64_t bb = 0; bb < p.B; ++bb)
+        for (int64_t j = 0; j < p.Skv; ++j)
+          for (int32_t h = 0; h < p.Hkv; ++h)
+            for (int32_t d = 0; d < p.D; ++d) {
+              const double k = dk.get(bb, j, h, d), v = dv.get(bb, j, h, d);
+              if (j >= a && j < a + gap) gap_written += !std::isnan(k) || !std::isnan(v);
+              else differ += !(k == acc.dk.get(bb, j, h, d)) || !(v == acc.dv.get(bb, j, h, d));
+            }
+      CHECK(differ == 0);
+      CHECK(gap_written == 0);
+      check_backward(p, want, acc);  // and the accumulators are right
+    }
+    unsetenv("ATTNCORE_KERNELS");
+  }
+}
+
 // The Hopper backward hands dQ to the copy engine where the accumulator's rows are 16-byte aligned
 // (every other test); rows 8 bytes apart from 16 take the atomic reducer instead.
 TEST_CASE("gpu: dQ accumulators the copy engine cannot address (token stride 2 floats past 16 bytes)") {
@@ -453,7 +497,7 @@ TEST_CASE("gpu: dQ accumulators the copy engine cannot address (token stride 2 f
     got.dq = Tensor(DType::fp32, p.B, p.Sq, p.Hq, p.D, /*pad=*/2);
     got.dk = Tensor(DType::fp32, p.B, p.Skv, p.Hkv, p.D);
     got.dv = Tensor(DType::fp32, p.B, p.Skv, p.Hkv, p.D);
-    backward_gpu(p, want.lse, want.delta, got.dq, got.dk, got.dv, false, false);
+    backward_gpu(p, want.lse, want.delta, got.dq, got.dk, got.dv, false, Dkdv::add);
     CAPTURE(D);
     check_backward(p, want, got);
   }

@@ -118,11 +118,15 @@ struct BackwardParams {
   // kernels and the CPU reject it.
   bool write_grads = false;
   // Appended. true: dk and dv are written in `dtype` (overwritten) instead of added into fp32
-  // accumulators; dq stays an fp32 accumulator. For a call that alone makes the gradients of all
-  // seqlen_kv keys (one call, no segments, seqlen_q > 0): no zeroing, no conversion and no atomics
-  // for dK and dV; keys no query sees get zeros. The native kernels and the CPU write; the cuDNN
-  // engine does not serve such a call.
+  // accumulators; dq stays an fp32 accumulator. For a call that alone makes the gradients of its
+  // keys (seqlen_q > 0): no zeroing, no conversion and no atomics for dK and dV; keys no query sees
+  // get zeros. Without segments that is every key; with segments, every key of a segment (keys in
+  // no segment are not written), and segments must not share keys. The native kernels and the CPU
+  // write; the cuDNN engine does not serve such a call.
   bool write_dkdv = false;
+  // Appended. With write_dkdv: dk and dv are fp32 tensors, written in fp32. For a call whose keys'
+  // gradients other calls add to afterwards (dilated's patterns): no zeroing before it.
+  bool write_dkdv_fp32 = false;
 };
 
 // Empty when the core supports the configuration, else one line naming what is supported.

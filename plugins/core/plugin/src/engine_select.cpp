@@ -41,7 +41,7 @@ std::vector<int64_t> shape_key(const ForwardParams& p) {
 }
 
 std::vector<int64_t> shape_key(const BackwardParams& p) {
-  std::vector<int64_t> k = {1, p.deterministic, p.write_grads, p.write_dkdv};
+  std::vector<int64_t> k = {1, p.deterministic, p.write_grads, p.write_dkdv, p.write_dkdv_fp32};
   push_common(k, p.dtype, p.batch, p.heads_q, p.heads_kv, p.head_dim, p.seqlen_q, p.seqlen_kv, p.softmax_scale, p.mask,
               p.num_segments, p.blocks, p.lse);
   for (const TensorRef* t : {&p.q, &p.k, &p.v, &p.o, &p.d_o, &p.dq, &p.dk, &p.dv}) push_tensor(k, *t);
@@ -101,7 +101,9 @@ class SelectingEngine final : public Engine {
   void backward(const BackwardParams& p, void* s) override { backward_after(p, s, nullptr); }
   void backward_after(const BackwardParams& p, void* s, const Event& ready) override {
     ++backward_.calls;
-    if (p.write_dkdv) {  // cuDNN writes dK, dV in place and dQ in dtype into scratch, added into fp32
+    if (p.write_dkdv_fp32) {
+      // dK, dV written in fp32: the native kernels' mode alone
+    } else if (p.write_dkdv) {  // cuDNN writes dK, dV in place and dQ in dtype into scratch, added into fp32
       BackwardParams r = p;
       r.write_dkdv = false;
       r.write_grads = true;

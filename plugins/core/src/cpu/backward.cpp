@@ -49,8 +49,9 @@ template <class Acc> void backward(const BackwardParams& p) {
              p.segments, p.num_segments, p.blocks);
   if (p.softmax_scale < 0.f) fail("softmax_scale must be positive (0 means 1/sqrt(head_dim))");
   if (p.write_grads) fail("backward: the CPU reference adds into fp32 accumulators (write_grads is the cuDNN engine's)");
-  if (p.write_dkdv && (p.num_segments > 0 || p.seqlen_q == 0))
-    fail("backward: write_dkdv needs a call without segments and with queries (it writes every key's dK and dV)");
+  if (p.write_dkdv && p.seqlen_q == 0)
+    fail("backward: write_dkdv needs a call with queries (it writes its keys' dK and dV)");
+  if (p.write_dkdv_fp32 && !p.write_dkdv) fail("backward: write_dkdv_fp32 goes with write_dkdv");
   if (p.seqlen_q == 0 || p.seqlen_kv == 0) return;
   if (!p.q.data || !p.k.data || !p.v.data || !p.d_o.data || !p.lse.data || !p.delta.data ||
       !p.dq.data || !p.dk.data || !p.dv.data)
@@ -61,6 +62,10 @@ template <class Acc> void backward(const BackwardParams& p) {
   const int64_t S = p.seqlen_kv;
   const std::vector<Region> regs = regions(p.seqlen_q, S, p.mask, p.segments, p.num_segments);
   constexpr Acc kNegInf = -std::numeric_limits<Acc>::infinity();
+  // The keys write_dkdv writes: all of them, or those of a segment.
+  std::vector<char> owned(size_t(S), p.num_segments > 0 ? 0 : 1);
+  for (const Region& reg : regs)
+    std::fill(owned.begin() + reg.col_begin, owned.begin() + reg.col_end, 1);
 
   // Keys and values both ways: [key][dim] for dQ's update, [dim][key] for the score loops.
   std::vector<Acc> k(size_t(S) * D), kt(size_t(S) * D), vt(size_t(S) * D), row(static_cast<size_t>(D));
@@ -154,10 +159,12 @@ template <class Acc> void backward(const BackwardParams& p) {
         }
       }
       for (int64_t j = 0; j < S; ++j) {
-        if (p.write_dkdv) { // written in the input dtype: every key, zeros where no query sees it
+        if (p.write_dkdv) { // written: every key a call owns, zeros where no query sees it
+          if (!owned[j]) continue;
+          const DType out = p.write_dkdv_fp32 ? DType::fp32 : p.dtype;
           for (int d = 0; d < D; ++d) dk[size_t(j) * D + d] *= scale;
-          store(p.dtype, p.dk.data, offset(p.dk, b, j, hk), D, &dk[size_t(j) * D]);
-          store(p.dtype, p.dv.data, offset(p.dv, b, j, hk), D, &dv[size_t(j) * D]);
+          store(out, p.dk.data, offset(p.dk, b, j, hk), D, &dk[size_t(j) * D]);
+          store(out, p.dv.data, offset(p.dv, b, j, hk), D, &dv[size_t(j) * D]);
           continue;
         }
         add_into(static_cast<float*>(p.dk.data) + offset(p.dk, b, j, hk), &dk[size_t(j) * D], D,

@@ -214,16 +214,17 @@ void backward_cuda(const BackwardParams& params, void* stream) {
   check_shape(p.dtype, p.batch, p.heads_q, p.heads_kv, p.head_dim, p.seqlen_q, p.seqlen_kv, p.softmax_scale,
               p.segments, p.num_segments, p.blocks, true);
   if (p.write_grads) fail("backward: the native kernels add into fp32 accumulators (write_grads is the cuDNN engine's)");
-  if (p.write_dkdv && (p.num_segments > 0 || p.seqlen_q == 0))
-    fail("backward: write_dkdv needs a call without segments and with queries (it writes every key's dK and dV)");
+  if (p.write_dkdv && p.seqlen_q == 0)
+    fail("backward: write_dkdv needs a call with queries (it writes its keys' dK and dV)");
+  if (p.write_dkdv_fp32 && !p.write_dkdv) fail("backward: write_dkdv_fp32 goes with write_dkdv");
   if (p.seqlen_q == 0 || p.seqlen_kv == 0) return;
   check_tensor(p.q, false, "q");
   check_tensor(p.k, false, "k");
   check_tensor(p.v, false, "v");
   check_tensor(p.d_o, false, "d_o");
   check_tensor(p.dq, true, "dq");
-  check_tensor(p.dk, !p.write_dkdv, "dk");
-  check_tensor(p.dv, !p.write_dkdv, "dv");
+  check_tensor(p.dk, !p.write_dkdv || p.write_dkdv_fp32, "dk");
+  check_tensor(p.dv, !p.write_dkdv || p.write_dkdv_fp32, "dv");
   if (!p.lse.data || !p.delta.data) fail("lse or delta is null");
   const auto s = static_cast<cudaStream_t>(stream);
   if (p.dtype == DType::bf16) dispatch_backward<__nv_bfloat16>(p, s);

@@ -11,12 +11,12 @@ namespace attncore::cuda {
 struct AttnArgs {
   TensorRef q, k, v, d_o, o; // o: forward output (dtype or fp32)
   RowStatsRef lse, delta;
-  TensorRef dq, dk, dv;      // fp32 accumulators (backward); dk, dv in the input dtype with write_dkdv
+  TensorRef dq, dk, dv;      // fp32 accumulators (backward); dk, dv written as dkdv_out says
   int32_t seqlen_q = 0, seqlen_kv = 0, heads_q = 1, group = 1;
   float scale = 0.f, scale_log2 = 0.f; // softmax scale, and times log2(e)
   bool o_fp32 = false;
   bool accumulate_dq = false; // dK/dV kernel also adds dQ (atomically)
-  bool write_dkdv = false;    // dK/dV written in the input dtype, not added (BackwardParams::write_dkdv)
+  GradOut dkdv_out = GradOut::add_fp32; // BackwardParams::write_dkdv and write_dkdv_fp32
   MaskArgs mask;
   const Segment* segs = nullptr;
   int32_t nseg = 0;
@@ -76,7 +76,7 @@ inline AttnArgs backward_args(const BackwardParams& p) {
   a.dq = p.dq;
   a.dk = p.dk;
   a.dv = p.dv;
-  a.write_dkdv = p.write_dkdv;
+  a.dkdv_out = !p.write_dkdv ? GradOut::add_fp32 : p.write_dkdv_fp32 ? GradOut::write_fp32 : GradOut::write_dtype;
   return a;
 }
 

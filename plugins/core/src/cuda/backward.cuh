@@ -310,10 +310,10 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
   }
   cp_async_wait<0>();
 
-  // dK (times scale) and dV into the fp32 accumulators, or written (write_dkdv). Without segments
-  // this CTA is the only writer of these keys; with segments whose key ranges overlap it is not,
-  // hence the atomic adds (one add per element and call: the result does not depend on their order
-  // when keys are owned).
+  // dK (times scale) and dV into the fp32 accumulators, or written (write_dkdv: segments that do
+  // not share keys). Without segments this CTA is the only writer of these keys; with segments
+  // whose key ranges overlap it is not, hence the atomic adds (one add per element and call: the
+  // result does not depend on their order when keys are owned).
   const int64_t dk_head = batch * a.dk.batch_stride + kv_head * a.dk.head_stride;
   const int64_t dv_head = batch * a.dv.batch_stride + kv_head * a.dv.head_stride;
 #pragma unroll
@@ -327,8 +327,8 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
       const int64_t pv = dv_head + int64_t(n) * a.dv.token_stride + col;
 #pragma unroll
       for (int j = 0; j < C::kHalfTiles; ++j) {
-        put_grad2<T>(a.dk.data, pk + j * 8, a.scale * dk[mt][j][2 * hh], a.scale * dk[mt][j][2 * hh + 1], a.write_dkdv);
-        put_grad2<T>(a.dv.data, pv + j * 8, dv[mt][j][2 * hh], dv[mt][j][2 * hh + 1], a.write_dkdv);
+        put_grad2<T>(a.dk.data, pk + j * 8, a.scale * dk[mt][j][2 * hh], a.scale * dk[mt][j][2 * hh + 1], a.dkdv_out);
+        put_grad2<T>(a.dv.data, pv + j * 8, dv[mt][j][2 * hh], dv[mt][j][2 * hh + 1], a.dkdv_out);
       }
     }
 }

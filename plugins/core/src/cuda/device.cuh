@@ -44,11 +44,16 @@ __device__ __forceinline__ void atomic_add2(float* p, float x, float y) {
 #endif
 }
 
+// How a backward puts dK and dV out: added into fp32 accumulators, or written (in the input dtype
+// or in fp32) where the call alone makes its keys' gradients.
+enum class GradOut : uint8_t { add_fp32, write_dtype, write_fp32 };
+
 // Two consecutive gradient values at element `off` of `base`: added into fp32 accumulators, or
-// written in T where the call owns them (BackwardParams::write_dkdv).
+// written (in T or fp32) where the call owns them (GradOut, BackwardParams::write_dkdv).
 template <class T>
-__device__ __forceinline__ void put_grad2(void* base, int64_t off, float x, float y, bool write) {
-  if (write) *reinterpret_cast<uint32_t*>(static_cast<T*>(base) + off) = pack2<T>(x, y);
+__device__ __forceinline__ void put_grad2(void* base, int64_t off, float x, float y, GradOut out) {
+  if (out == GradOut::write_dtype) *reinterpret_cast<uint32_t*>(static_cast<T*>(base) + off) = pack2<T>(x, y);
+  else if (out == GradOut::write_fp32) *reinterpret_cast<float2*>(static_cast<float*>(base) + off) = make_float2(x, y);
   else atomic_add2(static_cast<float*>(base) + off, x, y);
 }
 

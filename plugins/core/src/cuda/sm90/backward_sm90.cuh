@@ -497,7 +497,7 @@ __global__ void __launch_bounds__(BackwardConfig<T, D>::kThreads, 1)
     }
 
     // dK (times scale) and dV into the fp32 accumulators, atomic since segments may share keys; or
-    // written in T (write_dkdv: no segments, this CTA alone makes these keys' gradients).
+    // written (write_dkdv: this CTA alone makes these keys' gradients).
     __syncwarp();
     if (lane == 0) barrier_arrive(kv_empty); // the last product that read K and V has returned
     const int64_t dk_head = batch * a.dk.batch_stride + kv_head * a.dk.head_stride;
@@ -510,8 +510,8 @@ __global__ void __launch_bounds__(BackwardConfig<T, D>::kThreads, 1)
       const int64_t pv = dv_head + int64_t(n) * a.dv.token_stride + col0 + (lane & 3) * 2;
 #pragma unroll
       for (int j = 0; j < C::kOTiles; ++j) {
-        put_grad2<T>(a.dk.data, pk + j * 8, a.scale * dk[j][2 * hh], a.scale * dk[j][2 * hh + 1], a.write_dkdv);
-        put_grad2<T>(a.dv.data, pv + j * 8, dv[j][2 * hh], dv[j][2 * hh + 1], a.write_dkdv);
+        put_grad2<T>(a.dk.data, pk + j * 8, a.scale * dk[j][2 * hh], a.scale * dk[j][2 * hh + 1], a.dkdv_out);
+        put_grad2<T>(a.dv.data, pv + j * 8, dv[j][2 * hh], dv[j][2 * hh + 1], a.dkdv_out);
       }
     }
   }
