@@ -166,13 +166,12 @@ struct CombineArgs {
 
 constexpr int kCombineWarps = kThreads / 32;
 constexpr int kMaxUnitsPerLane = 2;  // float4s of a row a lane adds: head_dim <= 256
-constexpr int kPartsInFlight = 4;    // patterns whose rows a lane loads before adding any
 static_assert(kMaxPatterns <= 32, "the combine gives each pattern's LSE one lane");
 
 // One warp per local row (token, head). Lane p holds pattern p's row index and LSE, so the LSE
 // reduction is two shuffle trees and each pattern's weight one broadcast; lanes then split the
-// row in float4s and load several patterns' rows before adding them (one row per warp leaves too
-// few loads in flight to reach the memory's bandwidth otherwise). grid: x rows, y batch entries.
+// row in float4s, and every pattern's loads are independent of the others' (a sum, not a chain
+// of dependent scalar loads). grid: x rows, y batch entries.
 template <class T> __global__ void combine_kernel(const __grid_constant__ CombineArgs a) {
   const int64_t j = int64_t(blockIdx.x) * kCombineWarps + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
@@ -200,33 +199,22 @@ template <class T> __global__ void combine_kernel(const __grid_constant__ Combin
   float4 acc[kMaxUnitsPerLane];
 #pragma unroll
   for (int k = 0; k < kMaxUnitsPerLane; ++k) acc[k] = make_float4(0.f, 0.f, 0.f, 0.f);
-  // kPartsInFlight patterns at a time: every load of the group is issued before the first add.
-  for (int32_t p0 = 0; p0 < a.num_parts; p0 += kPartsInFlight) {
-    float w[kPartsInFlight];
-    float4 x[kPartsInFlight][kMaxUnitsPerLane];
+  for (int32_t p = 0; p < a.num_parts; ++p) {
+    const float w = __shfl_sync(0xffffffffu, weight, p);
+    const int32_t row = __shfl_sync(0xffffffffu, idx, p);
+    if (w == 0.f) continue;  // not selected, or nothing attended (warp-uniform)
+    const float4* o = reinterpret_cast<const float4*>(a.parts[p].o + b * a.parts[p].o_batch + int64_t(row) * a.head_dim);
 #pragma unroll
-    for (int i = 0; i < kPartsInFlight; ++i) {
-      const int p = (p0 + i) & 31;
-      const float wp = __shfl_sync(0xffffffffu, weight, p);
-      const int32_t row = __shfl_sync(0xffffffffu, idx, p);
-      w[i] = p0 + i < a.num_parts ? wp : 0.f;  // 0: not selected, nothing attended, or no such pattern
-      const float4* o = w[i] == 0.f ? nullptr
-                        : reinterpret_cast<const float4*>(a.parts[p].o + b * a.parts[p].o_batch + int64_t(row) * a.head_dim);
-#pragma unroll
-      for (int k = 0; k < kMaxUnitsPerLane; ++k) {
-        const int u = lane + 32 * k;
-        x[i][k] = o && u < units ? o[u] : make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int k = 0; k < kMaxUnitsPerLane; ++k) {
+      const int u = lane + 32 * k;
+      if (u < units) {
+        const float4 x = o[u];
+        acc[k].x += w * x.x;
+        acc[k].y += w * x.y;
+        acc[k].z += w * x.z;
+        acc[k].w += w * x.w;
       }
     }
-#pragma unroll
-    for (int i = 0; i < kPartsInFlight; ++i)
-#pragma unroll
-      for (int k = 0; k < kMaxUnitsPerLane; ++k) {
-        acc[k].x += w[i] * x[i][k].x;
-        acc[k].y += w[i] * x[i][k].y;
-        acc[k].z += w[i] * x[i][k].z;
-        acc[k].w += w[i] * x[i][k].w;
-      }
   }
   const int64_t t = j / a.heads, h = j - t * a.heads;
   T* out = static_cast<T*>(a.o) + (b * a.tokens * a.heads + j) * a.head_dim;
