@@ -224,6 +224,16 @@ template <class T> __global__ void combine_kernel(const __grid_constant__ Combin
   if (lane == 0) a.lse[(b * a.heads + h) * a.tokens + t] = lse;
 }
 
+// f(T{}) with T the element type of an output dtype: bf16, fp16 or fp32.
+template <class F> void by_output_type(int32_t dtype, const char* what, F&& f) {
+  switch (dtype) {
+    case ATTNHOST_DTYPE_BF16: f(__nv_bfloat16{}); break;
+    case ATTNHOST_DTYPE_FP16: f(__half{}); break;
+    case ATTNHOST_DTYPE_FP32: f(float{}); break;
+    default: attnhost::fail(ATTNHOST_ERR_INTERNAL, std::string("dilated ") + what + ": output dtype must be bf16, fp16 or fp32");
+  }
+}
+
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 class CudaRowOps final : public RowOps {
@@ -262,12 +272,7 @@ class CudaRowOps final : public RowOps {
     a.row_floats = r.row_floats;
     a.batch = r.batch;
     const dim3 grid(blocks_for(r.rows * r.row_floats / 4), batch);
-    switch (r.dtype) {
-      case ATTNHOST_DTYPE_BF16: sum_rows_kernel<__nv_bfloat16><<<grid, kThreads, 0, cuda(stream)>>>(a); break;
-      case ATTNHOST_DTYPE_FP16: sum_rows_kernel<__half><<<grid, kThreads, 0, cuda(stream)>>>(a); break;
-      case ATTNHOST_DTYPE_FP32: sum_rows_kernel<float><<<grid, kThreads, 0, cuda(stream)>>>(a); break;
-      default: attnhost::fail(ATTNHOST_ERR_INTERNAL, "dilated sum: output dtype must be bf16, fp16 or fp32");
-    }
+    by_output_type(r.dtype, "sum", [&](auto t) { sum_rows_kernel<decltype(t)><<<grid, kThreads, 0, cuda(stream)>>>(a); });
     check(cudaGetLastError(), "sum_rows launch");
   }
 
@@ -292,12 +297,7 @@ class CudaRowOps final : public RowOps {
     const int64_t rows = c.tokens * c.heads;
     if (rows == 0) return;
     const dim3 grid(static_cast<unsigned>((rows + kCombineWarps - 1) / kCombineWarps), batch);
-    switch (c.dtype) {
-      case ATTNHOST_DTYPE_BF16: combine_kernel<__nv_bfloat16><<<grid, kThreads, 0, cuda(stream)>>>(a); break;
-      case ATTNHOST_DTYPE_FP16: combine_kernel<__half><<<grid, kThreads, 0, cuda(stream)>>>(a); break;
-      case ATTNHOST_DTYPE_FP32: combine_kernel<float><<<grid, kThreads, 0, cuda(stream)>>>(a); break;
-      default: attnhost::fail(ATTNHOST_ERR_INTERNAL, "dilated combine: output dtype must be bf16, fp16 or fp32");
-    }
+    by_output_type(c.dtype, "combine", [&](auto t) { combine_kernel<decltype(t)><<<grid, kThreads, 0, cuda(stream)>>>(a); });
     check(cudaGetLastError(), "combine launch");
   }
 };
