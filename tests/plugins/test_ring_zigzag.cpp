@@ -73,9 +73,10 @@ TEST_CASE("ring and zigzag without overlap give the same answers") {
 TEST_CASE("ring and zigzag in batch slices: the same answers, and a rank's memory within 1.3x of its working set") {
   // Issue 8.3: at world size 2 a rank held 1.84x its working set (Q, K, V, O, dO, dQ, dK, dV and two
   // K/V blocks), since the ring's fp32 dQ and two travelling fp32 dK/dV pairs covered the batch.
-  for (const char* plugin : {"ring", "zigzag"}) {
+  for (const std::string plugin : {"ring", "zigzag"}) {
     auto c = dense_case(plugin, {2}, 256, 4, 4, 32, true);
     c.problem.batch = 5;  // slices of 3 and 2 for two slices, of 2, 2 and 1 for three
+    c.params["head_slices"] = int64_t{1};
     const double q_bytes = 5.0 * 128 * 4 * 32 * 2;   // per rank: B x local tokens x heads x D x bf16
     const double working_set = 4 * q_bytes + 8 * q_bytes;  // Q O dO dQ, K V dK dV, two K/V blocks
     std::map<int64_t, attnhost::RunResult> runs;
@@ -103,6 +104,39 @@ TEST_CASE("ring and zigzag in batch slices: the same answers, and a rank's memor
         "plugin 'ring' refused the problem: batch_slices must be 0 (auto) or more");
 }
 
+TEST_CASE("ring and zigzag in head slices (a batch of one): the same answers, memory within 1.3x") {
+  // Batch slices cannot help a batch of one, long-context training's usual case: the ring also runs
+  // over slices of the key/value heads, each packed into buffers of its own and unpacked after.
+  for (const std::string plugin : {"ring", "zigzag"}) {
+    auto c = dense_case(plugin, {2}, 256, 10, 5, 32, true);  // GQA; two slices hold 3 and 2 K/V heads
+    c.problem.batch = 1;
+    const double q_bytes = 1.0 * 128 * 10 * 32 * 2, kv_bytes = q_bytes / 2;
+    const double working_set = 4 * q_bytes + 8 * kv_bytes;
+    std::map<int64_t, attnhost::RunResult> runs;
+    for (int64_t slices : {1, 2, 0}) {
+      c.params["head_slices"] = slices;
+      attnhost::CaseResult r = run_on(DeviceKind::cpu, c);
+      test::all_pass(r);
+      runs[slices] = r.runs[0];
+    }
+    for (int64_t slices : {2, 0})
+      for (const char* tensor : {"O", "LSE", "dQ", "dK", "dV"}) {
+        INFO(plugin, " ", tensor, " in ", slices, " head slices");
+        CHECK(test::error_of(runs[slices], tensor) == test::error_of(runs[1], tensor));
+      }
+    for (int rank = 0; rank < 2; ++rank) {
+      INFO(plugin, " rank ", rank);
+      CHECK(runs[1].peak_bytes[rank] > 1.5 * working_set);
+      CHECK(runs[0].peak_bytes[rank] <= 1.3 * working_set);
+    }
+  }
+  // Both at once, and at world size 1 (nothing travels; the packing alone).
+  auto both = dense_case("ring", {1, 3}, 192, 4, 4, 16, false);
+  both.params["batch_slices"] = int64_t{2};
+  both.params["head_slices"] = int64_t{3};
+  test::all_pass(run_on(DeviceKind::cpu, both));
+}
+
 #if ATTNHOST_HAVE_CUDA
 TEST_CASE("gpu: ring and zigzag on the GPUs against the float64 reference" * doctest::test_suite("gpu")) {
   const int gpus = attnhost::cuda_device_count();
@@ -121,10 +155,11 @@ TEST_CASE("gpu: ring and zigzag on the GPUs against the float64 reference" * doc
   auto z = run_on(DeviceKind::cuda, dense_case("zigzag", sizes, 1024, 8, 2, 128, true));
   test::all_pass(z);
   test::error_does_not_grow(z);
-  for (const char* plugin : {"ring", "zigzag"}) {  // batch slices: offsets into every tensor, streams across slices
-    auto sliced = dense_case(plugin, sizes, 1024, 8, 2, 128, true);
+  for (const char* plugin : {"ring", "zigzag"}) {  // slices: offsets into every tensor, packing, streams across slices
+    auto sliced = dense_case(plugin, sizes, 1024, 8, 4, 128, true);
     sliced.problem.batch = 3;
     sliced.params["batch_slices"] = int64_t{2};
+    sliced.params["head_slices"] = int64_t{3};
     test::all_pass(run_on(DeviceKind::cuda, sliced));
   }
 }

@@ -28,6 +28,11 @@ class CpuEngine final : public Engine {
   void merge(const MergeParams& p, void*) override { cpu::merge_partial(p); }
   void convert(const ConvertParams& p, void*) override { cpu::convert(p); }
   void zero(void* dst, size_t bytes, void*) override { std::memset(dst, 0, bytes); }
+  void copy_rows(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width, size_t rows,
+                 void*) override {
+    for (size_t r = 0; r < rows; ++r)
+      std::memcpy(static_cast<char*>(dst) + r * dst_pitch, static_cast<const char*>(src) + r * src_pitch, width);
+  }
   void fill(float* dst, float value, size_t count, void*) override { std::fill_n(dst, count, value); }
   void add(float* dst, const float* src, size_t count, void*) override {
     for (size_t i = 0; i < count; ++i) dst[i] += src[i];

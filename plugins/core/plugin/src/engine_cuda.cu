@@ -51,6 +51,12 @@ class CudaEngine final : public Engine {
   void merge(const MergeParams& p, void* s) override { merge_partial_cuda(p, s); }
   void convert(const ConvertParams& p, void* s) override { convert_cuda(p, s); }
   void zero(void* dst, size_t bytes, void* s) override { check(cudaMemsetAsync(dst, 0, bytes, cuda(s)), "cudaMemsetAsync"); }
+  void copy_rows(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width, size_t rows,
+                 void* s) override {
+    if (rows == 0 || width == 0) return;
+    check(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width, rows, cudaMemcpyDeviceToDevice, cuda(s)),
+          "cudaMemcpy2DAsync");
+  }
   void fill(float* dst, float value, size_t n, void* s) override {
     if (n == 0) return;
     unsigned blocks = static_cast<unsigned>(std::min<size_t>((n + 255) / 256, 4096));

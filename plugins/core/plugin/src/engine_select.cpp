@@ -151,6 +151,10 @@ class SelectingEngine final : public Engine {
   void merge(const MergeParams& p, void* s) override { native_->merge(p, s); }
   void convert(const ConvertParams& p, void* s) override { native_->convert(p, s); }
   void zero(void* dst, size_t bytes, void* s) override { native_->zero(dst, bytes, s); }
+  void copy_rows(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width, size_t rows,
+                 void* s) override {
+    native_->copy_rows(dst, dst_pitch, src, src_pitch, width, rows, s);
+  }
   void fill(float* dst, float value, size_t count, void* s) override { native_->fill(dst, value, count, s); }
   void add(float* dst, const float* src, size_t count, void* s) override { native_->add(dst, src, count, s); }
   Event record(void* s) override { return native_->record(s); }

@@ -4,22 +4,31 @@
 
 #include <algorithm>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace attncore::plugin {
 
 namespace {
 
-RingShape slice_shape(const RingShape& s, int32_t batch) {
+// Entries per slice when `total` is cut into `slices`: the slices are this size, the last what is left.
+int32_t per_slice(int32_t total, int32_t slices) {
+  slices = std::clamp(slices, 1, std::max(1, total));
+  return (total + slices - 1) / slices;
+}
+
+// The shape of a slice of `batch` entries and `heads_kv` key/value heads (with their query heads).
+RingShape slice_shape(const RingShape& s, int32_t batch, int32_t heads_kv) {
   RingShape slice = s;
   slice.batch = batch;
+  slice.heads_q = heads_kv * (s.heads_q / s.heads_kv);
+  slice.heads_kv = heads_kv;
   return slice;
 }
 
-// Batch entries per slice: the slices are this size, the last one what is left.
-int32_t slice_batch(const RingShape& s) {
-  const int32_t slices = std::clamp(s.batch_slices, 1, std::max(1, s.batch));
-  return (s.batch + slices - 1) / slices;
+// The largest slice: what the buffers are sized for.
+RingShape largest_slice(const RingShape& s) {
+  return slice_shape(s, per_slice(s.batch, s.batch_slices), per_slice(s.heads_kv, s.head_slices));
 }
 
 // The tensor from batch entry b0 on, for `batch` entries ([B, ...] and [B, H, S] alike).
@@ -29,10 +38,35 @@ attnhost_tensor from_entry(attnhost_tensor t, int64_t b0, int64_t batch) {
   return t;
 }
 
+// A slice of heads packed into buffers of its own: Q-like and K/V-like [batch, tokens, heads, D] in
+// the problem dtype, LSE [batch, heads, tokens].
+struct Packed {
+  void *q, *o, *d_o, *dq, *k, *v, *dk, *dv;
+  float* lse;
+};
+
+size_t packed_bytes(const RingShape& s) {
+  const size_t el = attnhost::dtype_size(s.dtype);
+  const size_t q = align_up(static_cast<size_t>(s.batch) * s.local_q * s.heads_q * s.head_dim * el);
+  const size_t kv = align_up(static_cast<size_t>(s.batch) * s.local_kv * s.heads_kv * s.head_dim * el);
+  return 4 * q + 4 * kv + align_up(static_cast<size_t>(s.batch) * s.heads_q * s.local_q * 4);
+}
+
+Packed packed_at(char* at, const RingShape& s) {
+  const size_t el = attnhost::dtype_size(s.dtype);
+  const size_t q = align_up(static_cast<size_t>(s.batch) * s.local_q * s.heads_q * s.head_dim * el);
+  const size_t kv = align_up(static_cast<size_t>(s.batch) * s.local_kv * s.heads_kv * s.head_dim * el);
+  Packed p;
+  for (void** b : {&p.q, &p.o, &p.d_o, &p.dq}) *b = std::exchange(at, at + q);
+  for (void** b : {&p.k, &p.v, &p.dk, &p.dv}) *b = std::exchange(at, at + kv);
+  p.lse = reinterpret_cast<float*>(at);
+  return p;
+}
+
 }  // namespace
 
 size_t RingAttention::workspace_bytes(const RingShape& shape, int world_size) {
-  const RingShape s = slice_shape(shape, slice_batch(shape));
+  const RingShape s = largest_slice(shape);
   const size_t el = attnhost::dtype_size(s.dtype);
   const size_t kv_elems = static_cast<size_t>(s.batch) * s.local_kv * s.heads_kv * s.head_dim;
   const size_t q_elems = static_cast<size_t>(s.batch) * s.local_q * s.heads_q * s.head_dim;
@@ -40,14 +74,15 @@ size_t RingAttention::workspace_bytes(const RingShape& shape, int world_size) {
   const size_t forward_work = 2 * align_up(q_elems * 4) + align_up(rows * 4);                      // O acc, O part, LSE part
   const size_t backward_work = align_up(rows * 4) + align_up(q_elems * 4) + 4 * align_up(kv_elems * 4);  // delta, dQ, 2 x dK dV
   const size_t receive = world_size > 1 ? 4 * align_up(kv_elems * el) : 0;
-  return receive + std::max(forward_work, backward_work);
+  const size_t packed = s.heads_kv < shape.heads_kv ? packed_bytes(s) : 0;
+  return receive + std::max(forward_work, backward_work) + packed;
 }
 
 RingAttention::RingAttention(const RingShape& shape, RingPlan plan, attnhost::Host host, int rank, int world_size,
                              bool cuda, bool cpu_fp64, bool overlap)
     : s_(shape), plan_(std::move(plan)), host_(host), rank_(rank), world_(world_size), overlap_(overlap),
       engine_(Engine::make(cuda, cpu_fp64, EngineOptions{shape.engine, host, shape.dtype_partials})) {
-  const RingShape s = slice_shape(s_, slice_batch(s_));
+  const RingShape s = largest_slice(s_);
   const size_t kv_block = align_up(static_cast<size_t>(s.batch) * s.local_kv * s.heads_kv * s.head_dim *
                                    attnhost::dtype_size(s.dtype));
   arena_ = attnhost::HostBuffer(host_, workspace_bytes(s_, world_));
@@ -59,6 +94,18 @@ RingAttention::RingAttention(const RingShape& shape, RingPlan plan, attnhost::Ho
       at += 2 * kv_block;
     }
   work_ = at;
+  const size_t q_elems = static_cast<size_t>(s.batch) * s.local_q * s.heads_q * s.head_dim;
+  const size_t kv_elems = static_cast<size_t>(s.batch) * s.local_kv * s.heads_kv * s.head_dim;
+  const size_t rows = static_cast<size_t>(s.batch) * s.heads_q * s.local_q;
+  packed_ = work_ + std::max(2 * align_up(q_elems * 4) + align_up(rows * 4),
+                             align_up(rows * 4) + align_up(q_elems * 4) + 4 * align_up(kv_elems * 4));
+}
+
+void RingAttention::move_heads(void* packed, void* full, bool pack, int64_t rows, int32_t heads, int32_t h0,
+                               int32_t n, size_t unit, void* stream) {
+  char* slice = static_cast<char*>(full) + h0 * unit;
+  if (pack) engine_->copy_rows(packed, n * unit, slice, heads * unit, n * unit, rows, stream);
+  else engine_->copy_rows(slice, heads * unit, packed, n * unit, n * unit, rows, stream);
 }
 
 void RingAttention::exchange(const void* send_k, const void* send_v, void* recv_k, void* recv_v, int32_t dtype,
@@ -76,12 +123,36 @@ void RingAttention::exchange(const void* send_k, const void* send_v, void* recv_
 }
 
 void RingAttention::forward(const attnhost_forward_args& a) {
-  const int32_t per = slice_batch(s_);
-  for (int32_t b0 = 0; b0 < s_.batch; b0 += per) {
-    const int32_t n = std::min(per, s_.batch - b0);
+  const int32_t per_b = per_slice(s_.batch, s_.batch_slices), per_h = per_slice(s_.heads_kv, s_.head_slices);
+  const int32_t group = s_.heads_q / s_.heads_kv;
+  const size_t el = attnhost::dtype_size(s_.dtype), d = s_.head_dim * el;
+  void* compute = host_.stream(0);
+  for (int32_t b0 = 0; b0 < s_.batch; b0 += per_b) {
+    const int32_t nb = std::min(per_b, s_.batch - b0);
     attnhost_forward_args slice = a;
-    for (attnhost_tensor* t : {&slice.q, &slice.k, &slice.v, &slice.o, &slice.lse}) *t = from_entry(*t, b0, n);
-    forward_slice(slice_shape(s_, n), slice);
+    for (attnhost_tensor* t : {&slice.q, &slice.k, &slice.v, &slice.o, &slice.lse}) *t = from_entry(*t, b0, nb);
+    if (per_h == s_.heads_kv) {
+      forward_slice(slice_shape(s_, nb, s_.heads_kv), slice);
+      continue;
+    }
+    for (int32_t h0 = 0; h0 < s_.heads_kv; h0 += per_h) {
+      const int32_t nh = std::min(per_h, s_.heads_kv - h0);
+      const RingShape s = slice_shape(s_, nb, nh);
+      const Packed p = packed_at(packed_, s);
+      const int64_t q_rows = int64_t{nb} * s.local_q, kv_rows = int64_t{nb} * s.local_kv;
+      move_heads(p.q, slice.q.data, true, q_rows, s_.heads_q, h0 * group, nh * group, d, compute);
+      move_heads(p.k, slice.k.data, true, kv_rows, s_.heads_kv, h0, nh, d, compute);
+      move_heads(p.v, slice.v.data, true, kv_rows, s_.heads_kv, h0, nh, d, compute);
+      attnhost_forward_args packed = slice;
+      packed.q.data = p.q;
+      packed.k.data = p.k;
+      packed.v.data = p.v;
+      packed.o.data = p.o;
+      packed.lse.data = p.lse;
+      forward_slice(s, packed);
+      move_heads(p.o, slice.o.data, false, q_rows, s_.heads_q, h0 * group, nh * group, d, compute);
+      move_heads(p.lse, slice.lse.data, false, nb, s_.heads_q, h0 * group, nh * group, s.local_q * 4, compute);
+    }
   }
 }
 
@@ -117,14 +188,45 @@ void RingAttention::forward_slice(const RingShape& s, const attnhost_forward_arg
 }
 
 void RingAttention::backward(const attnhost_backward_args& a) {
-  const int32_t per = slice_batch(s_);
-  for (int32_t b0 = 0; b0 < s_.batch; b0 += per) {
-    const int32_t n = std::min(per, s_.batch - b0);
+  const int32_t per_b = per_slice(s_.batch, s_.batch_slices), per_h = per_slice(s_.heads_kv, s_.head_slices);
+  const int32_t group = s_.heads_q / s_.heads_kv;
+  const size_t el = attnhost::dtype_size(s_.dtype), d = s_.head_dim * el;
+  void* compute = host_.stream(0);
+  for (int32_t b0 = 0; b0 < s_.batch; b0 += per_b) {
+    const int32_t nb = std::min(per_b, s_.batch - b0);
     attnhost_backward_args slice = a;
     for (attnhost_tensor* t : {&slice.q, &slice.k, &slice.v, &slice.o, &slice.lse, &slice.d_o, &slice.dq, &slice.dk,
                                &slice.dv})
-      *t = from_entry(*t, b0, n);
-    backward_slice(slice_shape(s_, n), slice, b0 + n == s_.batch);
+      *t = from_entry(*t, b0, nb);
+    if (per_h == s_.heads_kv) {
+      backward_slice(slice_shape(s_, nb, s_.heads_kv), slice, b0 + nb == s_.batch);
+      continue;
+    }
+    for (int32_t h0 = 0; h0 < s_.heads_kv; h0 += per_h) {
+      const int32_t nh = std::min(per_h, s_.heads_kv - h0);
+      const RingShape s = slice_shape(s_, nb, nh);
+      const Packed p = packed_at(packed_, s);
+      const int64_t q_rows = int64_t{nb} * s.local_q, kv_rows = int64_t{nb} * s.local_kv;
+      for (auto [to, from] : {std::pair{p.q, slice.q.data}, {p.o, slice.o.data}, {p.d_o, slice.d_o.data}})
+        move_heads(to, from, true, q_rows, s_.heads_q, h0 * group, nh * group, d, compute);
+      move_heads(p.k, slice.k.data, true, kv_rows, s_.heads_kv, h0, nh, d, compute);
+      move_heads(p.v, slice.v.data, true, kv_rows, s_.heads_kv, h0, nh, d, compute);
+      move_heads(p.lse, slice.lse.data, true, nb, s_.heads_q, h0 * group, nh * group, s.local_q * 4, compute);
+      attnhost_backward_args packed = slice;
+      packed.q.data = p.q;
+      packed.o.data = p.o;
+      packed.d_o.data = p.d_o;
+      packed.lse.data = p.lse;
+      packed.k.data = p.k;
+      packed.v.data = p.v;
+      packed.dq.data = p.dq;
+      packed.dk.data = p.dk;
+      packed.dv.data = p.dv;
+      backward_slice(s, packed, true);  // (waits for dK/dV to come home: they are unpacked next)
+      move_heads(p.dq, slice.dq.data, false, q_rows, s_.heads_q, h0 * group, nh * group, d, compute);
+      move_heads(p.dk, slice.dk.data, false, kv_rows, s_.heads_kv, h0, nh, d, compute);
+      move_heads(p.dv, slice.dv.data, false, kv_rows, s_.heads_kv, h0, nh, d, compute);
+    }
   }
 }
 

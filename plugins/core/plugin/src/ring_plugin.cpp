@@ -27,19 +27,30 @@ DenseMask dense_mask(const attnhost::Problem& p) {
   return m;
 }
 
-int32_t auto_batch_slices(const RingShape& s, int world_size) {
-  if (world_size == 1) return 1;
+void choose_slices(RingShape& s, int world_size) {
+  const bool auto_batch = s.batch_slices <= 0, auto_heads = s.head_slices <= 0;
+  if (auto_batch) s.batch_slices = 1;
+  if (auto_heads) s.head_slices = 1;
+  if (world_size == 1 || (!auto_batch && !auto_heads)) return;
   const double el = static_cast<double>(attnhost::dtype_size(s.dtype));
   const double q = double(s.batch) * s.local_q * s.heads_q * s.head_dim * el;
   const double kv = double(s.batch) * s.local_kv * s.heads_kv * s.head_dim * el;
   const double lse = double(s.batch) * s.heads_q * s.local_q * 4;
   const double working_set = 4 * q + 4 * kv + 4 * kv;  // Q O dO dQ, K V dK dV, two K/V blocks
-  for (int32_t n = 1; n < s.batch; ++n) {
-    RingShape sliced = s;
-    sliced.batch_slices = n;
-    if (4 * q + 4 * kv + lse + double(RingAttention::workspace_bytes(sliced, world_size)) <= 1.3 * working_set) return n;
+  const auto fits = [&] {
+    return 4 * q + 4 * kv + lse + double(RingAttention::workspace_bytes(s, world_size)) <= 1.3 * working_set;
+  };
+  if (fits()) return;
+  if (auto_batch) {
+    for (s.batch_slices = 2; s.batch_slices <= s.batch; ++s.batch_slices)
+      if (fits()) return;
+    s.batch_slices = std::max(1, s.batch);
   }
-  return std::max(1, s.batch);
+  if (auto_heads) {
+    for (s.head_slices = 2; s.head_slices <= s.heads_kv; ++s.head_slices)
+      if (fits()) return;
+    s.head_slices = std::max(1, s.heads_kv);
+  }
 }
 
 }  // namespace attncore::plugin

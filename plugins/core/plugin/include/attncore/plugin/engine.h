@@ -63,6 +63,10 @@ class Engine {
   virtual void merge(const MergeParams& p, void* stream) = 0;
   virtual void convert(const ConvertParams& p, void* stream) = 0;
   virtual void zero(void* dst, size_t bytes, void* stream) = 0;
+  // `rows` rows of `width` bytes from src (rows `src_pitch` bytes apart) to dst (`dst_pitch` apart):
+  // a slice of heads packed into a buffer of its own, or unpacked.
+  virtual void copy_rows(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width, size_t rows,
+                         void* stream) = 0;
   virtual void fill(float* dst, float value, size_t count, void* stream) = 0;
   // dst[i] += src[i] for i < count, fp32: gradient partials sent home by other ranks.
   virtual void add(float* dst, const float* src, size_t count, void* stream) = 0;

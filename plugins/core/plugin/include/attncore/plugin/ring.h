@@ -4,8 +4,8 @@
 // started on rank (r - i) mod P, attends its queries to it while that block moves on to r + 1 on
 // a stream of its own, and merges the partial output in fp32. Backward sends the block round
 // again with its fp32 dK/dV accumulators; the last hop takes the finished sums home in the
-// problem dtype, straight into dK and dV. The whole ring may run once per slice of the batch
-// (RingShape::batch_slices), which divides its buffers by the slice count.
+// problem dtype, straight into dK and dV. The whole ring may run once per slice of the batch and
+// of the heads (RingShape::batch_slices, head_slices), which divides its buffers by the count.
 //
 // A variant says only which attention calls a step makes (RingPlan); this file is the schedule,
 // the double buffers, the stream ordering and the merges, shared by every ring-shaped variant.
@@ -60,6 +60,10 @@ struct RingShape {
   // The ring runs over this many slices of the batch, one after another: the receive buffers and
   // the fp32 workspace are sized for one slice (about 1/batch_slices of the whole). 1: no slicing.
   int32_t batch_slices = 1;
+  // And over this many slices of the key/value heads (each with its query heads) within a batch
+  // slice, for a batch too small to slice: a slice's inputs are packed into buffers of their own
+  // and its outputs unpacked, since a message must be one contiguous block. 1: no slicing.
+  int32_t head_slices = 1;
 };
 
 class RingAttention {
@@ -88,6 +92,10 @@ class RingAttention {
   // hop on the communication stream, under the next slice's first step.
   void forward_slice(const RingShape& s, const attnhost_forward_args& a);
   void backward_slice(const RingShape& s, const attnhost_backward_args& a, bool last);
+  // Heads [h0, h0 + n) of `rows` rows of `heads` units of `unit` bytes: from `full` into `packed`
+  // (pack), or back.
+  void move_heads(void* packed, void* full, bool pack, int64_t rows, int32_t heads, int32_t h0, int32_t n,
+                  size_t unit, void* stream);
   void exchange(const void* send_k, const void* send_v, void* recv_k, void* recv_v, int32_t dtype, size_t count,
                 void* stream, const char* what, int step);
 
@@ -102,6 +110,7 @@ class RingAttention {
   attnhost::HostBuffer arena_;
   KV kv_[2]{};
   char* work_ = nullptr;
+  char* packed_ = nullptr;  // a head slice's packed tensors, after the workspace (head_slices > 1)
 };
 
 }  // namespace attncore::plugin

@@ -39,9 +39,14 @@ inline constexpr attnhost_param_spec kRingParams[] = {
      "workspace hold one slice; 0: one at world size 1, else the fewest that keep a rank's memory within 1.3x of "
      "its Q, K, V, O, dO, dQ, dK, dV and two K/V blocks",
      nullptr},
+    {ATTNHOST_STRUCT_SIZE(attnhost_param_spec, choices), "head_slices", ATTNHOST_PARAM_INT, "0",
+     "and over this many slices of the key/value heads within a batch slice, each packed into buffers of its own "
+     "(for a batch too small to slice); 0: one, or where batch slices alone do not meet the rule above, the fewest "
+     "that do",
+     nullptr},
 };
-inline constexpr int32_t kNumRingParams = 5;        // ring, zigzag: all of them
-inline constexpr int32_t kNumPackedRingParams = 4;  // varlen: all but batch_slices (its batch is one sequence)
+inline constexpr int32_t kNumRingParams = 6;        // ring, zigzag: all of them
+inline constexpr int32_t kNumPackedRingParams = 4;  // varlen: all but the slices (its batch is one sequence)
 
 inline constexpr uint32_t kRingDtypes = ATTNHOST_CAP_DTYPE(ATTNHOST_DTYPE_BF16) |
                                         ATTNHOST_CAP_DTYPE(ATTNHOST_DTYPE_FP16) |
@@ -56,10 +61,11 @@ inline constexpr uint32_t kRingDevices = ATTNHOST_CAP_DEVICE_CPU
 // core runs on this device.
 void validate_dense(const attnhost::Problem& p);
 DenseMask dense_mask(const attnhost::Problem& p);
-// batch_slices = 0: at world size 1 one slice; above, the fewest slices with which the tensors a
-// rank holds plus the ring's workspace stay within 1.3x of its working set (Q, K, V, O, dO, dQ,
-// dK, dV and two K/V blocks); the whole batch when none does.
-int32_t auto_batch_slices(const RingShape& s, int world_size);
+// Fills batch_slices and head_slices where they are 0 (auto): one each at world size 1; above, the
+// fewest batch slices, then the fewest head slices, with which the tensors a rank holds plus the
+// ring's workspace stay within 1.3x of its working set (Q, K, V, O, dO, dQ, dK, dV and two K/V
+// blocks), or as many as there are when none does.
+void choose_slices(RingShape& s, int world_size);
 
 template <class Variant>
 class RingPlugin {
@@ -67,7 +73,8 @@ class RingPlugin {
   static const attnhost_plugin_info& info() { return Variant::info(); }
   static void validate(const attnhost::Problem& p) {
     validate_dense(p);
-    if (p.get_int("batch_slices") < 0) attnhost::fail(ATTNHOST_ERR_INVALID_ARGUMENT, "batch_slices must be 0 (auto) or more");
+    for (const char* name : {"batch_slices", "head_slices"})
+      if (p.get_int(name) < 0) attnhost::fail(ATTNHOST_ERR_INVALID_ARGUMENT, std::string(name) + " must be 0 (auto) or more");
     Variant::validate(p);
   }
 
@@ -116,9 +123,9 @@ class RingPlugin {
     s.deterministic = p->deterministic != 0;
     s.engine = engine_choice(p.get_string("engine"));
     s.dtype_partials = p.get_string("partials") == "dtype";
-    const int64_t slices = p.get_int("batch_slices");
-    s.batch_slices = slices > 0 ? static_cast<int32_t>(std::min<int64_t>(slices, s.batch))
-                                : auto_batch_slices(s, p->world_size);
+    s.batch_slices = static_cast<int32_t>(std::min<int64_t>(p.get_int("batch_slices"), s.batch));
+    s.head_slices = static_cast<int32_t>(std::min<int64_t>(p.get_int("head_slices"), s.heads_kv));
+    choose_slices(s, p->world_size);
     return s;
   }
 
