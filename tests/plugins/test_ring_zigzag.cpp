@@ -98,6 +98,11 @@ TEST_CASE("ring and zigzag in batch slices: the same answers, and a rank's memor
       CHECK(runs[3].peak_bytes[rank] < runs[2].peak_bytes[rank]);
     }
   }
+  // At world size 1 nothing travels: one fp32 dK/dV pair, not two (it held both: 18 x Q's bytes).
+  auto single = dense_case("ring", {1}, 256, 4, 4, 32, true);
+  single.problem.batch = 5;
+  const double q_bytes = 5.0 * 256 * 4 * 32 * 2;  // Q, K, V, O, dO, dQ, dK, dV; fp32 dQ, dK, dV
+  CHECK(run_on(DeviceKind::cpu, single).runs[0].peak_bytes[0] <= 14.2 * q_bytes);  // (and LSE, delta)
   auto bad = dense_case("ring", {2}, 128, 2, 2, 16, true);
   bad.params["batch_slices"] = int64_t{-1};
   CHECK(run_on(DeviceKind::cpu, bad).runs[0].error ==

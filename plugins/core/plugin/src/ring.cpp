@@ -65,17 +65,27 @@ Packed packed_at(char* at, const RingShape& s) {
 
 }  // namespace
 
-size_t RingAttention::workspace_bytes(const RingShape& shape, int world_size) {
-  const RingShape s = largest_slice(shape);
-  const size_t el = attnhost::dtype_size(s.dtype);
+namespace {
+
+// The forward's or the backward's workspace, whichever is larger, for a slice of shape `s`.
+size_t work_bytes(const RingShape& s, int world_size) {
   const size_t kv_elems = static_cast<size_t>(s.batch) * s.local_kv * s.heads_kv * s.head_dim;
   const size_t q_elems = static_cast<size_t>(s.batch) * s.local_q * s.heads_q * s.head_dim;
   const size_t rows = static_cast<size_t>(s.batch) * s.heads_q * s.local_q;
-  const size_t forward_work = 2 * align_up(q_elems * 4) + align_up(rows * 4);                      // O acc, O part, LSE part
-  const size_t backward_work = align_up(rows * 4) + align_up(q_elems * 4) + 4 * align_up(kv_elems * 4);  // delta, dQ, 2 x dK dV
-  const size_t receive = world_size > 1 ? 4 * align_up(kv_elems * el) : 0;
+  const size_t dkdv_pairs = world_size > 1 ? 2 : 1;  // one accumulates while the other travels
+  const size_t forward_work = 2 * align_up(q_elems * 4) + align_up(rows * 4);  // O acc, O part, LSE part
+  const size_t backward_work = align_up(rows * 4) + align_up(q_elems * 4) + 2 * dkdv_pairs * align_up(kv_elems * 4);  // delta, dQ, dK dV
+  return std::max(forward_work, backward_work);
+}
+
+}  // namespace
+
+size_t RingAttention::workspace_bytes(const RingShape& shape, int world_size) {
+  const RingShape s = largest_slice(shape);
+  const size_t kv_bytes = static_cast<size_t>(s.batch) * s.local_kv * s.heads_kv * s.head_dim * attnhost::dtype_size(s.dtype);
+  const size_t receive = world_size > 1 ? 4 * align_up(kv_bytes) : 0;
   const size_t packed = s.heads_kv < shape.heads_kv ? packed_bytes(s) : 0;
-  return receive + std::max(forward_work, backward_work) + packed;
+  return receive + work_bytes(s, world_size) + packed;
 }
 
 RingAttention::RingAttention(const RingShape& shape, RingPlan plan, attnhost::Host host, int rank, int world_size,
@@ -94,11 +104,7 @@ RingAttention::RingAttention(const RingShape& shape, RingPlan plan, attnhost::Ho
       at += 2 * kv_block;
     }
   work_ = at;
-  const size_t q_elems = static_cast<size_t>(s.batch) * s.local_q * s.heads_q * s.head_dim;
-  const size_t kv_elems = static_cast<size_t>(s.batch) * s.local_kv * s.heads_kv * s.head_dim;
-  const size_t rows = static_cast<size_t>(s.batch) * s.heads_q * s.local_q;
-  packed_ = work_ + std::max(2 * align_up(q_elems * 4) + align_up(rows * 4),
-                             align_up(rows * 4) + align_up(q_elems * 4) + 4 * align_up(kv_elems * 4));
+  packed_ = work_ + work_bytes(s, world_);
 }
 
 void RingAttention::move_heads(void* packed, void* full, bool pack, int64_t rows, int32_t heads, int32_t h0,
@@ -239,8 +245,8 @@ void RingAttention::backward_slice(const RingShape& s, const attnhost_backward_a
   float* delta = reinterpret_cast<float*>(work_);
   float* dq = reinterpret_cast<float*>(work_ + align_up(rows * 4));
   char* dkv_base = work_ + align_up(rows * 4) + align_up(q_elems * 4);
-  KV dkv[2];
-  for (int i = 0; i < 2; ++i)
+  KV dkv[2]{};
+  for (int i = 0; i < (world_ > 1 ? 2 : 1); ++i)  // (work_bytes: the second pair only travels)
     dkv[i] = {dkv_base + 2 * i * align_up(kv_elems * 4), dkv_base + (2 * i + 1) * align_up(kv_elems * 4)};
   const LocalViews views{s};
   DeltaParams dp;
