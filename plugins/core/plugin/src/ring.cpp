@@ -38,6 +38,26 @@ attnhost_tensor from_entry(attnhost_tensor t, int64_t b0, int64_t batch) {
   return t;
 }
 
+// Elements of one slice's Q-like and K/V-like tensors, and its rows of statistics.
+struct SliceSizes {
+  size_t q, kv, rows;
+};
+SliceSizes slice_sizes(const RingShape& s) {
+  return {static_cast<size_t>(s.batch) * s.local_q * s.heads_q * s.head_dim,
+          static_cast<size_t>(s.batch) * s.local_kv * s.heads_kv * s.head_dim,
+          static_cast<size_t>(s.batch) * s.heads_q * s.local_q};
+}
+
+// The forward's or the backward's fp32 workspace, whichever is larger (carved in forward_slice and
+// backward_slice in this order).
+size_t work_bytes(const RingShape& s, int world_size) {
+  const SliceSizes n = slice_sizes(s);
+  const size_t dkdv_pairs = world_size > 1 ? 2 : 1;  // one accumulates while the other travels
+  const size_t forward_work = 2 * align_up(n.q * 4) + align_up(n.rows * 4);  // O acc, O part, LSE part
+  const size_t backward_work = align_up(n.rows * 4) + align_up(n.q * 4) + 2 * dkdv_pairs * align_up(n.kv * 4);  // delta, dQ, dK dV
+  return std::max(forward_work, backward_work);
+}
+
 // A slice of heads packed into buffers of its own: Q-like and K/V-like [batch, tokens, heads, D] in
 // the problem dtype, LSE [batch, heads, tokens].
 struct Packed {
@@ -46,44 +66,26 @@ struct Packed {
 };
 
 size_t packed_bytes(const RingShape& s) {
+  const SliceSizes n = slice_sizes(s);
   const size_t el = attnhost::dtype_size(s.dtype);
-  const size_t q = align_up(static_cast<size_t>(s.batch) * s.local_q * s.heads_q * s.head_dim * el);
-  const size_t kv = align_up(static_cast<size_t>(s.batch) * s.local_kv * s.heads_kv * s.head_dim * el);
-  return 4 * q + 4 * kv + align_up(static_cast<size_t>(s.batch) * s.heads_q * s.local_q * 4);
+  return 4 * align_up(n.q * el) + 4 * align_up(n.kv * el) + align_up(n.rows * 4);
 }
 
 Packed packed_at(char* at, const RingShape& s) {
+  const SliceSizes n = slice_sizes(s);
   const size_t el = attnhost::dtype_size(s.dtype);
-  const size_t q = align_up(static_cast<size_t>(s.batch) * s.local_q * s.heads_q * s.head_dim * el);
-  const size_t kv = align_up(static_cast<size_t>(s.batch) * s.local_kv * s.heads_kv * s.head_dim * el);
   Packed p;
-  for (void** b : {&p.q, &p.o, &p.d_o, &p.dq}) *b = std::exchange(at, at + q);
-  for (void** b : {&p.k, &p.v, &p.dk, &p.dv}) *b = std::exchange(at, at + kv);
+  for (void** buffer : {&p.q, &p.o, &p.d_o, &p.dq}) *buffer = std::exchange(at, at + align_up(n.q * el));
+  for (void** buffer : {&p.k, &p.v, &p.dk, &p.dv}) *buffer = std::exchange(at, at + align_up(n.kv * el));
   p.lse = reinterpret_cast<float*>(at);
   return p;
 }
 
 }  // namespace
 
-namespace {
-
-// The forward's or the backward's workspace, whichever is larger, for a slice of shape `s`.
-size_t work_bytes(const RingShape& s, int world_size) {
-  const size_t kv_elems = static_cast<size_t>(s.batch) * s.local_kv * s.heads_kv * s.head_dim;
-  const size_t q_elems = static_cast<size_t>(s.batch) * s.local_q * s.heads_q * s.head_dim;
-  const size_t rows = static_cast<size_t>(s.batch) * s.heads_q * s.local_q;
-  const size_t dkdv_pairs = world_size > 1 ? 2 : 1;  // one accumulates while the other travels
-  const size_t forward_work = 2 * align_up(q_elems * 4) + align_up(rows * 4);  // O acc, O part, LSE part
-  const size_t backward_work = align_up(rows * 4) + align_up(q_elems * 4) + 2 * dkdv_pairs * align_up(kv_elems * 4);  // delta, dQ, dK dV
-  return std::max(forward_work, backward_work);
-}
-
-}  // namespace
-
 size_t RingAttention::workspace_bytes(const RingShape& shape, int world_size) {
   const RingShape s = largest_slice(shape);
-  const size_t kv_bytes = static_cast<size_t>(s.batch) * s.local_kv * s.heads_kv * s.head_dim * attnhost::dtype_size(s.dtype);
-  const size_t receive = world_size > 1 ? 4 * align_up(kv_bytes) : 0;
+  const size_t receive = world_size > 1 ? 4 * align_up(slice_sizes(s).kv * attnhost::dtype_size(s.dtype)) : 0;  // two K/V blocks
   const size_t packed = s.heads_kv < shape.heads_kv ? packed_bytes(s) : 0;
   return receive + work_bytes(s, world_size) + packed;
 }
@@ -93,8 +95,7 @@ RingAttention::RingAttention(const RingShape& shape, RingPlan plan, attnhost::Ho
     : s_(shape), plan_(std::move(plan)), host_(host), rank_(rank), world_(world_size), overlap_(overlap),
       engine_(Engine::make(cuda, cpu_fp64, EngineOptions{shape.engine, host, shape.dtype_partials})) {
   const RingShape s = largest_slice(s_);
-  const size_t kv_block = align_up(static_cast<size_t>(s.batch) * s.local_kv * s.heads_kv * s.head_dim *
-                                   attnhost::dtype_size(s.dtype));
+  const size_t kv_block = align_up(slice_sizes(s).kv * attnhost::dtype_size(s.dtype));
   arena_ = attnhost::HostBuffer(host_, workspace_bytes(s_, world_));
   char* at = arena_.as<char>();
   if (world_ > 1)
