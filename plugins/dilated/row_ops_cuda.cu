@@ -112,7 +112,8 @@ template <class T> __device__ __forceinline__ void store4(T* dst, float4 v) {
 
 // One float4 of a local row per thread: its accumulator, then each pattern's rows, rounded once.
 // grid: x strides over (row, unit), y the batch entry.
-template <class T> __global__ void sum_rows_kernel(const __grid_constant__ SumArgs a) {
+// (8 CTAs an SM: 32 registers a thread, every warp slot filled for these latency-bound loops.)
+template <class T> __global__ void __launch_bounds__(kThreads, 8) sum_rows_kernel(const __grid_constant__ SumArgs a) {
   const int32_t units = a.row_floats / 4;
   const int64_t n = a.rows * units, b = blockIdx.y;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
@@ -172,7 +173,7 @@ static_assert(kMaxPatterns <= 32, "the combine gives each pattern's LSE one lane
 // reduction is two shuffle trees and each pattern's weight one broadcast; lanes then split the
 // row in float4s, and every pattern's loads are independent of the others' (a sum, not a chain
 // of dependent scalar loads). grid: x rows, y batch entries.
-template <class T> __global__ void combine_kernel(const __grid_constant__ CombineArgs a) {
+template <class T> __global__ void __launch_bounds__(kThreads, 8) combine_kernel(const __grid_constant__ CombineArgs a) {
   const int64_t j = int64_t(blockIdx.x) * kCombineWarps + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   const int64_t b = blockIdx.y;
