@@ -108,11 +108,50 @@ RingAttention::RingAttention(const RingShape& shape, RingPlan plan, attnhost::Ho
   packed_ = work_ + work_bytes(s, world_);
 }
 
-void RingAttention::move_heads(void* packed, void* full, bool pack, int64_t rows, int32_t heads, int32_t h0,
-                               int32_t n, size_t unit, void* stream) {
-  char* slice = static_cast<char*>(full) + h0 * unit;
-  if (pack) engine_->copy_rows(packed, n * unit, slice, heads * unit, n * unit, rows, stream);
-  else engine_->copy_rows(slice, heads * unit, packed, n * unit, n * unit, rows, stream);
+std::vector<RingAttention::Slice> RingAttention::slices() const {
+  const int32_t per_b = per_slice(s_.batch, s_.batch_slices), per_h = per_slice(s_.heads_kv, s_.head_slices);
+  std::vector<Slice> out;
+  for (int32_t b0 = 0; b0 < s_.batch; b0 += per_b)
+    for (int32_t h0 = 0; h0 < s_.heads_kv; h0 += per_h) {
+      const int32_t nb = std::min(per_b, s_.batch - b0), nh = std::min(per_h, s_.heads_kv - h0);
+      out.push_back({slice_shape(s_, nb, nh), b0, h0, nh < s_.heads_kv, false});
+    }
+  if (!out.empty()) out.back().last = true;
+  return out;
+}
+
+void RingAttention::move_heads(void* packed, void* full, Kind kind, const Slice& slice, bool pack, void* stream) {
+  const RingShape& s = slice.shape;
+  const int32_t group = s_.heads_q / s_.heads_kv;
+  const size_t row = s_.head_dim * attnhost::dtype_size(s_.dtype);
+  int64_t rows = int64_t{s.batch} * s.local_q;
+  int32_t heads = s_.heads_q, h0 = slice.h0 * group, n = s.heads_q;
+  size_t unit = row;
+  if (kind == Kind::kv) {
+    rows = int64_t{s.batch} * s.local_kv;
+    heads = s_.heads_kv;
+    h0 = slice.h0;
+    n = s.heads_kv;
+  } else if (kind == Kind::stats) {
+    rows = s.batch;
+    unit = s.local_q * sizeof(float);
+  }
+  char* at = static_cast<char*>(full) + h0 * unit;
+  if (pack) engine_->copy_rows(packed, n * unit, at, heads * unit, n * unit, rows, stream);
+  else engine_->copy_rows(at, heads * unit, packed, n * unit, n * unit, rows, stream);
+}
+
+void RingAttention::pack(const Slice& slice, std::vector<Swap>& swaps, void* stream) {
+  for (Swap& w : swaps) {
+    w.full = w.t->data;
+    if (w.input) move_heads(w.buffer, w.full, w.kind, slice, true, stream);
+    w.t->data = w.buffer;
+  }
+}
+
+void RingAttention::unpack(const Slice& slice, const std::vector<Swap>& swaps, void* stream) {
+  for (const Swap& w : swaps)
+    if (!w.input) move_heads(w.buffer, w.full, w.kind, slice, false, stream);
 }
 
 void RingAttention::exchange(const void* send_k, const void* send_v, void* recv_k, void* recv_v, int32_t dtype,
@@ -130,36 +169,21 @@ void RingAttention::exchange(const void* send_k, const void* send_v, void* recv_
 }
 
 void RingAttention::forward(const attnhost_forward_args& a) {
-  const int32_t per_b = per_slice(s_.batch, s_.batch_slices), per_h = per_slice(s_.heads_kv, s_.head_slices);
-  const int32_t group = s_.heads_q / s_.heads_kv;
-  const size_t el = attnhost::dtype_size(s_.dtype), d = s_.head_dim * el;
   void* compute = host_.stream(0);
-  for (int32_t b0 = 0; b0 < s_.batch; b0 += per_b) {
-    const int32_t nb = std::min(per_b, s_.batch - b0);
-    attnhost_forward_args slice = a;
-    for (attnhost_tensor* t : {&slice.q, &slice.k, &slice.v, &slice.o, &slice.lse}) *t = from_entry(*t, b0, nb);
-    if (per_h == s_.heads_kv) {
-      forward_slice(slice_shape(s_, nb, s_.heads_kv), slice);
+  for (const Slice& slice : slices()) {
+    attnhost_forward_args x = a;
+    for (attnhost_tensor* t : {&x.q, &x.k, &x.v, &x.o, &x.lse}) *t = from_entry(*t, slice.b0, slice.shape.batch);
+    if (!slice.packed) {
+      forward_slice(slice.shape, x);
       continue;
     }
-    for (int32_t h0 = 0; h0 < s_.heads_kv; h0 += per_h) {
-      const int32_t nh = std::min(per_h, s_.heads_kv - h0);
-      const RingShape s = slice_shape(s_, nb, nh);
-      const Packed p = packed_at(packed_, s);
-      const int64_t q_rows = int64_t{nb} * s.local_q, kv_rows = int64_t{nb} * s.local_kv;
-      move_heads(p.q, slice.q.data, true, q_rows, s_.heads_q, h0 * group, nh * group, d, compute);
-      move_heads(p.k, slice.k.data, true, kv_rows, s_.heads_kv, h0, nh, d, compute);
-      move_heads(p.v, slice.v.data, true, kv_rows, s_.heads_kv, h0, nh, d, compute);
-      attnhost_forward_args packed = slice;
-      packed.q.data = p.q;
-      packed.k.data = p.k;
-      packed.v.data = p.v;
-      packed.o.data = p.o;
-      packed.lse.data = p.lse;
-      forward_slice(s, packed);
-      move_heads(p.o, slice.o.data, false, q_rows, s_.heads_q, h0 * group, nh * group, d, compute);
-      move_heads(p.lse, slice.lse.data, false, nb, s_.heads_q, h0 * group, nh * group, s.local_q * 4, compute);
-    }
+    const Packed p = packed_at(packed_, slice.shape);
+    std::vector<Swap> swaps = {{&x.q, p.q, Kind::q, true},       {&x.k, p.k, Kind::kv, true},
+                               {&x.v, p.v, Kind::kv, true},      {&x.o, p.o, Kind::q, false},
+                               {&x.lse, p.lse, Kind::stats, false}};
+    pack(slice, swaps, compute);
+    forward_slice(slice.shape, x);
+    unpack(slice, swaps, compute);
   }
 }
 
@@ -195,45 +219,24 @@ void RingAttention::forward_slice(const RingShape& s, const attnhost_forward_arg
 }
 
 void RingAttention::backward(const attnhost_backward_args& a) {
-  const int32_t per_b = per_slice(s_.batch, s_.batch_slices), per_h = per_slice(s_.heads_kv, s_.head_slices);
-  const int32_t group = s_.heads_q / s_.heads_kv;
-  const size_t el = attnhost::dtype_size(s_.dtype), d = s_.head_dim * el;
   void* compute = host_.stream(0);
-  for (int32_t b0 = 0; b0 < s_.batch; b0 += per_b) {
-    const int32_t nb = std::min(per_b, s_.batch - b0);
-    attnhost_backward_args slice = a;
-    for (attnhost_tensor* t : {&slice.q, &slice.k, &slice.v, &slice.o, &slice.lse, &slice.d_o, &slice.dq, &slice.dk,
-                               &slice.dv})
-      *t = from_entry(*t, b0, nb);
-    if (per_h == s_.heads_kv) {
-      backward_slice(slice_shape(s_, nb, s_.heads_kv), slice, b0 + nb == s_.batch);
+  for (const Slice& slice : slices()) {
+    attnhost_backward_args x = a;
+    for (attnhost_tensor* t : {&x.q, &x.k, &x.v, &x.o, &x.lse, &x.d_o, &x.dq, &x.dk, &x.dv})
+      *t = from_entry(*t, slice.b0, slice.shape.batch);
+    if (!slice.packed) {
+      backward_slice(slice.shape, x, slice.last);
       continue;
     }
-    for (int32_t h0 = 0; h0 < s_.heads_kv; h0 += per_h) {
-      const int32_t nh = std::min(per_h, s_.heads_kv - h0);
-      const RingShape s = slice_shape(s_, nb, nh);
-      const Packed p = packed_at(packed_, s);
-      const int64_t q_rows = int64_t{nb} * s.local_q, kv_rows = int64_t{nb} * s.local_kv;
-      for (auto [to, from] : {std::pair{p.q, slice.q.data}, {p.o, slice.o.data}, {p.d_o, slice.d_o.data}})
-        move_heads(to, from, true, q_rows, s_.heads_q, h0 * group, nh * group, d, compute);
-      move_heads(p.k, slice.k.data, true, kv_rows, s_.heads_kv, h0, nh, d, compute);
-      move_heads(p.v, slice.v.data, true, kv_rows, s_.heads_kv, h0, nh, d, compute);
-      move_heads(p.lse, slice.lse.data, true, nb, s_.heads_q, h0 * group, nh * group, s.local_q * 4, compute);
-      attnhost_backward_args packed = slice;
-      packed.q.data = p.q;
-      packed.o.data = p.o;
-      packed.d_o.data = p.d_o;
-      packed.lse.data = p.lse;
-      packed.k.data = p.k;
-      packed.v.data = p.v;
-      packed.dq.data = p.dq;
-      packed.dk.data = p.dk;
-      packed.dv.data = p.dv;
-      backward_slice(s, packed, true);  // (waits for dK/dV to come home: they are unpacked next)
-      move_heads(p.dq, slice.dq.data, false, q_rows, s_.heads_q, h0 * group, nh * group, d, compute);
-      move_heads(p.dk, slice.dk.data, false, kv_rows, s_.heads_kv, h0, nh, d, compute);
-      move_heads(p.dv, slice.dv.data, false, kv_rows, s_.heads_kv, h0, nh, d, compute);
-    }
+    const Packed p = packed_at(packed_, slice.shape);
+    std::vector<Swap> swaps = {{&x.q, p.q, Kind::q, true},     {&x.o, p.o, Kind::q, true},
+                               {&x.d_o, p.d_o, Kind::q, true}, {&x.lse, p.lse, Kind::stats, true},
+                               {&x.k, p.k, Kind::kv, true},    {&x.v, p.v, Kind::kv, true},
+                               {&x.dq, p.dq, Kind::q, false},  {&x.dk, p.dk, Kind::kv, false},
+                               {&x.dv, p.dv, Kind::kv, false}};
+    pack(slice, swaps, compute);
+    backward_slice(slice.shape, x, true);  // (dK and dV must be home: they are unpacked next)
+    unpack(slice, swaps, compute);
   }
 }
 

@@ -87,15 +87,33 @@ class RingAttention {
     void* v;
   };
   int source(int step) const { return ((rank_ - step) % world_ + world_) % world_; }
-  // One slice of the batch: `s` is the shape with the slice's batch; the args point at its first
-  // entry. The last slice of a backward waits for its dK/dV to come home; earlier ones leave that
-  // hop on the communication stream, under the next slice's first step.
+  // One slice of the ring: batch entries [b0, b0 + shape.batch) and key/value heads
+  // [h0, h0 + shape.heads_kv) with their query heads. A slice of fewer heads than the problem's is
+  // packed: its tensors are copied into buffers of their own (a message must be contiguous).
+  struct Slice {
+    RingShape shape;
+    int32_t b0, h0;
+    bool packed, last;
+  };
+  std::vector<Slice> slices() const;
+  // A tensor of a packed slice: its data is swapped for `buffer`, an input is packed into it
+  // first, an output unpacked from it after.
+  enum class Kind { q, kv, stats };  // [B, tokens, heads, D] by Q's or K/V's heads; [B, heads, tokens]
+  struct Swap {
+    attnhost_tensor* t;
+    void* buffer;
+    Kind kind;
+    bool input;
+    void* full = nullptr;
+  };
+  void pack(const Slice& slice, std::vector<Swap>& swaps, void* stream);
+  void unpack(const Slice& slice, const std::vector<Swap>& swaps, void* stream);
+  void move_heads(void* packed, void* full, Kind kind, const Slice& slice, bool pack, void* stream);
+  // The ring over one slice: `s` is its shape, the args point at its tensors. A backward that is
+  // not `last` leaves its last dK/dV hop on the communication stream, under the next slice's first
+  // step; the last one waits for it.
   void forward_slice(const RingShape& s, const attnhost_forward_args& a);
   void backward_slice(const RingShape& s, const attnhost_backward_args& a, bool last);
-  // Heads [h0, h0 + n) of `rows` rows of `heads` units of `unit` bytes: from `full` into `packed`
-  // (pack), or back.
-  void move_heads(void* packed, void* full, bool pack, int64_t rows, int32_t heads, int32_t h0, int32_t n,
-                  size_t unit, void* stream);
   void exchange(const void* send_k, const void* send_v, void* recv_k, void* recv_v, int32_t dtype, size_t count,
                 void* stream, const char* what, int step);
 
