@@ -133,14 +133,15 @@ void DilatedAttention::build_tables(const Geometry& g) {
     patterns_.push_back(std::move(st));
   }
   // Local patterns run first, in order (forward(), backward()): the first direct one is the first to
-  // touch the local dK/dV, and writes them if its segments hold every local key.
-  for (size_t p = 0; p < patterns_.size() && dkdv_writer_ < 0; ++p) {
-    const PatternState& st = patterns_[p];
-    if (st.plan.remote || !st.plan.direct) continue;
+  // touch the local dK/dV, and writes them if its segments hold every local key (a later direct
+  // pattern adds to what it wrote).
+  const auto first_direct = std::find_if(patterns_.begin(), patterns_.end(),
+                                         [](const PatternState& st) { return st.plan.direct && !st.plan.remote; });
+  if (first_direct != patterns_.end()) {
     std::vector<char> held(local_, 0);
-    for (const Segment& s : st.host_segments) std::fill(held.begin() + s.kv_begin, held.begin() + s.kv_end, 1);
-    if (std::all_of(held.begin(), held.end(), [](char c) { return c != 0; })) dkdv_writer_ = static_cast<int>(p);
-    break;  // a later direct pattern adds to what this one wrote
+    for (const Segment& s : first_direct->host_segments) std::fill(held.begin() + s.kv_begin, held.begin() + s.kv_end, 1);
+    if (std::all_of(held.begin(), held.end(), [](char c) { return c != 0; }))
+      dkdv_writer_ = static_cast<int>(first_direct - patterns_.begin());
   }
 
   // One upload: the int tables, then every pattern's segments.

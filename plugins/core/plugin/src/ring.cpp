@@ -190,8 +190,7 @@ void RingAttention::forward(const attnhost_forward_args& a) {
 void RingAttention::forward_slice(const RingShape& s, const attnhost_forward_args& a) {
   void* compute = host_.stream(0);
   void* comm = overlap_ ? host_.stream(1) : compute;
-  const size_t q_elems = static_cast<size_t>(s.batch) * s.local_q * s.heads_q * s.head_dim;
-  const size_t kv_elems = static_cast<size_t>(s.batch) * s.local_kv * s.heads_kv * s.head_dim;
+  const auto [q_elems, kv_elems, rows] = slice_sizes(s);
   std::vector<std::vector<BlockCall>> plans(world_);
   size_t calls = 0;
   for (int step = 0; step < world_; ++step) calls += (plans[step] = plan_(rank_, source(step))).size();
@@ -243,9 +242,7 @@ void RingAttention::backward(const attnhost_backward_args& a) {
 void RingAttention::backward_slice(const RingShape& s, const attnhost_backward_args& a, bool last) {
   void* compute = host_.stream(0);
   void* comm = overlap_ ? host_.stream(1) : compute;
-  const size_t q_elems = static_cast<size_t>(s.batch) * s.local_q * s.heads_q * s.head_dim;
-  const size_t kv_elems = static_cast<size_t>(s.batch) * s.local_kv * s.heads_kv * s.head_dim;
-  const size_t rows = static_cast<size_t>(s.batch) * s.heads_q * s.local_q;
+  const auto [q_elems, kv_elems, rows] = slice_sizes(s);
   float* delta = reinterpret_cast<float*>(work_);
   float* dq = reinterpret_cast<float*>(work_ + align_up(rows * 4));
   char* dkv_base = work_ + align_up(rows * 4) + align_up(q_elems * 4);
