@@ -96,6 +96,21 @@ void write_dkdv_into(BackwardParams& p, const RingShape& s, const BlockCall& c, 
   p.write_dkdv = true;
 }
 
+void compute_local_delta(const RingShape& s, Engine& engine, const attnhost_backward_args& a, float* delta,
+                         void* stream) {
+  const LocalViews views{s};
+  DeltaParams dp;
+  dp.dtype = core_dtype(s.dtype);
+  dp.batch = s.batch;
+  dp.heads = s.heads_q;
+  dp.head_dim = s.head_dim;
+  dp.seqlen = s.local_q;
+  dp.o = views.q(a.o.data, 0, false);
+  dp.d_o = views.q(a.d_o.data, 0, false);
+  dp.delta = views.stats(delta, 0);
+  engine.compute_delta(dp, stream);
+}
+
 void convert_out(const RingShape& s, Engine& engine, const float* src, void* dst, bool kv, void* stream) {
   const LocalViews views{s};
   ConvertParams cv;

@@ -37,6 +37,11 @@ BackwardParams backward_params(const RingShape& s, const BlockCall& c, const att
 bool covers_all_keys(const RingShape& s, const BlockCall& c);
 void write_dkdv_into(BackwardParams& p, const RingShape& s, const BlockCall& c, const attnhost_backward_args& a);
 
+// delta = rowsum(dO * O) of the rank's local rows, from the final output a.o: the row term every
+// backward call of the rank reads.
+void compute_local_delta(const RingShape& s, Engine& engine, const attnhost_backward_args& a, float* delta,
+                         void* stream);
+
 // fp32 src (a shape's Q-like or K/V-like tensor) to the problem dtype in dst.
 void convert_out(const RingShape& s, Engine& engine, const float* src, void* dst, bool kv, void* stream);
 

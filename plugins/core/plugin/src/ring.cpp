@@ -249,17 +249,7 @@ void RingAttention::backward_slice(const RingShape& s, const attnhost_backward_a
   KV dkv[2]{};
   for (int i = 0; i < (world_ > 1 ? 2 : 1); ++i)  // (work_bytes: the second pair only travels)
     dkv[i] = {dkv_base + 2 * i * align_up(kv_elems * 4), dkv_base + (2 * i + 1) * align_up(kv_elems * 4)};
-  const LocalViews views{s};
-  DeltaParams dp;
-  dp.dtype = core_dtype(s.dtype);
-  dp.batch = s.batch;
-  dp.heads = s.heads_q;
-  dp.head_dim = s.head_dim;
-  dp.seqlen = s.local_q;
-  dp.o = views.q(a.o.data, 0, false);
-  dp.d_o = views.q(a.d_o.data, 0, false);
-  dp.delta = views.stats(delta, 0);
-  engine_->compute_delta(dp, compute);
+  compute_local_delta(s, *engine_, a, delta, compute);
   engine_->zero(dq, q_elems * 4, compute);
   // On one rank with one call over every key, that call writes dK and dV in the problem dtype
   // straight into the outputs: no fp32 accumulators to zero and convert.

@@ -153,17 +153,7 @@ void RoutedAttention::backward(const attnhost_backward_args& a) {
   char* g = work_ + align_up(rows * 4) + align_up(q_elems * 4);
   KV own{g, g + grads}, part{g + 2 * grads, g + 3 * grads}, home{g + 4 * grads, g + 5 * grads};
 
-  const LocalViews views{s_};
-  DeltaParams dp;
-  dp.dtype = core_dtype(s_.dtype);
-  dp.batch = s_.batch;
-  dp.heads = s_.heads_q;
-  dp.head_dim = s_.head_dim;
-  dp.seqlen = s_.local_q;
-  dp.o = views.q(a.o.data, 0, false);
-  dp.d_o = views.q(a.d_o.data, 0, false);
-  dp.delta = views.stats(delta, 0);
-  engine_->compute_delta(dp, compute);
+  compute_local_delta(s_, *engine_, a, delta, compute);
   engine_->zero(dq, q_elems * 4, compute);
   // One call that makes every local key's gradients (no other rank reads these keys, so no round
   // after the first has calls; no segments) writes dK and dV in the problem's dtype straight into
