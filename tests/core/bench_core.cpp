@@ -5,6 +5,7 @@
 //   bench_core B H S D [...]        other shapes (groups of four); H may be Hq:Hkv (GQA)
 //   BENCH_CAUSAL=0 bench_core       only the non-causal (or =1: causal) runs
 //   BENCH_ENGINE=cudnn|both         the cuDNN engine (attncore/cudnn.h) instead of / besides native
+//   BENCH_BACKWARD=0                native forward only (a forward-kernel step times in seconds)
 //   bench_core --probe [B H S D...] which cuDNN graphs build for each shape (no timing)
 // Native backward = zeroing the fp32 accumulators + compute_delta + backward. cuDNN: "bwd write" writes
 // bf16 gradients (what frameworks do); "bwd add" is the core's contract (zeroing the fp32
@@ -193,6 +194,11 @@ void bench_native(Bench& x) {
   using namespace attncore;
   const int runs = x.s.S >= 8192 ? 10 : 20;
   const float t_fwd = median_ms([&] { forward_cuda(x.f, nullptr); }, 3, runs);
+  if (const char* b = std::getenv("BENCH_BACKWARD"); b && b[0] == '0') {
+    std::printf("native %s | fwd %s\n", x.name().c_str(), x.figure(t_fwd, x.flops()).c_str());
+    std::fflush(stdout);
+    return;
+  }
   const auto backward = [&](bool det) {
     x.g.deterministic = det;
     x.zero_grads();

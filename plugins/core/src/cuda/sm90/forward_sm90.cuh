@@ -17,9 +17,14 @@
 //    while P V of tile n - 1 runs.
 // The producer gives most of its registers to the consumers (setmaxnreg): O, S and P of a d128
 // consumer take 64 + 64 + 32 registers a thread.
+// For short causal rows (pair_serves) the same kernel runs with one consumer and 64-column key
+// tiles (ForwardConfig<.., true>): two CTAs fit an SM, and one's start and store of O hide under
+// the other's products.
 #pragma once
 
 #include <cuda.h>
+
+#include <algorithm>
 
 #include "../args.h"
 #include "../device.cuh"
@@ -32,22 +37,28 @@
 
 namespace attncore::cuda::sm90 {
 
-template <class T, int D> struct ForwardConfig {
-  static constexpr int kConsumers = 2;
+// kPair = false: one CTA an SM, two consumers of 64 rows sharing 128-column K/V tiles.
+// kPair = true, for short rows: one consumer and 64-column tiles, small enough (registers and
+// shared memory) that two CTAs share an SM, so that one's start and store of O run under the
+// other's products.
+template <class T, int D, bool kPair = false> struct ForwardConfig {
+  static constexpr int kConsumers = kPair ? 1 : 2;
+  static constexpr int kCtasPerSm = kPair ? 2 : 1;
   static constexpr int kThreads = (kConsumers + 1) * 128;
   static constexpr int kBlockM = 64 * kConsumers;
-  static constexpr int kBlockN = D <= 128 ? 128 : 64; // d256: O alone takes 128 registers a thread
+  static constexpr int kBlockN = D <= 128 && !kPair ? 128 : 64; // d256: O alone takes 128 registers a thread
   static constexpr int kStages = 2;
   static constexpr int W = swizzle_cols(D);
   static constexpr int kSTiles = kBlockN / 8;
   static constexpr int kOTiles = D / 8;
   static constexpr uint32_t kQBytes = kBlockM * D * sizeof(T);
   static constexpr uint32_t kKVBytes = kBlockN * D * sizeof(T); // one of K or V
-  static constexpr int kProducerRegs = 24, kConsumerRegs = 240;  // 24 + 2 x 240 = 3 x 168
+  // setmaxnreg: the launch gives each thread 65536 / (kThreads x kCtasPerSm) registers (168, 128).
+  static constexpr int kProducerRegs = 24, kConsumerRegs = kPair ? 232 : 240; // 24 + 232 = 2 x 128; 24 + 2 x 240 = 3 x 168
   static constexpr size_t kSmemBytes = 1024 /* alignment */ + kQBytes + 2 * kStages * kKVBytes + 512;
   static_assert(D % 16 == 0 && D % W == 0, "head dim must be a multiple of 16");
   static_assert(kQBytes % 1024 == 0 && kKVBytes % 1024 == 0, "tiles start on 1024-byte boundaries");
-  static_assert(kSmemBytes <= 227 * 1024, "must fit a Hopper CTA");
+  static_assert(kSmemBytes * kCtasPerSm <= 227 * 1024, "must fit a Hopper SM");
   static_assert(kBlockN == 64 || kBlockN == 128, "key tiles are one or two 64-column blocks");
 };
 
@@ -117,12 +128,12 @@ __device__ void mask_tile(float (&s)[1][kSTiles][4], const MaskArgs& mask, const
   }
 }
 
-template <class T, int D>
-__global__ void __launch_bounds__(ForwardConfig<T, D>::kThreads, 1)
+template <class T, int D, bool kPair>
+__global__ void __launch_bounds__(ForwardConfig<T, D, kPair>::kThreads, ForwardConfig<T, D, kPair>::kCtasPerSm)
     flash_forward_sm90_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
                               const __grid_constant__ CUtensorMap v_map, const __grid_constant__ AttnArgs a) {
 #if ATTNCORE_SM90_DEVICE
-  using C = ForwardConfig<T, D>;
+  using C = ForwardConfig<T, D, kPair>;
   constexpr int W = C::W;
   extern __shared__ unsigned char smem_raw[];
   unsigned char* smem = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
@@ -345,19 +356,35 @@ __global__ void __launch_bounds__(ForwardConfig<T, D>::kThreads, 1)
 #endif
 }
 
-template <class T, int D> void launch_forward_sm90(const ForwardParams& p, cudaStream_t stream) {
-  using C = ForwardConfig<T, D>;
+template <class T, int D, bool kPair> void launch_forward_config(const ForwardParams& p, cudaStream_t stream) {
+  using C = ForwardConfig<T, D, kPair>;
   const AttnArgs a = forward_args(p);
   const CUtensorMapSwizzle sw = tma_swizzle(C::W);
   const CUtensorMap q_map = make_tile_map(p.q, p.dtype, p.batch, p.seqlen_q, p.heads_q, D, C::kBlockM, C::W, sw);
   const CUtensorMap k_map = make_tile_map(p.k, p.dtype, p.batch, p.seqlen_kv, p.heads_kv, D, C::kBlockN, C::W, sw);
   const CUtensorMap v_map = make_tile_map(p.v, p.dtype, p.batch, p.seqlen_kv, p.heads_kv, D, C::kBlockN, C::W, sw);
-  const auto kernel = flash_forward_sm90_kernel<T, D>;
+  const auto kernel = flash_forward_sm90_kernel<T, D, kPair>;
   cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(C::kSmemBytes));
   const dim3 grid(unsigned(tile_grid(p.seqlen_q, C::kBlockM, p.num_segments)), unsigned(p.heads_q),
                   unsigned(p.batch));
   kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(q_map, k_map, v_map, a);
   check_launch("flash forward (sm90)");
+}
+
+// The pair configuration serves calls whose query tiles each see few key tiles, where a CTA's
+// start and its store of O weigh most: causal sequences (or segments, on average) of at most 512
+// rows and keys. Measured (PERFORMANCE-core.md, session 6): +24% at S=512 causal, even at 1024,
+// slower from 2048 and for the full mask, where one CTA's 128-column tiles win.
+inline bool pair_serves(const ForwardParams& p) {
+  const int64_t calls = std::max<int64_t>(1, p.num_segments);
+  return p.mask.causal && !p.blocks && p.seqlen_q / calls <= 512 && p.seqlen_kv / calls <= 512;
+}
+
+template <class T, int D> void launch_forward_sm90(const ForwardParams& p, cudaStream_t stream) {
+  if constexpr (D <= 128) { // d256's consumer needs the registers of one CTA an SM
+    if (pair_serves(p)) return launch_forward_config<T, D, true>(p, stream);
+  }
+  launch_forward_config<T, D, false>(p, stream);
 }
 
 } // namespace attncore::cuda::sm90
