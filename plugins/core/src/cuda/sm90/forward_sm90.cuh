@@ -24,8 +24,6 @@
 
 #include <cuda.h>
 
-#include <algorithm>
-
 #include "../args.h"
 #include "../device.cuh"
 #include "../launch.h"
@@ -372,12 +370,13 @@ template <class T, int D, bool kPair> void launch_forward_config(const ForwardPa
 }
 
 // The pair configuration serves calls whose query tiles each see few key tiles, where a CTA's
-// start and its store of O weigh most: causal sequences (or segments, on average) of at most 512
-// rows and keys. Measured (PERFORMANCE-core.md, session 6): +24% at S=512 causal, even at 1024,
-// slower from 2048 and for the full mask, where one CTA's 128-column tiles win.
+// start and its store of O weigh most: causal calls of at most 512 rows and keys. Measured
+// (PERFORMANCE-core.md, session 6): +24% at S=512 causal, even at 1024, slower from 2048 and for
+// the full mask, where one CTA's 128-column tiles win. Segment lengths live on the device, and an
+// average would send a documents mix (many short, one long) to the slower tiles: a call with
+// segments qualifies by its total length alone.
 inline bool pair_serves(const ForwardParams& p) {
-  const int64_t calls = std::max<int64_t>(1, p.num_segments);
-  return p.mask.causal && !p.blocks && p.seqlen_q / calls <= 512 && p.seqlen_kv / calls <= 512;
+  return p.mask.causal && !p.blocks && p.seqlen_q <= 512 && p.seqlen_kv <= 512;
 }
 
 template <class T, int D> void launch_forward_sm90(const ForwardParams& p, cudaStream_t stream) {
