@@ -96,6 +96,12 @@ void write_dkdv_into(BackwardParams& p, const RingShape& s, const BlockCall& c, 
   p.write_dkdv = true;
 }
 
+LocalSizes local_sizes(const RingShape& s) {
+  return {static_cast<size_t>(s.batch) * s.local_q * s.heads_q * s.head_dim,
+          static_cast<size_t>(s.batch) * s.local_kv * s.heads_kv * s.head_dim,
+          static_cast<size_t>(s.batch) * s.heads_q * s.local_q};
+}
+
 void compute_local_delta(const RingShape& s, Engine& engine, const attnhost_backward_args& a, float* delta,
                          void* stream) {
   const LocalViews views{s};

@@ -37,6 +37,13 @@ BackwardParams backward_params(const RingShape& s, const BlockCall& c, const att
 bool covers_all_keys(const RingShape& s, const BlockCall& c);
 void write_dkdv_into(BackwardParams& p, const RingShape& s, const BlockCall& c, const attnhost_backward_args& a);
 
+// Elements of a rank's Q-like and K/V-like tensors of shape `s`, and its rows of statistics (LSE,
+// delta).
+struct LocalSizes {
+  size_t q, kv, rows;
+};
+LocalSizes local_sizes(const RingShape& s);
+
 // delta = rowsum(dO * O) of the rank's local rows, from the final output a.o: the row term every
 // backward call of the rank reads.
 void compute_local_delta(const RingShape& s, Engine& engine, const attnhost_backward_args& a, float* delta,

@@ -38,20 +38,10 @@ attnhost_tensor from_entry(attnhost_tensor t, int64_t b0, int64_t batch) {
   return t;
 }
 
-// Elements of one slice's Q-like and K/V-like tensors, and its rows of statistics.
-struct SliceSizes {
-  size_t q, kv, rows;
-};
-SliceSizes slice_sizes(const RingShape& s) {
-  return {static_cast<size_t>(s.batch) * s.local_q * s.heads_q * s.head_dim,
-          static_cast<size_t>(s.batch) * s.local_kv * s.heads_kv * s.head_dim,
-          static_cast<size_t>(s.batch) * s.heads_q * s.local_q};
-}
-
 // The forward's or the backward's fp32 workspace, whichever is larger (carved in forward_slice and
 // backward_slice in this order).
 size_t work_bytes(const RingShape& s, int world_size) {
-  const SliceSizes n = slice_sizes(s);
+  const LocalSizes n = local_sizes(s);
   const size_t dkdv_pairs = world_size > 1 ? 2 : 1;  // one accumulates while the other travels
   const size_t forward_work = 2 * align_up(n.q * 4) + align_up(n.rows * 4);  // O acc, O part, LSE part
   const size_t backward_work = align_up(n.rows * 4) + align_up(n.q * 4) + 2 * dkdv_pairs * align_up(n.kv * 4);  // delta, dQ, dK dV
@@ -66,13 +56,13 @@ struct Packed {
 };
 
 size_t packed_bytes(const RingShape& s) {
-  const SliceSizes n = slice_sizes(s);
+  const LocalSizes n = local_sizes(s);
   const size_t el = attnhost::dtype_size(s.dtype);
   return 4 * align_up(n.q * el) + 4 * align_up(n.kv * el) + align_up(n.rows * 4);
 }
 
 Packed packed_at(char* at, const RingShape& s) {
-  const SliceSizes n = slice_sizes(s);
+  const LocalSizes n = local_sizes(s);
   const size_t el = attnhost::dtype_size(s.dtype);
   Packed p;
   for (void** buffer : {&p.q, &p.o, &p.d_o, &p.dq}) *buffer = std::exchange(at, at + align_up(n.q * el));
@@ -85,7 +75,7 @@ Packed packed_at(char* at, const RingShape& s) {
 
 size_t RingAttention::workspace_bytes(const RingShape& shape, int world_size) {
   const RingShape s = largest_slice(shape);
-  const size_t receive = world_size > 1 ? 4 * align_up(slice_sizes(s).kv * attnhost::dtype_size(s.dtype)) : 0;  // two K/V blocks
+  const size_t receive = world_size > 1 ? 4 * align_up(local_sizes(s).kv * attnhost::dtype_size(s.dtype)) : 0;  // two K/V blocks
   const size_t packed = s.heads_kv < shape.heads_kv ? packed_bytes(s) : 0;
   return receive + work_bytes(s, world_size) + packed;
 }
@@ -95,7 +85,7 @@ RingAttention::RingAttention(const RingShape& shape, RingPlan plan, attnhost::Ho
     : s_(shape), plan_(std::move(plan)), host_(host), rank_(rank), world_(world_size), overlap_(overlap),
       engine_(Engine::make(cuda, cpu_fp64, EngineOptions{shape.engine, host, shape.dtype_partials})) {
   const RingShape s = largest_slice(s_);
-  const size_t kv_block = align_up(slice_sizes(s).kv * attnhost::dtype_size(s.dtype));
+  const size_t kv_block = align_up(local_sizes(s).kv * attnhost::dtype_size(s.dtype));
   arena_ = attnhost::HostBuffer(host_, workspace_bytes(s_, world_));
   char* at = arena_.as<char>();
   if (world_ > 1)
@@ -190,7 +180,7 @@ void RingAttention::forward(const attnhost_forward_args& a) {
 void RingAttention::forward_slice(const RingShape& s, const attnhost_forward_args& a) {
   void* compute = host_.stream(0);
   void* comm = overlap_ ? host_.stream(1) : compute;
-  const auto [q_elems, kv_elems, rows] = slice_sizes(s);
+  const auto [q_elems, kv_elems, rows] = local_sizes(s);
   std::vector<std::vector<BlockCall>> plans(world_);
   size_t calls = 0;
   for (int step = 0; step < world_; ++step) calls += (plans[step] = plan_(rank_, source(step))).size();
@@ -242,7 +232,7 @@ void RingAttention::backward(const attnhost_backward_args& a) {
 void RingAttention::backward_slice(const RingShape& s, const attnhost_backward_args& a, bool last) {
   void* compute = host_.stream(0);
   void* comm = overlap_ ? host_.stream(1) : compute;
-  const auto [q_elems, kv_elems, rows] = slice_sizes(s);
+  const auto [q_elems, kv_elems, rows] = local_sizes(s);
   float* delta = reinterpret_cast<float*>(work_);
   float* dq = reinterpret_cast<float*>(work_ + align_up(rows * 4));
   char* dkv_base = work_ + align_up(rows * 4) + align_up(q_elems * 4);

@@ -30,9 +30,7 @@ RoutedAttention::RoutedAttention(const RingShape& shape, const RoutedPlan& plan,
     rounds_.push_back(std::move(r));
   }
   const size_t el = attnhost::dtype_size(s_.dtype);
-  const size_t kv_elems = static_cast<size_t>(s_.batch) * s_.local_kv * kv_token_elems();
-  const size_t q_elems = static_cast<size_t>(s_.batch) * s_.local_q * s_.heads_q * s_.head_dim;
-  const size_t rows = static_cast<size_t>(s_.batch) * s_.heads_q * s_.local_q;
+  const auto [q_elems, kv_elems, rows] = local_sizes(s_);
   const size_t kv_block = align_up(kv_elems * el);
   const size_t grads = align_up(kv_elems * 4);
   const bool remote = world_ > 1 && active_rounds() > 0;
@@ -114,7 +112,7 @@ void RoutedAttention::add_runs(float* dst, const float* src, const std::vector<T
 void RoutedAttention::forward(const attnhost_forward_args& a) {
   void* compute = host_.stream(0);
   void* comm = overlap_ ? host_.stream(1) : compute;
-  const size_t q_elems = static_cast<size_t>(s_.batch) * s_.local_q * s_.heads_q * s_.head_dim;
+  const size_t q_elems = local_sizes(s_).q;
   size_t calls = 0;
   for (const Round& r : rounds_) calls += r.calls.size();
   OutputAccumulator out(s_, *engine_, reinterpret_cast<float*>(work_),
@@ -144,15 +142,12 @@ void RoutedAttention::forward(const attnhost_forward_args& a) {
 void RoutedAttention::backward(const attnhost_backward_args& a) {
   void* compute = host_.stream(0);
   void* comm = overlap_ ? host_.stream(1) : compute;
-  const size_t q_elems = static_cast<size_t>(s_.batch) * s_.local_q * s_.heads_q * s_.head_dim;
-  const size_t kv_elems = static_cast<size_t>(s_.batch) * s_.local_kv * kv_token_elems();
-  const size_t rows = static_cast<size_t>(s_.batch) * s_.heads_q * s_.local_q;
+  const auto [q_elems, kv_elems, rows] = local_sizes(s_);
   const size_t grads = align_up(kv_elems * 4);
   float* delta = reinterpret_cast<float*>(work_);
   float* dq = reinterpret_cast<float*>(work_ + align_up(rows * 4));
   char* g = work_ + align_up(rows * 4) + align_up(q_elems * 4);
   KV own{g, g + grads}, part{g + 2 * grads, g + 3 * grads}, home{g + 4 * grads, g + 5 * grads};
-
   compute_local_delta(s_, *engine_, a, delta, compute);
   engine_->zero(dq, q_elems * 4, compute);
   // One call that makes every local key's gradients (no other rank reads these keys, so no round

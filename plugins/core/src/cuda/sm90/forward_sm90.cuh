@@ -44,7 +44,7 @@ template <class T, int D, bool kPair = false> struct ForwardConfig {
   static constexpr int kCtasPerSm = kPair ? 2 : 1;
   static constexpr int kThreads = (kConsumers + 1) * 128;
   static constexpr int kBlockM = 64 * kConsumers;
-  static constexpr int kBlockN = D <= 128 && !kPair ? 128 : 64; // d256: O alone takes 128 registers a thread
+  static constexpr int kBlockN = D <= 128 && !kPair ? 128 : 64; // 64 for the pair, and at d256 (O alone takes 128 registers a thread)
   static constexpr int kStages = 2;
   static constexpr int W = swizzle_cols(D);
   static constexpr int kSTiles = kBlockN / 8;
