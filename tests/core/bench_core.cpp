@@ -194,8 +194,13 @@ void bench_native(Bench& x) {
   using namespace attncore;
   const int runs = x.s.S >= 8192 ? 10 : 20;
   const float t_fwd = median_ms([&] { forward_cuda(x.f, nullptr); }, 3, runs);
-  if (const char* b = std::getenv("BENCH_BACKWARD"); b && b[0] == '0') {
-    std::printf("native %s | fwd %s\n", x.name().c_str(), x.figure(t_fwd, x.flops()).c_str());
+  if (const char* b = std::getenv("BENCH_BACKWARD"); b && b[0] == '0') { // and the forward of a ring's partial
+    ForwardParams f32 = x.f;
+    f32.o = TensorRef{x.o32, x.f.o.batch_stride, x.f.o.token_stride, x.f.o.head_stride};
+    f32.o_fp32 = true;
+    const float t_f32 = median_ms([&] { forward_cuda(f32, nullptr); }, 3, runs);
+    std::printf("native %s | fwd %s | fwd O fp32 %s\n", x.name().c_str(), x.figure(t_fwd, x.flops()).c_str(),
+                x.figure(t_f32, x.flops()).c_str());
     std::fflush(stdout);
     return;
   }

@@ -14,7 +14,8 @@
 //        mask; the online-softmax step (softmax.cuh, the same code as the mma.sync kernel)
 //        O += P V    (wgmma, P straight from the score registers, V in shared memory)
 //    then release the buffer. The loop runs one tile ahead: the scores of tile n are exponentiated
-//    while P V of tile n - 1 runs.
+//    while P V of tile n - 1 runs. At the end each consumer stages O / l in shared memory and the
+//    copy engine writes it (one bulk store per column block, not scattered 4-byte stores).
 // The producer gives most of its registers to the consumers (setmaxnreg): O, S and P of a d128
 // consumer take 64 + 64 + 32 registers a thread.
 // For short causal rows (pair_serves) the same kernel runs with one consumer and 64-column key
@@ -23,6 +24,8 @@
 #pragma once
 
 #include <cuda.h>
+
+#include <cstring>
 
 #include "../args.h"
 #include "../device.cuh"
@@ -49,6 +52,7 @@ template <class T, int D, bool kPair = false> struct ForwardConfig {
   static constexpr int W = swizzle_cols(D);
   static constexpr int kSTiles = kBlockN / 8;
   static constexpr int kOTiles = D / 8;
+  static constexpr int kF32Cols = D % 32 == 0 ? 32 : 16; // fp32 O staged in rows of 128 (or 64) bytes
   static constexpr uint32_t kQBytes = kBlockM * D * sizeof(T);
   static constexpr uint32_t kKVBytes = kBlockN * D * sizeof(T); // one of K or V
   // setmaxnreg: the launch gives each thread 65536 / (kThreads x kCtasPerSm) registers (168, 128).
@@ -58,6 +62,7 @@ template <class T, int D, bool kPair = false> struct ForwardConfig {
   static_assert(kQBytes % 1024 == 0 && kKVBytes % 1024 == 0, "tiles start on 1024-byte boundaries");
   static_assert(kSmemBytes * kCtasPerSm <= 227 * 1024, "must fit a Hopper SM");
   static_assert(kBlockN == 64 || kBlockN == 128, "key tiles are one or two 64-column blocks");
+  static_assert(kConsumers * 64 * D * 4 <= kQBytes + 2 * kStages * kKVBytes, "fp32 O is staged over Q, K and V");
 };
 
 // A step of the walk over key tiles of kN columns: per query block of the CTA (at most two), which
@@ -126,10 +131,27 @@ __device__ void mask_tile(float (&s)[1][kSTiles][4], const MaskArgs& mask, const
   }
 }
 
+// O / l of a consumer's rows into shared memory, laid out as the copy engine loads a box of 64 rows
+// x kCols elements E (column blocks `block_bytes` apart, swizzled rows); their LSE into the tensor.
+template <class E, int kCols, class Softmax>
+__device__ void stage_o(Softmax& sm, const AttnArgs& a, int batch, int head, int32_t r_lo, int32_t row0,
+                        int32_t row_end, int lane, uint32_t base, uint32_t block_bytes) {
+  constexpr int kRow16 = kCols * int(sizeof(E)) / 2; // the row in 16-bit elements, as swizzled_offset counts
+  constexpr int kChunk = 16 / int(sizeof(E));        // elements in a 16-byte chunk
+  sm.finish(a, batch, head, row0, row_end, lane, [&](int32_t r, int col, float x0, float x1) {
+    const int c = col % kCols;
+    const uint32_t addr = base + uint32_t(col / kCols) * block_bytes + swizzled_offset<kRow16>(r - r_lo, c / kChunk) +
+                          uint32_t(c % kChunk) * sizeof(E);
+    if constexpr (sizeof(E) == 4) st_shared_v2(addr, x0, x1);
+    else st_shared_b32(addr, pack2<E>(x0, x1));
+  });
+}
+
 template <class T, int D, bool kPair>
 __global__ void __launch_bounds__(ForwardConfig<T, D, kPair>::kThreads, ForwardConfig<T, D, kPair>::kCtasPerSm)
     flash_forward_sm90_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
-                              const __grid_constant__ CUtensorMap v_map, const __grid_constant__ AttnArgs a) {
+                              const __grid_constant__ CUtensorMap v_map, const __grid_constant__ CUtensorMap o_map,
+                              const __grid_constant__ AttnArgs a, bool o_bulk) {
 #if ATTNCORE_SM90_DEVICE
   using C = ForwardConfig<T, D, kPair>;
   constexpr int W = C::W;
@@ -350,7 +372,38 @@ __global__ void __launch_bounds__(ForwardConfig<T, D, kPair>::kThreads, ForwardC
     fence_registers(sm.o[0]);
     release(&v_empty[s]);
   }
-  sm.template store<T>(a, batch, head, r_lo + 16 * warp_in_wg, m1, lane);
+  // O leaves through the copy engine where it can (o_bulk): staged in shared memory as a load lays
+  // a tile, then one bulk store per column block, not 32 scattered stores a thread.
+  //  - In dtype: in this warpgroup's rows of Q's buffer, which its last product has read.
+  //  - In fp32 (partials): twice the bytes, over Q's and the K/V buffers, once both consumers are
+  //    done with them (and so the producer is too: every copy it issued has been waited for).
+  // Only blocks of 64 whole rows, or blocks that end at the tensor's end (the copy engine drops
+  // rows past it): rows past a segment's end belong to another segment.
+  const int32_t row0 = r_lo + 16 * warp_in_wg;
+  if (o_bulk && a.o_fp32) named_barrier_sync(2, C::kConsumers * 128);
+  if (o_bulk && has_rows && warp_uniform(r_lo + 64 <= reg.row_end || reg.row_end == a.seqlen_q)) {
+    const unsigned char* stage;
+    uint32_t block_bytes;
+    if (a.o_fp32) {
+      stage = smem + wg * 64 * D * 4;
+      block_bytes = 64 * C::kF32Cols * 4;
+      stage_o<float, C::kF32Cols>(sm, a, batch, head, r_lo, row0, m1, lane, smem_addr(stage), block_bytes);
+    } else {
+      stage = smem + 64 * wg * W * sizeof(T);
+      block_bytes = C::kBlockM * W * sizeof(T);
+      stage_o<T, W>(sm, a, batch, head, r_lo, row0, m1, lane, smem_addr(stage), block_bytes);
+    }
+    fence_async_shared();
+    named_barrier_sync(3 + wg, 128);
+    if (warp_in_wg == 0 && lane == 0) {
+      const int cols = a.o_fp32 ? C::kF32Cols : W;
+      for (int cb = 0; cb < D / cols; ++cb) tma_store_4d(&o_map, stage + cb * block_bytes, cb * cols, r_lo, head, batch);
+      bulk_commit();
+      bulk_wait_read(); // the CTA's shared memory must outlive the copy's reads
+    }
+  } else {
+    sm.template store<T>(a, batch, head, row0, m1, lane);
+  }
 #endif
 }
 
@@ -361,11 +414,21 @@ template <class T, int D, bool kPair> void launch_forward_config(const ForwardPa
   const CUtensorMap q_map = make_tile_map(p.q, p.dtype, p.batch, p.seqlen_q, p.heads_q, D, C::kBlockM, C::W, sw);
   const CUtensorMap k_map = make_tile_map(p.k, p.dtype, p.batch, p.seqlen_kv, p.heads_kv, D, C::kBlockN, C::W, sw);
   const CUtensorMap v_map = make_tile_map(p.v, p.dtype, p.batch, p.seqlen_kv, p.heads_kv, D, C::kBlockN, C::W, sw);
+  // O leaves through the copy engine in boxes of one consumer's 64 rows where the copy engine can
+  // address it; else the threads store it.
+  const bool o_bulk = tma_readable(p.o, p.o_fp32 ? 4 : 2);
+  CUtensorMap o_map;
+  std::memset(&o_map, 0, sizeof o_map);
+  if (o_bulk && p.o_fp32)
+    o_map = make_tile_map(p.o, DType::fp32, p.batch, p.seqlen_q, p.heads_q, D, 64, C::kF32Cols,
+                          C::kF32Cols == 32 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B);
+  else if (o_bulk)
+    o_map = make_tile_map(p.o, p.dtype, p.batch, p.seqlen_q, p.heads_q, D, 64, C::W, sw);
   const auto kernel = flash_forward_sm90_kernel<T, D, kPair>;
   cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(C::kSmemBytes));
   const dim3 grid(unsigned(tile_grid(p.seqlen_q, C::kBlockM, p.num_segments)), unsigned(p.heads_q),
                   unsigned(p.batch));
-  kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(q_map, k_map, v_map, a);
+  kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(q_map, k_map, v_map, o_map, a, o_bulk);
   check_launch("flash forward (sm90)");
 }
 

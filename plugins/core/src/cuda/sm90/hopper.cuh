@@ -34,6 +34,13 @@ constexpr CUtensorMapSwizzle tma_swizzle(int w) {
 }
 __host__ __device__ constexpr uint64_t desc_layout(int w) { return w == 64 ? 1 : w == 32 ? 2 : 3; }
 
+// Byte offset of 16-byte chunk `chunk` of row `row` in a column block of W columns, swizzled as the
+// copy engine lays it (the chunk index XORed with address bits 7 and up: the row's position in its
+// group of 8 for 128-byte rows, of 4 pairs for 64-byte rows, of 2 quads for 32-byte rows).
+template <int W> __host__ __device__ constexpr uint32_t swizzled_offset(int row, int chunk) {
+  return uint32_t(row * W * 2 + ((chunk ^ ((row * W * 2 >> 7) & (W / 8 - 1))) * 16));
+}
+
 // A shared-memory matrix descriptor (PTX ISA, "matrix descriptor"): start address, leading and
 // stride byte offsets (all in 16-byte units), layout type in bits 62-63.
 __device__ __forceinline__ uint64_t make_desc(uint32_t smem_addr, uint32_t lead_bytes, uint32_t stride_bytes,
@@ -119,6 +126,15 @@ __device__ __forceinline__ void tma_reduce_add_4d(const CUtensorMap* map, const 
                "r"(smem_addr(src)), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
                : "memory");
 }
+// The box at coordinates (c0 .. c3) of a 4-d tensor map, written from shared memory laid out as a
+// load of that box lays it (rows past the tensor are dropped); joins the thread's open bulk group.
+__device__ __forceinline__ void tma_store_4d(const CUtensorMap* map, const void* src, int32_t c0, int32_t c1,
+                                             int32_t c2, int32_t c3) {
+  asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.tile.bulk_group [%0, {%2, %3, %4, %5}], [%1];\n" ::"l"(
+                   reinterpret_cast<uint64_t>(map)),
+               "r"(smem_addr(src)), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+               : "memory");
+}
 __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
 // Until the thread's committed bulk groups have read their shared memory (it may be written again).
 __device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
@@ -133,6 +149,9 @@ __device__ __forceinline__ void stmatrix_x4(uint32_t addr, const uint32_t (&r)[4
   asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r[0]),
                "r"(r[1]), "r"(r[2]), "r"(r[3])
                : "memory");
+}
+__device__ __forceinline__ void st_shared_b32(uint32_t addr, uint32_t x) {
+  asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(x) : "memory");
 }
 __device__ __forceinline__ void st_shared_v2(uint32_t addr, float x, float y) {
   asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(x), "f"(y) : "memory");
