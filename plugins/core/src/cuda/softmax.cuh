@@ -14,23 +14,23 @@
 
 namespace attncore::cuda {
 
-// max and sum of N (a power of two) values by a tree of depth log2 N. (Recursion on the width,
-// not a loop halving it: nvcc left that loop rolled, and the array went to local memory.)
-template <int Width, int N, class Op> __device__ __forceinline__ float tree_reduce(float (&v)[N], Op op) {
-  static_assert((N & (N - 1)) == 0, "a power of two");
-  if constexpr (Width == 0) {
+// max and sum of the first Count of N values by a tree of depth ceil(log2 Count). (Recursion on
+// the count, not a loop halving it: nvcc left that loop rolled, and the array went to local memory.)
+template <int Count, int N, class Op> __device__ __forceinline__ float tree_reduce(float (&v)[N], Op op) {
+  if constexpr (Count == 1) {
     return v[0];
   } else {
+    constexpr int Half = (Count + 1) / 2;
 #pragma unroll
-    for (int j = 0; j < Width; ++j) v[j] = op(v[j], v[j + Width]);
-    return tree_reduce<Width / 2>(v, op);
+    for (int j = 0; j < Count - Half; ++j) v[j] = op(v[j], v[j + Half]);
+    return tree_reduce<Half>(v, op);
   }
 }
 template <int N> __device__ __forceinline__ float tree_max(float (&v)[N]) {
-  return tree_reduce<N / 2>(v, [](float x, float y) { return fmaxf(x, y); });
+  return tree_reduce<N>(v, [](float x, float y) { return fmaxf(x, y); });
 }
 template <int N> __device__ __forceinline__ float tree_sum(float (&v)[N]) {
-  return tree_reduce<N / 2>(v, [](float x, float y) { return x + y; });
+  return tree_reduce<N>(v, [](float x, float y) { return x + y; });
 }
 
 template <int kMTiles, int kOTiles> struct OnlineSoftmax {

@@ -18,9 +18,9 @@
 //    copy engine writes it (one bulk store per column block, not scattered 4-byte stores).
 // The producer gives most of its registers to the consumers (setmaxnreg): O, S and P of a d128
 // consumer take 64 + 64 + 32 registers a thread.
-// For short causal rows (pair_serves) the same kernel runs with one consumer and 64-column key
-// tiles (ForwardConfig<.., true>): two CTAs fit an SM, and one's start and store of O hide under
-// the other's products.
+// Two other configurations of the same kernel (Tiles, below): for short causal rows (pair_serves),
+// one consumer and 64-column key tiles, two CTAs an SM, so one's start and store of O hide under the
+// other's products; for long rows at d128 (wide_serves), 176-column key tiles.
 #pragma once
 
 #include <cuda.h>
@@ -38,16 +38,24 @@
 
 namespace attncore::cuda::sm90 {
 
-// kPair = false: one CTA an SM, two consumers of 64 rows sharing 128-column K/V tiles.
-// kPair = true, for short rows: one consumer and 64-column tiles, small enough (registers and
-// shared memory) that two CTAs share an SM, so that one's start and store of O run under the
-// other's products.
-template <class T, int D, bool kPair = false> struct ForwardConfig {
+// The forward's tile configurations:
+//  - standard: one CTA an SM, two consumers of 64 rows sharing 128-column K/V tiles (64 at d256,
+//    where O alone takes 128 registers a thread);
+//  - pair, for short causal rows: one consumer and 64-column tiles, small enough (registers and
+//    shared memory) that two CTAs share an SM, so that one's start and store of O run under the
+//    other's products;
+//  - wide, for the full mask at d128: as standard with 176-column tiles (FlashAttention-3's), so
+//    the work paid once a tile (barriers, row reductions, the rescale of O) comes a third less
+//    often. Calls without block lists only (a tile is not a whole number of 64-column blocks).
+enum class Tiles { standard, pair, wide };
+
+template <class T, int D, Tiles kTiles = Tiles::standard> struct ForwardConfig {
+  static constexpr bool kPair = kTiles == Tiles::pair;
   static constexpr int kConsumers = kPair ? 1 : 2;
   static constexpr int kCtasPerSm = kPair ? 2 : 1;
   static constexpr int kThreads = (kConsumers + 1) * 128;
   static constexpr int kBlockM = 64 * kConsumers;
-  static constexpr int kBlockN = D <= 128 && !kPair ? 128 : 64; // 64 for the pair, and at d256 (O alone takes 128 registers a thread)
+  static constexpr int kBlockN = kTiles == Tiles::wide ? 176 : D <= 128 && !kPair ? 128 : 64;
   static constexpr int kStages = 2;
   static constexpr int W = swizzle_cols(D);
   static constexpr int kSTiles = kBlockN / 8;
@@ -61,7 +69,7 @@ template <class T, int D, bool kPair = false> struct ForwardConfig {
   static_assert(D % 16 == 0 && D % W == 0, "head dim must be a multiple of 16");
   static_assert(kQBytes % 1024 == 0 && kKVBytes % 1024 == 0, "tiles start on 1024-byte boundaries");
   static_assert(kSmemBytes * kCtasPerSm <= 227 * 1024, "must fit a Hopper SM");
-  static_assert(kBlockN == 64 || kBlockN == 128, "key tiles are one or two 64-column blocks");
+  static_assert(kBlockN == 64 || kBlockN == 128 || (kTiles == Tiles::wide && D == 128), "key tiles of 64, 128 or 176 columns");
   static_assert(kConsumers * 64 * D * 4 <= kQBytes + 2 * kStages * kKVBytes, "fp32 O is staged over Q, K and V");
 };
 
@@ -76,14 +84,25 @@ struct TileStep {
 // Key tiles of kN (64 or 128) columns, built from the 64-column walk of the mma.sync kernels
 // (tiles.cuh): a 128-column tile may hold two 64-column blocks of a block list, of which one or
 // both are listed for a query block.
+// Tiles that are not whole 64-column blocks (the wide configuration's) are walked directly, at their
+// own width, over the interval the mask allows (no block lists).
 template <int kN> struct TileWalk {
-  KvWalk<64> inner;
+  static constexpr bool kDirect = kN % 64 != 0;
+  KvWalk<kDirect ? kN : 64> inner;
   KvStep pending;
   bool have_pending = false;
 
   __device__ bool next(TileStep& t, const MaskArgs& mask, const Region& reg, int32_t r0, int32_t r1,
                        const BlockArgs& bl) {
     KvStep s;
+    if constexpr (kDirect) {
+      if (!inner.next(s, mask, reg, r0, r1, bl)) return false;
+      t.c0 = s.c0;
+      t.listed[0] = t.listed[1] = (1u << ((kN + 63) / 64)) - 1;
+      t.masked[0] = t.masked[1] = s.masked[0] ? t.listed[0] : 0u;
+      t.cross = s.cross;
+      return true;
+    }
     if (have_pending) {
       s = pending;
       have_pending = false;
@@ -147,13 +166,13 @@ __device__ void stage_o(Softmax& sm, const AttnArgs& a, int batch, int head, int
   });
 }
 
-template <class T, int D, bool kPair>
-__global__ void __launch_bounds__(ForwardConfig<T, D, kPair>::kThreads, ForwardConfig<T, D, kPair>::kCtasPerSm)
+template <class T, int D, Tiles kTiles>
+__global__ void __launch_bounds__(ForwardConfig<T, D, kTiles>::kThreads, ForwardConfig<T, D, kTiles>::kCtasPerSm)
     flash_forward_sm90_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
                               const __grid_constant__ CUtensorMap v_map, const __grid_constant__ CUtensorMap o_map,
                               const __grid_constant__ AttnArgs a, bool o_bulk) {
 #if ATTNCORE_SM90_DEVICE
-  using C = ForwardConfig<T, D, kPair>;
+  using C = ForwardConfig<T, D, kTiles>;
   constexpr int W = C::W;
   extern __shared__ unsigned char smem_raw[];
   unsigned char* smem = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
@@ -255,7 +274,7 @@ __global__ void __launch_bounds__(ForwardConfig<T, D, kPair>::kThreads, ForwardC
 
   // Which of a tile's pairs this warpgroup must hide: the halves a block list does not list for
   // its query block, the halves that need element masking, the columns past the region.
-  constexpr uint32_t kAll = C::kBlockN == 128 ? 3u : 1u; // both 64-column halves, or the one
+  constexpr uint32_t kAll = (1u << ((C::kBlockN + 63) / 64)) - 1; // every 64-column part of a tile
   struct Use {
     bool needs_mask; // (warp-uniform: it decides a branch between the products)
     uint32_t listed, masked;
@@ -407,8 +426,8 @@ __global__ void __launch_bounds__(ForwardConfig<T, D, kPair>::kThreads, ForwardC
 #endif
 }
 
-template <class T, int D, bool kPair> void launch_forward_config(const ForwardParams& p, cudaStream_t stream) {
-  using C = ForwardConfig<T, D, kPair>;
+template <class T, int D, Tiles kTiles> void launch_forward_config(const ForwardParams& p, cudaStream_t stream) {
+  using C = ForwardConfig<T, D, kTiles>;
   const AttnArgs a = forward_args(p);
   const CUtensorMapSwizzle sw = tma_swizzle(C::W);
   const CUtensorMap q_map = make_tile_map(p.q, p.dtype, p.batch, p.seqlen_q, p.heads_q, D, C::kBlockM, C::W, sw);
@@ -424,7 +443,7 @@ template <class T, int D, bool kPair> void launch_forward_config(const ForwardPa
                           C::kF32Cols == 32 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B);
   else if (o_bulk)
     o_map = make_tile_map(p.o, p.dtype, p.batch, p.seqlen_q, p.heads_q, D, 64, C::W, sw);
-  const auto kernel = flash_forward_sm90_kernel<T, D, kPair>;
+  const auto kernel = flash_forward_sm90_kernel<T, D, kTiles>;
   cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(C::kSmemBytes));
   const dim3 grid(unsigned(tile_grid(p.seqlen_q, C::kBlockM, p.num_segments)), unsigned(p.heads_q),
                   unsigned(p.batch));
@@ -442,11 +461,24 @@ inline bool pair_serves(const ForwardParams& p) {
   return p.mask.causal && !p.blocks && p.seqlen_q <= 512 && p.seqlen_kv <= 512;
 }
 
+// The wide configuration serves long rows of keys, where its fewer rounds of per-tile work beat its
+// costlier start and its ragged last tile: measured (PERFORMANCE-core.md, session 7) +1.8% at 8192
+// keys for the full mask, +3-4% from 16384 for both masks, slower below (-6% at 2048). Calls with
+// segments stay on 128-column tiles (their lengths live on the device, as for the pair), and
+// windows were not measured.
+inline bool wide_serves(const ForwardParams& p) {
+  const bool plain = !p.blocks && p.num_segments == 0 && p.mask.window_left < 0 && p.mask.window_right < 0;
+  return plain && p.seqlen_kv >= (p.mask.causal ? 16384 : 8192);
+}
+
 template <class T, int D> void launch_forward_sm90(const ForwardParams& p, cudaStream_t stream) {
-  if constexpr (D <= 128) { // d256's consumer needs the registers of one CTA an SM
-    if (pair_serves(p)) return launch_forward_config<T, D, true>(p, stream);
+  if constexpr (D == 128) {
+    if (wide_serves(p)) return launch_forward_config<T, D, Tiles::wide>(p, stream);
   }
-  launch_forward_config<T, D, false>(p, stream);
+  if constexpr (D <= 128) { // d256's consumer needs the registers of one CTA an SM
+    if (pair_serves(p)) return launch_forward_config<T, D, Tiles::pair>(p, stream);
+  }
+  launch_forward_config<T, D, Tiles::standard>(p, stream);
 }
 
 } // namespace attncore::cuda::sm90

@@ -7,7 +7,7 @@ specialization. Run from this folder after changing TYPES or WIDTHS:
 """
 
 TYPES = [("__nv_bfloat16", "bf16"), ("__half", "f16")]
-WIDTHS = [16, 32, 64, 80, 96, 128, 256]  # N of m64nNk16: 16 rows' worth of keys up to a d256 tile
+WIDTHS = [16, 32, 64, 80, 96, 128, 176, 256]  # N of m64nNk16: 16 rows' worth of keys up to a d256 tile; 176: the wide key tile
 
 
 def regs(n_regs):
