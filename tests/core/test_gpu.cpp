@@ -290,27 +290,30 @@ TEST_CASE("gpu: long causal sequence (many tiles, the pipeline)") {
   check_all(p);
 }
 
-// On Hopper, rows of at least 8192 keys (16384 causal) at d128 go to the forward's 176-column key
-// tiles (sm90 wide_serves); no shorter test reaches them. 130 rows, so the reference stays cheap;
-// the causal rows sit at the end of the keys and see nearly all of them; the keys end inside a tile.
-TEST_CASE("gpu: long rows of keys (the Hopper forward's wide key tiles), full and causal, O in dtype and fp32") {
+// On Hopper, rows of at least 8192 keys (16384 causal) go to other forward configurations: at d128
+// 176-column key tiles (sm90 wide_serves), at d64 three consumers (three_serves); no shorter test
+// reaches them. 130 rows, so the reference stays cheap; the causal rows sit at the end of the keys
+// and see nearly all of them; the keys end inside a tile.
+TEST_CASE("gpu: long rows of keys (the Hopper forward's wide tiles, three consumers), O in dtype and fp32") {
   REQUIRE(device_count() > 0);
   std::mt19937_64 rng(23);
-  for (DType dt : {DType::bf16, DType::fp16}) {
-    Problem p = random_problem(rng, dt, 128, 2, 10);
-    p.B = 1;
-    p.Hkv = 1;
-    p.Hq = 2;
-    p.Sq = 130;
-    p.Skv = 16384 + 77;
-    std::mt19937_64 data(rng());
-    p.randomize(data);
-    CAPTURE(name(dt));
-    check_all(p);
-    p.mask.causal = true;
-    p.mask.q_pos0 = p.Skv - p.Sq - 3;
-    check_all(p);
-  }
+  for (int32_t D : {64, 128})
+    for (DType dt : {DType::bf16, DType::fp16}) {
+      Problem p = random_problem(rng, dt, D, 2, 10);
+      p.B = 1;
+      p.Hkv = 1;
+      p.Hq = 2;
+      p.Sq = 130;
+      p.Skv = 16384 + 77;
+      std::mt19937_64 data(rng());
+      p.randomize(data);
+      CAPTURE(name(dt));
+      CAPTURE(D);
+      check_all(p); // full mask
+      p.mask.causal = true;
+      p.mask.q_pos0 = p.Skv - p.Sq - 3;
+      check_all(p);
+    }
 }
 
 TEST_CASE("gpu: partial fp32 forward + merge + convert equals the CPU's") {

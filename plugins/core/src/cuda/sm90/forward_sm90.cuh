@@ -20,7 +20,8 @@
 // consumer take 64 + 64 + 32 registers a thread.
 // Two other configurations of the same kernel (Tiles, below): for short causal rows (pair_serves),
 // one consumer and 64-column key tiles, two CTAs an SM, so one's start and store of O hide under the
-// other's products; for long rows at d128 (wide_serves), 176-column key tiles.
+// other's products; for long rows at d128 (wide_serves), 176-column key tiles; for long rows at
+// d64 (three_serves), three consumers.
 #pragma once
 
 #include <cuda.h>
@@ -47,11 +48,14 @@ namespace attncore::cuda::sm90 {
 //  - wide, for the full mask at d128: as standard with 176-column tiles (FlashAttention-3's), so
 //    the work paid once a tile (barriers, row reductions, the rescale of O) comes a third less
 //    often. Calls without block lists only (a tile is not a whole number of 64-column blocks).
-enum class Tiles { standard, pair, wide };
+//  - three, for d64: three consumers (192-row CTAs, 512 threads), where the softmax, not the
+//    products, bounds a tile and more warps hide its latency. Calls without block lists only (a
+//    CTA spans up to three 64-row query blocks).
+enum class Tiles { standard, pair, wide, three };
 
 template <class T, int D, Tiles kTiles = Tiles::standard> struct ForwardConfig {
   static constexpr bool kPair = kTiles == Tiles::pair;
-  static constexpr int kConsumers = kPair ? 1 : 2;
+  static constexpr int kConsumers = kPair ? 1 : kTiles == Tiles::three ? 3 : 2;
   static constexpr int kCtasPerSm = kPair ? 2 : 1;
   static constexpr int kThreads = (kConsumers + 1) * 128;
   static constexpr int kBlockM = 64 * kConsumers;
@@ -64,13 +68,15 @@ template <class T, int D, Tiles kTiles = Tiles::standard> struct ForwardConfig {
   static constexpr uint32_t kQBytes = kBlockM * D * sizeof(T);
   static constexpr uint32_t kKVBytes = kBlockN * D * sizeof(T); // one of K or V
   // setmaxnreg: the launch gives each thread 65536 / (kThreads x kCtasPerSm) registers (168, 128).
-  static constexpr int kProducerRegs = 24, kConsumerRegs = kPair ? 232 : 240; // 24 + 232 = 2 x 128; 24 + 2 x 240 = 3 x 168
+  // 24 + 232 = 2 x 128; 24 + 2 x 240 = 3 x 168; 24 + 3 x 160 <= 4 x 128
+  static constexpr int kProducerRegs = 24, kConsumerRegs = kPair ? 232 : kConsumers == 3 ? 160 : 240;
   static constexpr size_t kSmemBytes = 1024 /* alignment */ + kQBytes + 2 * kStages * kKVBytes + 512;
   static_assert(D % 16 == 0 && D % W == 0, "head dim must be a multiple of 16");
   static_assert(kQBytes % 1024 == 0 && kKVBytes % 1024 == 0, "tiles start on 1024-byte boundaries");
   static_assert(kSmemBytes * kCtasPerSm <= 227 * 1024, "must fit a Hopper SM");
   static_assert(kBlockN == 64 || kBlockN == 128 || (kTiles == Tiles::wide && D == 128), "key tiles of 64, 128 or 176 columns");
   static_assert(kConsumers * 64 * D * 4 <= kQBytes + 2 * kStages * kKVBytes, "fp32 O is staged over Q, K and V");
+  static_assert(kConsumers < 3 || D == 64, "three consumers only where O and S leave room in 160 registers");
 };
 
 // A step of the walk over key tiles of kN columns: per query block of the CTA (at most two), which
@@ -461,17 +467,26 @@ inline bool pair_serves(const ForwardParams& p) {
   return p.mask.causal && !p.blocks && p.seqlen_q <= 512 && p.seqlen_kv <= 512;
 }
 
-// The wide configuration serves long rows of keys, where its fewer rounds of per-tile work beat its
-// costlier start and its ragged last tile: measured (PERFORMANCE-core.md, session 7) +1.8% at 8192
-// keys for the full mask, +3-4% from 16384 for both masks, slower below (-6% at 2048). Calls with
-// segments stay on 128-column tiles (their lengths live on the device, as for the pair), and
-// windows were not measured.
-inline bool wide_serves(const ForwardParams& p) {
-  const bool plain = !p.blocks && p.num_segments == 0 && p.mask.window_left < 0 && p.mask.window_right < 0;
-  return plain && p.seqlen_kv >= (p.mask.causal ? 16384 : 8192);
+// Calls whose rows all see one run of keys: no block list, no segments (their lengths live on the
+// device, as for the pair), no window (not measured with the configurations below).
+inline bool plain_call(const ForwardParams& p) {
+  return !p.blocks && p.num_segments == 0 && p.mask.window_left < 0 && p.mask.window_right < 0;
 }
 
+// The wide configuration serves long rows of keys, where its fewer rounds of per-tile work beat its
+// costlier start and its ragged last tile: measured (PERFORMANCE-core.md, session 7) +1.8% at 8192
+// keys for the full mask, +3-4% from 16384 for both masks, slower below (-6% at 2048).
+inline bool wide_serves(const ForwardParams& p) {
+  return plain_call(p) && p.seqlen_kv >= (p.mask.causal ? 16384 : 8192);
+}
+
+// Three consumers at d64: +4% causal and +7-8% full from 8192 keys (session 7), slower at 1024.
+inline bool three_serves(const ForwardParams& p) { return plain_call(p) && p.seqlen_kv >= 8192; }
+
 template <class T, int D> void launch_forward_sm90(const ForwardParams& p, cudaStream_t stream) {
+  if constexpr (D == 64) {
+    if (three_serves(p)) return launch_forward_config<T, D, Tiles::three>(p, stream);
+  }
   if constexpr (D == 128) {
     if (wide_serves(p)) return launch_forward_config<T, D, Tiles::wide>(p, stream);
   }
