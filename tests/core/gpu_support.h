@@ -102,41 +102,10 @@ struct DeviceProblem {
   }
 };
 
-struct Outputs {
-  Tensor o, o32;
-  Stats lse, lse32, delta;
-  Tensor dq, dk, dv;
-};
-
 // The CPU reference (float accumulation) of forward, delta (from the dtype O, as a training step
 // would) and backward.
 inline Outputs run_cpu(Problem& p, bool grads) {
-  Outputs r;
-  r.o = Tensor(p.dtype, p.B, p.Sq, p.Hq, p.D);
-  r.o32 = Tensor(DType::fp32, p.B, p.Sq, p.Hq, p.D);
-  r.lse = Stats(p.B, p.Hq, p.Sq, std::numeric_limits<float>::quiet_NaN());
-  r.lse32 = r.lse;
-  r.o.fill(std::numeric_limits<double>::quiet_NaN());
-  r.o32.fill(std::numeric_limits<double>::quiet_NaN());
-  cpu::forward<float>(p.forward_params(r.o, r.lse, false));
-  cpu::forward<float>(p.forward_params(r.o32, r.lse32, true));
-  if (!grads) return r;
-  r.delta = Stats(p.B, p.Hq, p.Sq, 0.f);
-  DeltaParams dp;
-  dp.dtype = p.dtype;
-  dp.batch = p.B;
-  dp.heads = p.Hq;
-  dp.head_dim = p.D;
-  dp.seqlen = p.Sq;
-  dp.o = r.o.ref();
-  dp.d_o = p.d_o.ref();
-  dp.delta = r.delta.ref();
-  cpu::compute_delta<float>(dp);
-  r.dq = Tensor(DType::fp32, p.B, p.Sq, p.Hq, p.D);
-  r.dk = Tensor(DType::fp32, p.B, p.Skv, p.Hkv, p.D);
-  r.dv = Tensor(DType::fp32, p.B, p.Skv, p.Hkv, p.D);
-  cpu::backward<float>(p.backward_params(r.lse, r.delta, r.dq, r.dk, r.dv));
-  return r;
+  return cpu_outputs<float>(p, grads, DeltaFrom::o_dtype, std::numeric_limits<float>::quiet_NaN());
 }
 
 // Max error over max |ref|, and the error's norm over the reference's norm.

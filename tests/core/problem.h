@@ -14,6 +14,7 @@
 
 #include "attncore/attention.h"
 #include "attncore/block_list.h"
+#include "attncore/cpu.h"
 #include "attncore/numeric.h"
 
 namespace coretest {
@@ -119,6 +120,19 @@ struct Problem {
     if (blocks) block_view = blocks->view();
     f.blocks = blocks ? &block_view : nullptr;
     return f;
+  }
+  DeltaParams delta_params(TensorRef o, bool o_fp32, TensorRef d_o_ref, RowStatsRef delta) const {
+    DeltaParams g;
+    g.dtype = dtype;
+    g.batch = B;
+    g.heads = Hq;
+    g.head_dim = D;
+    g.seqlen = Sq;
+    g.o = o;
+    g.o_fp32 = o_fp32;
+    g.d_o = d_o_ref;
+    g.delta = delta;
+    return g;
   }
   BackwardParams backward_params(Stats& lse, Stats& delta, Tensor& dq, Tensor& dk, Tensor& dv) {
     BackwardParams g;
@@ -279,5 +293,40 @@ struct ErrorStat {
   // rounding noise into a large relative error.
   double rel(double floor = 1e-6) const { return max_abs / std::max(ref_max, floor); }
 };
+
+// What a whole problem's run gives: O in dtype and in fp32 (partial mode) with their LSE, delta, and
+// the gradients (fp32 accumulators started at zero).
+struct Outputs {
+  Tensor o, o32;
+  Stats lse, lse32, delta;
+  Tensor dq, dk, dv;
+};
+
+// Which O the reference's delta (rowsum dO * O) comes from: the fp32 partial (the CPU tests: no
+// rounding in the way), or the dtype O, as a training step computes it (the GPU tests' reference).
+enum class DeltaFrom { o_fp32, o_dtype };
+
+// The CPU reference run of a problem with Acc accumulation: both forwards over `poison` (what a row
+// the call must not touch keeps), then delta and the backward.
+template <class Acc> Outputs cpu_outputs(Problem& p, bool grads, DeltaFrom from, float poison) {
+  Outputs r;
+  r.o = Tensor(p.dtype, p.B, p.Sq, p.Hq, p.D);
+  r.o32 = Tensor(DType::fp32, p.B, p.Sq, p.Hq, p.D);
+  r.o.fill(poison);
+  r.o32.fill(poison);
+  r.lse = Stats(p.B, p.Hq, p.Sq, poison);
+  r.lse32 = Stats(p.B, p.Hq, p.Sq, poison);
+  cpu::forward<Acc>(p.forward_params(r.o, r.lse, false));
+  cpu::forward<Acc>(p.forward_params(r.o32, r.lse32, true));
+  if (!grads) return r;
+  const bool fp32 = from == DeltaFrom::o_fp32;
+  r.delta = Stats(p.B, p.Hq, p.Sq, 0.f);
+  cpu::compute_delta<Acc>(p.delta_params(fp32 ? r.o32.ref() : r.o.ref(), fp32, p.d_o.ref(), r.delta.ref()));
+  r.dq = Tensor(DType::fp32, p.B, p.Sq, p.Hq, p.D);
+  r.dk = Tensor(DType::fp32, p.B, p.Skv, p.Hkv, p.D);
+  r.dv = Tensor(DType::fp32, p.B, p.Skv, p.Hkv, p.D);
+  cpu::backward<Acc>(p.backward_params(fp32 ? r.lse32 : r.lse, r.delta, r.dq, r.dk, r.dv));
+  return r;
+}
 
 } // namespace coretest

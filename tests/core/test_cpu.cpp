@@ -16,41 +16,7 @@ namespace {
 constexpr float kPoison = 777.f; // written into outputs first: rows a call must not touch keep it
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-struct Outputs {
-  Tensor o, o32;          // the dtype output and the fp32 (partial-mode) output
-  Stats lse, lse32, delta;
-  Tensor dq, dk, dv;      // fp32 accumulators, started at zero
-};
-
-template <class Acc> Outputs run(Problem& p, bool grads) {
-  Outputs r;
-  r.o = Tensor(p.dtype, p.B, p.Sq, p.Hq, p.D);
-  r.o32 = Tensor(DType::fp32, p.B, p.Sq, p.Hq, p.D);
-  r.o.fill(kPoison);
-  r.o32.fill(kPoison);
-  r.lse = Stats(p.B, p.Hq, p.Sq, kPoison);
-  r.lse32 = Stats(p.B, p.Hq, p.Sq, kPoison);
-  cpu::forward<Acc>(p.forward_params(r.o, r.lse, false));
-  cpu::forward<Acc>(p.forward_params(r.o32, r.lse32, true));
-  if (!grads) return r;
-  r.delta = Stats(p.B, p.Hq, p.Sq, 0.f);
-  DeltaParams dp;
-  dp.dtype = p.dtype;
-  dp.batch = p.B;
-  dp.heads = p.Hq;
-  dp.head_dim = p.D;
-  dp.seqlen = p.Sq;
-  dp.o = r.o32.ref();
-  dp.o_fp32 = true;
-  dp.d_o = p.d_o.ref();
-  dp.delta = r.delta.ref();
-  cpu::compute_delta<Acc>(dp);
-  r.dq = Tensor(DType::fp32, p.B, p.Sq, p.Hq, p.D);
-  r.dk = Tensor(DType::fp32, p.B, p.Skv, p.Hkv, p.D);
-  r.dv = Tensor(DType::fp32, p.B, p.Skv, p.Hkv, p.D);
-  cpu::backward<Acc>(p.backward_params(r.lse32, r.delta, r.dq, r.dk, r.dv));
-  return r;
-}
+template <class Acc> Outputs run(Problem& p, bool grads) { return cpu_outputs<Acc>(p, grads, DeltaFrom::o_fp32, kPoison); }
 
 double output_tolerance(DType t, bool acc_double) {
   switch (t) {

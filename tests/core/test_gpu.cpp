@@ -84,16 +84,7 @@ Outputs run_gpu(Problem& p, bool grads, bool deterministic, const Outputs* cpu_r
   r.delta = Stats(p.B, p.Hq, p.Sq);
   DeviceStats delta(r.delta);
   delta.buf->poison();
-  DeltaParams dlt;
-  dlt.dtype = p.dtype;
-  dlt.batch = p.B;
-  dlt.heads = p.Hq;
-  dlt.head_dim = p.D;
-  dlt.seqlen = p.Sq;
-  dlt.o = o.ref;
-  dlt.d_o = dp.d_o.ref;
-  dlt.delta = delta.ref;
-  compute_delta_cuda(dlt, nullptr);
+  compute_delta_cuda(p.delta_params(o.ref, false, dp.d_o.ref, delta.ref), nullptr);
   CUDA_OK(cudaDeviceSynchronize());
   delta.download(r.delta);
 
