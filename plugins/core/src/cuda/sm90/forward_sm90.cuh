@@ -45,9 +45,10 @@ namespace attncore::cuda::sm90 {
 //  - pair, for short causal rows: one consumer and 64-column tiles, small enough (registers and
 //    shared memory) that two CTAs share an SM, so that one's start and store of O run under the
 //    other's products;
-//  - wide, for the full mask at d128: as standard with 176-column tiles (FlashAttention-3's), so
-//    the work paid once a tile (barriers, row reductions, the rescale of O) comes a third less
-//    often. Calls without block lists only (a tile is not a whole number of 64-column blocks).
+//  - wide, for long rows at d128: as standard with 176-column tiles (FlashAttention-3's width for
+//    the full mask), so the work paid once a tile (barriers, row reductions, the rescale of O)
+//    comes a quarter less often. Calls without block lists only (a tile is not a whole number of
+//    64-column blocks).
 //  - three, for d64: three consumers (192-row CTAs, 512 threads), where the softmax, not the
 //    products, bounds a tile and more warps hide its latency. Calls without block lists only (a
 //    CTA spans up to three 64-row query blocks).
@@ -87,7 +88,7 @@ struct TileStep {
   bool cross; // the tile runs past the region's last column
 };
 
-// Key tiles of kN (64 or 128) columns, built from the 64-column walk of the mma.sync kernels
+// Key tiles of kN (64, 128; 176: below) columns, built from the 64-column walk of the mma.sync kernels
 // (tiles.cuh): a 128-column tile may hold two 64-column blocks of a block list, of which one or
 // both are listed for a query block.
 // Tiles that are not whole 64-column blocks (the wide configuration's) are walked directly, at their
