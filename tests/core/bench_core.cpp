@@ -6,6 +6,7 @@
 //   BENCH_CAUSAL=0 bench_core       only the non-causal (or =1: causal) runs
 //   BENCH_ENGINE=cudnn|both         the cuDNN engine (attncore/cudnn.h) instead of / besides native
 //   BENCH_BACKWARD=0                native forward only (a forward-kernel step times in seconds)
+//   BENCH_RUNS=N                    timed runs per figure (default 10 from S = 8192, else 20)
 //   bench_core --probe [B H S D...] which cuDNN graphs build for each shape (no timing)
 // Native backward = zeroing the fp32 accumulators + compute_delta + backward. cuDNN: "bwd write" writes
 // bf16 gradients (what frameworks do); "bwd add" is the core's contract (zeroing the fp32
@@ -56,6 +57,11 @@ void* random_bf16(size_t n, uint64_t seed) {
   CUDA_CHECK(cudaMalloc(&d, n * 2));
   CUDA_CHECK(cudaMemcpy(d, h.data(), n * 2, cudaMemcpyHostToDevice));
   return d;
+}
+
+int timed_runs(int64_t S) {
+  if (const char* r = std::getenv("BENCH_RUNS"); r && std::atoi(r) > 0) return std::atoi(r);
+  return S >= 8192 ? 10 : 20;
 }
 
 template <class F> float median_ms(F&& f, int warmup, int runs) {
@@ -192,7 +198,7 @@ struct Bench {
 
 void bench_native(Bench& x) {
   using namespace attncore;
-  const int runs = x.s.S >= 8192 ? 10 : 20;
+  const int runs = timed_runs(x.s.S);
   const float t_fwd = median_ms([&] { forward_cuda(x.f, nullptr); }, 3, runs);
   if (const char* b = std::getenv("BENCH_BACKWARD"); b && b[0] == '0') { // and the forward of a ring's partial
     ForwardParams f32 = x.f;
@@ -223,7 +229,7 @@ void bench_native(Bench& x) {
 void bench_cudnn(Bench& x, Scratch& scratch) {
   using namespace attncore;
   const Workspace ws{&Scratch::get, &scratch};
-  const int runs = x.s.S >= 8192 ? 10 : 20;
+  const int runs = timed_runs(x.s.S);
   std::string line = "cudnn " + cudnn_version_string() + " " + x.name();
   std::string notes;
   // forward, O in bf16 (what frameworks produce) and in fp32 (a ring's partial)
