@@ -281,14 +281,14 @@ TEST_CASE("gpu: long causal sequence (many tiles, the pipeline)") {
   check_all(p);
 }
 
-// On Hopper, rows of at least 8192 keys (16384 causal) go to other forward configurations: at d128
-// 176-column key tiles (sm90 wide_serves), at d64 three consumers (three_serves); no shorter test
+// On Hopper, rows of at least 8192 keys (16384 causal) go to other forward configurations: at d96
+// and d128 176-column key tiles (sm90 wide_serves), at d64 three consumers (three_serves); no shorter test
 // reaches them. 130 rows, so the reference stays cheap; the causal rows sit at the end of the keys
 // and see nearly all of them; the keys end inside a tile.
 TEST_CASE("gpu: long rows of keys (the Hopper forward's wide tiles, three consumers), O in dtype and fp32") {
   REQUIRE(device_count() > 0);
   std::mt19937_64 rng(23);
-  for (int32_t D : {64, 128})
+  for (int32_t D : {64, 96, 128})
     for (DType dt : {DType::bf16, DType::fp16}) {
       Problem p = random_problem(rng, dt, D, 2, 10);
       p.B = 1;

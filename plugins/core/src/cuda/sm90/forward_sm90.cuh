@@ -20,8 +20,8 @@
 // consumer take 64 + 64 + 32 registers a thread.
 // Two other configurations of the same kernel (Tiles, below): for short causal rows (pair_serves),
 // one consumer and 64-column key tiles, two CTAs an SM, so one's start and store of O hide under the
-// other's products; for long rows at d128 (wide_serves), 176-column key tiles; for long rows at
-// d64 (three_serves), three consumers.
+// other's products; for long rows at d96 and d128 (wide_serves), 176-column key tiles; for long
+// rows at d64 (three_serves), three consumers.
 #pragma once
 
 #include <cuda.h>
@@ -45,7 +45,7 @@ namespace attncore::cuda::sm90 {
 //  - pair, for short causal rows: one consumer and 64-column tiles, small enough (registers and
 //    shared memory) that two CTAs share an SM, so that one's start and store of O run under the
 //    other's products;
-//  - wide, for long rows at d128: as standard with 176-column tiles (FlashAttention-3's width for
+//  - wide, for long rows at d96 and d128: as standard with 176-column tiles (FlashAttention-3's width for
 //    the full mask), so the work paid once a tile (barriers, row reductions, the rescale of O)
 //    comes a quarter less often. Calls without block lists only (a tile is not a whole number of
 //    64-column blocks).
@@ -75,7 +75,7 @@ template <class T, int D, Tiles kTiles = Tiles::standard> struct ForwardConfig {
   static_assert(D % 16 == 0 && D % W == 0, "head dim must be a multiple of 16");
   static_assert(kQBytes % 1024 == 0 && kKVBytes % 1024 == 0, "tiles start on 1024-byte boundaries");
   static_assert(kSmemBytes * kCtasPerSm <= 227 * 1024, "must fit a Hopper SM");
-  static_assert(kBlockN == 64 || kBlockN == 128 || (kTiles == Tiles::wide && D == 128), "key tiles of 64, 128 or 176 columns");
+  static_assert(kBlockN == 64 || kBlockN == 128 || kTiles == Tiles::wide, "key tiles of 64, 128 or 176 columns");
   static_assert(kConsumers * 64 * D * 4 <= kQBytes + 2 * kStages * kKVBytes, "fp32 O is staged over Q, K and V");
   static_assert(kConsumers < 3 || D == 64, "three consumers only where O and S leave room in 160 registers");
 };
@@ -475,8 +475,9 @@ inline bool plain_call(const ForwardParams& p) {
 }
 
 // The wide configuration serves long rows of keys, where its fewer rounds of per-tile work beat its
-// costlier start and its ragged last tile: measured (PERFORMANCE-core.md, session 7) +1.8% at 8192
-// keys for the full mask, +3-4% from 16384 for both masks, slower below (-6% at 2048).
+// costlier start and its ragged last tile: measured at d128 (PERFORMANCE-core.md, session 7) +1.8%
+// at 8192 keys for the full mask, +3-4% from 16384 for both masks, slower below (-6% at 2048); at
+// d96 +3.6% at 8192 full, +3% / +5% at 16384, -4% at 4096 causal.
 inline bool wide_serves(const ForwardParams& p) {
   return plain_call(p) && p.seqlen_kv >= (p.mask.causal ? 16384 : 8192);
 }
@@ -488,7 +489,7 @@ template <class T, int D> void launch_forward_sm90(const ForwardParams& p, cudaS
   if constexpr (D == 64) {
     if (three_serves(p)) return launch_forward_config<T, D, Tiles::three>(p, stream);
   }
-  if constexpr (D == 128) {
+  if constexpr (D == 96 || D == 128) { // (at d80 a 176-row tile is not a whole number of KiB)
     if (wide_serves(p)) return launch_forward_config<T, D, Tiles::wide>(p, stream);
   }
   if constexpr (D <= 128) { // d256's consumer needs the registers of one CTA an SM
