@@ -482,8 +482,11 @@ inline bool wide_serves(const ForwardParams& p) {
   return plain_call(p) && p.seqlen_kv >= (p.mask.causal ? 16384 : 8192);
 }
 
-// Three consumers at d64: +4% causal and +7-8% full from 8192 keys (session 7), slower at 1024.
-inline bool three_serves(const ForwardParams& p) { return plain_call(p) && p.seqlen_kv >= 8192; }
+// Three consumers at d64 (session 7): full mask +4.7% at 2048 keys and +7-8% from 8192, -7% at 1024;
+// causal +4% from 8192, -6% at 2048.
+inline bool three_serves(const ForwardParams& p) {
+  return plain_call(p) && p.seqlen_kv >= (p.mask.causal ? 8192 : 2048);
+}
 
 template <class T, int D> void launch_forward_sm90(const ForwardParams& p, cudaStream_t stream) {
   if constexpr (D == 64) {
