@@ -138,15 +138,32 @@ template <int kMTiles, int kOTiles> struct OnlineSoftmax {
       }
   }
 
-  // finish() into O itself (in T or fp32).
+  // What finish() does, into O itself (in T or fp32). Not written through finish(): with the
+  // store in its callback, ptxas allocated the mma.sync forward's registers otherwise, and it lost
+  // 2-4% (PERFORMANCE-core.md, session 7).
   template <class T> __device__ void store(const AttnArgs& a, int b, int h, int32_t row0, int32_t row_end, int lane) {
-    finish(a, b, h, row0, row_end, lane, [&](int32_t r, int col, float x0, float x1) {
-      const int64_t off = b * a.o.batch_stride + int64_t(r) * a.o.token_stride + h * a.o.head_stride + col;
-      if (a.o_fp32)
-        *reinterpret_cast<float2*>(static_cast<float*>(a.o.data) + off) = make_float2(x0, x1);
-      else
-        *reinterpret_cast<uint32_t*>(static_cast<T*>(a.o.data) + off) = pack2<T>(x0, x1);
-    });
+    float* lse = a.lse.data + b * a.lse.batch_stride + h * a.lse.head_stride;
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int32_t r = row0 + mt * 16 + (lane >> 2) + hh * 8;
+        const float l = quad_sum(row_sum[mt][hh]);
+        if (r >= row_end) continue;
+        const float inv = l > 0.f ? 1.f / l : 0.f;
+        const int64_t off = b * a.o.batch_stride + int64_t(r) * a.o.token_stride + h * a.o.head_stride;
+#pragma unroll
+        for (int j = 0; j < kOTiles; ++j) {
+          const int col = j * 8 + (lane & 3) * 2;
+          const float x0 = o[mt][j][2 * hh] * inv, x1 = o[mt][j][2 * hh + 1] * inv;
+          if (a.o_fp32)
+            *reinterpret_cast<float2*>(static_cast<float*>(a.o.data) + off + col) = make_float2(x0, x1);
+          else
+            *reinterpret_cast<uint32_t*>(static_cast<T*>(a.o.data) + off + col) = pack2<T>(x0, x1);
+        }
+        if ((lane & 3) == 0)
+          lse[r] = l > 0.f ? (row_max[mt][hh] * a.scale_log2 + __log2f(l)) * kLn2 : -INFINITY;
+      }
   }
 };
 
