@@ -180,6 +180,13 @@ struct Bench {
     CUDA_CHECK(cudaMemsetAsync(dk, 0, nkv * 4));
     CUDA_CHECK(cudaMemsetAsync(dv, 0, nkv * 4));
   }
+  // The forward of a ring's partial: the same call with O in fp32.
+  attncore::ForwardParams forward_fp32() const {
+    attncore::ForwardParams p = f;
+    p.o = attncore::TensorRef{o32, f.o.batch_stride, f.o.token_stride, f.o.head_stride};
+    p.o_fp32 = true;
+    return p;
+  }
   double flops() const {
     const double pairs = causal ? double(s.S) * (s.S + 1) / 2 : double(s.S) * s.S;
     return 4.0 * s.D * pairs * s.B * s.Hq;
@@ -201,9 +208,7 @@ void bench_native(Bench& x) {
   const int runs = timed_runs(x.s.S);
   const float t_fwd = median_ms([&] { forward_cuda(x.f, nullptr); }, 3, runs);
   if (const char* b = std::getenv("BENCH_BACKWARD"); b && b[0] == '0') { // and the forward of a ring's partial
-    ForwardParams f32 = x.f;
-    f32.o = TensorRef{x.o32, x.f.o.batch_stride, x.f.o.token_stride, x.f.o.head_stride};
-    f32.o_fp32 = true;
+    const ForwardParams f32 = x.forward_fp32();
     const float t_f32 = median_ms([&] { forward_cuda(f32, nullptr); }, 3, runs);
     std::printf("native %s | fwd %s | fwd O fp32 %s\n", x.name().c_str(), x.figure(t_fwd, x.flops()).c_str(),
                 x.figure(t_f32, x.flops()).c_str());
@@ -233,9 +238,7 @@ void bench_cudnn(Bench& x, Scratch& scratch) {
   std::string line = "cudnn " + cudnn_version_string() + " " + x.name();
   std::string notes;
   // forward, O in bf16 (what frameworks produce) and in fp32 (a ring's partial)
-  ForwardParams f = x.f, f32 = x.f;
-  f32.o = TensorRef{x.o32, f.o.batch_stride, f.o.token_stride, f.o.head_stride};
-  f32.o_fp32 = true;
+  const ForwardParams f = x.f, f32 = x.forward_fp32();
   for (const ForwardParams* p : {&f, &f32}) {
     const char* label = p->o_fp32 ? "fwd O fp32" : "fwd";
     std::string why;
@@ -281,9 +284,7 @@ void probe(const Shape& s) {
   using namespace attncore;
   for (bool causal : {false, true}) {
     Bench x(s, causal);
-    ForwardParams f32 = x.f;
-    f32.o = TensorRef{x.o32, x.f.o.batch_stride, x.f.o.token_stride, x.f.o.head_stride};
-    f32.o_fp32 = true;
+    const ForwardParams f32 = x.forward_fp32();
     BackwardParams w = x.g, a = x.g;
     w.write_grads = true;
     std::printf("probe cudnn %s %s\n  fwd O bf16: %s\n  fwd O fp32: %s\n  bwd write bf16: %s\n  bwd add fp32: %s\n",

@@ -447,7 +447,7 @@ template <class T, int D, Tiles kTiles> void launch_forward_config(const Forward
   std::memset(&o_map, 0, sizeof o_map);
   if (o_bulk && p.o_fp32)
     o_map = make_tile_map(p.o, DType::fp32, p.batch, p.seqlen_q, p.heads_q, D, 64, C::kF32Cols,
-                          C::kF32Cols == 32 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B);
+                          tma_swizzle(2 * C::kF32Cols)); // (tma_swizzle counts a row in 16-bit elements)
   else if (o_bulk)
     o_map = make_tile_map(p.o, p.dtype, p.batch, p.seqlen_q, p.heads_q, D, 64, C::W, sw);
   const auto kernel = flash_forward_sm90_kernel<T, D, kTiles>;
