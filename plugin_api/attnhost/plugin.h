@@ -281,7 +281,8 @@ typedef struct attnhost_host_api {
   /* -- streams -- */
   /* Stream `index` of this rank: 0 is the stream the host times (forward/backward must enqueue
    * their work on it or join other streams back into it before returning); 1 and 2 are
-   * auxiliary streams (e.g. for communication) created by the host. NULL on the CPU. */
+   * auxiliary streams (e.g. for communication) created by the host at the device's greatest
+   * priority, so that their work is scheduled ahead of stream 0's waiting blocks. NULL on the CPU. */
   void* (*stream)(void* context, int32_t index);
 
   /* -- memory: device memory of this rank, accounted by the host -- */

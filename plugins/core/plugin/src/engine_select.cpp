@@ -98,8 +98,7 @@ class SelectingEngine final : public Engine {
     }
     native_->forward(p, s);
   }
-  void backward(const BackwardParams& p, void* s) override { backward_after(p, s, nullptr); }
-  void backward_after(const BackwardParams& p, void* s, const Event& ready) override {
+  void backward(const BackwardParams& p, void* s) override {
     ++backward_.calls;
     if (p.write_dkdv_fp32) {
       // dK, dV written in fp32: the native kernels' mode alone
@@ -110,7 +109,6 @@ class SelectingEngine final : public Engine {
       r.dq = packed(kUndecided, p.seqlen_q, p.heads_q, p);
       if (use_cudnn(r, backward_)) {
         r.dq.data = partials(elements(p.seqlen_q, p.heads_q, p), p.dtype);
-        native_->wait(s, ready);
         backward_cudnn(r, s, workspace());
         widen(p.dtype, r.dq, p.dq, p.batch, p.heads_q, p.head_dim, p.seqlen_q, true, s);
         ++backward_.cudnn;
@@ -130,7 +128,6 @@ class SelectingEngine final : public Engine {
       if (use_cudnn(r, backward_)) {
         place(static_cast<char*>(partials(nq + 2 * nkv, p.dtype)));
         backward_cudnn(r, s, workspace());
-        native_->wait(s, ready);
         widen(p.dtype, r.dq, p.dq, p.batch, p.heads_q, p.head_dim, p.seqlen_q, true, s);
         widen(p.dtype, r.dk, p.dk, p.batch, p.heads_kv, p.head_dim, p.seqlen_kv, true, s);
         widen(p.dtype, r.dv, p.dv, p.batch, p.heads_kv, p.head_dim, p.seqlen_kv, true, s);
@@ -138,12 +135,10 @@ class SelectingEngine final : public Engine {
         return;
       }
     } else if (use_cudnn(p, backward_)) {
-      native_->wait(s, ready);
       backward_cudnn(p, s, workspace());
       ++backward_.cudnn;
       return;
     }
-    native_->wait(s, ready);
     native_->backward(p, s);
   }
   void widen(const WidenParams& p, void* s) override { native_->widen(p, s); }

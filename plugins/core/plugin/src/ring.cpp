@@ -42,7 +42,7 @@ attnhost_tensor from_entry(attnhost_tensor t, int64_t b0, int64_t batch) {
 // backward_slice in this order).
 size_t work_bytes(const RingShape& s, int world_size) {
   const LocalSizes n = local_sizes(s);
-  const size_t dkdv_pairs = world_size > 1 ? 2 : 1;  // one accumulates while the other travels
+  const size_t dkdv_pairs = world_size > 1 ? 3 : 1;  // two computed in turn while the sums arrive in the third
   const size_t forward_work = 2 * align_up(n.q * 4) + align_up(n.rows * 4);  // O acc, O part, LSE part
   const size_t backward_work = align_up(n.rows * 4) + align_up(n.q * 4) + 2 * dkdv_pairs * align_up(n.kv * 4);  // delta, dQ, dK dV
   return std::max(forward_work, backward_work);
@@ -235,60 +235,82 @@ void RingAttention::backward_slice(const RingShape& s, const attnhost_backward_a
   const auto [q_elems, kv_elems, rows] = local_sizes(s);
   float* delta = reinterpret_cast<float*>(work_);
   float* dq = reinterpret_cast<float*>(work_ + align_up(rows * 4));
+  const size_t grad_bytes = align_up(kv_elems * 4);
   char* dkv_base = work_ + align_up(rows * 4) + align_up(q_elems * 4);
-  KV dkv[2]{};
-  for (int i = 0; i < (world_ > 1 ? 2 : 1); ++i)  // (work_bytes: the second pair only travels)
-    dkv[i] = {dkv_base + 2 * i * align_up(kv_elems * 4), dkv_base + (2 * i + 1) * align_up(kv_elems * 4)};
+  const auto pair = [&](int i) { return KV{dkv_base + 2 * i * grad_bytes, dkv_base + (2 * i + 1) * grad_bytes}; };
   compute_local_delta(s, *engine_, a, delta, compute);
   engine_->zero(dq, q_elems * 4, compute);
-  // On one rank with one call over every key, that call writes dK and dV in the problem dtype
-  // straight into the outputs: no fp32 accumulators to zero and convert.
-  const bool sole = world_ == 1 && [&] {
+  if (world_ == 1) {
+    // One call over every key writes dK and dV in the problem dtype straight into the outputs: no
+    // fp32 accumulators to zero and convert.
     const std::vector<BlockCall> calls = plan_(rank_, source(0));
-    return calls.size() == 1 && covers_all_keys(s, calls[0]);
-  }();
-  if (!sole) {
-    engine_->zero(dkv[0].k, kv_elems * 4, compute);
-    engine_->zero(dkv[0].v, kv_elems * 4, compute);
+    const bool sole = calls.size() == 1 && covers_all_keys(s, calls[0]);
+    const KV grad = pair(0);
+    if (!sole) {
+      engine_->zero(grad.k, kv_elems * 4, compute);
+      engine_->zero(grad.v, kv_elems * 4, compute);
+    }
+    for (const BlockCall& c : calls) {
+      if (c.backward_segments && c.num_backward_segments == 0) continue;  // nothing attends: nothing to differentiate
+      int32_t range = host_.range_begin("attention backward step 0", ATTNHOST_RANGE_COMPUTE, compute);
+      BackwardParams p = backward_params(s, c, a, a.k.data, a.v.data, delta, dq, static_cast<float*>(grad.k),
+                                         static_cast<float*>(grad.v));
+      if (sole) write_dkdv_into(p, s, c, a);
+      engine_->backward(p, compute);
+      host_.range_end(range, compute);
+    }
+    convert_out(s, *engine_, dq, a.dq.data, false, compute);
+    if (!sole) {
+      convert_out(s, *engine_, static_cast<float*>(grad.k), a.dk.data, true, compute);
+      convert_out(s, *engine_, static_cast<float*>(grad.v), a.dv.data, true, compute);
+    }
+    return;
   }
 
-  // Two points on the communication stream: the next block's K/V have arrived, and the gradient
-  // sums of the block in hand have. A step's compute waits for the first; its calls wait for the
-  // second only where they add (Engine::backward_after), so the dK/dV hop can hide under them.
-  Engine::Event grads_ready;
+  // The block in hand's gradients travel with it, summed on the way. Step i computes this rank's
+  // share into a fresh pair (mine[i % 2]) while the sums of the ranks before it arrive in `arriving`;
+  // the communication stream adds them in once both are there and sends the total on. So no
+  // kernel waits for a gradient hop: only the last step's sums wait, to go home in the problem dtype.
+  const KV mine[2] = {pair(0), pair(1)}, arriving = pair(2);
+  Engine::Event grads_ready;  // the sums for the next step's block have arrived
   for (int step = 0; step < world_; ++step) {
-    const int src = source(step);
-    KV cur = step == 0 ? KV{a.k.data, a.v.data} : kv_[step % 2];
-    KV grad = dkv[step % 2];
+    const KV cur = step == 0 ? KV{a.k.data, a.v.data} : kv_[step % 2];
+    const KV grad = mine[step % 2];  // sent two steps ago: its hop is done (ordered before kv_ready)
     Engine::Event kv_ready;
     if (step + 1 < world_) {
-      engine_->wait(comm, compute);
-      KV next = kv_[(step + 1) % 2];
+      engine_->wait(comm, compute);  // the receive buffer was read by the previous step
+      const KV next = kv_[(step + 1) % 2];
       exchange(cur.k, cur.v, next.k, next.v, s.dtype, kv_elems, comm, "K V", step);
       kv_ready = engine_->record(comm);
     }
-    for (const BlockCall& c : plan_(rank_, src)) {
-      if (c.backward_segments && c.num_backward_segments == 0) continue;  // nothing attends: nothing to differentiate
+    engine_->zero(grad.k, kv_elems * 4, compute);
+    engine_->zero(grad.v, kv_elems * 4, compute);
+    for (const BlockCall& c : plan_(rank_, source(step))) {
+      if (c.backward_segments && c.num_backward_segments == 0) continue;
       std::string name = "attention backward step " + std::to_string(step);
       int32_t range = host_.range_begin(name.c_str(), ATTNHOST_RANGE_COMPUTE, compute);
-      BackwardParams p = backward_params(s, c, a, cur.k, cur.v, delta, dq, static_cast<float*>(grad.k),
-                                         static_cast<float*>(grad.v));
-      if (sole) write_dkdv_into(p, s, c, a);
-      engine_->backward_after(p, compute, grads_ready);
+      engine_->backward(backward_params(s, c, a, cur.k, cur.v, delta, dq, static_cast<float*>(grad.k),
+                                        static_cast<float*>(grad.v)),
+                        compute);
       host_.range_end(range, compute);
     }
-    if (world_ > 1 && step + 1 < world_) {  // the block's gradients follow it, summing on the way
-      engine_->wait(comm, compute);  // (what arrived and is sent on is ordered by the stream itself)
-      KV next = dkv[(step + 1) % 2];
-      exchange(grad.k, grad.v, next.k, next.v, ATTNHOST_DTYPE_FP32, kv_elems, comm, "dK dV", step);
+    if (step + 1 < world_) {
+      engine_->wait(comm, compute);
+      if (step > 0) {  // (after the previous hop on the same stream)
+        engine_->add(static_cast<float*>(grad.k), static_cast<float*>(arriving.k), kv_elems, comm);
+        engine_->add(static_cast<float*>(grad.v), static_cast<float*>(arriving.v), kv_elems, comm);
+      }
+      exchange(grad.k, grad.v, arriving.k, arriving.v, ATTNHOST_DTYPE_FP32, kv_elems, comm, "dK dV", step);
       grads_ready = engine_->record(comm);
       engine_->wait(compute, kv_ready);
-    } else if (world_ > 1) {
+    } else {
       // The last hop takes finished sums home, so they are rounded to the problem dtype before it
       // rather than after (the same values): half the bytes of the one hop nothing can hide, and
       // they land in dK and dV. The K/V buffer of step P - 2 is free to stage them.
-      engine_->wait(compute, grads_ready);  // a step without calls still passes on what arrived
-      KV staged = kv_[world_ % 2];
+      engine_->wait(compute, grads_ready);
+      engine_->add(static_cast<float*>(grad.k), static_cast<float*>(arriving.k), kv_elems, compute);
+      engine_->add(static_cast<float*>(grad.v), static_cast<float*>(arriving.v), kv_elems, compute);
+      const KV staged = kv_[world_ % 2];
       convert_out(s, *engine_, static_cast<float*>(grad.k), staged.k, true, compute);
       convert_out(s, *engine_, static_cast<float*>(grad.v), staged.v, true, compute);
       engine_->wait(comm, compute);
@@ -297,11 +319,9 @@ void RingAttention::backward_slice(const RingShape& s, const attnhost_backward_a
     }
   }
   convert_out(s, *engine_, dq, a.dq.data, false, compute);
-  if (last) engine_->wait(compute, grads_ready);  // dK and dV are home (every slice's: the hops are in order)
-  if (world_ == 1 && !sole) {
-    convert_out(s, *engine_, static_cast<float*>(dkv[0].k), a.dk.data, true, compute);
-    convert_out(s, *engine_, static_cast<float*>(dkv[0].v), a.dv.data, true, compute);
-  }
+  // dK and dV are home (every slice's: the hops are in order). A slice before the last leaves its
+  // hop under the next slice's first step.
+  if (last) engine_->wait(compute, grads_ready);
 }
 
 int64_t RingAttention::rank_pairs() const {

@@ -71,15 +71,7 @@ class Engine {
   // dst[i] += src[i] for i < count, fp32: gradient partials sent home by other ranks.
   virtual void add(float* dst, const float* src, size_t count, void* stream) = 0;
   virtual void widen(const WidenParams& p, void* stream) = 0;
-  // The same backward for accumulators (dq, dk, dv) that may still be arriving (a ring's dK/dV
-  // travelling with their block): the call adds into them only after `accumulators_ready` (null:
-  // at once). The native kernels add in place, so they wait first; cuDNN with dtype partials
-  // computes into scratch and waits only before adding, so the transfer hides under it.
   using Event = std::shared_ptr<void>;  // a point in a stream's work (a CUDA event; null on the CPU)
-  virtual void backward_after(const BackwardParams& p, void* stream, const Event& accumulators_ready) {
-    wait(stream, accumulators_ready);
-    backward(p, stream);
-  }
   virtual Event record(void* stream) = 0;
   virtual void wait(void* stream, const Event& event) = 0;  // nothing for a null event
   virtual void upload(void* dst, const void* host_src, size_t bytes) = 0;  // waits until done
