@@ -2,6 +2,9 @@
 // c = S / (2P); rank r holds chunks r and 2P-1-r, so every rank has one early and one late chunk
 // and does the same work at every step:
 //   step 0 (its own block): each local chunk attends itself causally, the late one also the early one;
+//     the early chunk comes first locally as in the sequence, so that is causal attention over the
+//     local order: one call (positions 0..2c-1 stand for the global ones: a causal mask compares
+//     positions only by their order, and zigzag takes no window);
 //   a block from an earlier rank: both local chunks attend its first chunk, in full;
 //   a block from a later rank: the late local chunk attends both of its chunks, in full.
 #include "attncore/plugin/ring_plugin.h"
@@ -47,10 +50,7 @@ class Zigzag {
 
   std::vector<BlockCall> calls(int rank, int source) const {
     const int64_t c = chunk_;
-    if (source == rank)
-      return {{0, c, 0, c, early(rank), early(rank), true},
-              {c, 2 * c, c, 2 * c, late(rank), late(rank), true},
-              {c, 2 * c, 0, c, late(rank), early(rank), false}};
+    if (source == rank) return {{0, 2 * c, 0, 2 * c, 0, 0, true}};
     if (source < rank) return {{0, 2 * c, 0, c, early(rank), early(source), false}};
     return {{c, 2 * c, 0, 2 * c, late(rank), early(source), false}};
   }
