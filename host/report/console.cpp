@@ -57,6 +57,15 @@ namespace {
 
 std::string speedup_cell(const PassResult& p, int ws) { return ws > 1 && p.speedup > 0 ? fmt::ratio(p.speedup) : "-"; }
 std::string efficiency_cell(const PassResult& p, int ws) { return ws > 1 && p.efficiency > 0 ? fmt::percent(p.efficiency) : "-"; }
+// "0.31 of 2.10 / 1.20 of 9.84 ms": exposed of all communication, forward / backward, traced iteration.
+std::string exposure_cell(const RunResult& r) {
+  const auto part = [&](const char* range) {
+    const std::optional<CommExposure> x = exposed_communication(r, range);
+    return x ? fmt::fixed(x->exposed_ms, 2) + " of " + fmt::fixed(x->comm_ms, 2) : std::string("-");
+  };
+  const std::string f = part("forward"), b = part("backward");
+  return f == "-" && b == "-" ? "-" : f + " / " + b + " ms";
+}
 
 std::string indented(const std::string& text) {
   std::istringstream in(text);
@@ -90,7 +99,9 @@ void print_case(std::ostream& out, const CaseResult& c) {
   out << "   timing   " << timing_line(c.spec) << "\n";
 
   fmt::Table times({"ws", "pass", "median", "min", "p90", "noise", "n", "TFLOP/s/GPU", "tokens/s", "speedup", "efficiency"}, 2);
-  fmt::Table resources({"ws", "status", "peak mem/rank", "sent fwd/rank", "sent bwd/rank", "imbalance", "check"}, 2);
+  fmt::Table resources({"ws", "status", "peak mem/rank", "sent fwd/rank", "sent bwd/rank", "comm exposed fwd / bwd",
+                        "imbalance", "check"},
+                       2);
   std::vector<std::string> notes;
   for (const RunResult& r : c.runs) {
     const std::string ws = std::to_string(r.world_size);
@@ -105,7 +116,7 @@ void print_case(std::ostream& out, const CaseResult& c) {
     resources.row({ws, r.status, r.peak_bytes.empty() ? "-" : fmt::bytes(max_peak_bytes(r)),
                    r.world_size > 1 && !r.sent_bytes_fwd.empty() ? fmt::bytes(max_sent_bytes(r.sent_bytes_fwd)) : "-",
                    r.world_size > 1 && !r.sent_bytes_bwd.empty() ? fmt::bytes(max_sent_bytes(r.sent_bytes_bwd)) : "-",
-                   r.world_size > 1 && imbalance > 0 ? fmt::ratio(imbalance) : "-", check_cell(r)});
+                   exposure_cell(r), r.world_size > 1 && imbalance > 0 ? fmt::ratio(imbalance) : "-", check_cell(r)});
     const std::string at = "ws=" + std::to_string(r.world_size) + " ";
     if (!r.error.empty()) notes.push_back(at + r.status + ": " + r.error);
     if (r.check.ran) notes.push_back(at + "check " + check_detail(r));

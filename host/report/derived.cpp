@@ -1,6 +1,7 @@
 #include "report/derived.h"
 
 #include <algorithm>
+#include <utility>
 
 namespace attnhost::report {
 
@@ -65,6 +66,67 @@ uint64_t max_sent_bytes(const std::vector<uint64_t>& per_rank) {
 double load_imbalance(const RunResult& r) {
   if (r.total_pairs <= 0 || r.max_rank_pairs <= 0) return 0;
   return static_cast<double>(r.max_rank_pairs) * r.world_size / r.total_pairs;
+}
+
+namespace {
+
+using Intervals = std::vector<std::pair<double, double>>;  // [begin, end), microseconds
+
+Intervals merged(Intervals v) {
+  std::sort(v.begin(), v.end());
+  Intervals out;
+  for (const auto& [b, e] : v)
+    if (!out.empty() && b <= out.back().second) out.back().second = std::max(out.back().second, e);
+    else out.emplace_back(b, e);
+  return out;
+}
+
+double length(const Intervals& v) {
+  double n = 0;
+  for (const auto& [b, e] : v) n += e - b;
+  return n;
+}
+
+// Length of `a` outside `b` (both merged).
+double uncovered(const Intervals& a, const Intervals& b) {
+  double n = 0;
+  for (const auto& [lo, hi] : a) {
+    double at = lo;
+    for (const auto& [b0, b1] : b) {
+      if (b1 <= at) continue;
+      if (b0 >= hi) break;
+      if (b0 > at) n += b0 - at;
+      at = std::max(at, b1);
+      if (at >= hi) break;
+    }
+    if (at < hi) n += hi - at;
+  }
+  return n;
+}
+
+}  // namespace
+
+std::optional<CommExposure> exposed_communication(const RunResult& r, const std::string& host_range) {
+  std::optional<CommExposure> worst;
+  for (int rank = 0; rank < r.world_size; ++rank) {
+    const auto range = std::find_if(r.trace.begin(), r.trace.end(), [&](const TraceEvent& e) {
+      return e.rank == rank && e.category == "host" && e.name == host_range;
+    });
+    if (range == r.trace.end()) continue;
+    const double lo = range->start_us, hi = range->start_us + range->duration_us;
+    Intervals comm, compute;
+    for (const TraceEvent& e : r.trace) {
+      const double b = std::max(lo, e.start_us), end = std::min(hi, e.start_us + e.duration_us);
+      if (e.rank != rank || end <= b) continue;
+      if (e.category == "communication") comm.emplace_back(b, end);
+      if (e.category == "compute") compute.emplace_back(b, end);
+    }
+    if (comm.empty()) continue;
+    comm = merged(std::move(comm));
+    const CommExposure x{length(comm) / 1e3, uncovered(comm, merged(std::move(compute))) / 1e3};
+    if (!worst || x.exposed_ms > worst->exposed_ms) worst = x;
+  }
+  return worst;
 }
 
 std::string check_cell(const RunResult& r) { return !r.check.ran ? "-" : r.check.ok ? "ok" : "FAILED"; }

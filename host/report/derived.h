@@ -28,6 +28,15 @@ uint64_t max_peak_bytes(const RunResult& r);
 uint64_t max_sent_bytes(const std::vector<uint64_t>& per_rank);
 double load_imbalance(const RunResult& r);   // busiest rank's pairs over the mean; 0 unknown
 
+// The traced iteration's communication in one host range ("forward" or "backward") on the rank
+// where most of it is exposed: the time some communication range is open, and the part of it that
+// no compute range of that rank covers (what the overlap did not hide). Empty without a trace or
+// without communication in that range.
+struct CommExposure {
+  double comm_ms = 0, exposed_ms = 0;
+};
+std::optional<CommExposure> exposed_communication(const RunResult& r, const std::string& host_range);
+
 std::string check_cell(const RunResult& r);  // "ok", "FAILED", "-" (not checked)
 std::string pass_label(const std::string& pass); // fwd_bwd -> fwd+bwd
 

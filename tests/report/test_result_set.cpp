@@ -1,6 +1,7 @@
 // results.json and results.jsonl: a result set survives JSON byte for byte, a journal cut short
 // by a kill loses only its last line, and every bad file is one line naming it.
 #include "common/errors.h"
+#include "report/derived.h"
 #include "report/files.h"
 #include "report/render.h"
 #include "report/result_set.h"
@@ -148,4 +149,25 @@ TEST_CASE("trace: Chrome trace format, a process per case and world size, a thre
   }
   CHECK(threads == 2);
   CHECK(ranges == 3);
+}
+
+TEST_CASE("exposed communication: the part of a host range's transfers no compute range of the rank covers") {
+  RunResult r = made_run(2, {timed_pass("fwd", {1})});
+  // rank 0: K/V 0-30 us under compute 10-20 and 25-60: exposed 0-10 and 20-25. A range outside the
+  // forward (the backward's hop) does not count for it. rank 1: nothing exposed.
+  r.trace = {{0, "forward", "host", 0, 100},         {0, "K V step 0", "communication", 0, 30},
+             {0, "attention step 0", "compute", 10, 10}, {0, "attention step 0", "compute", 25, 35},
+             {0, "backward", "host", 100, 50},       {0, "dK dV step 1", "communication", 140, 10},
+             {1, "forward", "host", 0, 100},         {1, "K V step 0", "communication", 5, 10},
+             {1, "attention step 0", "compute", 0, 90}};
+  const std::optional<CommExposure> f = exposed_communication(r, "forward");
+  REQUIRE(f);
+  CHECK(f->comm_ms == doctest::Approx(0.030));
+  CHECK(f->exposed_ms == doctest::Approx(0.015));
+  const std::optional<CommExposure> b = exposed_communication(r, "backward");
+  REQUIRE(b);
+  CHECK(b->comm_ms == doctest::Approx(0.010));
+  CHECK(b->exposed_ms == doctest::Approx(0.010));
+  r.trace.clear();
+  CHECK(!exposed_communication(r, "forward"));
 }
