@@ -283,15 +283,22 @@ void RingAttention::backward_slice(const RingShape& s, const attnhost_backward_a
       exchange(cur.k, cur.v, next.k, next.v, s.dtype, kv_elems, comm, "K V", step);
       kv_ready = engine_->record(comm);
     }
-    engine_->zero(grad.k, kv_elems * 4, compute);
-    engine_->zero(grad.v, kv_elems * 4, compute);
-    for (const BlockCall& c : plan_(rank_, source(step))) {
+    // A step of one call over every key of the block writes its share rather than adding it into
+    // zeros. (Not with dtype partials: there cuDNN serves the call, and it adds.)
+    const std::vector<BlockCall> calls = plan_(rank_, source(step));
+    const bool writes = !s.dtype_partials && calls.size() == 1 && covers_all_keys(s, calls[0]);
+    if (!writes) {
+      engine_->zero(grad.k, kv_elems * 4, compute);
+      engine_->zero(grad.v, kv_elems * 4, compute);
+    }
+    for (const BlockCall& c : calls) {
       if (c.backward_segments && c.num_backward_segments == 0) continue;
       std::string name = "attention backward step " + std::to_string(step);
       int32_t range = host_.range_begin(name.c_str(), ATTNHOST_RANGE_COMPUTE, compute);
-      engine_->backward(backward_params(s, c, a, cur.k, cur.v, delta, dq, static_cast<float*>(grad.k),
-                                        static_cast<float*>(grad.v)),
-                        compute);
+      BackwardParams p = backward_params(s, c, a, cur.k, cur.v, delta, dq, static_cast<float*>(grad.k),
+                                         static_cast<float*>(grad.v));
+      p.write_dkdv = p.write_dkdv_fp32 = writes;
+      engine_->backward(p, compute);
       host_.range_end(range, compute);
     }
     if (step + 1 < world_) {
