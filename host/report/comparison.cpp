@@ -64,6 +64,12 @@ std::vector<Metric> metrics(int ws) {
                    double b = static_cast<double>(max_sent_bytes(e.r->sent_bytes_fwd));
                    return b > 0 ? std::optional<double>(b) : std::nullopt; },
                  [](double v) { return fmt::bytes(v); }});
+    m.push_back({"comm exposed", [](const Entry& e) {
+                   const std::optional<CommExposure> f = exposed_communication(*e.r, "forward"),
+                                                     b = exposed_communication(*e.r, "backward");
+                   if (!f && !b) return std::optional<double>();
+                   return std::optional<double>((f ? f->exposed_ms : 0) + (b ? b->exposed_ms : 0)); },
+                 [](double v) { return fmt::ms(v); }});
   }
   m.push_back({"peak mem/rank", [](const Entry& e) {
                  double b = static_cast<double>(max_peak_bytes(*e.r));
@@ -112,7 +118,7 @@ void print_comparison(std::ostream& out, const std::vector<CaseResult>& cases) {
     out << "\n" << t.str();
   }
   out << "(in parentheses: ratio to the first plugin, " << cases.front().spec.plugin
-      << "; TFLOP/s, tokens/s, speedup and efficiency of fwd+bwd; imbalance: the busiest rank's attended pairs over the mean)\n";
+      << "; TFLOP/s, tokens/s, speedup and efficiency of fwd+bwd; imbalance: the busiest rank's attended pairs over the mean; comm exposed: communication no compute covered, forward plus backward, on the worst rank)\n";
 }
 
 }  // namespace attnhost::report
