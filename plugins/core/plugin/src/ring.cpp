@@ -240,42 +240,15 @@ void RingAttention::backward_slice(const RingShape& s, const attnhost_backward_a
   const auto pair = [&](int i) { return KV{dkv_base + 2 * i * grad_bytes, dkv_base + (2 * i + 1) * grad_bytes}; };
   compute_local_delta(s, *engine_, a, delta, compute);
   engine_->zero(dq, q_elems * 4, compute);
-  if (world_ == 1) {
-    // One call over every key writes dK and dV in the problem dtype straight into the outputs: no
-    // fp32 accumulators to zero and convert.
-    const std::vector<BlockCall> calls = plan_(rank_, source(0));
-    const bool sole = calls.size() == 1 && covers_all_keys(s, calls[0]);
-    const KV grad = pair(0);
-    if (!sole) {
-      engine_->zero(grad.k, kv_elems * 4, compute);
-      engine_->zero(grad.v, kv_elems * 4, compute);
-    }
-    for (const BlockCall& c : calls) {
-      if (c.backward_segments && c.num_backward_segments == 0) continue;  // nothing attends: nothing to differentiate
-      int32_t range = host_.range_begin("attention backward step 0", ATTNHOST_RANGE_COMPUTE, compute);
-      BackwardParams p = backward_params(s, c, a, a.k.data, a.v.data, delta, dq, static_cast<float*>(grad.k),
-                                         static_cast<float*>(grad.v));
-      if (sole) write_dkdv_into(p, s, c, a);
-      engine_->backward(p, compute);
-      host_.range_end(range, compute);
-    }
-    convert_out(s, *engine_, dq, a.dq.data, false, compute);
-    if (!sole) {
-      convert_out(s, *engine_, static_cast<float*>(grad.k), a.dk.data, true, compute);
-      convert_out(s, *engine_, static_cast<float*>(grad.v), a.dv.data, true, compute);
-    }
-    return;
-  }
 
   // The block in hand's gradients travel with it, summed on the way. Step i computes this rank's
-  // share into a fresh pair (mine[i % 2]) while the sums of the ranks before it arrive in `arriving`;
+  // share into a fresh pair (pair i % 2) while the sums of the ranks before it arrive in pair 2;
   // the communication stream adds them in once both are there and sends the total on. So no
   // kernel waits for a gradient hop: only the last step's sums wait, to go home in the problem dtype.
-  const KV mine[2] = {pair(0), pair(1)}, arriving = pair(2);
   Engine::Event grads_ready;  // the sums for the next step's block have arrived
   for (int step = 0; step < world_; ++step) {
     const KV cur = step == 0 ? KV{a.k.data, a.v.data} : kv_[step % 2];
-    const KV grad = mine[step % 2];  // sent two steps ago: its hop is done (ordered before kv_ready)
+    const KV grad = pair(step % 2);  // sent two steps ago: its hop is done (ordered before kv_ready)
     Engine::Event kv_ready;
     if (step + 1 < world_) {
       engine_->wait(comm, compute);  // the receive buffer was read by the previous step
@@ -284,24 +257,33 @@ void RingAttention::backward_slice(const RingShape& s, const attnhost_backward_a
       kv_ready = engine_->record(comm);
     }
     // A step of one call over every key of the block writes its share rather than adding it into
-    // zeros. (Not with dtype partials: there cuDNN serves the call, and it adds.)
+    // zeros: on one rank in the problem dtype straight into dK and dV (no fp32 pair to convert),
+    // else in fp32. (Not with dtype partials: there cuDNN serves the call, and it adds.)
     const std::vector<BlockCall> calls = plan_(rank_, source(step));
-    const bool writes = !s.dtype_partials && calls.size() == 1 && covers_all_keys(s, calls[0]);
+    const bool covers = calls.size() == 1 && covers_all_keys(s, calls[0]);
+    const bool sole = covers && world_ == 1, writes = covers && (sole || !s.dtype_partials);
     if (!writes) {
       engine_->zero(grad.k, kv_elems * 4, compute);
       engine_->zero(grad.v, kv_elems * 4, compute);
     }
     for (const BlockCall& c : calls) {
-      if (c.backward_segments && c.num_backward_segments == 0) continue;
+      if (c.backward_segments && c.num_backward_segments == 0) continue;  // nothing attends: nothing to differentiate
       std::string name = "attention backward step " + std::to_string(step);
       int32_t range = host_.range_begin(name.c_str(), ATTNHOST_RANGE_COMPUTE, compute);
       BackwardParams p = backward_params(s, c, a, cur.k, cur.v, delta, dq, static_cast<float*>(grad.k),
                                          static_cast<float*>(grad.v));
-      p.write_dkdv = p.write_dkdv_fp32 = writes;
+      if (sole) write_dkdv_into(p, s, c, a);
+      else p.write_dkdv = p.write_dkdv_fp32 = writes;
       engine_->backward(p, compute);
       host_.range_end(range, compute);
     }
-    if (step + 1 < world_) {
+    if (world_ == 1) {
+      if (!sole) {
+        convert_out(s, *engine_, static_cast<float*>(grad.k), a.dk.data, true, compute);
+        convert_out(s, *engine_, static_cast<float*>(grad.v), a.dv.data, true, compute);
+      }
+    } else if (step + 1 < world_) {
+      const KV arriving = pair(2);
       engine_->wait(comm, compute);
       if (step > 0) {  // (after the previous hop on the same stream)
         engine_->add(static_cast<float*>(grad.k), static_cast<float*>(arriving.k), kv_elems, comm);
@@ -314,10 +296,10 @@ void RingAttention::backward_slice(const RingShape& s, const attnhost_backward_a
       // The last hop takes finished sums home, so they are rounded to the problem dtype before it
       // rather than after (the same values): half the bytes of the one hop nothing can hide, and
       // they land in dK and dV. The K/V buffer of step P - 2 is free to stage them.
+      const KV arriving = pair(2), staged = kv_[world_ % 2];
       engine_->wait(compute, grads_ready);
       engine_->add(static_cast<float*>(grad.k), static_cast<float*>(arriving.k), kv_elems, compute);
       engine_->add(static_cast<float*>(grad.v), static_cast<float*>(arriving.v), kv_elems, compute);
-      const KV staged = kv_[world_ % 2];
       convert_out(s, *engine_, static_cast<float*>(grad.k), staged.k, true, compute);
       convert_out(s, *engine_, static_cast<float*>(grad.v), staged.v, true, compute);
       engine_->wait(comm, compute);
