@@ -64,20 +64,22 @@ void DilatedAttention::build_tables(const Geometry& g) {
     st.plan = g.plan(p, rank_);
     rank_pairs_ += Geometry::pairs(st.plan, causal_) * s_.batch;
     std::vector<int32_t> q_dst(local_ * Hq, -1);
-    if (st.plan.direct) {
-      // r = 1: every head has the same rows; the partial output is head-major over local tokens.
-      st.nq = local_;
-      for (const Region& reg : st.plan.regions) {
-        for (int64_t t = reg.tq_lo; t < reg.tq_hi; ++t) {
-          const int64_t tok = reg.rows.position(t) - a0;
-          q_dst[tok * Hq + reg.head] = static_cast<int32_t>(reg.head * local_ + tok);
+    st.strided = plan_views(st, a0);
+    if (st.strided) {
+      const int64_t r = st.pattern.r;
+      std::vector<int32_t> stat_src(r > 1 ? Hq * st.nq : 0, -1);
+      for (const View& v : st.views)
+        for (int32_t i = 0; i < v.heads; ++i) {
+          const int32_t h = v.first_head + i * v.head_step;
+          for (size_t k = v.segment_begin; k < v.segment_begin + v.segment_count; ++k)
+            for (int64_t j = st.host_segments[k].q_begin; j < st.host_segments[k].q_end; ++j) {
+              const int64_t tok = v.p0 + j * r;
+              q_dst[tok * Hq + h] = static_cast<int32_t>(h * st.nq + j);
+              if (r > 1) stat_src[h * st.nq + j] = static_cast<int32_t>(h * local_ + tok);
+            }
         }
-        if (reg.head != 0) continue;
-        const int64_t q0 = reg.rows.position(reg.tq_lo) - a0, k0 = reg.rows.position(0) - a0;
-        st.host_segments.push_back({static_cast<int32_t>(q0), static_cast<int32_t>(q0 + reg.tq_hi - reg.tq_lo),
-                                    static_cast<int32_t>(k0), static_cast<int32_t>(k0 + reg.kv_hi), reg.tq_lo, 0});
-      }
       at[p].q_dst = put(q_dst);
+      if (r > 1) at[p].stat_src = put(stat_src);
     } else {
       st.nq = st.plan.nq;
       st.nk = st.plan.nk;
@@ -132,16 +134,22 @@ void DilatedAttention::build_tables(const Geometry& g) {
     exchanges_ = exchanges_ || !st.sends.empty() || !st.recvs.empty();
     patterns_.push_back(std::move(st));
   }
-  // Local patterns run first, in order (forward(), backward()): the first direct one is the first to
-  // touch the local dK/dV, and writes them if its segments hold every local key (a later direct
-  // pattern adds to what it wrote).
-  const auto first_direct = std::find_if(patterns_.begin(), patterns_.end(),
-                                         [](const PatternState& st) { return st.plan.direct && !st.plan.remote; });
-  if (first_direct != patterns_.end()) {
-    std::vector<char> held(local_, 0);
-    for (const Segment& s : first_direct->host_segments) std::fill(held.begin() + s.kv_begin, held.begin() + s.kv_end, 1);
+  // Local patterns run first, in order (forward(), backward()): the first strided one is the first to
+  // touch the local dK/dV, and writes them if its views hold every local key (a later strided
+  // pattern adds to what it wrote; gathered ones keep their own buffers until the sums).
+  const auto first_strided =
+      std::find_if(patterns_.begin(), patterns_.end(), [](const PatternState& st) { return st.strided; });
+  if (first_strided != patterns_.end()) {
+    std::vector<char> held(local_ * Hkv, 0);
+    for (const View& v : first_strided->views)
+      for (int32_t i = 0; i < v.heads / group_; ++i) {
+        const int32_t hk = v.first_head / group_ + i * v.head_step;
+        for (size_t k = v.segment_begin; k < v.segment_begin + v.segment_count; ++k)
+          for (int64_t j = first_strided->host_segments[k].kv_begin; j < first_strided->host_segments[k].kv_end; ++j)
+            held[(v.p0 + j * first_strided->pattern.r) * Hkv + hk] = 1;
+      }
     if (std::all_of(held.begin(), held.end(), [](char c) { return c != 0; }))
-      dkdv_writer_ = static_cast<int>(first_direct - patterns_.begin());
+      dkdv_writer_ = static_cast<int>(first_strided - patterns_.begin());
   }
 
   // One upload: the int tables, then every pattern's segments.
@@ -171,6 +179,72 @@ void DilatedAttention::build_tables(const Geometry& g) {
   }
 }
 
+// A query head's rows in every segment lie on one lattice p0 + j*r of local tokens when w % r == 0
+// (or the rank holds one segment): then each segment is a range of j, and heads with the same p0
+// and segments can share a call on the tensors seen with a token stride of r rows. Keys must all
+// be local, and a call's query heads must map onto its kv heads by one stride (MHA, or r = 1: one
+// call over every head).
+bool DilatedAttention::plan_views(PatternState& st, int64_t a0) const {
+  const int64_t r = st.pattern.r;
+  const int32_t Hq = s_.heads_q;
+  if (st.plan.remote || st.plan.regions.empty() || (r != 1 && group_ != 1)) return false;
+  struct HeadRows {
+    int64_t p0 = -1;
+    std::vector<Segment> segments;
+  };
+  std::vector<HeadRows> heads(Hq);
+  for (const Region& reg : st.plan.regions) {
+    HeadRows& h = heads[reg.head];
+    const int64_t first = reg.rows.position(0) - a0;  // >= 0: the plan is not remote
+    if (h.p0 >= 0 && first % r != h.p0) return false;  // w % r != 0: this head's segments are on other lattices
+    h.p0 = first % r;
+    const int64_t j0 = (first - h.p0) / r;
+    h.segments.push_back({static_cast<int32_t>(j0 + reg.tq_lo), static_cast<int32_t>(j0 + reg.tq_hi),
+                          static_cast<int32_t>(j0), static_cast<int32_t>(j0 + reg.kv_hi), reg.tq_lo, 0});
+  }
+  const auto alike = [&](int32_t x, int32_t y) {
+    const HeadRows &a = heads[x], &b = heads[y];
+    return a.p0 == b.p0 && std::equal(a.segments.begin(), a.segments.end(), b.segments.begin(), b.segments.end(),
+                                      [](const Segment& u, const Segment& v) {
+                                        return u.q_begin == v.q_begin && u.q_end == v.q_end &&
+                                               u.kv_begin == v.kv_begin && u.kv_end == v.kv_end &&
+                                               u.q_pos0 == v.q_pos0 && u.kv_pos0 == v.kv_pos0;
+                                      });
+  };
+  // Heads alike form runs h, h + step, ... (the paper's h mod r, or torchscale's contiguous groups).
+  std::vector<char> taken(Hq, 0);
+  for (int32_t h = 0; h < Hq; ++h) {
+    if (taken[h] || heads[h].p0 < 0) continue;
+    View v;
+    v.first_head = h;
+    v.heads = 1;
+    v.p0 = heads[h].p0;
+    taken[h] = 1;
+    int32_t next = h + 1;
+    while (next < Hq && (taken[next] || !alike(next, h))) ++next;
+    if (next < Hq) {
+      v.head_step = next - h;
+      for (int32_t x = next; x < Hq && !taken[x] && alike(x, h); x += v.head_step, ++v.heads) taken[x] = 1;
+    }
+    v.segment_begin = st.host_segments.size();
+    v.segment_count = heads[h].segments.size();
+    for (const Segment& seg : heads[h].segments) {
+      st.host_segments.push_back(seg);
+      v.rows = std::max<int64_t>(v.rows, std::max(seg.q_end, seg.kv_end));
+    }
+    st.nq = std::max(st.nq, v.rows);
+    st.views.push_back(v);
+  }
+  // GQA (r = 1): the one call must hold every head, so that query head i reads kv head i / group.
+  if (group_ != 1 && (st.views.size() != 1 || st.views[0].heads != Hq || st.views[0].head_step != 1)) {
+    st.views.clear();
+    st.host_segments.clear();
+    st.nq = 0;
+    return false;
+  }
+  return true;
+}
+
 // ---- buffers of one pass ----------------------------------------------------------------------
 
 DilatedAttention::Work DilatedAttention::carve(char* base, bool backward, size_t* bytes) const {
@@ -187,12 +261,12 @@ DilatedAttention::Work DilatedAttention::carve(char* base, bool backward, size_t
   for (const PatternState& st : patterns_) {
     PatternBuffers b;
     const size_t rq = B * Hq * st.nq, rk = B * Hq * st.nk;
-    if (st.plan.direct) {
-      if (!backward || ts) {  // the partial output (torchscale backward: recomputed, for delta_i)
-        b.o = c.take<float>(rq * D * 4);
-        b.lse = c.take<float>(rq * 4);
-      }
-      if (ts) b.delta = c.take<float>(rq * 4);
+    if (st.strided) {
+      if (!backward || ts) b.o = c.take<float>(rq * D * 4);  // the partial output (torchscale backward: recomputed)
+      if (!backward) b.lse = c.take<float>(rq * 4);
+      if (ts) b.part_lse = c.take<float>(rq * 4);
+      if (backward && st.pattern.r > 1) b.lse = c.take<float>(rq * 4);  // the final LSE of the view's rows
+      if (backward && (ts || st.pattern.r > 1)) b.delta = c.take<float>(rq * 4);
     } else {
       b.q = c.take<void>(rq * D * e);
       b.k = c.take<void>(rk * D * e);
@@ -238,9 +312,21 @@ RowStatsRef DilatedAttention::rows_stats(const float* base, int64_t n) const {
   return {const_cast<float*>(base), int64_t{s_.heads_q} * n, 0};
 }
 
-ForwardParams DilatedAttention::forward_params(size_t p, const void* q, const void* k, const void* v, float* o,
-                                               float* lse) const {
-  const PatternState& st = patterns_[p];
+TensorRef DilatedAttention::view_ref(const void* base, int32_t heads, size_t bytes, const View& v, int32_t first,
+                                     int64_t r) const {
+  const int64_t token = int64_t{heads} * s_.head_dim;
+  const char* at = static_cast<const char*>(base) + (v.p0 * token + int64_t{first} * s_.head_dim) * int64_t(bytes);
+  return {const_cast<char*>(at), local_ * token, r * token, int64_t{v.head_step} * s_.head_dim};
+}
+TensorRef DilatedAttention::partial_ref(float* base, int64_t nq, const View& v) const {
+  const int64_t head = nq * s_.head_dim;
+  return {base + v.first_head * head, s_.heads_q * head, s_.head_dim, v.head_step * head};
+}
+RowStatsRef DilatedAttention::stats_ref(const float* base, int64_t per_head, const View& v) const {
+  return {const_cast<float*>(base) + v.first_head * per_head, s_.heads_q * per_head, v.head_step * per_head};
+}
+
+ForwardParams DilatedAttention::forward_base() const {
   ForwardParams f;
   f.dtype = dtype_;
   f.batch = s_.batch;
@@ -248,27 +334,39 @@ ForwardParams DilatedAttention::forward_params(size_t p, const void* q, const vo
   f.softmax_scale = s_.softmax_scale;
   f.o_fp32 = true;
   f.mask.causal = causal_;
+  return f;
+}
+
+void DilatedAttention::view_forward(const PatternState& st, const View& v, const void* q, const void* k,
+                                    const void* vv, float* o, float* lse, void* stream) {
+  const int64_t r = st.pattern.r;
+  ForwardParams f = forward_base();
+  f.segments = st.segments + v.segment_begin;
+  f.num_segments = static_cast<int32_t>(v.segment_count);
+  f.heads_q = v.heads;
+  f.heads_kv = v.heads / group_;
+  f.seqlen_q = f.seqlen_kv = v.rows;
+  f.q = view_ref(q, s_.heads_q, el(), v, v.first_head, r);
+  f.k = view_ref(k, s_.heads_kv, el(), v, v.first_head / group_, r);
+  f.v = view_ref(vv, s_.heads_kv, el(), v, v.first_head / group_, r);
+  f.o = partial_ref(o, st.nq, v);
+  f.lse = stats_ref(lse, st.nq, v);
+  engine_->forward(f, stream);
+}
+
+ForwardParams DilatedAttention::gathered_params(const PatternState& st, const void* q, const void* k, const void* v,
+                                                float* o, float* lse) const {
+  ForwardParams f = forward_base();
   f.segments = st.segments;
   f.num_segments = static_cast<int32_t>(st.host_segments.size());
-  if (st.plan.direct) {
-    f.heads_q = s_.heads_q;
-    f.heads_kv = s_.heads_kv;
-    f.seqlen_q = f.seqlen_kv = local_;
-    f.q = local_ref(q, s_.heads_q);
-    f.k = local_ref(k, s_.heads_kv);
-    f.v = local_ref(v, s_.heads_kv);
-    f.o = {o, int64_t{s_.heads_q} * local_ * s_.head_dim, s_.head_dim, local_ * s_.head_dim};  // head-major
-    f.lse = local_stats(lse);
-  } else {
-    f.heads_q = f.heads_kv = 1;
-    f.seqlen_q = s_.heads_q * st.nq;
-    f.seqlen_kv = s_.heads_q * st.nk;
-    f.q = rows_ref(q, st.nq);
-    f.k = rows_ref(k, st.nk);
-    f.v = rows_ref(v, st.nk);
-    f.o = rows_ref(o, st.nq);
-    f.lse = rows_stats(lse, st.nq);
-  }
+  f.heads_q = f.heads_kv = 1;
+  f.seqlen_q = s_.heads_q * st.nq;
+  f.seqlen_kv = s_.heads_q * st.nk;
+  f.q = rows_ref(q, st.nq);
+  f.k = rows_ref(k, st.nk);
+  f.v = rows_ref(v, st.nk);
+  f.o = rows_ref(o, st.nq);
+  f.lse = rows_stats(lse, st.nq);
   return f;
 }
 
@@ -352,8 +450,8 @@ void DilatedAttention::pattern_forward(size_t p, const attnhost_forward_args& a,
                                        void* stream) {
   const PatternState& st = patterns_[p];
   if (st.host_segments.empty()) return;  // no query of this rank is selected
-  if (st.plan.direct) {
-    engine_->forward(forward_params(p, a.q.data, a.k.data, a.v.data, b.o, b.lse), stream);
+  if (st.strided) {
+    for (const View& v : st.views) view_forward(st, v, a.q.data, a.k.data, a.v.data, b.o, b.lse, stream);
     return;
   }
   const int32_t row = static_cast<int32_t>(s_.head_dim * el());
@@ -362,7 +460,7 @@ void DilatedAttention::pattern_forward(size_t p, const attnhost_forward_args& a,
               {b.k, a.k.data, nullptr, st.kv_src, s_.heads_q * st.nk, row, k_batch, local_ * s_.heads_kv * int64_t{row}},
               {b.v, a.v.data, nullptr, st.kv_src, s_.heads_q * st.nk, row, k_batch, local_ * s_.heads_kv * int64_t{row}}},
              s_.batch, stream);
-  engine_->forward(forward_params(p, b.q, b.k, b.v, b.o, b.lse), stream);
+  engine_->forward(gathered_params(st, b.q, b.k, b.v, b.o, b.lse), stream);
 }
 
 void DilatedAttention::forward(const attnhost_forward_args& a) {
@@ -414,41 +512,53 @@ void DilatedAttention::pattern_backward(size_t p, const attnhost_backward_args& 
   bp.head_dim = s_.head_dim;
   bp.softmax_scale = s_.softmax_scale;
   bp.mask.causal = causal_;
-  bp.segments = st.segments;
-  bp.num_segments = static_cast<int32_t>(st.host_segments.size());
-  // Written, not added: a gathered pattern's segments share no keys, and the writer's hold them all.
-  bp.write_dkdv = bp.write_dkdv_fp32 = !st.plan.direct || static_cast<int>(p) == dkdv_writer_;
-  if (st.plan.direct) {
-    bp.delta = local_stats(w.delta);
-    if (ts) {  // delta_i = rowsum(dO * O_i) of this pattern's own output
-      engine_->forward(forward_params(p, a.q.data, a.k.data, a.v.data, b.o, b.lse), stream);
-      DeltaParams dp;
-      dp.dtype = dtype_;
-      dp.batch = s_.batch;
-      dp.heads = s_.heads_q;
-      dp.head_dim = s_.head_dim;
-      dp.seqlen = local_;
-      dp.o = {b.o, int64_t{s_.heads_q} * local_ * s_.head_dim, s_.head_dim, local_ * s_.head_dim};
-      dp.o_fp32 = true;
-      dp.d_o = local_ref(a.d_o.data, s_.heads_q);
-      dp.delta = local_stats(b.delta);
-      engine_->compute_delta(dp, stream);
-      bp.delta = dp.delta;
+  // Written, not added: a gathered pattern's segments share no keys, and the writer's views hold
+  // them all (each (token, kv head) in one view's segments).
+  bp.write_dkdv = bp.write_dkdv_fp32 = !st.strided || static_cast<int>(p) == dkdv_writer_;
+  if (st.strided) {
+    const int64_t r = st.pattern.r, rq = s_.heads_q * st.nq;
+    // The final LSE and delta of the view's rows: the local ones when r = 1, else gathered (4 bytes a row).
+    if (r > 1) {
+      std::vector<RowCopy> jobs = {{b.lse, a.lse.data, nullptr, st.stat_src, rq, 4, rq * 4, s_.heads_q * local_ * 4}};
+      if (!ts) jobs.push_back({b.delta, w.delta, nullptr, st.stat_src, rq, 4, rq * 4, s_.heads_q * local_ * 4});
+      ops_->copy(jobs, s_.batch, stream);
     }
-    bp.heads_q = s_.heads_q;
-    bp.heads_kv = s_.heads_kv;
-    bp.seqlen_q = bp.seqlen_kv = local_;
-    bp.q = local_ref(a.q.data, s_.heads_q);
-    bp.k = local_ref(a.k.data, s_.heads_kv);
-    bp.v = local_ref(a.v.data, s_.heads_kv);
-    bp.d_o = local_ref(a.d_o.data, s_.heads_q);
-    bp.lse = local_stats(static_cast<const float*>(a.lse.data));
-    bp.dq = local_ref(w.dq, s_.heads_q);
-    bp.dk = local_ref(w.dk, s_.heads_kv);
-    bp.dv = local_ref(w.dv, s_.heads_kv);
-    engine_->backward(bp, stream);
+    for (const View& v : st.views) {
+      const int32_t kv_first = v.first_head / group_;
+      bp.segments = st.segments + v.segment_begin;
+      bp.num_segments = static_cast<int32_t>(v.segment_count);
+      bp.heads_q = v.heads;
+      bp.heads_kv = v.heads / group_;
+      bp.seqlen_q = bp.seqlen_kv = v.rows;
+      bp.q = view_ref(a.q.data, s_.heads_q, el(), v, v.first_head, r);
+      bp.k = view_ref(a.k.data, s_.heads_kv, el(), v, kv_first, r);
+      bp.v = view_ref(a.v.data, s_.heads_kv, el(), v, kv_first, r);
+      bp.d_o = view_ref(a.d_o.data, s_.heads_q, el(), v, v.first_head, r);
+      bp.lse = r > 1 ? stats_ref(b.lse, st.nq, v) : stats_ref(static_cast<const float*>(a.lse.data), local_, v);
+      bp.delta = ts || r > 1 ? stats_ref(b.delta, st.nq, v) : stats_ref(w.delta, local_, v);
+      if (ts) {  // delta_i = rowsum(dO * O_i) of this pattern's own output
+        view_forward(st, v, a.q.data, a.k.data, a.v.data, b.o, b.part_lse, stream);
+        DeltaParams dp;
+        dp.dtype = dtype_;
+        dp.batch = s_.batch;
+        dp.heads = v.heads;
+        dp.head_dim = s_.head_dim;
+        dp.seqlen = v.rows;
+        dp.o = partial_ref(b.o, st.nq, v);
+        dp.o_fp32 = true;
+        dp.d_o = bp.d_o;
+        dp.delta = bp.delta;
+        engine_->compute_delta(dp, stream);
+      }
+      bp.dq = view_ref(w.dq, s_.heads_q, 4, v, v.first_head, r);
+      bp.dk = view_ref(w.dk, s_.heads_kv, 4, v, kv_first, r);
+      bp.dv = view_ref(w.dv, s_.heads_kv, 4, v, kv_first, r);
+      engine_->backward(bp, stream);
+    }
     return;
   }
+  bp.segments = st.segments;
+  bp.num_segments = static_cast<int32_t>(st.host_segments.size());
   const int32_t row = static_cast<int32_t>(s_.head_dim * el());
   const int64_t rq = s_.heads_q * st.nq, rk = s_.heads_q * st.nk;
   const int64_t q_local = local_ * s_.heads_q * int64_t{row}, kv_local = local_ * s_.heads_kv * int64_t{row};
@@ -462,7 +572,7 @@ void DilatedAttention::pattern_backward(size_t p, const attnhost_backward_args& 
   ops_->copy(jobs, s_.batch, stream);
   engine_->zero(b.dq, s_.batch * rq * s_.head_dim * 4, stream);
   if (ts) {
-    engine_->forward(forward_params(p, b.q, b.k, b.v, b.o, b.part_lse), stream);
+    engine_->forward(gathered_params(st, b.q, b.k, b.v, b.o, b.part_lse), stream);
     DeltaParams dp;
     dp.dtype = dtype_;
     dp.batch = s_.batch;
@@ -529,7 +639,7 @@ void DilatedAttention::backward(const attnhost_backward_args& a) {
   }
   if (exchanges_) return_gradients(w, compute, comm);
 
-  // Each local row: its accumulator (direct patterns, returned partials) plus its gathered
+  // Each local row: its accumulator (strided patterns, returned partials) plus its gathered
   // partials (a key row: one per query head of its group), rounded once.
   const int32_t D = s_.head_dim;
   RowSum dq{a.dq.data, s_.dtype, w.dq, local_ * s_.heads_q, D, local_ * s_.heads_q * D, {}};
@@ -537,7 +647,7 @@ void DilatedAttention::backward(const attnhost_backward_args& a) {
   RowSum dv{a.dv.data, s_.dtype, w.dv, local_ * s_.heads_kv, D, local_ * s_.heads_kv * D, {}};
   for (size_t p = 0; p < patterns_.size(); ++p) {
     const PatternState& st = patterns_[p];
-    if (st.plan.direct || st.host_segments.empty()) continue;
+    if (st.strided || st.host_segments.empty()) continue;
     const PatternBuffers& b = w.patterns[p];
     const int64_t rq = s_.heads_q * st.nq * int64_t{D}, rk = s_.heads_q * st.nk * int64_t{D};
     dq.parts.push_back({b.dq, st.q_dst, 1, rq});

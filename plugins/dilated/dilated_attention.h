@@ -1,11 +1,17 @@
-// The dilated attention schedule on one rank: every pattern's attention as one core call, the
+// The dilated attention schedule on one rank: every pattern's attention as core calls, the
 // patterns combined by LSE in fp32, the exact backward, and the exchange of dilated K/V rows
 // between the ranks that share a segment. The same schedule runs on the CPU and the GPU through
 // the core's Engine and the row operations (row_ops.h).
 //
 // Per pattern (geometry.h says which rows and regions):
-//  - direct (r = 1 and every key on this rank): one flash call on the rank's own Q/K/V, with a
-//    core Segment per attention segment; the partial O goes to an fp32 buffer, head-major.
+//  - strided (every key on this rank, and MHA or r = 1): a query head selects the local tokens
+//    p0 + j*r, the same lattice in each of its segments when w % r == 0, so the rank's own Q/K/V
+//    seen with a token stride of r rows is a dense tensor of those rows, and the segments are
+//    ranges of j. One core call per set of heads that share p0 (View): heads h, h + r, ... in the
+//    paper's offsets, contiguous heads in torchscale's; r = 1 is one call over every head, GQA
+//    native. Nothing is copied: the kernels read the rows where they are and add dQ/dK/dV into the
+//    rank's fp32 accumulators through the same views. The partial O goes to an fp32 buffer
+//    [B, heads_q, nq, D] (row j of head h at h*nq + j).
 //  - gathered (otherwise): the selected rows of every (head, segment) are copied into dense
 //    buffers [B, heads_q, rows, D] (K/V once per query head, so GQA and per-head offsets are
 //    free), and one flash call with heads = 1 attends them, a core Segment per (head, segment),
@@ -17,11 +23,11 @@
 //    added there (the reduce-scatter of the gathered K/V).
 // Forward: combine(O_i, LSE_i) over the patterns -> O, LSE. Backward: delta = rowsum(dO * O) of
 // the final output, and each pattern's flash backward with the final LSE and that delta (exact,
-// VARIANTS.md); direct patterns and returned partials add into fp32 accumulators, and one pass per
-// gradient sums each local row's accumulator and gathered partials and rounds it once. A gathered
-// pattern's segments share no keys, so its call writes its fp32 dK/dV partials (write_dkdv) rather
-// than adding into zeroed buffers; so does the first direct pattern when its segments hold every
-// local key.
+// VARIANTS.md); strided patterns and returned partials add into fp32 accumulators, and one pass
+// per gradient sums each local row's accumulator and gathered partials and rounds it once. A
+// gathered pattern's segments share no keys, so its call writes its fp32 dK/dV partials
+// (write_dkdv) rather than adding into zeroed buffers; so does the first strided pattern when its
+// views hold every local key.
 #pragma once
 
 #include "geometry.h"
@@ -66,15 +72,25 @@ class DilatedAttention {
     const int32_t* table = nullptr;
     size_t table_at = 0;  // offset in the table blob until it is uploaded
   };
+  // One core call of a strided pattern: query heads first_head + i * head_step (i < heads), whose
+  // rows j < rows are the local tokens p0 + j * r, with segments [segment_begin, + segment_count)
+  // of the pattern's list (ranges of j).
+  struct View {
+    int32_t first_head = 0, heads = 0, head_step = 1;
+    int64_t p0 = 0, rows = 0;
+    size_t segment_begin = 0, segment_count = 0;
+  };
   struct PatternState {
     Pattern pattern;
     PatternPlan plan;
-    int64_t nq = 0, nk = 0;  // rows per head of the partial/gathered buffers (direct: nq = local tokens)
+    bool strided = false;
+    std::vector<View> views;  // strided only
+    int64_t nq = 0, nk = 0;   // rows per head of the partial/gathered buffers
     std::vector<attncore::Segment> host_segments;
     const attncore::Segment* segments = nullptr;
     // Device tables (gathered patterns unless noted), -1 where there is nothing:
     const int32_t* q_src = nullptr;     // [heads_q * nq] gathered query row -> local Q row
-    const int32_t* stat_src = nullptr;  // [heads_q * nq] gathered query row -> local LSE index
+    const int32_t* stat_src = nullptr;  // [heads_q * nq] partial row -> local LSE index (also strided, r > 1)
     const int32_t* kv_src = nullptr;    // [heads_q * nk] gathered key row -> local K row
     const int32_t* q_dst = nullptr;     // [local * heads_q] local Q row -> its partial row (every pattern)
     const int32_t* kv_dst = nullptr;    // [local * heads_kv * group] local K row -> its gathered rows
@@ -83,9 +99,10 @@ class DilatedAttention {
   // Buffers of one pass, carved from the arena (all null when measuring).
   struct PatternBuffers {
     void *q = nullptr, *k = nullptr, *v = nullptr, *d_o = nullptr;  // dtype, gathered
-    float *o = nullptr, *lse = nullptr, *delta = nullptr;           // fp32 partial O and row stats
+    float *o = nullptr, *lse = nullptr, *delta = nullptr;           // fp32 partial O and row stats (strided
+                                                                    // backward, r = 1: none, the local ones serve)
     float *dq = nullptr, *dk = nullptr, *dv = nullptr;              // fp32 gathered gradients
-    float* part_lse = nullptr;  // torchscale backward: LSE_i of the recomputed partial (unused)
+    float* part_lse = nullptr;  // torchscale backward: LSE_i of the recomputed partial
     std::vector<char*> send, recv, grad_send, grad_recv;            // per message
   };
   struct Work {
@@ -95,16 +112,30 @@ class DilatedAttention {
   class Carver;
 
   void build_tables(const Geometry& geometry);
+  // Whether pattern st can run strided on this rank, and if so its views, segments and nq.
+  bool plan_views(PatternState& st, int64_t a0) const;
   Work carve(char* base, bool backward, size_t* bytes) const;
 
   void exchange_kv(const void* k, const void* v, const Work& w, void* stream);
   void return_gradients(const Work& w, void* compute, void* comm);
   void pattern_forward(size_t p, const attnhost_forward_args& a, const PatternBuffers& b, void* stream);
   void pattern_backward(size_t p, const attnhost_backward_args& a, const Work& w, void* stream);
-  attncore::ForwardParams forward_params(size_t p, const void* q, const void* k, const void* v, float* o,
-                                         float* lse) const;
+  attncore::ForwardParams forward_base() const;  // dtype, shape, scale, mask, fp32 partial O
+  void view_forward(const PatternState& st, const View& v, const void* q, const void* k, const void* vv, float* o,
+                    float* lse, void* stream);
+  attncore::ForwardParams gathered_params(const PatternState& st, const void* q, const void* k, const void* v,
+                                          float* o, float* lse) const;
 
   attncore::TensorRef local_ref(const void* base, int32_t heads) const;  // [B, local, heads, D]
+  // The local [B, local, heads, D] tensor (elements of `bytes`) as a view's [B, rows, heads, D],
+  // from head `first` (kv heads: first_head / group).
+  attncore::TensorRef view_ref(const void* base, int32_t heads, size_t bytes, const View& v, int32_t first,
+                               int64_t r) const;
+  // A strided pattern's fp32 partial [B, heads_q, nq, D] and row stats [B, heads_q, nq] as a view's.
+  attncore::TensorRef partial_ref(float* base, int64_t nq, const View& v) const;
+  // Row stats [B, heads_q, per_head] (a strided pattern's: per_head = nq; the local ones: local tokens)
+  // as a view's.
+  attncore::RowStatsRef stats_ref(const float* base, int64_t per_head, const View& v) const;
   attncore::TensorRef rows_ref(const void* base, int64_t n) const;       // [B, heads_q * n, 1, D]
   attncore::RowStatsRef local_stats(const float* base) const;                      // [B, heads_q, local]
   attncore::RowStatsRef rows_stats(const float* base, int64_t n) const;            // [B, 1, heads_q * n]
@@ -121,7 +152,7 @@ class DilatedAttention {
   std::unique_ptr<RowOps> ops_;
   std::vector<PatternState> patterns_;
   bool exchanges_ = false;  // some pattern sends or receives rows
-  // The direct pattern whose segments hold every local key, if any: the first to run, it writes the
+  // The strided pattern whose views hold every local key, if any: the first to run, it writes the
   // local dK/dV accumulators (write_dkdv) instead of adding into zeroed ones. -1: none.
   int dkdv_writer_ = -1;
   int64_t rank_pairs_ = 0;

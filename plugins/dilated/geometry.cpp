@@ -84,7 +84,6 @@ PatternPlan Geometry::plan(size_t p, int rank) const {
     reg.q_slot = q_base[reg.segment - g_lo];
     reg.kv_slot = kv_base[reg.segment - g_lo];
   }
-  plan.direct = patterns_[p].r == 1 && !plan.remote;
   return plan;
 }
 

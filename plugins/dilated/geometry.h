@@ -48,7 +48,6 @@ struct PatternPlan {
   std::vector<Region> regions;  // by head, then segment
   int64_t nq = 0, nk = 0;       // gathered query and key rows per head
   bool remote = false;          // some key it needs lives on another rank
-  bool direct = false;          // r == 1 and every key local: runs on the rank's tensors, no gather
 };
 
 // Keys one rank sends another for a pattern, in the receiver's region order: region `region` of
