@@ -67,15 +67,15 @@ void DilatedAttention::build_tables(const Geometry& g) {
     st.strided = plan_views(st, a0);
     if (st.strided) {
       const int64_t r = st.pattern.r;
-      std::vector<int32_t> stat_src(r > 1 ? Hq * st.nq : 0, -1);
+      std::vector<int32_t> stat_src(r > 1 ? st.partial_rows : 0, -1);
       for (const View& v : st.views)
         for (int32_t i = 0; i < v.heads; ++i) {
           const int32_t h = v.first_head + i * v.head_step;
           for (size_t k = v.segment_begin; k < v.segment_begin + v.segment_count; ++k)
             for (int64_t j = st.host_segments[k].q_begin; j < st.host_segments[k].q_end; ++j) {
-              const int64_t tok = v.p0 + j * r;
-              q_dst[tok * Hq + h] = static_cast<int32_t>(h * st.nq + j);
-              if (r > 1) stat_src[h * st.nq + j] = static_cast<int32_t>(h * local_ + tok);
+              const int64_t tok = v.p0 + i * v.p0_step + j * r, row = v.partial_row + i * v.rows + j;
+              q_dst[tok * Hq + h] = static_cast<int32_t>(row);
+              if (r > 1) stat_src[row] = static_cast<int32_t>(h * local_ + tok);
             }
         }
       at[p].q_dst = put(q_dst);
@@ -83,6 +83,7 @@ void DilatedAttention::build_tables(const Geometry& g) {
     } else {
       st.nq = st.plan.nq;
       st.nk = st.plan.nk;
+      st.partial_rows = Hq * st.nq;
       std::vector<int32_t> q_src(Hq * st.nq, -1), stat_src(Hq * st.nq, -1), kv_src(Hq * st.nk, -1);
       std::vector<int32_t> kv_dst(local_ * Hkv * group_, -1);
       const int64_t a = g.begin(rank_), b = g.end(rank_);
@@ -146,7 +147,7 @@ void DilatedAttention::build_tables(const Geometry& g) {
         const int32_t hk = v.first_head / group_ + i * v.head_step;
         for (size_t k = v.segment_begin; k < v.segment_begin + v.segment_count; ++k)
           for (int64_t j = first_strided->host_segments[k].kv_begin; j < first_strided->host_segments[k].kv_end; ++j)
-            held[(v.p0 + j * first_strided->pattern.r) * Hkv + hk] = 1;
+            held[(v.p0 + i * v.p0_step + j * first_strided->pattern.r) * Hkv + hk] = 1;
       }
     if (std::all_of(held.begin(), held.end(), [](char c) { return c != 0; }))
       dkdv_writer_ = static_cast<int>(first_strided - patterns_.begin());
@@ -179,67 +180,103 @@ void DilatedAttention::build_tables(const Geometry& g) {
   }
 }
 
-// A query head's rows in every segment lie on one lattice p0 + j*r of local tokens when w % r == 0
-// (or the rank holds one segment): then each segment is a range of j, and heads with the same p0
-// and segments can share a call on the tensors seen with a token stride of r rows. Keys must all
-// be local, and a call's query heads must map onto its kv heads by one stride (MHA, or r = 1: one
-// call over every head).
+// A query head's rows in a segment are the local tokens p0 + j*r. Segments whose rows lie on one
+// lattice (all of a head's, when w % r == 0) form a class: the rank's tensors seen with a token
+// stride of r rows from its first row are dense tensors of the class's rows, and each segment is a
+// range of j. Heads whose classes have the same segments and whose p0 grow by a fixed step share
+// a call (one head stride covers both steps). Keys must all be local, and a call's query heads
+// must map onto its kv heads by one stride (MHA, or r = 1: one call over every head).
 bool DilatedAttention::plan_views(PatternState& st, int64_t a0) const {
   const int64_t r = st.pattern.r;
   const int32_t Hq = s_.heads_q;
   if (st.plan.remote || st.plan.regions.empty() || (r != 1 && group_ != 1)) return false;
-  struct HeadRows {
-    int64_t p0 = -1;
+  struct Class {
+    int64_t p0 = 0;  // the local token of j = 0: the class's first row
     std::vector<Segment> segments;
+    bool taken = false;
   };
-  std::vector<HeadRows> heads(Hq);
+  std::vector<std::vector<Class>> heads(Hq);
   for (const Region& reg : st.plan.regions) {
-    HeadRows& h = heads[reg.head];
     const int64_t first = reg.rows.position(0) - a0;  // >= 0: the plan is not remote
-    if (h.p0 >= 0 && first % r != h.p0) return false;  // w % r != 0: this head's segments are on other lattices
-    h.p0 = first % r;
-    const int64_t j0 = (first - h.p0) / r;
-    h.segments.push_back({static_cast<int32_t>(j0 + reg.tq_lo), static_cast<int32_t>(j0 + reg.tq_hi),
-                          static_cast<int32_t>(j0), static_cast<int32_t>(j0 + reg.kv_hi), reg.tq_lo, 0});
+    std::vector<Class>& classes = heads[reg.head];
+    auto c = std::find_if(classes.begin(), classes.end(), [&](const Class& k) { return (first - k.p0) % r == 0; });
+    if (c == classes.end()) c = classes.insert(classes.end(), Class{first, {}, false});
+    const int64_t j0 = (first - c->p0) / r;  // regions come in position order: first >= p0
+    c->segments.push_back({static_cast<int32_t>(j0 + reg.tq_lo), static_cast<int32_t>(j0 + reg.tq_hi),
+                           static_cast<int32_t>(j0), static_cast<int32_t>(j0 + reg.kv_hi), reg.tq_lo, 0});
   }
-  const auto alike = [&](int32_t x, int32_t y) {
-    const HeadRows &a = heads[x], &b = heads[y];
-    return a.p0 == b.p0 && std::equal(a.segments.begin(), a.segments.end(), b.segments.begin(), b.segments.end(),
-                                      [](const Segment& u, const Segment& v) {
-                                        return u.q_begin == v.q_begin && u.q_end == v.q_end &&
-                                               u.kv_begin == v.kv_begin && u.kv_end == v.kv_end &&
-                                               u.q_pos0 == v.q_pos0 && u.kv_pos0 == v.kv_pos0;
-                                      });
+  const auto same = [](const Segment& u, const Segment& v) {
+    return u.q_begin == v.q_begin && u.q_end == v.q_end && u.kv_begin == v.kv_begin && u.kv_end == v.kv_end &&
+           u.q_pos0 == v.q_pos0 && u.kv_pos0 == v.kv_pos0;
   };
-  // Heads alike form runs h, h + step, ... (the paper's h mod r, or torchscale's contiguous groups).
-  std::vector<char> taken(Hq, 0);
-  for (int32_t h = 0; h < Hq; ++h) {
-    if (taken[h] || heads[h].p0 < 0) continue;
-    View v;
-    v.first_head = h;
-    v.heads = 1;
-    v.p0 = heads[h].p0;
-    taken[h] = 1;
-    int32_t next = h + 1;
-    while (next < Hq && (taken[next] || !alike(next, h))) ++next;
-    if (next < Hq) {
-      v.head_step = next - h;
-      for (int32_t x = next; x < Hq && !taken[x] && alike(x, h); x += v.head_step, ++v.heads) taken[x] = 1;
+  // Head x's untaken class with c's segments and first row p0, if any.
+  const auto find = [&](int32_t x, const Class& c, int64_t p0) -> Class* {
+    for (Class& k : heads[x])
+      if (!k.taken && k.p0 == p0 &&
+          std::equal(k.segments.begin(), k.segments.end(), c.segments.begin(), c.segments.end(), same))
+        return &k;
+    return nullptr;
+  };
+  // Heads h + i*step whose first rows are p0 + i*p0_step (the paper's offsets: heads h, h + 1, ...
+  // up to the next multiple of r, or h, h + r, ...; torchscale's: contiguous groups). Each class
+  // starts the longest run it can.
+  for (int32_t h = 0; h < Hq; ++h)
+    for (Class& c : heads[h]) {
+      if (c.taken) continue;
+      c.taken = true;
+      const auto run = [&](int32_t step, int64_t p0_step, bool take) {
+        int32_t n = 1;
+        for (int32_t x = h + step; x < Hq; x += step, ++n) {
+          Class* k = find(x, c, c.p0 + n * p0_step);
+          if (!k) break;
+          if (take) k->taken = true;
+        }
+        return n;
+      };
+      View v;
+      v.first_head = h;
+      v.heads = 1;
+      v.p0 = c.p0;
+      for (int32_t x = h + 1; x < Hq; ++x)
+        for (const Class& k : heads[x]) {
+          if (k.taken || k.p0 < c.p0) continue;  // strides are not negative
+          const int32_t n = run(x - h, k.p0 - c.p0, false);
+          if (n <= v.heads) continue;
+          v.heads = n;
+          v.head_step = x - h;
+          v.p0_step = k.p0 - c.p0;
+        }
+      run(v.head_step, v.p0_step, true);
+      v.segment_begin = st.host_segments.size();
+      v.segment_count = c.segments.size();
+      for (const Segment& seg : c.segments) {
+        st.host_segments.push_back(seg);
+        v.rows = std::max<int64_t>(v.rows, std::max(seg.q_end, seg.kv_end));
+      }
+      v.partial_row = st.partial_rows;
+      st.partial_rows += v.heads * v.rows;
+      st.views.push_back(v);
     }
-    v.segment_begin = st.host_segments.size();
-    v.segment_count = heads[h].segments.size();
-    for (const Segment& seg : heads[h].segments) {
-      st.host_segments.push_back(seg);
-      v.rows = std::max<int64_t>(v.rows, std::max(seg.q_end, seg.kv_end));
-    }
-    st.nq = std::max(st.nq, v.rows);
-    st.views.push_back(v);
-  }
+  // A view is one launch, and a launch of less than a few waves of CTAs is as slow as its longest
+  // CTA. On an H200 at S = 32768, views of one offset each: the r = 12 pattern (twelve views of 88
+  // query tiles) took 2.9x the time of its one gathered call (forward), r = 6 (twelve of 176)
+  // 1.9x, while r = 2 and 4 (views of 3072 and 768 tiles) ran 16-25% faster strided. So on a GPU
+  // a pattern runs strided only when its views average kMinViewTiles query tiles of 128 rows.
+  // (The CPU has no waves.)
+  constexpr int64_t kMinViewTiles = 512;
+  int64_t tiles = 0;
+  for (const View& v : st.views)
+    for (size_t k = v.segment_begin; k < v.segment_begin + v.segment_count; ++k)
+      tiles += int64_t{v.heads} * s_.batch * ((st.host_segments[k].q_end - st.host_segments[k].q_begin + 127) / 128);
+  const bool too_small = engine_->on_device() && tiles < kMinViewTiles * static_cast<int64_t>(st.views.size());
   // GQA (r = 1): the one call must hold every head, so that query head i reads kv head i / group.
-  if (group_ != 1 && (st.views.size() != 1 || st.views[0].heads != Hq || st.views[0].head_step != 1)) {
+  const bool gqa_split =
+      group_ != 1 && (st.views.size() != 1 || st.views[0].heads != Hq || st.views[0].head_step != 1 ||
+                      st.views[0].p0_step != 0);
+  if (too_small || gqa_split) {
     st.views.clear();
     st.host_segments.clear();
-    st.nq = 0;
+    st.partial_rows = 0;
     return false;
   }
   return true;
@@ -260,7 +297,7 @@ DilatedAttention::Work DilatedAttention::carve(char* base, bool backward, size_t
   }
   for (const PatternState& st : patterns_) {
     PatternBuffers b;
-    const size_t rq = B * Hq * st.nq, rk = B * Hq * st.nk;
+    const size_t rq = B * st.partial_rows, rk = B * Hq * st.nk;
     if (st.strided) {
       if (!backward || ts) b.o = c.take<float>(rq * D * 4);  // the partial output (torchscale backward: recomputed)
       if (!backward) b.lse = c.take<float>(rq * 4);
@@ -316,14 +353,18 @@ TensorRef DilatedAttention::view_ref(const void* base, int32_t heads, size_t byt
                                      int64_t r) const {
   const int64_t token = int64_t{heads} * s_.head_dim;
   const char* at = static_cast<const char*>(base) + (v.p0 * token + int64_t{first} * s_.head_dim) * int64_t(bytes);
-  return {const_cast<char*>(at), local_ * token, r * token, int64_t{v.head_step} * s_.head_dim};
+  return {const_cast<char*>(at), local_ * token, r * token, v.head_step * s_.head_dim + v.p0_step * token};
 }
-TensorRef DilatedAttention::partial_ref(float* base, int64_t nq, const View& v) const {
-  const int64_t head = nq * s_.head_dim;
-  return {base + v.first_head * head, s_.heads_q * head, s_.head_dim, v.head_step * head};
+TensorRef DilatedAttention::partial_ref(float* base, int64_t rows, const View& v) const {
+  const int64_t D = s_.head_dim;
+  return {base + v.partial_row * D, rows * D, D, v.rows * D};
 }
-RowStatsRef DilatedAttention::stats_ref(const float* base, int64_t per_head, const View& v) const {
-  return {const_cast<float*>(base) + v.first_head * per_head, s_.heads_q * per_head, v.head_step * per_head};
+RowStatsRef DilatedAttention::partial_stats(const float* base, int64_t rows, const View& v) const {
+  return {const_cast<float*>(base) + v.partial_row, rows, v.rows};
+}
+RowStatsRef DilatedAttention::local_stats(const float* base, const View& v) const {
+  return {const_cast<float*>(base) + v.first_head * local_ + v.p0, int64_t{s_.heads_q} * local_,
+          v.head_step * local_ + v.p0_step};
 }
 
 ForwardParams DilatedAttention::forward_base() const {
@@ -349,8 +390,8 @@ void DilatedAttention::view_forward(const PatternState& st, const View& v, const
   f.q = view_ref(q, s_.heads_q, el(), v, v.first_head, r);
   f.k = view_ref(k, s_.heads_kv, el(), v, v.first_head / group_, r);
   f.v = view_ref(vv, s_.heads_kv, el(), v, v.first_head / group_, r);
-  f.o = partial_ref(o, st.nq, v);
-  f.lse = stats_ref(lse, st.nq, v);
+  f.o = partial_ref(o, st.partial_rows, v);
+  f.lse = partial_stats(lse, st.partial_rows, v);
   engine_->forward(f, stream);
 }
 
@@ -491,7 +532,7 @@ void DilatedAttention::forward(const attnhost_forward_args& a) {
   c.heads = s_.heads_q;
   c.head_dim = s_.head_dim;
   for (size_t p = 0; p < patterns_.size(); ++p) {
-    const int64_t rows = s_.heads_q * patterns_[p].nq;
+    const int64_t rows = patterns_[p].partial_rows;
     c.parts.push_back({w.patterns[p].o, w.patterns[p].lse, patterns_[p].q_dst, rows * s_.head_dim, rows});
   }
   const int32_t range = host_.range_begin("dilated combine", ATTNHOST_RANGE_COMPUTE, compute);
@@ -516,7 +557,7 @@ void DilatedAttention::pattern_backward(size_t p, const attnhost_backward_args& 
   // them all (each (token, kv head) in one view's segments).
   bp.write_dkdv = bp.write_dkdv_fp32 = !st.strided || static_cast<int>(p) == dkdv_writer_;
   if (st.strided) {
-    const int64_t r = st.pattern.r, rq = s_.heads_q * st.nq;
+    const int64_t r = st.pattern.r, rq = st.partial_rows;
     // The final LSE and delta of the view's rows: the local ones when r = 1, else gathered (4 bytes a row).
     if (r > 1) {
       std::vector<RowCopy> jobs = {{b.lse, a.lse.data, nullptr, st.stat_src, rq, 4, rq * 4, s_.heads_q * local_ * 4}};
@@ -534,8 +575,8 @@ void DilatedAttention::pattern_backward(size_t p, const attnhost_backward_args& 
       bp.k = view_ref(a.k.data, s_.heads_kv, el(), v, kv_first, r);
       bp.v = view_ref(a.v.data, s_.heads_kv, el(), v, kv_first, r);
       bp.d_o = view_ref(a.d_o.data, s_.heads_q, el(), v, v.first_head, r);
-      bp.lse = r > 1 ? stats_ref(b.lse, st.nq, v) : stats_ref(static_cast<const float*>(a.lse.data), local_, v);
-      bp.delta = ts || r > 1 ? stats_ref(b.delta, st.nq, v) : stats_ref(w.delta, local_, v);
+      bp.lse = r > 1 ? partial_stats(b.lse, rq, v) : local_stats(static_cast<const float*>(a.lse.data), v);
+      bp.delta = ts || r > 1 ? partial_stats(b.delta, rq, v) : local_stats(w.delta, v);
       if (ts) {  // delta_i = rowsum(dO * O_i) of this pattern's own output
         view_forward(st, v, a.q.data, a.k.data, a.v.data, b.o, b.part_lse, stream);
         DeltaParams dp;
@@ -544,7 +585,7 @@ void DilatedAttention::pattern_backward(size_t p, const attnhost_backward_args& 
         dp.heads = v.heads;
         dp.head_dim = s_.head_dim;
         dp.seqlen = v.rows;
-        dp.o = partial_ref(b.o, st.nq, v);
+        dp.o = partial_ref(b.o, rq, v);
         dp.o_fp32 = true;
         dp.d_o = bp.d_o;
         dp.delta = bp.delta;

@@ -5,13 +5,15 @@
 //
 // Per pattern (geometry.h says which rows and regions):
 //  - strided (every key on this rank, and MHA or r = 1): a query head selects the local tokens
-//    p0 + j*r, the same lattice in each of its segments when w % r == 0, so the rank's own Q/K/V
-//    seen with a token stride of r rows is a dense tensor of those rows, and the segments are
-//    ranges of j. One core call per set of heads that share p0 (View): heads h, h + r, ... in the
-//    paper's offsets, contiguous heads in torchscale's; r = 1 is one call over every head, GQA
-//    native. Nothing is copied: the kernels read the rows where they are and add dQ/dK/dV into the
-//    rank's fp32 accumulators through the same views. The partial O goes to an fp32 buffer
-//    [B, heads_q, nq, D] (row j of head h at h*nq + j).
+//    p0 + j*r of a segment, and the segments whose rows lie on one such lattice (all of them when
+//    w % r == 0) form a class: the rank's own Q/K/V seen with a token stride of r rows from p0 is
+//    a dense tensor of the class's rows, and its segments are ranges of j. Heads whose classes
+//    have the same segments and whose p0 grow by a fixed step share one core call (View), since
+//    one head stride covers both steps: heads 0..r-1 under the paper's offsets, heads of one
+//    offset under torchscale's; r = 1 is one call over every head, GQA native. Nothing is copied:
+//    the kernels read the rows where they are and add dQ/dK/dV into the rank's fp32 accumulators
+//    through the same views. The partial O goes to an fp32 buffer, a block [heads, rows] per
+//    view. On a GPU only when the views are large enough to fill it (plan_views).
 //  - gathered (otherwise): the selected rows of every (head, segment) are copied into dense
 //    buffers [B, heads_q, rows, D] (K/V once per query head, so GQA and per-head offsets are
 //    free), and one flash call with heads = 1 attends them, a core Segment per (head, segment),
@@ -73,24 +75,27 @@ class DilatedAttention {
     size_t table_at = 0;  // offset in the table blob until it is uploaded
   };
   // One core call of a strided pattern: query heads first_head + i * head_step (i < heads), whose
-  // rows j < rows are the local tokens p0 + j * r, with segments [segment_begin, + segment_count)
-  // of the pattern's list (ranges of j).
+  // rows j < rows are the local tokens p0 + i * p0_step + j * r, with segments [segment_begin,
+  // + segment_count) of the pattern's list (ranges of j). Row j of its head i is row
+  // partial_row + i * rows + j of the pattern's partial buffers.
   struct View {
     int32_t first_head = 0, heads = 0, head_step = 1;
-    int64_t p0 = 0, rows = 0;
+    int64_t p0_step = 0, p0 = 0, rows = 0;
     size_t segment_begin = 0, segment_count = 0;
+    int64_t partial_row = 0;
   };
   struct PatternState {
     Pattern pattern;
     PatternPlan plan;
     bool strided = false;
     std::vector<View> views;  // strided only
-    int64_t nq = 0, nk = 0;   // rows per head of the partial/gathered buffers
+    int64_t nq = 0, nk = 0;   // gathered: rows per head of the gathered buffers
+    int64_t partial_rows = 0; // rows per batch entry of the partial O and row stats
     std::vector<attncore::Segment> host_segments;
     const attncore::Segment* segments = nullptr;
     // Device tables (gathered patterns unless noted), -1 where there is nothing:
     const int32_t* q_src = nullptr;     // [heads_q * nq] gathered query row -> local Q row
-    const int32_t* stat_src = nullptr;  // [heads_q * nq] partial row -> local LSE index (also strided, r > 1)
+    const int32_t* stat_src = nullptr;  // [partial_rows] partial row -> local LSE index (also strided, r > 1)
     const int32_t* kv_src = nullptr;    // [heads_q * nk] gathered key row -> local K row
     const int32_t* q_dst = nullptr;     // [local * heads_q] local Q row -> its partial row (every pattern)
     const int32_t* kv_dst = nullptr;    // [local * heads_kv * group] local K row -> its gathered rows
@@ -131,11 +136,11 @@ class DilatedAttention {
   // from head `first` (kv heads: first_head / group).
   attncore::TensorRef view_ref(const void* base, int32_t heads, size_t bytes, const View& v, int32_t first,
                                int64_t r) const;
-  // A strided pattern's fp32 partial [B, heads_q, nq, D] and row stats [B, heads_q, nq] as a view's.
-  attncore::TensorRef partial_ref(float* base, int64_t nq, const View& v) const;
-  // Row stats [B, heads_q, per_head] (a strided pattern's: per_head = nq; the local ones: local tokens)
-  // as a view's.
-  attncore::RowStatsRef stats_ref(const float* base, int64_t per_head, const View& v) const;
+  // A strided pattern's fp32 partial O [B, rows, D] and row stats [B, rows] as a view's.
+  attncore::TensorRef partial_ref(float* base, int64_t rows, const View& v) const;
+  attncore::RowStatsRef partial_stats(const float* base, int64_t rows, const View& v) const;
+  // The local row stats [B, heads_q, local] as a view's (r = 1: its rows are consecutive tokens).
+  attncore::RowStatsRef local_stats(const float* base, const View& v) const;
   attncore::TensorRef rows_ref(const void* base, int64_t n) const;       // [B, heads_q * n, 1, D]
   attncore::RowStatsRef local_stats(const float* base) const;                      // [B, heads_q, local]
   attncore::RowStatsRef rows_stats(const float* base, int64_t n) const;            // [B, 1, heads_q * n]

@@ -235,6 +235,18 @@ TEST_CASE("dilated: lengths that are not multiples of w, both offset modes, GQA"
   check_case(dilated_case({1, 2, 4}, 250, 6, 6, 16, true, {{32, 250}, {3, 5}}, "torchscale"));
 }
 
+TEST_CASE("dilated: MHA where w % r != 0: a head's segments lie on several lattices, a strided call each") {
+  // 500 = 5x96 + 20: segment g of w = 96 starts 96g = g (mod 5) past a multiple of 5, so each head's
+  // six segments fall into five classes; 250 % 4 != 0 gives two. At world size 2 some are exchanged.
+  const Patterns pt = {{64, 96, 250}, {1, 5, 4}};
+  for (const char* mode : {"paper", "torchscale"})
+    for (bool causal : {false, true}) {
+      CAPTURE(mode);
+      CAPTURE(causal);
+      check_case(dilated_case({1, 2}, 500, 6, 6, 32, causal, pt, mode));
+    }
+}
+
 TEST_CASE("dilated: segments wider than a rank, misaligned with the shards, ranks of one token or of padding only") {
   // P = 4, S = 301: shards of 76 tokens; every segment of 100 or 301 spans two to four ranks.
   check_case(dilated_case({1, 2, 3, 4}, 301, 4, 1, 16, true, {{100, 301}, {3, 7}}));
