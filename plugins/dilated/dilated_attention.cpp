@@ -485,6 +485,13 @@ void DilatedAttention::return_gradients(const Work& w, void* compute, void* comm
     }
 }
 
+// With no exchange the communication stream is idle: the gathered patterns, which touch only their
+// own buffers, run on it beside the strided ones (which share the accumulators, in order on the
+// compute stream), so that each launch's last wave fills with the other stream's CTAs.
+void* DilatedAttention::side_stream(void* compute, void* comm) const {
+  return exchanges_ || comm == compute ? compute : comm;
+}
+
 // ---- forward ----------------------------------------------------------------------------------
 
 void DilatedAttention::pattern_forward(size_t p, const attnhost_forward_args& a, const PatternBuffers& b,
@@ -512,18 +519,22 @@ void DilatedAttention::forward(const attnhost_forward_args& a) {
     engine_->wait(comm, compute);  // Q, K, V are ready, and the last pass is done with the buffers
     exchange_kv(a.k.data, a.v.data, w, comm);
   }
+  void* side = side_stream(compute, comm);
+  if (side != compute) engine_->wait(side, compute);
   // Patterns with keys of this rank only first, under the exchange; then those that wait for it.
   for (bool remote : {false, true}) {
     if (remote && exchanges_) engine_->wait(compute, comm);
     for (size_t p = 0; p < patterns_.size(); ++p) {
       if (patterns_[p].plan.remote != remote) continue;
+      void* stream = patterns_[p].strided ? compute : side;
       const Pattern& pt = patterns_[p].pattern;
       const std::string name = "dilated w=" + std::to_string(pt.w) + " r=" + std::to_string(pt.r);
-      const int32_t range = host_.range_begin(name.c_str(), ATTNHOST_RANGE_COMPUTE, compute);
-      pattern_forward(p, a, w.patterns[p], compute);
-      host_.range_end(range, compute);
+      const int32_t range = host_.range_begin(name.c_str(), ATTNHOST_RANGE_COMPUTE, stream);
+      pattern_forward(p, a, w.patterns[p], stream);
+      host_.range_end(range, stream);
     }
   }
+  if (side != compute) engine_->wait(compute, side);
   Combine c;
   c.o = a.o.data;
   c.lse = static_cast<float*>(a.lse.data);
@@ -667,17 +678,21 @@ void DilatedAttention::backward(const attnhost_backward_args& a) {
     engine_->wait(comm, compute);
     exchange_kv(a.k.data, a.v.data, w, comm);
   }
+  void* side = side_stream(compute, comm);
+  if (side != compute) engine_->wait(side, compute);  // delta is in
   for (bool remote : {false, true}) {
     if (remote && exchanges_) engine_->wait(compute, comm);
     for (size_t p = 0; p < patterns_.size(); ++p) {
       if (patterns_[p].plan.remote != remote) continue;
+      void* stream = patterns_[p].strided ? compute : side;
       const Pattern& pt = patterns_[p].pattern;
       const std::string name = "dilated backward w=" + std::to_string(pt.w) + " r=" + std::to_string(pt.r);
-      const int32_t range = host_.range_begin(name.c_str(), ATTNHOST_RANGE_COMPUTE, compute);
-      pattern_backward(p, a, w, compute);
-      host_.range_end(range, compute);
+      const int32_t range = host_.range_begin(name.c_str(), ATTNHOST_RANGE_COMPUTE, stream);
+      pattern_backward(p, a, w, stream);
+      host_.range_end(range, stream);
     }
   }
+  if (side != compute) engine_->wait(compute, side);
   if (exchanges_) return_gradients(w, compute, comm);
 
   // Each local row: its accumulator (strided patterns, returned partials) plus its gathered

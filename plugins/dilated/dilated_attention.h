@@ -121,6 +121,7 @@ class DilatedAttention {
   bool plan_views(PatternState& st, int64_t a0) const;
   Work carve(char* base, bool backward, size_t* bytes) const;
 
+  void* side_stream(void* compute, void* comm) const;  // where gathered patterns run (see .cpp)
   void exchange_kv(const void* k, const void* v, const Work& w, void* stream);
   void return_gradients(const Work& w, void* compute, void* comm);
   void pattern_forward(size_t p, const attnhost_forward_args& a, const PatternBuffers& b, void* stream);
