@@ -117,7 +117,7 @@ class DilatedAttention {
   class Carver;
 
   void build_tables(const Geometry& geometry);
-  // Whether pattern st can run strided on this rank, and if so its views, segments and nq.
+  // Whether pattern st can run strided on this rank, and if so its views, segments and partial_rows.
   bool plan_views(PatternState& st, int64_t a0) const;
   Work carve(char* base, bool backward, size_t* bytes) const;
 

@@ -245,6 +245,10 @@ TEST_CASE("dilated: MHA where w % r != 0: a head's segments lie on several latti
       CAPTURE(causal);
       check_case(dilated_case({1, 2}, 500, 6, 6, 32, causal, pt, mode));
     }
+  // Two batch entries: every view's batch stride, on strided and gathered patterns alike.
+  auto batched = dilated_case({1, 2, 3}, 500, 6, 6, 32, true, pt);
+  batched.problem.batch = 2;
+  check_case(batched);
 }
 
 TEST_CASE("dilated: segments wider than a rank, misaligned with the shards, ranks of one token or of padding only") {
