@@ -553,6 +553,31 @@ void DilatedAttention::forward(const attnhost_forward_args& a) {
 
 // ---- backward ---------------------------------------------------------------------------------
 
+void DilatedAttention::compute_delta(int32_t heads, int64_t seqlen, const TensorRef& o, bool o_fp32,
+                                     const TensorRef& d_o, const RowStatsRef& delta, void* stream) {
+  DeltaParams dp;
+  dp.dtype = dtype_;
+  dp.batch = s_.batch;
+  dp.heads = heads;
+  dp.head_dim = s_.head_dim;
+  dp.seqlen = seqlen;
+  dp.o = o;
+  dp.o_fp32 = o_fp32;
+  dp.d_o = d_o;
+  dp.delta = delta;
+  engine_->compute_delta(dp, stream);
+}
+
+// The final LSE (and, unless the torchscale backward makes its own, delta) of a pattern's partial
+// rows, gathered from the local [B, heads_q, local] stats by stat_src.
+std::vector<RowCopy> DilatedAttention::stats_gather(const PatternState& st, const PatternBuffers& b,
+                                                    const attnhost_backward_args& a, const Work& w) const {
+  const int64_t rq = st.partial_rows, local = int64_t{s_.heads_q} * local_ * 4;
+  std::vector<RowCopy> jobs = {{b.lse, a.lse.data, nullptr, st.stat_src, rq, 4, rq * 4, local}};
+  if (!s_.torchscale_backward) jobs.push_back({b.delta, w.delta, nullptr, st.stat_src, rq, 4, rq * 4, local});
+  return jobs;
+}
+
 void DilatedAttention::pattern_backward(size_t p, const attnhost_backward_args& a, const Work& w, void* stream) {
   const PatternState& st = patterns_[p];
   const PatternBuffers& b = w.patterns[p];
@@ -570,11 +595,7 @@ void DilatedAttention::pattern_backward(size_t p, const attnhost_backward_args& 
   if (st.strided) {
     const int64_t r = st.pattern.r, rq = st.partial_rows;
     // The final LSE and delta of the view's rows: the local ones when r = 1, else gathered (4 bytes a row).
-    if (r > 1) {
-      std::vector<RowCopy> jobs = {{b.lse, a.lse.data, nullptr, st.stat_src, rq, 4, rq * 4, s_.heads_q * local_ * 4}};
-      if (!ts) jobs.push_back({b.delta, w.delta, nullptr, st.stat_src, rq, 4, rq * 4, s_.heads_q * local_ * 4});
-      ops_->copy(jobs, s_.batch, stream);
-    }
+    if (r > 1) ops_->copy(stats_gather(st, b, a, w), s_.batch, stream);
     for (const View& v : st.views) {
       const int32_t kv_first = v.first_head / group_;
       bp.segments = st.segments + v.segment_begin;
@@ -590,17 +611,7 @@ void DilatedAttention::pattern_backward(size_t p, const attnhost_backward_args& 
       bp.delta = ts || r > 1 ? partial_stats(b.delta, rq, v) : local_stats(w.delta, v);
       if (ts) {  // delta_i = rowsum(dO * O_i) of this pattern's own output
         view_forward(st, v, a.q.data, a.k.data, a.v.data, b.o, b.part_lse, stream);
-        DeltaParams dp;
-        dp.dtype = dtype_;
-        dp.batch = s_.batch;
-        dp.heads = v.heads;
-        dp.head_dim = s_.head_dim;
-        dp.seqlen = v.rows;
-        dp.o = partial_ref(b.o, rq, v);
-        dp.o_fp32 = true;
-        dp.d_o = bp.d_o;
-        dp.delta = bp.delta;
-        engine_->compute_delta(dp, stream);
+        compute_delta(v.heads, v.rows, partial_ref(b.o, rq, v), true, bp.d_o, bp.delta, stream);
       }
       bp.dq = view_ref(w.dq, s_.heads_q, 4, v, v.first_head, r);
       bp.dk = view_ref(w.dk, s_.heads_kv, 4, v, kv_first, r);
@@ -614,28 +625,16 @@ void DilatedAttention::pattern_backward(size_t p, const attnhost_backward_args& 
   const int32_t row = static_cast<int32_t>(s_.head_dim * el());
   const int64_t rq = s_.heads_q * st.nq, rk = s_.heads_q * st.nk;
   const int64_t q_local = local_ * s_.heads_q * int64_t{row}, kv_local = local_ * s_.heads_kv * int64_t{row};
-  std::vector<RowCopy> jobs = {
-      {b.q, a.q.data, nullptr, st.q_src, rq, row, rq * row, q_local},
-      {b.k, a.k.data, nullptr, st.kv_src, rk, row, rk * row, kv_local},
-      {b.v, a.v.data, nullptr, st.kv_src, rk, row, rk * row, kv_local},
-      {b.d_o, a.d_o.data, nullptr, st.q_src, rq, row, rq * row, q_local},
-      {b.lse, a.lse.data, nullptr, st.stat_src, rq, 4, rq * 4, s_.heads_q * local_ * 4}};
-  if (!ts) jobs.push_back({b.delta, w.delta, nullptr, st.stat_src, rq, 4, rq * 4, s_.heads_q * local_ * 4});
+  std::vector<RowCopy> jobs = stats_gather(st, b, a, w);
+  jobs.insert(jobs.begin(), {{b.q, a.q.data, nullptr, st.q_src, rq, row, rq * row, q_local},
+                             {b.k, a.k.data, nullptr, st.kv_src, rk, row, rk * row, kv_local},
+                             {b.v, a.v.data, nullptr, st.kv_src, rk, row, rk * row, kv_local},
+                             {b.d_o, a.d_o.data, nullptr, st.q_src, rq, row, rq * row, q_local}});
   ops_->copy(jobs, s_.batch, stream);
   engine_->zero(b.dq, s_.batch * rq * s_.head_dim * 4, stream);
   if (ts) {
     engine_->forward(gathered_params(st, b.q, b.k, b.v, b.o, b.part_lse), stream);
-    DeltaParams dp;
-    dp.dtype = dtype_;
-    dp.batch = s_.batch;
-    dp.heads = 1;
-    dp.head_dim = s_.head_dim;
-    dp.seqlen = rq;
-    dp.o = rows_ref(b.o, st.nq);
-    dp.o_fp32 = true;
-    dp.d_o = rows_ref(b.d_o, st.nq);
-    dp.delta = rows_stats(b.delta, st.nq);
-    engine_->compute_delta(dp, stream);
+    compute_delta(1, rq, rows_ref(b.o, st.nq), true, rows_ref(b.d_o, st.nq), rows_stats(b.delta, st.nq), stream);
   }
   bp.heads_q = bp.heads_kv = 1;
   bp.seqlen_q = rq;
@@ -659,16 +658,9 @@ void DilatedAttention::backward(const attnhost_backward_args& a) {
   const size_t q_elems = size_t(s_.batch) * local_ * s_.heads_q * s_.head_dim;
   const size_t kv_elems = size_t(s_.batch) * local_ * s_.heads_kv * s_.head_dim;
 
-  DeltaParams dp;  // of the final output: what makes every pattern's backward exact
-  dp.dtype = dtype_;
-  dp.batch = s_.batch;
-  dp.heads = s_.heads_q;
-  dp.head_dim = s_.head_dim;
-  dp.seqlen = local_;
-  dp.o = local_ref(a.o.data, s_.heads_q);
-  dp.d_o = local_ref(a.d_o.data, s_.heads_q);
-  dp.delta = local_stats(w.delta);
-  engine_->compute_delta(dp, compute);
+  // delta of the final output: what makes every pattern's backward exact
+  compute_delta(s_.heads_q, local_, local_ref(a.o.data, s_.heads_q), false, local_ref(a.d_o.data, s_.heads_q),
+                local_stats(w.delta), compute);
   engine_->zero(w.dq, q_elems * 4, compute);
   if (dkdv_writer_ < 0) {
     engine_->zero(w.dk, kv_elems * 4, compute);
