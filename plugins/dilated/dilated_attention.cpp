@@ -447,9 +447,9 @@ void DilatedAttention::exchange_kv(const void* k, const void* v, const Work& w, 
   host_.range_end(range, stream);
 }
 
-void DilatedAttention::return_gradients(const Work& w, void* compute, void* comm) {
+void DilatedAttention::send_gradients(const Work& w, void* compute, void* comm) {
   const int64_t D = s_.head_dim, B = s_.batch, row = D * 4;
-  engine_->wait(comm, compute);  // the gathered dK/dV are complete
+  engine_->wait(comm, compute);  // the remote patterns' gathered dK/dV are complete
   const int32_t range = host_.range_begin("dilated dK/dV rows return", ATTNHOST_RANGE_COMMUNICATION, comm);
   for (size_t p = 0; p < patterns_.size(); ++p)
     for (size_t i = 0; i < patterns_[p].recvs.size(); ++i) {
@@ -472,6 +472,10 @@ void DilatedAttention::return_gradients(const Work& w, void* compute, void* comm
   }
   host_.group_end();
   host_.range_end(range, comm);
+}
+
+void DilatedAttention::add_gradients(const Work& w, void* compute, void* comm) {
+  const int64_t D = s_.head_dim, B = s_.batch;
   engine_->wait(compute, comm);
   // The partials of this rank's keys, added where they belong (atomically: GQA heads share a row).
   for (size_t p = 0; p < patterns_.size(); ++p)
@@ -483,6 +487,20 @@ void DilatedAttention::return_gradients(const Work& w, void* compute, void* comm
       ops_->scatter_add({w.dv, in + B * m.rows * D, m.table, m.rows, static_cast<int32_t>(D), dst_batch, m.rows * D},
                         s_.batch, compute);
     }
+}
+
+// One local pattern runs first, under the K/V exchange; then the remote patterns, which wait for
+// it; then the other local ones, under the return of the remote patterns' dK/dV in the backward.
+// With the remote patterns last, nothing hid that return (S=32768 causal on two H200s: 0.53 ms
+// exposed of 10.45). Strided patterns keep their relative order (the dK/dV writer stays first).
+DilatedAttention::Schedule DilatedAttention::schedule() const {
+  Schedule s;
+  for (size_t p = 0; p < patterns_.size(); ++p) {
+    if (patterns_[p].plan.remote) s.remote.push_back(p);
+    else if (s.first.empty()) s.first.push_back(p);
+    else s.rest.push_back(p);
+  }
+  return s;
 }
 
 // With no exchange the communication stream is idle: the gathered patterns, which touch only their
@@ -521,11 +539,8 @@ void DilatedAttention::forward(const attnhost_forward_args& a) {
   }
   void* side = side_stream(compute, comm);
   if (side != compute) engine_->wait(side, compute);
-  // Patterns with keys of this rank only first, under the exchange; then those that wait for it.
-  for (bool remote : {false, true}) {
-    if (remote && exchanges_) engine_->wait(compute, comm);
-    for (size_t p = 0; p < patterns_.size(); ++p) {
-      if (patterns_[p].plan.remote != remote) continue;
+  const auto run = [&](const std::vector<size_t>& list) {
+    for (size_t p : list) {
       void* stream = patterns_[p].strided ? compute : side;
       const Pattern& pt = patterns_[p].pattern;
       const std::string name = "dilated w=" + std::to_string(pt.w) + " r=" + std::to_string(pt.r);
@@ -533,7 +548,12 @@ void DilatedAttention::forward(const attnhost_forward_args& a) {
       pattern_forward(p, a, w.patterns[p], stream);
       host_.range_end(range, stream);
     }
-  }
+  };
+  const Schedule order = schedule();
+  run(order.first);
+  if (exchanges_) engine_->wait(compute, comm);
+  run(order.remote);
+  run(order.rest);
   if (side != compute) engine_->wait(compute, side);
   Combine c;
   c.o = a.o.data;
@@ -672,10 +692,8 @@ void DilatedAttention::backward(const attnhost_backward_args& a) {
   }
   void* side = side_stream(compute, comm);
   if (side != compute) engine_->wait(side, compute);  // delta is in
-  for (bool remote : {false, true}) {
-    if (remote && exchanges_) engine_->wait(compute, comm);
-    for (size_t p = 0; p < patterns_.size(); ++p) {
-      if (patterns_[p].plan.remote != remote) continue;
+  const auto run = [&](const std::vector<size_t>& list) {
+    for (size_t p : list) {
       void* stream = patterns_[p].strided ? compute : side;
       const Pattern& pt = patterns_[p].pattern;
       const std::string name = "dilated backward w=" + std::to_string(pt.w) + " r=" + std::to_string(pt.r);
@@ -683,9 +701,15 @@ void DilatedAttention::backward(const attnhost_backward_args& a) {
       pattern_backward(p, a, w, stream);
       host_.range_end(range, stream);
     }
-  }
+  };
+  const Schedule order = schedule();
+  run(order.first);
+  if (exchanges_) engine_->wait(compute, comm);
+  run(order.remote);
+  if (exchanges_) send_gradients(w, compute, comm);
+  run(order.rest);
   if (side != compute) engine_->wait(compute, side);
-  if (exchanges_) return_gradients(w, compute, comm);
+  if (exchanges_) add_gradients(w, compute, comm);
 
   // Each local row: its accumulator (strided patterns, returned partials) plus its gathered
   // partials (a key row: one per query head of its group), rounded once.

@@ -123,7 +123,16 @@ class DilatedAttention {
 
   void* side_stream(void* compute, void* comm) const;  // where gathered patterns run (see .cpp)
   void exchange_kv(const void* k, const void* v, const Work& w, void* stream);
-  void return_gradients(const Work& w, void* compute, void* comm);
+  // The return of the remote patterns' dK/dV partials to the ranks that own the keys, in two
+  // halves: packed and exchanged on the communication stream once those patterns are done, and
+  // added into the local accumulators on the compute stream once the exchange is.
+  void send_gradients(const Work& w, void* compute, void* comm);
+  void add_gradients(const Work& w, void* compute, void* comm);
+  // The order patterns run in, both passes (see .cpp).
+  struct Schedule {
+    std::vector<size_t> first, remote, rest;
+  };
+  Schedule schedule() const;
   void pattern_forward(size_t p, const attnhost_forward_args& a, const PatternBuffers& b, void* stream);
   void pattern_backward(size_t p, const attnhost_backward_args& a, const Work& w, void* stream);
   void compute_delta(int32_t heads, int64_t seqlen, const attncore::TensorRef& o, bool o_fp32,
