@@ -223,6 +223,16 @@ TEST_CASE("dilated: three patterns at S = 512, causal and not, world sizes 1 to 
   }
 }
 
+// The pattern that writes the local dK/dV (r = 1, every key) listed after one that adds into them:
+// it must still run first. Before it was only looked for first in the list, and the accumulators
+// were zeroed instead.
+TEST_CASE("dilated: the dK/dV writer listed after a pattern that adds, world sizes 1 to 3") {
+  for (bool causal : {false, true}) {
+    CAPTURE(causal);
+    check_case(dilated_case({1, 2, 3}, 512, 4, 4, 32, causal, {{128, 64}, {2, 1}}));
+  }
+}
+
 TEST_CASE("dilated: lengths that are not multiples of w, both offset modes, GQA") {
   const Patterns pt = {{64, 96, 256}, {1, 5, 4}};  // 500 = 7x64 + 52 = 5x96 + 20 = 256 + 244; 96 % 5 != 0
   for (const char* mode : {"paper", "torchscale"})
