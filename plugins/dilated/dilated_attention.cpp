@@ -135,7 +135,7 @@ void DilatedAttention::build_tables(const Geometry& g) {
     exchanges_ = exchanges_ || !st.sends.empty() || !st.recvs.empty();
     patterns_.push_back(std::move(st));
   }
-  // The dK/dV writer: the first strided pattern whose views hold every local key. schedule() runs it
+  // The dK/dV writer: the first strided pattern whose views hold every local key. schedule_ runs it
   // before every other strided pattern, so it writes the local dK/dV accumulators and the others add
   // to what it wrote (gathered ones keep their own buffers until the sums). With none, the
   // accumulators are zeroed first.
@@ -152,6 +152,7 @@ void DilatedAttention::build_tables(const Geometry& g) {
       }
     if (std::all_of(held.begin(), held.end(), [](char c) { return c != 0; })) dkdv_writer_ = static_cast<int>(p);
   }
+  schedule_ = schedule();
 
   // One upload: the int tables, then every pattern's segments.
   size_t segments = 0;
@@ -512,6 +513,21 @@ void* DilatedAttention::side_stream(void* compute, void* comm) const {
   return exchanges_ || comm == compute ? compute : comm;
 }
 
+// f(p, stream) for each pattern of `list`, in its trace range ("<pass> w=.. r=.."): strided patterns
+// on the compute stream (in order: they share the accumulators), gathered ones on `side`.
+template <class F>
+void DilatedAttention::run_patterns(const std::vector<size_t>& list, const char* pass, void* compute, void* side,
+                                    F&& f) {
+  for (size_t p : list) {
+    void* stream = patterns_[p].strided ? compute : side;
+    const Pattern& pt = patterns_[p].pattern;
+    const std::string name = std::string(pass) + " w=" + std::to_string(pt.w) + " r=" + std::to_string(pt.r);
+    const int32_t range = host_.range_begin(name.c_str(), ATTNHOST_RANGE_COMPUTE, stream);
+    f(p, stream);
+    host_.range_end(range, stream);
+  }
+}
+
 // ---- forward ----------------------------------------------------------------------------------
 
 void DilatedAttention::pattern_forward(size_t p, const attnhost_forward_args& a, const PatternBuffers& b,
@@ -542,20 +558,13 @@ void DilatedAttention::forward(const attnhost_forward_args& a) {
   void* side = side_stream(compute, comm);
   if (side != compute) engine_->wait(side, compute);
   const auto run = [&](const std::vector<size_t>& list) {
-    for (size_t p : list) {
-      void* stream = patterns_[p].strided ? compute : side;
-      const Pattern& pt = patterns_[p].pattern;
-      const std::string name = "dilated w=" + std::to_string(pt.w) + " r=" + std::to_string(pt.r);
-      const int32_t range = host_.range_begin(name.c_str(), ATTNHOST_RANGE_COMPUTE, stream);
-      pattern_forward(p, a, w.patterns[p], stream);
-      host_.range_end(range, stream);
-    }
+    run_patterns(list, "dilated", compute, side,
+                 [&](size_t p, void* stream) { pattern_forward(p, a, w.patterns[p], stream); });
   };
-  const Schedule order = schedule();
-  run(order.first);
+  run(schedule_.first);
   if (exchanges_) engine_->wait(compute, comm);
-  run(order.remote);
-  run(order.rest);
+  run(schedule_.remote);
+  run(schedule_.rest);
   if (side != compute) engine_->wait(compute, side);
   Combine c;
   c.o = a.o.data;
@@ -695,21 +704,14 @@ void DilatedAttention::backward(const attnhost_backward_args& a) {
   void* side = side_stream(compute, comm);
   if (side != compute) engine_->wait(side, compute);  // delta is in
   const auto run = [&](const std::vector<size_t>& list) {
-    for (size_t p : list) {
-      void* stream = patterns_[p].strided ? compute : side;
-      const Pattern& pt = patterns_[p].pattern;
-      const std::string name = "dilated backward w=" + std::to_string(pt.w) + " r=" + std::to_string(pt.r);
-      const int32_t range = host_.range_begin(name.c_str(), ATTNHOST_RANGE_COMPUTE, stream);
-      pattern_backward(p, a, w, stream);
-      host_.range_end(range, stream);
-    }
+    run_patterns(list, "dilated backward", compute, side,
+                 [&](size_t p, void* stream) { pattern_backward(p, a, w, stream); });
   };
-  const Schedule order = schedule();
-  run(order.first);
+  run(schedule_.first);
   if (exchanges_) engine_->wait(compute, comm);
-  run(order.remote);
+  run(schedule_.remote);
   if (exchanges_) send_gradients(w, compute, comm);
-  run(order.rest);
+  run(schedule_.rest);
   if (side != compute) engine_->wait(compute, side);
   if (exchanges_) add_gradients(w, compute, comm);
 

@@ -128,11 +128,13 @@ class DilatedAttention {
   // added into the local accumulators on the compute stream once the exchange is.
   void send_gradients(const Work& w, void* compute, void* comm);
   void add_gradients(const Work& w, void* compute, void* comm);
-  // The order patterns run in, both passes (see .cpp).
+  // The order patterns run in, both passes (see .cpp): made once with the tables, in schedule_.
   struct Schedule {
     std::vector<size_t> first, remote, rest;
   };
   Schedule schedule() const;
+  template <class F>
+  void run_patterns(const std::vector<size_t>& list, const char* pass, void* compute, void* side, F&& f);
   void pattern_forward(size_t p, const attnhost_forward_args& a, const PatternBuffers& b, void* stream);
   void pattern_backward(size_t p, const attnhost_backward_args& a, const Work& w, void* stream);
   void compute_delta(int32_t heads, int64_t seqlen, const attncore::TensorRef& o, bool o_fp32,
@@ -174,6 +176,7 @@ class DilatedAttention {
   // The strided pattern whose views hold every local key, if any: the first to run, it writes the
   // local dK/dV accumulators (write_dkdv) instead of adding into zeroed ones. -1: none.
   int dkdv_writer_ = -1;
+  Schedule schedule_;
   int64_t rank_pairs_ = 0;
   attnhost::HostBuffer tables_;  // every table and segment list, on the instance's device
   attnhost::HostBuffer arena_;   // the forward's or the backward's buffers
