@@ -17,7 +17,8 @@
 //        P^T, dS^T in registers               (masked: a key or row outside the mask gives 0)
 //        dV += P^T dO, dK += dS^T Q           (wgmma, P^T and dS^T straight from registers)
 //        dQ part = dS K (dS^T through shared memory): by columns between the consumers at d128,
-//        else over each consumer's keys
+//        else over each consumer's keys; issued before dK's product (up to d128), so that the
+//        part is stored while the tensor cores run dK
 //    and dK, dV are added into the fp32 accumulators once, at the end of the key tile.
 //  - Warpgroup 0, warps 1-3: the dQ reducer, off the consumers' path. Per step the step's dQ goes
 //    into the fp32 dQ accumulator: 32-column chunks added in L2 by the copy engine, issued by warp 1
@@ -79,6 +80,10 @@ template <class T, int D> struct BackwardConfig {
   static constexpr bool kDqByCopyEngine = D % 32 == 0 && D >= 96;
   static constexpr int kDqPitch = D + 8;
   static constexpr uint32_t kDqBytes = kBlockM * (kDqByCopyEngine ? D : kDqPitch) * 4; // one part
+  // dK's product after dQ's, so that dQ's part is stored while the tensor cores run dK
+  // (FlashAttention-3's order): dS^T stays in registers through dQ's product, which at d256 (dQ's
+  // 128 columns beside dK's and dV's) does not fit and serializes every product.
+  static constexpr bool kDkAfterDq = !kSharedKeys;
   static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
   static_assert(D % 16 == 0 && kGradCols <= 128, "a consumer's dK and dV (64 keys) stay in registers");
   static_assert(kKVBytes % 1024 == 0 && kQBytes % 1024 == 0 && kDsBytes % 1024 == 0, "1024-byte tiles");
@@ -428,14 +433,23 @@ __global__ void __launch_bounds__(BackwardConfig<T, D>::kThreads, 1)
 #pragma unroll
       for (int kk = 0; kk < C::kMTiles / 2; ++kk) c_to_a<T>(dsa[kk], dpt[2 * kk], dpt[2 * kk + 1]);
 
-      // dV += P^T dO, dK += dS^T Q.
+      // dV += P^T dO, dK += dS^T Q (here, or after dQ's product: kDkAfterDq).
+      const auto dk_product = [&] {
+#pragma unroll
+        for (int kk = 0; kk < C::kBlockM / 16; ++kk)
+          Wgmma<T, C::kGradCols>::template rs<1>(dk, dsa[kk], qb_desc + s * kQStage + mn_major_step<W>(16 * kk), true);
+      };
+      const auto release_stage = [&] {
+        fence_registers(dk);
+        fence_registers(dsa);
+        __syncwarp();
+        if (lane == 0) barrier_arrive(&q_empty[s]); // Q, dO and the record are free again
+      };
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < C::kBlockM / 16; ++kk)
         Wgmma<T, C::kGradCols>::template rs<1>(dv, pa[kk], dob_desc + s * kQStage + mn_major_step<W>(16 * kk), true);
-#pragma unroll
-      for (int kk = 0; kk < C::kBlockM / 16; ++kk)
-        Wgmma<T, C::kGradCols>::template rs<1>(dk, dsa[kk], qb_desc + s * kQStage + mn_major_step<W>(16 * kk), true);
+      if constexpr (!C::kDkAfterDq) dk_product();
       wgmma_commit();
 
       // dS^T into shared memory (rows: the consumer's keys, swizzled 128-byte rows of 64 queries)
@@ -454,14 +468,14 @@ __global__ void __launch_bounds__(BackwardConfig<T, D>::kThreads, 1)
       if constexpr (C::kDsShared) named_barrier_sync(1, 2 * 128); // both consumers' dS^T are in
       else named_barrier_sync(1 + wg, 128);
 
+      if constexpr (!C::kDkAfterDq) { // one stage of Q and dO: free it for the next step's load now
+        wgmma_wait<0>();
+        fence_registers(dv);
+        fence_registers(pa);
+        release_stage();
+      }
+
       // dQ part = dS K: over this consumer's keys, or over every key for this consumer's columns.
-      wgmma_wait<0>();
-      fence_registers(dv);
-      fence_registers(dk);
-      fence_registers(pa);
-      fence_registers(dsa);
-      __syncwarp();
-      if (lane == 0) barrier_arrive(&q_empty[s]); // Q, dO and the record are free again
       float dq[C::kDqCols / 8][4];
       wgmma_fence();
       if constexpr (C::kDsShared) {
@@ -477,8 +491,16 @@ __global__ void __launch_bounds__(BackwardConfig<T, D>::kThreads, 1)
                                                   kb_desc + mn_major_step<W>(16 * kk), kk > 0);
       }
       wgmma_commit();
-      wgmma_wait<0>();
+      if constexpr (C::kDkAfterDq) {
+        dk_product();
+        wgmma_commit();
+        wgmma_wait<1>(); // dV and dQ's part
+      } else {
+        wgmma_wait<0>();
+      }
       fence_registers(dq);
+      fence_registers(dv);
+      fence_registers(pa);
 
       // The part, times the softmax scale, to the reducer once it is done with the last parts.
       barrier_wait(dq_empty, (round & 1) ^ 1);
@@ -493,6 +515,10 @@ __global__ void __launch_bounds__(BackwardConfig<T, D>::kThreads, 1)
       if constexpr (C::kDqByCopyEngine) fence_async_shared(); // the copy engine reads the part
       __syncwarp();
       if (lane == 0) barrier_arrive(dq_full);
+      if constexpr (C::kDkAfterDq) {
+        wgmma_wait<0>(); // dK: the last product that read Q
+        release_stage();
+      }
       ++round;
     }
 
