@@ -328,20 +328,16 @@ __global__ void __launch_bounds__(BackwardConfig<T, D>::kThreads, 1)
   // This warp's first row of dS^T, and this lane's first element of its dQ part (shared addresses).
   const uint32_t ds_row0 = smem_addr(sdS) + uint32_t(wg * C::kDsBytes + 16 * warp_in_wg * 128);
   // This lane's element (row 16 w + lane / 4, column c0 + 2 (lane % 4)) of its dQ part, and the
-  // swizzled 16-byte unit of the n8 tile it stores q-th of each four (rows r and r + 8 share it):
-  // every store's address is then one of four registers plus a constant. A half warp's 8-byte
-  // stores are one wavefront when its 16 lanes hit 16 distinct bank pairs. Its rows are r .. r + 3
-  // (mod 8), and the swizzle maps each aligned four units onto themselves for rows r and r ^ 1: in
-  // tile order two lanes share every bank pair (ncu: 9% of the kernel's shared wavefronts). So the
-  // q-th store of a group of four tiles takes tile q ^ (r % 4), which spreads the half warp over
-  // all eight units.
+  // swizzled 16-byte unit of the n8 tile it stores q-th of each four, in the order of
+  // stage_rotation (rows r and r + 8 share it): every store's address is then one of four registers
+  // plus a constant.
   const int dq_c0 = C::kSplitDq ? wg * (D / 2) : 0; // a multiple of 32
   const uint32_t dq_part = smem_addr(sDq) + (C::kSplitDq ? 0u : uint32_t(wg) * C::kDqBytes);
   const uint32_t dq_lane0 =
       C::kDqByCopyEngine
           ? dq_part + uint32_t((dq_c0 / 32) * 64 * 128 + (16 * warp_in_wg + (lane >> 2)) * 128 + (lane & 1) * 8)
           : dq_part + dq_part_offset<C>(16 * warp_in_wg + (lane >> 2), dq_c0 + (lane & 3) * 2);
-  const int dq_rot = (lane >> 2) & 3;
+  const int dq_rot = stage_rotation(lane);
   uint32_t dq_unit[4];
 #pragma unroll
   for (int q = 0; q < 4; ++q) dq_unit[q] = uint32_t(((2 * (q ^ dq_rot) + ((lane & 3) >> 1)) ^ ((lane >> 2) & 7)) << 4);
@@ -511,29 +507,13 @@ __global__ void __launch_bounds__(BackwardConfig<T, D>::kThreads, 1)
       // The part, times the softmax scale, to the reducer once it is done with the last parts.
       barrier_wait(dq_empty, (round & 1) ^ 1);
       if constexpr (C::kDqByCopyEngine) {
+        rotate_tiles(dq, dq_rot);
 #pragma unroll
-        for (int g = 0; g < C::kDqCols / 32; ++g)
+        for (int j = 0; j < C::kDqCols / 8; ++j)
 #pragma unroll
-          for (int hh = 0; hh < 2; ++hh) {
-            float x[4][2]; // tiles 4g + t, then, after two exchanges, tile 4g + (t ^ dq_rot)
-#pragma unroll
-            for (int t = 0; t < 4; ++t) x[t][0] = dq[4 * g + t][2 * hh], x[t][1] = dq[4 * g + t][2 * hh + 1];
-#pragma unroll
-            for (int bit = 1; bit <= 2; bit <<= 1)
-#pragma unroll
-              for (int t = 0; t < 4; ++t)
-                if (!(t & bit))
-#pragma unroll
-                  for (int e = 0; e < 2; ++e) {
-                    const float lo = x[t][e], hi = x[t | bit][e];
-                    x[t][e] = (dq_rot & bit) ? hi : lo;
-                    x[t | bit][e] = (dq_rot & bit) ? lo : hi;
-                  }
-#pragma unroll
-            for (int q = 0; q < 4; ++q)
-              st_shared_v2(dq_lane0 + dq_unit[q] + uint32_t(g * 64 * 128 + hh * 8 * 128), a.scale * x[q][0],
-                           a.scale * x[q][1]);
-          }
+          for (int hh = 0; hh < 2; ++hh)
+            st_shared_v2(dq_lane0 + dq_unit[j % 4] + uint32_t((j / 4) * 64 * 128 + hh * 8 * 128),
+                         a.scale * dq[j][2 * hh], a.scale * dq[j][2 * hh + 1]);
       } else {
 #pragma unroll
         for (int j = 0; j < C::kDqCols / 8; ++j)

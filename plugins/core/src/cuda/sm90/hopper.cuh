@@ -230,6 +230,33 @@ template <int N> __device__ __forceinline__ void fence_registers(uint32_t (&a)[N
     for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(a[j][e])::"memory");
 }
 
+// fp32 accumulator fragments staged in shared memory for the copy engine, in rows of 128 bytes (32
+// floats) with its 128-byte swizzle: 16-byte unit u of row r holds columns 4 (u ^ (r % 8)) ... A
+// lane holds 2 floats (8 bytes) of row r = lane / 4 (+ 8, + 16 ...) in each n8 tile, and a half
+// warp's 8-byte stores are one wavefront only when its 16 lanes hit 16 distinct bank pairs. Its
+// rows are r .. r + 3 (mod 8), and the swizzle maps each aligned four units onto themselves for
+// rows r and r ^ 1: stored tile by tile, two lanes share every bank pair. Stored in the order
+// tile t ^ (r % 4) within each four tiles, the half warp covers all eight units. stage_rotation is
+// that lane's r % 4; rotate_tiles reorders a fragment so that slot t holds tile t ^ rot, with
+// selects (a lane-dependent index would put the fragment in local memory).
+__device__ __forceinline__ int stage_rotation(int lane) { return (lane >> 2) & 3; }
+template <int N> __device__ __forceinline__ void rotate_tiles(float (&x)[N][4], int rot) {
+  static_assert(N % 4 == 0, "whole groups of four n8 tiles");
+#pragma unroll
+  for (int g = 0; g < N; g += 4)
+#pragma unroll
+    for (int bit = 1; bit <= 2; bit <<= 1)
+#pragma unroll
+      for (int t = 0; t < 4; ++t)
+        if (!(t & bit))
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const float lo = x[g + t][e], hi = x[g + (t | bit)][e];
+            x[g + t][e] = (rot & bit) ? hi : lo;
+            x[g + (t | bit)][e] = (rot & bit) ? lo : hi;
+          }
+}
+
 // A barrier among `threads` threads (whole warps) of the CTA, by id (0 is __syncthreads').
 __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
