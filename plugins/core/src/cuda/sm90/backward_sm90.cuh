@@ -100,8 +100,9 @@ struct StepRecord {
 };
 
 // Byte offset of (row, col) in a dQ part. For the copy engine: 128-byte rows of 32 columns, 16-byte
-// unit u of row r at u ^ (r % 8) (its 128-byte swizzle; a half warp's 8-byte stores of 8 rows land
-// in distinct banks). Else padded rows.
+// unit u of row r at u ^ (r % 8) (its 128-byte swizzle; the consumers store into it in the order of
+// stage_rotation). Else padded rows (8 words apart: a half warp's 8-byte stores of 4 rows land in
+// distinct banks).
 template <class C> __device__ __forceinline__ uint32_t dq_part_offset(int row, int col) {
   if constexpr (C::kDqByCopyEngine)
     return uint32_t((col / 32) * 64 * 128 + row * 128 + ((((col % 32) / 4) ^ (row & 7)) << 4) + (col % 4) * 4);
