@@ -341,7 +341,7 @@ __global__ void __launch_bounds__(BackwardConfig<T, D>::kThreads, 1)
   const int dq_rot = stage_rotation(lane);
   uint32_t dq_unit[4];
 #pragma unroll
-  for (int q = 0; q < 4; ++q) dq_unit[q] = uint32_t(((2 * (q ^ dq_rot) + ((lane & 3) >> 1)) ^ ((lane >> 2) & 7)) << 4);
+  for (int q = 0; q < 4; ++q) dq_unit[q] = uint32_t(stage_unit(lane, q) << 4);
 
   float dk[C::kOTiles][4], dv[C::kOTiles][4];
   uint32_t step = 0, round = 0;

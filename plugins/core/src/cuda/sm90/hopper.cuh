@@ -237,9 +237,36 @@ template <int N> __device__ __forceinline__ void fence_registers(uint32_t (&a)[N
 // rows are r .. r + 3 (mod 8), and the swizzle maps each aligned four units onto themselves for
 // rows r and r ^ 1: stored tile by tile, two lanes share every bank pair. Stored in the order
 // tile t ^ (r % 4) within each four tiles, the half warp covers all eight units. stage_rotation is
-// that lane's r % 4; rotate_tiles reorders a fragment so that slot t holds tile t ^ rot, with
-// selects (a lane-dependent index would put the fragment in local memory).
-__device__ __forceinline__ int stage_rotation(int lane) { return (lane >> 2) & 3; }
+// that lane's r % 4, stage_unit the unit of its q-th store; rotate_tiles reorders a fragment so
+// that slot t holds tile t ^ rot, with selects (a lane-dependent index would put the fragment in
+// local memory).
+__host__ __device__ constexpr int stage_rotation(int lane) { return (lane >> 2) & 3; }
+__host__ __device__ constexpr int stage_unit(int lane, int q) {
+  return (2 * (q ^ stage_rotation(lane)) + ((lane & 3) >> 1)) ^ ((lane >> 2) & 7);
+}
+// Every store of every half warp hits 16 distinct 8-byte slots of a row's 32 banks, and over its
+// four stores a lane writes each of its four tiles once, where the swizzle puts that tile's columns.
+constexpr bool stage_order_is_conflict_free() {
+  for (int q = 0; q < 4; ++q)
+    for (int half = 0; half < 2; ++half) {
+      bool taken[16] = {};
+      for (int lane = 16 * half; lane < 16 * half + 16; ++lane) {
+        const int slot = 2 * stage_unit(lane, q) + (lane & 1);
+        if (taken[slot]) return false;
+        taken[slot] = true;
+      }
+    }
+  for (int lane = 0; lane < 32; ++lane) {
+    bool stored[4] = {};
+    for (int q = 0; q < 4; ++q) {
+      const int tile = q ^ stage_rotation(lane);
+      if (stored[tile] || (stage_unit(lane, q) ^ ((lane >> 2) & 7)) != 2 * tile + ((lane & 3) >> 1)) return false;
+      stored[tile] = true;
+    }
+  }
+  return true;
+}
+static_assert(stage_order_is_conflict_free(), "the staged fp32 stores must be one wavefront a half warp");
 template <int N> __device__ __forceinline__ void rotate_tiles(float (&x)[N][4], int rot) {
   static_assert(N % 4 == 0, "whole groups of four n8 tiles");
 #pragma unroll
