@@ -507,22 +507,14 @@ __global__ void __launch_bounds__(BackwardConfig<T, D>::kThreads, 1)
 
       // The part, times the softmax scale, to the reducer once it is done with the last parts.
       barrier_wait(dq_empty, (round & 1) ^ 1);
-      if constexpr (C::kDqByCopyEngine) {
-        rotate_tiles(dq, dq_rot);
+      if constexpr (C::kDqByCopyEngine) rotate_tiles(dq, dq_rot); // slot j: the tile dq_unit[j % 4] holds
 #pragma unroll
-        for (int j = 0; j < C::kDqCols / 8; ++j)
+      for (int j = 0; j < C::kDqCols / 8; ++j)
 #pragma unroll
-          for (int hh = 0; hh < 2; ++hh)
-            st_shared_v2(dq_lane0 + dq_unit[j % 4] + uint32_t((j / 4) * 64 * 128 + hh * 8 * 128),
-                         a.scale * dq[j][2 * hh], a.scale * dq[j][2 * hh + 1]);
-      } else {
-#pragma unroll
-        for (int j = 0; j < C::kDqCols / 8; ++j)
-#pragma unroll
-          for (int hh = 0; hh < 2; ++hh)
-            st_shared_v2(dq_lane0 + uint32_t((8 * hh * C::kDqPitch + j * 8) * 4), a.scale * dq[j][2 * hh],
-                         a.scale * dq[j][2 * hh + 1]);
-      }
+        for (int hh = 0; hh < 2; ++hh)
+          st_shared_v2(dq_lane0 + (C::kDqByCopyEngine ? dq_unit[j % 4] + uint32_t((j / 4) * 64 * 128 + hh * 8 * 128)
+                                                      : uint32_t((8 * hh * C::kDqPitch + j * 8) * 4)),
+                       a.scale * dq[j][2 * hh], a.scale * dq[j][2 * hh + 1]);
       if (wg == 0 && warp_in_wg == 0 && lane == 0) *dq_rec = DqRecord{head, r0, min(C::kBlockM, reg.row_end - r0), 0};
       if constexpr (C::kDqByCopyEngine) fence_async_shared(); // the copy engine reads the part
       __syncwarp();
