@@ -129,6 +129,34 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
     }
   };
 
+  // acc = A B^T over the head dim for this warp's keys (rows wrow0.. of a_tile: K or V) and queries
+  // (rows 32 wh.. of b_tile: Q or dO): S^T or dP^T. The first k-step starts from zero.
+  const auto transposed_product = [&](float (&acc)[C::kMTiles][4][4], const T* a_tile, const T* b_tile) {
+    const auto k_step = [&](int k0, auto first) {
+      uint32_t ak[C::kMTiles][4];
+#pragma unroll
+      for (int mt = 0; mt < C::kMTiles; ++mt) load_a<T>(ak[mt], a_tile, C::kPitch, wrow0 + 16 * mt, k0, lane);
+#pragma unroll
+      for (int j = 0; j < 4; j += 2) {
+        uint32_t bq[4];
+        load_b_nk<T>(bq, b_tile, C::kPitch, 32 * wh + j * 8, k0, lane);
+#pragma unroll
+        for (int mt = 0; mt < C::kMTiles; ++mt) {
+          if constexpr (decltype(first)::value) {
+            mma_16x8x16_first<T>(acc[mt][j], ak[mt], bq[0], bq[1]);
+            mma_16x8x16_first<T>(acc[mt][j + 1], ak[mt], bq[2], bq[3]);
+          } else {
+            mma_16x8x16<T>(acc[mt][j], ak[mt], bq[0], bq[1]);
+            mma_16x8x16<T>(acc[mt][j + 1], ak[mt], bq[2], bq[3]);
+          }
+        }
+      }
+    };
+    k_step(0, std::true_type{});
+#pragma unroll 2
+    for (int k0 = 16; k0 < D; k0 += 16) k_step(k0, std::false_type{});
+  };
+
   float dk[C::kMTiles][C::kHalfTiles][4], dv[C::kMTiles][C::kHalfTiles][4];
 #pragma unroll
   for (int mt = 0; mt < C::kMTiles; ++mt)
@@ -174,30 +202,7 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
     const int32_t base = reg.diff(cur.r0, n0); // (row r0 + m, key n0 + n) has diff base + n - m
     const bool check = masked || n0 + C::kBlockN > reg.col_end;
     float p[C::kMTiles][4][4];
-#pragma unroll
-    for (int mt = 0; mt < C::kMTiles; ++mt)
-#pragma unroll
-      for (int j = 0; j < 4; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) p[mt][j][e] = 0.f;
-    if (active) {
-#pragma unroll 2
-      for (int k0 = 0; k0 < D; k0 += 16) {
-        uint32_t ak[C::kMTiles][4];
-#pragma unroll
-        for (int mt = 0; mt < C::kMTiles; ++mt) load_a<T>(ak[mt], sK, C::kPitch, wrow0 + 16 * mt, k0, lane);
-#pragma unroll
-        for (int j = 0; j < 4; j += 2) {
-          uint32_t bq[4];
-          load_b_nk<T>(bq, q_s, C::kPitch, 32 * wh + j * 8, k0, lane);
-#pragma unroll
-          for (int mt = 0; mt < C::kMTiles; ++mt) {
-            mma_16x8x16<T>(p[mt][j], ak[mt], bq[0], bq[1]);
-            mma_16x8x16<T>(p[mt][j + 1], ak[mt], bq[2], bq[3]);
-          }
-        }
-      }
-    }
+    if (active) transposed_product(p, sK, q_s);
     float lse2[4][2];
     column_stats(sLse2, lse2);
 #pragma unroll
@@ -218,29 +223,15 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
 
     // 2. dP^T = V dO^T, then dS^T = P^T (dP^T - delta) into shared memory (P is 0 where masked).
     float dp[C::kMTiles][4][4];
-#pragma unroll
-    for (int mt = 0; mt < C::kMTiles; ++mt)
-#pragma unroll
-      for (int j = 0; j < 4; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) dp[mt][j][e] = 0.f;
     if (active) {
-#pragma unroll 2
-      for (int k0 = 0; k0 < D; k0 += 16) {
-        uint32_t av[C::kMTiles][4];
+      transposed_product(dp, sV, do_s);
+    } else { // P^T is 0, but 0 x (whatever the registers held) need not be
 #pragma unroll
-        for (int mt = 0; mt < C::kMTiles; ++mt) load_a<T>(av[mt], sV, C::kPitch, wrow0 + 16 * mt, k0, lane);
+      for (int mt = 0; mt < C::kMTiles; ++mt)
 #pragma unroll
-        for (int j = 0; j < 4; j += 2) {
-          uint32_t bo[4];
-          load_b_nk<T>(bo, do_s, C::kPitch, 32 * wh + j * 8, k0, lane);
+        for (int j = 0; j < 4; ++j)
 #pragma unroll
-          for (int mt = 0; mt < C::kMTiles; ++mt) {
-            mma_16x8x16<T>(dp[mt][j], av[mt], bo[0], bo[1]);
-            mma_16x8x16<T>(dp[mt][j + 1], av[mt], bo[2], bo[3]);
-          }
-        }
-      }
+          for (int e = 0; e < 4; ++e) dp[mt][j][e] = 0.f;
     }
     float delta[4][2];
     column_stats(sDelta, delta);

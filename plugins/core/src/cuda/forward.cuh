@@ -36,27 +36,31 @@ template <class T, int D> struct ForwardWarp : OnlineSoftmax<ForwardConfig<T, D>
   using C = ForwardConfig<T, D>;
   using OnlineSoftmax<C::kMTiles, C::kOTiles>::o;
 
-  // S = Q K^T for this warp's rows and the key tile in sK.
+  // S = Q K^T for this warp's rows and the key tile in sK. The first k-step's products start from
+  // zero rather than from cleared registers.
   __device__ void scores(float (&s)[C::kMTiles][C::kSTiles][4], const T* sQ, const T* sK, int row0, int lane) {
-#pragma unroll
-    for (int mt = 0; mt < C::kMTiles; ++mt)
-#pragma unroll
-      for (int j = 0; j < C::kSTiles; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) s[mt][j][e] = 0.f;
+    score_step<true>(s, sQ, sK, row0, 0, lane);
     // Four k-steps per unrolled iteration: enough loads in flight without hoisting all of them
     // (ptxas, sm_90a, D = 128: full unroll spills 140 bytes, 4 spills 72).
 #pragma unroll 4
-    for (int k0 = 0; k0 < D; k0 += 16) {
-      uint32_t a[C::kMTiles][4];
+    for (int k0 = 16; k0 < D; k0 += 16) score_step<false>(s, sQ, sK, row0, k0, lane);
+  }
+  template <bool kFirst>
+  __device__ void score_step(float (&s)[C::kMTiles][C::kSTiles][4], const T* sQ, const T* sK, int row0, int k0,
+                             int lane) {
+    uint32_t a[C::kMTiles][4];
 #pragma unroll
-      for (int mt = 0; mt < C::kMTiles; ++mt) load_a<T>(a[mt], sQ, C::kPitch, row0 + mt * 16, k0, lane);
+    for (int mt = 0; mt < C::kMTiles; ++mt) load_a<T>(a[mt], sQ, C::kPitch, row0 + mt * 16, k0, lane);
 #pragma unroll
-      for (int n0 = 0; n0 < C::kBlockN; n0 += 16) {
-        uint32_t b[4];
-        load_b_nk<T>(b, sK, C::kPitch, n0, k0, lane);
+    for (int n0 = 0; n0 < C::kBlockN; n0 += 16) {
+      uint32_t b[4];
+      load_b_nk<T>(b, sK, C::kPitch, n0, k0, lane);
 #pragma unroll
-        for (int mt = 0; mt < C::kMTiles; ++mt) {
+      for (int mt = 0; mt < C::kMTiles; ++mt) {
+        if constexpr (kFirst) {
+          mma_16x8x16_first<T>(s[mt][n0 / 8], a[mt], b[0], b[1]);
+          mma_16x8x16_first<T>(s[mt][n0 / 8 + 1], a[mt], b[2], b[3]);
+        } else {
           mma_16x8x16<T>(s[mt][n0 / 8], a[mt], b[0], b[1]);
           mma_16x8x16<T>(s[mt][n0 / 8 + 1], a[mt], b[2], b[3]);
         }
