@@ -551,3 +551,26 @@ TEST_CASE("gpu: the mma.sync kernels where the Hopper path would run (ATTNCORE_K
   check_all(p);
   unsetenv("ATTNCORE_KERNELS");
 }
+
+// The mma.sync forward has two shapes at head dim 256: 8 warps and 64-key tiles where a CTA may hold
+// 203 KB of shared memory (sm_90), 4 warps and 32-key tiles elsewhere (ATTNCORE_FWD_NARROW=1 forces
+// those). On a device without the memory both runs below take the narrow shape.
+TEST_CASE("gpu: the mma.sync forward's two shapes at head dim 256, with segments and block lists") {
+  REQUIRE(device_count() > 0);
+  setenv("ATTNCORE_KERNELS", "mma", 1);
+  std::mt19937_64 rng(43);
+  for (const char* narrow : {"0", "1"}) {
+    setenv("ATTNCORE_FWD_NARROW", narrow, 1);
+    CAPTURE(narrow);
+    Problem p = random_problem(rng, DType::bf16, 256, 2, 400);
+    p.mask.causal = true;
+    check_all(p);
+    p.blocks = block_list_from_mask(p.mask, p.Sq, p.Skv, 64, 64);
+    check_all(p);
+    Problem s = segments_problem(rng, DType::fp16, 256, true);
+    s.segments = {{0, 130, 0, 130, 0, 0}, {130, 400, 130, 400, 0, 0}, {400, 410, 0, 300, 500, 0}};
+    check_all(s);
+  }
+  unsetenv("ATTNCORE_FWD_NARROW");
+  unsetenv("ATTNCORE_KERNELS");
+}

@@ -22,6 +22,13 @@ void check_launch(const char* what) {
   if (e != cudaSuccess) throw Error(std::string("attncore cuda: ") + what + " launch failed: " + cudaGetErrorString(e));
 }
 
+int max_smem_per_block() {
+  int dev = 0, bytes = 0;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+  return bytes;
+}
+
 namespace {
 
 [[noreturn]] void fail(const std::string& what) { throw Error("attncore cuda: " + what); }

@@ -129,6 +129,14 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
     }
   };
 
+  const auto zero = [](float (&x)[C::kMTiles][4][4]) {
+#pragma unroll
+    for (int mt = 0; mt < C::kMTiles; ++mt)
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) x[mt][j][e] = 0.f;
+  };
   // acc = A B^T over the head dim for this warp's keys (rows wrow0.. of a_tile: K or V) and queries
   // (rows 32 wh.. of b_tile: Q or dO): S^T or dP^T. The first k-step starts from zero.
   const auto transposed_product = [&](float (&acc)[C::kMTiles][4][4], const T* a_tile, const T* b_tile) {
@@ -205,6 +213,31 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
     if (active) transposed_product(p, sK, q_s);
     float lse2[4][2];
     column_stats(sLse2, lse2);
+    // Three uniform cases, so that the common one (every pair visible) is the exponentials alone:
+    // with the test beside each exponential, nvcc branched around every one (two branches and a
+    // convergence barrier a pair, ~20% of the step's instructions; ncu, session 12).
+    if (!active) {
+      zero(p);
+    } else if (!check) {
+#pragma unroll
+      for (int mt = 0; mt < C::kMTiles; ++mt)
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) p[mt][j][e] = fast_exp2(fmaf(p[mt][j][e], a.scale_log2, -lse2[j][e & 1]));
+    } else {
+#pragma unroll
+      for (int mt = 0; mt < C::kMTiles; ++mt)
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int n = wrow0 + 16 * mt + (lane >> 2) + (e >> 1) * 8;
+            const int m = 32 * wh + j * 8 + (lane & 3) * 2 + (e & 1);
+            const bool ok = n0 + n < reg.col_end && (!masked || visible(a.mask, base + n - m));
+            p[mt][j][e] = ok ? fast_exp2(fmaf(p[mt][j][e], a.scale_log2, -lse2[j][e & 1])) : 0.f;
+          }
+    }
 #pragma unroll
     for (int mt = 0; mt < C::kMTiles; ++mt)
 #pragma unroll
@@ -213,26 +246,13 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
         for (int hh = 0; hh < 2; ++hh) {
           const int n = wrow0 + 16 * mt + (lane >> 2) + hh * 8;
           const int m = 32 * wh + j * 8 + (lane & 3) * 2;
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const bool ok = active && (!check || (n0 + n < reg.col_end && (!masked || visible(a.mask, base + n - (m + e)))));
-            p[mt][j][2 * hh + e] = ok ? fast_exp2(fmaf(p[mt][j][2 * hh + e], a.scale_log2, -lse2[j][e])) : 0.f;
-          }
           *reinterpret_cast<uint32_t*>(sP + n * C::kPitchP + m) = pack2<T>(p[mt][j][2 * hh], p[mt][j][2 * hh + 1]);
         }
 
     // 2. dP^T = V dO^T, then dS^T = P^T (dP^T - delta) into shared memory (P is 0 where masked).
     float dp[C::kMTiles][4][4];
-    if (active) {
-      transposed_product(dp, sV, do_s);
-    } else { // P^T is 0, but 0 x (whatever the registers held) need not be
-#pragma unroll
-      for (int mt = 0; mt < C::kMTiles; ++mt)
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) dp[mt][j][e] = 0.f;
-    }
+    if (active) transposed_product(dp, sV, do_s);
+    else zero(dp); // P^T is 0, but 0 x (whatever the registers held) need not be
     float delta[4][2];
     column_stats(sDelta, delta);
 #pragma unroll
@@ -546,14 +566,6 @@ __global__ void __launch_bounds__(DqConfig<T, D>::kThreads, 1) flash_backward_dq
         *p = x2;
       }
     }
-}
-
-// Shared memory per block this device allows (opt-in), read once per device.
-inline int max_smem_per_block() {
-  int dev = 0, bytes = 0;
-  cudaGetDevice(&dev);
-  cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
-  return bytes;
 }
 
 template <class T, int D> void launch_backward(const BackwardParams& p, cudaStream_t stream) {

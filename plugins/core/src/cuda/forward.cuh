@@ -6,6 +6,8 @@
 //     S = Q K^T;  the online-softmax step (softmax.cuh);  O += P V.
 #pragma once
 
+#include <cstdlib>
+
 #include "args.h"
 #include "device.cuh"
 #include "launch.h"
@@ -14,26 +16,33 @@
 
 namespace attncore::cuda {
 
-template <class T, int D> struct ForwardConfig {
-  static constexpr int kWarps = 4;
+// kWide (D = 256 where a CTA may hold 203 KB of shared memory, sm_90): 8 warps of 16 rows and
+// 64-key tiles, FlashAttention-2's shape there. Otherwise D = 256 runs 4 warps and 32-key tiles
+// (101 KB, two CTAs an SM): every K/V tile then feeds half the rows, and the wide shape was
+// 15-17% faster on an H200 (PERFORMANCE-core.md, session 12).
+template <class T, int D, bool kWide = false> struct ForwardConfig {
+  static constexpr int kWarps = kWide ? 8 : 4;
   static constexpr int kThreads = kWarps * 32;
+  static constexpr int kCtasPerSm = kWide ? 1 : 2;
   static constexpr int kMTiles = D <= 128 ? 2 : 1; // m16 tiles per warp (register budget at D = 256)
   static constexpr int kWarpRows = 16 * kMTiles;
   static constexpr int kBlockM = kWarps * kWarpRows;
-  static constexpr int kBlockN = D <= 128 ? 64 : 32;
+  static constexpr int kBlockN = D <= 128 || kWide ? 64 : 32;
   static constexpr int kPitch = D + 8; // +16 bytes: the 8 rows of an ldmatrix land in distinct banks
   static constexpr int kSTiles = kBlockN / 8; // score n-tiles
   static constexpr int kOTiles = D / 8;       // output n-tiles
   static constexpr size_t kSmemBytes = size_t(kBlockM + 2 * 2 * kBlockN) * kPitch * sizeof(T);
   static_assert(D % 16 == 0, "head dim must be a multiple of 16");
+  static_assert(!kWide || D == 256, "the wide shape is D = 256's");
   static_assert(kBlockM <= 128, "a row tile spans at most two query blocks of a block list");
   static_assert(64 % kBlockN == 0, "key tiles must divide the block-list block sizes");
-  static_assert(kSmemBytes <= 160 * 1024, "must fit an sm_80 CTA");
+  static_assert(kWide ? kSmemBytes <= 227 * 1024 : kSmemBytes <= 160 * 1024, "must fit an sm_90 / sm_80 CTA");
 };
 
 // The warp's online-softmax state (softmax.cuh) and its two products on mma.sync.
-template <class T, int D> struct ForwardWarp : OnlineSoftmax<ForwardConfig<T, D>::kMTiles, ForwardConfig<T, D>::kOTiles> {
-  using C = ForwardConfig<T, D>;
+template <class T, int D, bool kWide>
+struct ForwardWarp : OnlineSoftmax<ForwardConfig<T, D, kWide>::kMTiles, ForwardConfig<T, D, kWide>::kOTiles> {
+  using C = ForwardConfig<T, D, kWide>;
   using OnlineSoftmax<C::kMTiles, C::kOTiles>::o;
 
   // S = Q K^T for this warp's rows and the key tile in sK. The first k-step's products start from
@@ -89,9 +98,10 @@ template <class T, int D> struct ForwardWarp : OnlineSoftmax<ForwardConfig<T, D>
   }
 };
 
-template <class T, int D>
-__global__ void __launch_bounds__(ForwardConfig<T, D>::kThreads, 2) flash_forward_kernel(const __grid_constant__ AttnArgs a) {
-  using C = ForwardConfig<T, D>;
+template <class T, int D, bool kWide>
+__global__ void __launch_bounds__(ForwardConfig<T, D, kWide>::kThreads, ForwardConfig<T, D, kWide>::kCtasPerSm)
+    flash_forward_kernel(const __grid_constant__ AttnArgs a) {
+  using C = ForwardConfig<T, D, kWide>;
   extern __shared__ __align__(16) unsigned char smem[];
   T* sQ = reinterpret_cast<T*>(smem);
   T* sK = sQ + C::kBlockM * C::kPitch; // two buffers
@@ -141,7 +151,7 @@ __global__ void __launch_bounds__(ForwardConfig<T, D>::kThreads, 2) flash_forwar
                                                 reg.col_end - c0, tid);
   };
 
-  ForwardWarp<T, D> w;
+  ForwardWarp<T, D, kWide> w;
   w.init();
   KvStep cur;
   bool have = walk.next(cur, a.mask, reg, m0, m1, a.blocks);
@@ -174,15 +184,27 @@ __global__ void __launch_bounds__(ForwardConfig<T, D>::kThreads, 2) flash_forwar
   w.template store<T>(a, batch, head, m0 + warp_row0, m1, lane);
 }
 
-template <class T, int D> void launch_forward(const ForwardParams& p, cudaStream_t stream) {
-  using C = ForwardConfig<T, D>;
+template <class T, int D, bool kWide> void launch_forward_shape(const ForwardParams& p, cudaStream_t stream) {
+  using C = ForwardConfig<T, D, kWide>;
   const AttnArgs a = forward_args(p);
-  const auto kernel = flash_forward_kernel<T, D>;
+  const auto kernel = flash_forward_kernel<T, D, kWide>;
   cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(C::kSmemBytes));
   const dim3 grid(unsigned(tile_grid(p.seqlen_q, C::kBlockM, p.num_segments)), unsigned(p.heads_q),
                   unsigned(p.batch));
   kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(a);
   check_launch("flash forward");
+}
+
+template <class T, int D> void launch_forward(const ForwardParams& p, cudaStream_t stream) {
+  if constexpr (D == 256) {
+    // ATTNCORE_FWD_NARROW=1 keeps the narrow shape where the wide one fits (tests cover both).
+    const char* narrow = std::getenv("ATTNCORE_FWD_NARROW");
+    if (!(narrow && narrow[0] == '1') && size_t(max_smem_per_block()) >= ForwardConfig<T, D, true>::kSmemBytes) {
+      launch_forward_shape<T, D, true>(p, stream);
+      return;
+    }
+  }
+  launch_forward_shape<T, D, false>(p, stream);
 }
 
 } // namespace attncore::cuda

@@ -18,6 +18,9 @@ template <class T, int D> void launch_backward(const BackwardParams& p, cudaStre
 // Throws attncore::Error naming the operation when the last launch failed.
 void check_launch(const char* what);
 
+// Shared memory a block may opt into on the current device: launchers pick a kernel shape by it.
+int max_smem_per_block();
+
 #define ATTNCORE_DECLARE_HDIM(D)                                                                   \
   extern template void launch_forward<__nv_bfloat16, D>(const ForwardParams&, cudaStream_t);    \
   extern template void launch_forward<__half, D>(const ForwardParams&, cudaStream_t);           \

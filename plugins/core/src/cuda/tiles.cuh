@@ -238,6 +238,7 @@ struct QStep {
 template <int kM, int kN> struct QWalk {
   int32_t head, head_end;
   int32_t e[2], end[2], t_begin; // interval: e[0] the next tile, end[0] the end; block list: cursors
+  int32_t full_lo, full_hi;      // interval: the tiles in [full_lo, full_hi) see every key of the tile
   int32_t kb0, kb1, block, sub;
   bool blocks, act[2], m[2];
 
@@ -255,11 +256,28 @@ template <int kM, int kN> struct QWalk {
       }
       t_begin = e[0] = (lo - reg.row_begin) / kM;
       end[0] = (hi - reg.row_begin + kM - 1) / kM;
+      full_tiles(mask, reg, c0);
     } else {
       kb0 = c0 / bl.block_kv;
       kb1 = (min(c0 + kN, reg.col_end) - 1) / bl.block_kv;
       start_head(bl);
     }
+  }
+  // The query tiles (kM rows from reg.row_begin) whose every row sees every key of [c0, c0 + kN):
+  // one interval, as each bound of the mask moves one way with the row. Worked out once, so that a
+  // step's flag is two compares rather than 64-bit positions. A tile's rows are taken as kM even for
+  // the region's last, shorter tile: that can only call a full tile masked, which is safe.
+  __device__ void full_tiles(const MaskArgs& mask, const Region& reg, int32_t c0) {
+    const int64_t kf = reg.col_pos(c0), kl = reg.col_pos(c0 + kN - 1), q0 = reg.row_pos0;
+    const auto ceil_div = [](int64_t x) { return x >= 0 ? (x + kM - 1) / kM : -((-x) / kM); };
+    const auto floor_div = [](int64_t x) { return x >= 0 ? x / kM : -((-x + kM - 1) / kM); };
+    int64_t lo = 0, hi = end[0]; // tile t: rows at positions q0 + t kM .. q0 + t kM + kM - 1
+    if (mask.causal) lo = max(lo, ceil_div(kl - q0));                      // first row >= kl
+    if (mask.window_right >= 0) lo = max(lo, ceil_div(kl - mask.window_right - q0));
+    if (mask.window_left >= 0) hi = min(hi, floor_div(kf + mask.window_left + 1 - q0)); // last row <= kf + wl
+    lo = min(lo, int64_t(end[0])); // positions are 64-bit: clamp before narrowing
+    full_lo = int32_t(lo);
+    full_hi = int32_t(max(lo, hi));
   }
   __device__ void start_head(const BlockArgs& bl) {
     const int32_t col = (bl.heads == 1 ? 0 : head) * bl.num_kv_blocks;
@@ -280,10 +298,8 @@ template <int kM, int kN> struct QWalk {
         if (e[0] < end[0]) {
           s.head = head;
           s.r0 = reg.row_begin + e[0] * kM;
-          const int32_t r_last = min(s.r0 + kM, reg.row_end) - 1;
           s.active[0] = s.active[1] = true;
-          s.masked[0] = s.masked[1] = !all_visible(mask, reg.row_pos(s.r0), reg.row_pos(r_last), reg.col_pos(c0),
-                                                   reg.col_pos(c0 + kN - 1));
+          s.masked[0] = s.masked[1] = e[0] < full_lo || e[0] >= full_hi;
           ++e[0];
           return true;
         }
