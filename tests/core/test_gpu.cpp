@@ -507,26 +507,31 @@ TEST_CASE("gpu: write_dkdv in fp32 with segments writes every key of a segment a
 TEST_CASE("gpu: accumulators the copy engine cannot address (token stride 2 floats past 16 bytes)") {
   REQUIRE(device_count() > 0);
   std::mt19937_64 rng(43);
-  for (int padded = 0; padded < 2; ++padded)  // 0: dQ, 1: dK and dV
-    for (int32_t D : {64, 80, 96, 128, 256}) {
-      // Rows that see one key only (Sq = 1 causal) make dQ and dK zero up to rounding, where no
-      // relative norm means anything: at least 64 rows, each seeing at least as many keys.
-      Problem p = random_problem(rng, DType::bf16, D, 2, 300);
-      p.Sq = 64 + int64_t(rng() % 237);
-      p.Skv = p.Sq + int64_t(rng() % 64);
-      std::mt19937_64 data(rng());
-      p.randomize(data);
-      p.mask.causal = true;
-      Outputs want = run_cpu(p, true);
-      Outputs got = want;
-      got.dq = Tensor(DType::fp32, p.B, p.Sq, p.Hq, p.D, /*pad=*/padded == 0 ? 2 : 0);
-      got.dk = Tensor(DType::fp32, p.B, p.Skv, p.Hkv, p.D, /*pad=*/padded == 1 ? 2 : 0);
-      got.dv = Tensor(DType::fp32, p.B, p.Skv, p.Hkv, p.D, /*pad=*/padded == 1 ? 2 : 0);
-      backward_gpu(p, want.lse, want.delta, got.dq, got.dk, got.dv, false, Dkdv::add);
-      CAPTURE(padded);
-      CAPTURE(D);
-      check_backward(p, want, got);
-    }
+  for (const char* kernels : {"", "mma"}) // the Hopper kernels, where the device has them, and mma.sync
+    for (int padded = 0; padded < 2; ++padded) // 0: dQ, 1: dK and dV
+      for (int32_t D : {64, 80, 96, 128, 256}) {
+        if (*kernels) setenv("ATTNCORE_KERNELS", kernels, 1);
+        else unsetenv("ATTNCORE_KERNELS");
+        // Rows that see one key only (Sq = 1 causal) make dQ and dK zero up to rounding, where no
+        // relative norm means anything: at least 64 rows, each seeing at least as many keys.
+        Problem p = random_problem(rng, DType::bf16, D, 2, 300);
+        p.Sq = 64 + int64_t(rng() % 237);
+        p.Skv = p.Sq + int64_t(rng() % 64);
+        std::mt19937_64 data(rng());
+        p.randomize(data);
+        p.mask.causal = true;
+        Outputs want = run_cpu(p, true);
+        Outputs got = want;
+        got.dq = Tensor(DType::fp32, p.B, p.Sq, p.Hq, p.D, /*pad=*/padded == 0 ? 2 : 0);
+        got.dk = Tensor(DType::fp32, p.B, p.Skv, p.Hkv, p.D, /*pad=*/padded == 1 ? 2 : 0);
+        got.dv = Tensor(DType::fp32, p.B, p.Skv, p.Hkv, p.D, /*pad=*/padded == 1 ? 2 : 0);
+        backward_gpu(p, want.lse, want.delta, got.dq, got.dk, got.dv, false, Dkdv::add);
+        CAPTURE(kernels);
+        CAPTURE(padded);
+        CAPTURE(D);
+        check_backward(p, want, got);
+      }
+  unsetenv("ATTNCORE_KERNELS");
 }
 
 // On a Hopper device the tests above run the wgmma kernels (sm90/: the forward, and the backward

@@ -86,8 +86,8 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
   T* sdO = sQ + stages * C::kBlockM * C::kPitch;
   T* sP = sdO + stages * C::kBlockM * C::kPitch; // P^T  [kBlockN][kPitchP]
   T* sdS = sP + C::kBlockN * C::kPitchP;         // dS^T
-  float* sLse2 = reinterpret_cast<float*>(sdS + C::kBlockN * C::kPitchP); // [stages][kBlockM]
-  float* sDelta = sLse2 + stages * C::kBlockM;
+  float* sLse = reinterpret_cast<float*>(sdS + C::kBlockN * C::kPitchP); // [stages][kBlockM]
+  float* sDelta = sLse + stages * C::kBlockM;
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int wr = warp & 3, wh = warp >> 2; // key slice, half
@@ -116,16 +116,16 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
     load_tile_async<C::kBlockM, D, C::kThreads>(sdO + st * C::kBlockM * C::kPitch, C::kPitch,
                                                 static_cast<const T*>(a.d_o.data) + ooff, a.d_o.token_stride,
                                                 reg.row_end - s.r0, tid);
-    if (tid < C::kBlockM) {
-      const int32_t r = s.r0 + tid;
-      float lse2 = INFINITY, delta = 0.f;
-      if (r < reg.row_end) {
-        const float lse = a.lse.data[batch * a.lse.batch_stride + s.head * a.lse.head_stride + r];
-        lse2 = lse == -INFINITY ? INFINITY : lse * kLog2e; // a row without keys: P = 0
-        delta = a.delta.data[batch * a.delta.batch_stride + s.head * a.delta.head_stride + r];
-      }
-      sLse2[st * C::kBlockM + tid] = lse2;
-      sDelta[st * C::kBlockM + tid] = delta;
+    // The rows' LSE and delta come by copies too: loaded and stored by threads, the loads' latency
+    // held every warp at the next barrier (ncu, session 12). Past the region they are zero, which
+    // adds nothing: there Q and dO are zero, so P = 1 but dP = 0, dS = 0 and P^T dO = 0.
+    if (tid < 2 * C::kBlockM) {
+      const int row = tid % C::kBlockM;
+      const bool ok = s.r0 + row < reg.row_end;
+      const float* src = tid < C::kBlockM ? a.lse.data + batch * a.lse.batch_stride + s.head * a.lse.head_stride
+                                          : a.delta.data + batch * a.delta.batch_stride + s.head * a.delta.head_stride;
+      float* dst = (tid < C::kBlockM ? sLse : sDelta) + st * C::kBlockM + row;
+      cp_async_4(dst, ok ? src + s.r0 + row : src, ok);
     }
   };
 
@@ -211,8 +211,12 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
     const bool check = masked || n0 + C::kBlockN > reg.col_end;
     float p[C::kMTiles][4][4];
     if (active) transposed_product(p, sK, q_s);
-    float lse2[4][2];
-    column_stats(sLse2, lse2);
+    float lse2[4][2]; // log2 units; a row without keys (LSE = -inf) gets +inf: P = 0
+    column_stats(sLse, lse2);
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) lse2[j][e] = lse2[j][e] == -INFINITY ? INFINITY : lse2[j][e] * kLog2e;
     // Three uniform cases, so that the common one (every pair visible) is the exponentials alone:
     // with the test beside each exponential, nvcc branched around every one (two branches and a
     // convergence barrier a pair, ~20% of the step's instructions; ncu, session 12).
