@@ -19,7 +19,7 @@ namespace attncore::cuda {
 // kWide (D = 256 where a CTA may hold 203 KB of shared memory, sm_90): 8 warps of 16 rows and
 // 64-key tiles, FlashAttention-2's shape there. Otherwise D = 256 runs 4 warps and 32-key tiles
 // (101 KB, two CTAs an SM): every K/V tile then feeds half the rows, and the wide shape was
-// 15-17% faster on an H200 (PERFORMANCE-core.md, session 12).
+// 15-17% faster on an H200 (docs/PERFORMANCE.md, session 12).
 template <class T, int D, bool kWide = false> struct ForwardConfig {
   static constexpr int kWarps = kWide ? 8 : 4;
   static constexpr int kThreads = kWarps * 32;
