@@ -150,13 +150,8 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
         load_b_nk<T>(bq, b_tile, C::kPitch, 32 * wh + j * 8, k0, lane);
 #pragma unroll
         for (int mt = 0; mt < C::kMTiles; ++mt) {
-          if constexpr (decltype(first)::value) {
-            mma_16x8x16_first<T>(acc[mt][j], ak[mt], bq[0], bq[1]);
-            mma_16x8x16_first<T>(acc[mt][j + 1], ak[mt], bq[2], bq[3]);
-          } else {
-            mma_16x8x16<T>(acc[mt][j], ak[mt], bq[0], bq[1]);
-            mma_16x8x16<T>(acc[mt][j + 1], ak[mt], bq[2], bq[3]);
-          }
+          mma_16x8x16<T, decltype(first)::value>(acc[mt][j], ak[mt], bq[0], bq[1]);
+          mma_16x8x16<T, decltype(first)::value>(acc[mt][j + 1], ak[mt], bq[2], bq[3]);
         }
       }
     };

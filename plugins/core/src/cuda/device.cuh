@@ -68,31 +68,28 @@ template <> __device__ __forceinline__ float2 unpack2<__half>(uint32_t x) {
 
 // ---- tensor cores ----------------------------------------------------------------------------
 
-// c += a (16x16, row) * b (16x8, col), fp32 accumulate.
-template <class T>
+// c += a (16x16, row) * b (16x8, col), fp32 accumulate. kFirst: c = a b, the first product of a
+// sum, on a zero accumulator that needs no registers cleared.
+template <class T, bool kFirst = false>
 __device__ __forceinline__ void mma_16x8x16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);
 template <>
-__device__ __forceinline__ void mma_16x8x16<__nv_bfloat16>(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
-                                                           uint32_t b1) {
+__device__ __forceinline__ void mma_16x8x16<__nv_bfloat16, false>(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                                                  uint32_t b1) {
   asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
                "{%0,%1,%2,%3};\n"
                : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 template <>
-__device__ __forceinline__ void mma_16x8x16<__half>(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
-                                                    uint32_t b1) {
+__device__ __forceinline__ void mma_16x8x16<__half, false>(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                                           uint32_t b1) {
   asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
                "{%0,%1,%2,%3};\n"
                : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
-
-// c = a * b: the first product of a sum, on a zero accumulator that needs no registers cleared.
-template <class T>
-__device__ __forceinline__ void mma_16x8x16_first(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);
 template <>
-__device__ __forceinline__ void mma_16x8x16_first<__nv_bfloat16>(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+__device__ __forceinline__ void mma_16x8x16<__nv_bfloat16, true>(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
                                                                  uint32_t b1) {
   asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
                "{%10,%10,%10,%10};\n"
@@ -100,7 +97,7 @@ __device__ __forceinline__ void mma_16x8x16_first<__nv_bfloat16>(float (&c)[4], 
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.f));
 }
 template <>
-__device__ __forceinline__ void mma_16x8x16_first<__half>(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+__device__ __forceinline__ void mma_16x8x16<__half, true>(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
                                                           uint32_t b1) {
   asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
                "{%10,%10,%10,%10};\n"

@@ -67,13 +67,8 @@ struct ForwardWarp : OnlineSoftmax<ForwardConfig<T, D, kWide>::kMTiles, ForwardC
       load_b_nk<T>(b, sK, C::kPitch, n0, k0, lane);
 #pragma unroll
       for (int mt = 0; mt < C::kMTiles; ++mt) {
-        if constexpr (kFirst) {
-          mma_16x8x16_first<T>(s[mt][n0 / 8], a[mt], b[0], b[1]);
-          mma_16x8x16_first<T>(s[mt][n0 / 8 + 1], a[mt], b[2], b[3]);
-        } else {
-          mma_16x8x16<T>(s[mt][n0 / 8], a[mt], b[0], b[1]);
-          mma_16x8x16<T>(s[mt][n0 / 8 + 1], a[mt], b[2], b[3]);
-        }
+        mma_16x8x16<T, kFirst>(s[mt][n0 / 8], a[mt], b[0], b[1]);
+        mma_16x8x16<T, kFirst>(s[mt][n0 / 8 + 1], a[mt], b[2], b[3]);
       }
     }
   }
