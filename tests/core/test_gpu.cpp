@@ -419,21 +419,6 @@ TEST_CASE("gpu: unsupported calls throw attncore::Error with a one-line reason")
   CHECK_THROWS_AS(forward_cuda(f, nullptr), Error);
 }
 
-TEST_CASE("gpu: one-stage dK/dV pipeline (what an sm_80 gets), with segments and block lists") {
-  REQUIRE(device_count() > 0);
-  setenv("ATTNCORE_BWD_STAGES", "1", 1);
-  std::mt19937_64 rng(31);
-  for (int32_t D : {80, 128, 256}) {
-    Problem p = random_problem(rng, DType::fp16, D, 2, 400);
-    p.mask.causal = true;
-    CAPTURE(D);
-    check_all(p);
-    p.blocks = block_list_from_mask(p.mask, p.Sq, p.Skv, 64, 64);
-    check_all(p);
-  }
-  unsetenv("ATTNCORE_BWD_STAGES");
-}
-
 TEST_CASE("gpu: write_dkdv writes dK and dV in dtype, the accumulators rounded, zeros for unseen keys") {
   REQUIRE(device_count() > 0);
   std::mt19937_64 rng(41);
@@ -557,25 +542,54 @@ TEST_CASE("gpu: the mma.sync kernels where the Hopper path would run (ATTNCORE_K
   unsetenv("ATTNCORE_KERNELS");
 }
 
-// The mma.sync forward has two shapes at head dim 256: 8 warps and 64-key tiles where a CTA may hold
-// 203 KB of shared memory (sm_90), 4 warps and 32-key tiles elsewhere (ATTNCORE_FWD_NARROW=1 forces
-// those). On a device without the memory both runs below take the narrow shape.
-TEST_CASE("gpu: the mma.sync forward's two shapes at head dim 256, with segments and block lists") {
+// The mma.sync kernels take, per head dim, the first of their shapes whose shared memory the device
+// allows (forward.cuh, backward.cuh); ATTNCORE_MAX_SMEM lowers that figure, so that this device runs
+// what smaller ones would:
+//  - an sm_80's 163 KB: one-stage dK/dV at D = 128 and 256, the 4-warp D = 256 forward;
+//  - the 99 KB of an sm_86, sm_89 or sm_120: 32-key forward tiles at D = 128, 64-key dK/dV CTAs at
+//    D = 80-128 (two stages at D = 80 and 96, one at 128), 64-row dQ CTAs at D = 128. There D = 256's
+//    backward is refused in one line before any launch, its gradients left as they were.
+TEST_CASE("gpu: the mma.sync kernels in an sm_80's and an sm_86's shared memory (ATTNCORE_MAX_SMEM)") {
   REQUIRE(device_count() > 0);
   setenv("ATTNCORE_KERNELS", "mma", 1);
-  std::mt19937_64 rng(43);
-  for (const char* narrow : {"0", "1"}) {
-    setenv("ATTNCORE_FWD_NARROW", narrow, 1);
-    CAPTURE(narrow);
-    Problem p = random_problem(rng, DType::bf16, 256, 2, 400);
-    p.mask.causal = true;
-    check_all(p);
-    p.blocks = block_list_from_mask(p.mask, p.Sq, p.Skv, 64, 64);
-    check_all(p);
-    Problem s = segments_problem(rng, DType::fp16, 256, true);
-    s.segments = {{0, 130, 0, 130, 0, 0}, {130, 400, 130, 400, 0, 0}, {400, 410, 0, 300, 500, 0}};
-    check_all(s);
+  std::mt19937_64 rng(47);
+  for (const char* cap : {"166912", "101376"}) {
+    setenv("ATTNCORE_MAX_SMEM", cap, 1);
+    const bool small = std::string(cap) == "101376";
+    for (int32_t D : {64, 80, 96, 128, 256}) {
+      CAPTURE(cap);
+      CAPTURE(D);
+      const bool grads = !(small && D == 256);
+      Problem p = random_problem(rng, D % 32 ? DType::fp16 : DType::bf16, D, 1 + int(rng() % 3), 400);
+      p.mask.causal = true;
+      p.mask.q_pos0 = int64_t(rng() % 64);
+      check_all(p, grads);
+      p.blocks = block_list_from_mask(p.mask, p.Sq, p.Skv, 64, 128);
+      check_all(p, grads);
+      Problem s = segments_problem(rng, DType::bf16, D, true);
+      s.segments = {{0, 130, 0, 130, 0, 0}, {130, 400, 130, 400, 0, 0}, {400, 410, 0, 300, 500, 0}};
+      check_all(s, grads);
+      if (grads) continue;
+      const Outputs want = run_cpu(p, true);
+      Tensor dq(DType::fp32, p.B, p.Sq, p.Hq, p.D), dk(DType::fp32, p.B, p.Skv, p.Hkv, p.D),
+          dv(DType::fp32, p.B, p.Skv, p.Hkv, p.D);
+      for (bool deterministic : {false, true}) {
+        try {
+          backward_gpu(p, want.lse, want.delta, dq, dk, dv, deterministic, Dkdv::add);
+          FAIL("the D = 256 backward ran in 99 KB");
+        } catch (const Error& e) {
+          const std::string what = e.what();
+          CHECK(what.find("head dim 256") != std::string::npos);
+          CHECK(what.find("101376") != std::string::npos);
+          CHECK(what.find('\n') == std::string::npos);
+        }
+      }
+      int64_t touched = 0; // the accumulators started at zero
+      for (const Tensor* t : {&dq, &dk, &dv})
+        for (uint8_t x : t->bytes) touched += x != 0;
+      CHECK(touched == 0);
+    }
   }
-  unsetenv("ATTNCORE_FWD_NARROW");
+  unsetenv("ATTNCORE_MAX_SMEM");
   unsetenv("ATTNCORE_KERNELS");
 }

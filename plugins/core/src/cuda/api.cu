@@ -2,8 +2,10 @@
 // per-head-dim launchers, and the small row-wise kernels (delta, merge, convert).
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <type_traits>
 
@@ -26,7 +28,17 @@ int max_smem_per_block() {
   int dev = 0, bytes = 0;
   cudaGetDevice(&dev);
   cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+  // ATTNCORE_MAX_SMEM=<bytes> lowers it, so that one device runs the shapes a smaller one would
+  // (tests: 166912 for an sm_80, 101376 for an sm_86, sm_89 or sm_120).
+  if (const char* cap = std::getenv("ATTNCORE_MAX_SMEM"); cap && *cap) bytes = std::min(bytes, std::atoi(cap));
   return bytes;
+}
+
+void require_smem(size_t bytes, const char* what, int head_dim) {
+  const int have = max_smem_per_block();
+  if (bytes > size_t(have))
+    throw Error(std::string("attncore cuda: ") + what + " at head dim " + std::to_string(head_dim) + " needs " +
+                std::to_string(bytes) + " bytes of shared memory a block; this device allows " + std::to_string(have));
 }
 
 namespace {

@@ -3,7 +3,7 @@
 //     P = exp(scale q.k - LSE),  dP = dO V^T,  dS = P (dP - delta),
 //     dV += P^T dO,  dK += scale dS^T Q,  dQ += scale dS K.
 //
-// dK/dV kernel: a CTA of 8 warps owns 128 keys (64 at D = 256) of one (batch, kv head) and walks
+// dK/dV kernel: a CTA of 8 warps owns 128 keys (64: below) of one (batch, kv head) and walks
 // every (query head of the GQA group, 64-row query tile) that sees them (QWalk), so dK and dV are
 // summed in registers and added once. Warp (r, h) computes S^T and dP^T for keys 32r..32r+31 (two
 // m16 tiles, so every Q/dO fragment loaded feeds two products) and queries 32h..32h+31; P^T and
@@ -14,8 +14,6 @@
 // two more products, no atomics.
 #pragma once
 
-#include <cstdlib>
-
 #include "args.h"
 #include "device.cuh"
 #include "launch.h"
@@ -23,10 +21,13 @@
 
 namespace attncore::cuda {
 
-template <class T, int D> struct BackwardConfig {
+// kMTiles key m16 tiles a warp: 2 (128 keys a CTA) up to D = 128; 1 (64 keys) at D = 256, for the
+// registers of dK and dV, and at D = 80-128 where the device's shared memory is too small for 128
+// (launch_backward).
+template <class T, int D, int kMTiles_> struct BackwardConfig {
   static constexpr int kWarps = 8;
   static constexpr int kThreads = kWarps * 32;
-  static constexpr int kMTiles = D <= 128 ? 2 : 1; // key m16 tiles per warp (dK, dV registers at D = 256)
+  static constexpr int kMTiles = kMTiles_;
   static constexpr int kWarpN = 16 * kMTiles;
   static constexpr int kBlockN = 4 * kWarpN; // keys per CTA: 128, or 64 at D = 256
   static constexpr int kBlockM = 64;         // queries per step
@@ -39,16 +40,16 @@ template <class T, int D> struct BackwardConfig {
            size_t(2 * stages * kBlockM) * sizeof(float);
   }
   static_assert(D % 16 == 0, "head dim must be a multiple of 16");
-  static_assert(smem_bytes(1) <= 160 * 1024, "one stage must fit an sm_80 CTA");
+  static_assert(kMTiles == 1 || kMTiles == 2, "one or two key tiles a warp");
   static_assert(smem_bytes(2) <= 227 * 1024, "two stages must fit an sm_90 CTA");
 };
 
 // out[mt][j] += A (kMTiles x 16 rows over 64 queries, from a [rows][kPitchP] tile) times
 // B (64 queries x this warp's half of the head dim).
-template <class T, int D>
-__device__ __forceinline__ void accumulate_half(float (&out)[BackwardConfig<T, D>::kMTiles][D / 16][4], const T* a_tile,
-                                                int a_row0, const T* b_tile, int col0, int lane) {
-  using C = BackwardConfig<T, D>;
+template <class T, int D, int kMTiles>
+__device__ __forceinline__ void accumulate_half(float (&out)[kMTiles][D / 16][4], const T* a_tile, int a_row0,
+                                                const T* b_tile, int col0, int lane) {
+  using C = BackwardConfig<T, D, kMTiles>;
 #pragma unroll
   for (int k0 = 0; k0 < C::kBlockM; k0 += 16) {
     uint32_t a[C::kMTiles][4];
@@ -76,10 +77,10 @@ __device__ __forceinline__ void accumulate_half(float (&out)[BackwardConfig<T, D
 
 // dK and dV of the key tile [n0, n0 + kBlockN) of `reg` (one kv head), over every query tile that
 // sees it. `stages`: 2 overlaps the next step's loads with this step's products.
-template <class T, int D>
+template <class T, int D, int kMTiles>
 __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, const Region& reg, int32_t n0,
                           int kv_head, int batch) {
-  using C = BackwardConfig<T, D>;
+  using C = BackwardConfig<T, D, kMTiles>;
   T* sK = reinterpret_cast<T*>(smem);
   T* sV = sK + C::kBlockN * C::kPitch;
   T* sQ = sV + C::kBlockN * C::kPitch; // [stages][kBlockM][kPitch]
@@ -272,8 +273,8 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
 
     // 3. dV += P^T dO, dK += dS^T Q on this warp's keys and half of the head dim.
     if (active) {
-      accumulate_half<T, D>(dv, sP, wrow0, do_s, wh * (D / 2), lane);
-      accumulate_half<T, D>(dk, sdS, wrow0, q_s, wh * (D / 2), lane);
+      accumulate_half<T, D, kMTiles>(dv, sP, wrow0, do_s, wh * (D / 2), lane);
+      accumulate_half<T, D, kMTiles>(dk, sdS, wrow0, q_s, wh * (D / 2), lane);
     }
 
     // 4. dQ += scale dS K for queries 16 wr.., this half of the head dim, added atomically.
@@ -345,15 +346,15 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
     }
 }
 
-template <class T, int D>
-__global__ void __launch_bounds__(BackwardConfig<T, D>::kThreads, 1)
+template <class T, int D, int kMTiles>
+__global__ void __launch_bounds__(BackwardConfig<T, D, kMTiles>::kThreads, 1)
     flash_backward_dkdv_kernel(const __grid_constant__ AttnArgs a, int stages) {
-  using C = BackwardConfig<T, D>;
+  using C = BackwardConfig<T, D, kMTiles>;
   extern __shared__ __align__(16) unsigned char smem[];
   const int kv_head = blockIdx.y, batch = blockIdx.z;
   if (a.nseg == 0) {
     const int32_t n0 = int32_t(blockIdx.x) * C::kBlockN;
-    if (n0 < a.seqlen_kv) dkdv_tile<T, D>(a, smem, stages, whole_call(a.mask, a.seqlen_q, a.seqlen_kv), n0, kv_head, batch);
+    if (n0 < a.seqlen_kv) dkdv_tile<T, D, kMTiles>(a, smem, stages, whole_call(a.mask, a.seqlen_q, a.seqlen_kv), n0, kv_head, batch);
     return;
   }
   // Segments may share keys, so their key tiles can outnumber the grid: stride over them.
@@ -361,17 +362,19 @@ __global__ void __launch_bounds__(BackwardConfig<T, D>::kThreads, 1)
     int32_t seg, tile;
     if (!locate_tile(a.segs, a.nseg, x, C::kBlockN, false, seg, tile)) return;
     const Region reg = segment_region(a.segs[seg]);
-    dkdv_tile<T, D>(a, smem, stages, reg, reg.col_begin + tile * C::kBlockN, kv_head, batch);
+    dkdv_tile<T, D, kMTiles>(a, smem, stages, reg, reg.col_begin + tile * C::kBlockN, kv_head, batch);
     __syncthreads(); // the next tile reuses shared memory
   }
 }
 
 // ---- dQ alone (deterministic mode) ----------------------------------------------------------------
 
-template <class T, int D> struct DqConfig {
+// kMTiles query m16 tiles a warp: 2 up to D = 128; 1 at D = 256 (registers) and at D = 128 where
+// the device's shared memory is too small for 2.
+template <class T, int D, int kMTiles_> struct DqConfig {
   static constexpr int kWarps = 4;
   static constexpr int kThreads = kWarps * 32;
-  static constexpr int kMTiles = D <= 128 ? 2 : 1; // query m16 tiles per warp
+  static constexpr int kMTiles = kMTiles_;
   static constexpr int kWarpRows = 16 * kMTiles;
   static constexpr int kBlockM = kWarps * kWarpRows;
   static constexpr int kBlockN = 32; // narrow key tiles: S and dP of 32 rows stay in registers beside dQ
@@ -383,9 +386,10 @@ template <class T, int D> struct DqConfig {
   static_assert(kSmemBytes <= 160 * 1024, "must fit an sm_80 CTA");
 };
 
-template <class T, int D>
-__global__ void __launch_bounds__(DqConfig<T, D>::kThreads, 1) flash_backward_dq_kernel(const __grid_constant__ AttnArgs a) {
-  using C = DqConfig<T, D>;
+template <class T, int D, int kMTiles>
+__global__ void __launch_bounds__(DqConfig<T, D, kMTiles>::kThreads, 1)
+    flash_backward_dq_kernel(const __grid_constant__ AttnArgs a) {
+  using C = DqConfig<T, D, kMTiles>;
   constexpr int MT = C::kMTiles;
   extern __shared__ __align__(16) unsigned char smem[];
   T* sQ = reinterpret_cast<T*>(smem);
@@ -569,30 +573,60 @@ __global__ void __launch_bounds__(DqConfig<T, D>::kThreads, 1) flash_backward_dq
     }
 }
 
+template <class T, int D, int kMTiles>
+void launch_dkdv(const BackwardParams& p, const AttnArgs& a, size_t smem_allowed, cudaStream_t stream) {
+  using C = BackwardConfig<T, D, kMTiles>;
+  const auto kernel = flash_backward_dkdv_kernel<T, D, kMTiles>;
+  const int stages = smem_allowed >= C::smem_bytes(2) ? 2 : 1;
+  const size_t smem = C::smem_bytes(stages);
+  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+  const dim3 grid(unsigned(tile_grid(p.seqlen_kv, C::kBlockN, p.num_segments)), unsigned(p.heads_kv),
+                  unsigned(p.batch));
+  kernel<<<grid, C::kThreads, smem, stream>>>(a, stages);
+  check_launch("flash backward dK/dV");
+}
+
+template <class T, int D, int kMTiles> void launch_dq(const BackwardParams& p, const AttnArgs& a, cudaStream_t stream) {
+  using C = DqConfig<T, D, kMTiles>;
+  const auto kernel = flash_backward_dq_kernel<T, D, kMTiles>;
+  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(C::kSmemBytes));
+  const dim3 grid(unsigned(tile_grid(p.seqlen_q, C::kBlockM, p.num_segments)), unsigned(p.heads_q), unsigned(p.batch));
+  kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(a);
+  check_launch("flash backward dQ");
+}
+
+// Each kernel takes the first of its shapes whose shared memory the device allows. dK/dV: 128 keys
+// a CTA with Q and dO double-buffered (sm_90), then with one stage (sm_80); then 64 keys a CTA, two
+// stages, then one, where 128 keys do not fit (D = 80-128 on the 99 KB of an sm_86, sm_89 or
+// sm_120). D = 256 has the 64-key shape only, 154,112 bytes with one stage: no 99 KB device runs its
+// backward. dQ (deterministic mode): 128 query rows a CTA, then 64 (D = 128 on 99 KB).
+// The 64-key and 64-row shapes are compiled only for the head dims that need them.
 template <class T, int D> void launch_backward(const BackwardParams& p, cudaStream_t stream) {
   AttnArgs a = backward_args(p);
   a.accumulate_dq = !p.deterministic;
-  {
-    using C = BackwardConfig<T, D>;
-    const auto kernel = flash_backward_dkdv_kernel<T, D>;
-    // Two stages where they fit (sm_90); ATTNCORE_BWD_STAGES=1 forces one (tests cover both paths).
-    const char* force = std::getenv("ATTNCORE_BWD_STAGES");
-    const int stages = (force && force[0] == '1') || size_t(max_smem_per_block()) < C::smem_bytes(2) ? 1 : 2;
-    const size_t smem = C::smem_bytes(stages);
-    cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
-    const dim3 grid(unsigned(tile_grid(p.seqlen_kv, C::kBlockN, p.num_segments)), unsigned(p.heads_kv),
-                    unsigned(p.batch));
-    kernel<<<grid, C::kThreads, smem, stream>>>(a, stages);
-    check_launch("flash backward dK/dV");
+  const size_t smem = size_t(max_smem_per_block());
+  constexpr int kTiles = D <= 128 ? 2 : 1;
+  using Dkdv = BackwardConfig<T, D, kTiles>;
+  using Dq = DqConfig<T, D, kTiles>;
+  constexpr bool kDkdvLean = kTiles == 2 && Dkdv::smem_bytes(1) > kSmallestSmem; // D = 80, 96, 128
+  constexpr bool kDqLean = kTiles == 2 && Dq::kSmemBytes > kSmallestSmem;        // D = 128
+  static_assert(BackwardConfig<T, D, 1>::smem_bytes(1) <= kSmallestSmem || !kDkdvLean, "the 64-key shape fits 99 KB");
+  static_assert(DqConfig<T, D, 1>::kSmemBytes <= kSmallestSmem || !kDqLean, "the 64-row shape fits 99 KB");
+  const bool dkdv_lean = kDkdvLean && smem < Dkdv::smem_bytes(1);
+  const bool dq_lean = kDqLean && smem < Dq::kSmemBytes;
+  // Both checked before the first launch: a call the device refuses leaves the gradients alone.
+  require_smem(dkdv_lean ? BackwardConfig<T, D, 1>::smem_bytes(1) : Dkdv::smem_bytes(1), "flash backward dK/dV", D);
+  if (p.deterministic) require_smem(dq_lean ? DqConfig<T, D, 1>::kSmemBytes : Dq::kSmemBytes, "flash backward dQ", D);
+  if (dkdv_lean) {
+    if constexpr (kDkdvLean) launch_dkdv<T, D, 1>(p, a, smem, stream);
+  } else {
+    launch_dkdv<T, D, kTiles>(p, a, smem, stream);
   }
-  if (p.deterministic) {
-    using C = DqConfig<T, D>;
-    const auto kernel = flash_backward_dq_kernel<T, D>;
-    cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(C::kSmemBytes));
-    const dim3 grid(unsigned(tile_grid(p.seqlen_q, C::kBlockM, p.num_segments)), unsigned(p.heads_q),
-                    unsigned(p.batch));
-    kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(a);
-    check_launch("flash backward dQ");
+  if (!p.deterministic) return;
+  if (dq_lean) {
+    if constexpr (kDqLean) launch_dq<T, D, 1>(p, a, stream);
+  } else {
+    launch_dq<T, D, kTiles>(p, a, stream);
   }
 }
 

@@ -6,8 +6,6 @@
 //     S = Q K^T;  the online-softmax step (softmax.cuh);  O += P V.
 #pragma once
 
-#include <cstdlib>
-
 #include "args.h"
 #include "device.cuh"
 #include "launch.h"
@@ -16,33 +14,36 @@
 
 namespace attncore::cuda {
 
-// kWide (D = 256 where a CTA may hold 203 KB of shared memory, sm_90): 8 warps of 16 rows and
-// 64-key tiles, FlashAttention-2's shape there. Otherwise D = 256 runs 4 warps and 32-key tiles
-// (101 KB, two CTAs an SM): every K/V tile then feeds half the rows, and the wide shape was
-// 15-17% faster on an H200 (docs/PERFORMANCE.md, session 12).
-template <class T, int D, bool kWide = false> struct ForwardConfig {
-  static constexpr int kWarps = kWide ? 8 : 4;
+// A shape: kWarps warps (of two m16 tiles up to D = 128, one at D = 256, for the registers of O)
+// and key tiles of kBlockN columns. launch_forward picks, per head dim, the first of its shapes
+// whose shared memory the device allows:
+//  - D <= 128: 4 warps, 64-key tiles; at D = 128 those need 104,448 bytes, past the 99 KB of an
+//    sm_86, sm_89 or sm_120, which take 32-key tiles (69,632 bytes);
+//  - D = 256: 8 warps of 16 rows and 64-key tiles where a CTA may hold 203 KB (sm_90),
+//    FlashAttention-2's shape there, 15-17% faster on an H200 (docs/PERFORMANCE.md, session 12)
+//    than the 4 warps and 32-key tiles (exactly 99 KB) that every other device takes.
+template <class T, int D, int kBlockN_, int kWarps_ = 4> struct ForwardConfig {
+  static constexpr int kWarps = kWarps_;
   static constexpr int kThreads = kWarps * 32;
-  static constexpr int kCtasPerSm = kWide ? 1 : 2;
+  static constexpr int kCtasPerSm = kWarps == 8 ? 1 : 2;
   static constexpr int kMTiles = D <= 128 ? 2 : 1; // m16 tiles per warp (register budget at D = 256)
   static constexpr int kWarpRows = 16 * kMTiles;
   static constexpr int kBlockM = kWarps * kWarpRows;
-  static constexpr int kBlockN = D <= 128 || kWide ? 64 : 32;
+  static constexpr int kBlockN = kBlockN_;
   static constexpr int kPitch = D + 8; // +16 bytes: the 8 rows of an ldmatrix land in distinct banks
   static constexpr int kSTiles = kBlockN / 8; // score n-tiles
   static constexpr int kOTiles = D / 8;       // output n-tiles
   static constexpr size_t kSmemBytes = size_t(kBlockM + 2 * 2 * kBlockN) * kPitch * sizeof(T);
   static_assert(D % 16 == 0, "head dim must be a multiple of 16");
-  static_assert(!kWide || D == 256, "the wide shape is D = 256's");
   static_assert(kBlockM <= 128, "a row tile spans at most two query blocks of a block list");
   static_assert(64 % kBlockN == 0, "key tiles must divide the block-list block sizes");
-  static_assert(kWide ? kSmemBytes <= 227 * 1024 : kSmemBytes <= 160 * 1024, "must fit an sm_90 / sm_80 CTA");
+  static_assert(kSmemBytes <= 227 * 1024, "must fit an sm_90 CTA");
 };
 
 // The warp's online-softmax state (softmax.cuh) and its two products on mma.sync.
-template <class T, int D, bool kWide>
-struct ForwardWarp : OnlineSoftmax<ForwardConfig<T, D, kWide>::kMTiles, ForwardConfig<T, D, kWide>::kOTiles> {
-  using C = ForwardConfig<T, D, kWide>;
+template <class T, int D, int kBlockN, int kWarps>
+struct ForwardWarp : OnlineSoftmax<ForwardConfig<T, D, kBlockN, kWarps>::kMTiles, ForwardConfig<T, D, kBlockN, kWarps>::kOTiles> {
+  using C = ForwardConfig<T, D, kBlockN, kWarps>;
   using OnlineSoftmax<C::kMTiles, C::kOTiles>::o;
 
   // S = Q K^T for this warp's rows and the key tile in sK. The first k-step's products start from
@@ -94,10 +95,10 @@ struct ForwardWarp : OnlineSoftmax<ForwardConfig<T, D, kWide>::kMTiles, ForwardC
   }
 };
 
-template <class T, int D, bool kWide>
-__global__ void __launch_bounds__(ForwardConfig<T, D, kWide>::kThreads, ForwardConfig<T, D, kWide>::kCtasPerSm)
+template <class T, int D, int kBlockN, int kWarps>
+__global__ void __launch_bounds__(ForwardConfig<T, D, kBlockN, kWarps>::kThreads, ForwardConfig<T, D, kBlockN, kWarps>::kCtasPerSm)
     flash_forward_kernel(const __grid_constant__ AttnArgs a) {
-  using C = ForwardConfig<T, D, kWide>;
+  using C = ForwardConfig<T, D, kBlockN, kWarps>;
   extern __shared__ __align__(16) unsigned char smem[];
   T* sQ = reinterpret_cast<T*>(smem);
   T* sK = sQ + C::kBlockM * C::kPitch; // two buffers
@@ -147,7 +148,7 @@ __global__ void __launch_bounds__(ForwardConfig<T, D, kWide>::kThreads, ForwardC
                                                 reg.col_end - c0, tid);
   };
 
-  ForwardWarp<T, D, kWide> w;
+  ForwardWarp<T, D, kBlockN, kWarps> w;
   w.init();
   KvStep cur;
   bool have = walk.next(cur, a.mask, reg, m0, m1, a.blocks);
@@ -180,10 +181,11 @@ __global__ void __launch_bounds__(ForwardConfig<T, D, kWide>::kThreads, ForwardC
   w.template store<T>(a, batch, head, m0 + warp_row0, m1, lane);
 }
 
-template <class T, int D, bool kWide> void launch_forward_shape(const ForwardParams& p, cudaStream_t stream) {
-  using C = ForwardConfig<T, D, kWide>;
+template <class T, int D, int kBlockN, int kWarps = 4> void launch_forward_shape(const ForwardParams& p, cudaStream_t stream) {
+  using C = ForwardConfig<T, D, kBlockN, kWarps>;
+  require_smem(C::kSmemBytes, "flash forward", D);
   const AttnArgs a = forward_args(p);
-  const auto kernel = flash_forward_kernel<T, D, kWide>;
+  const auto kernel = flash_forward_kernel<T, D, kBlockN, kWarps>;
   cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(C::kSmemBytes));
   const dim3 grid(unsigned(tile_grid(p.seqlen_q, C::kBlockM, p.num_segments)), unsigned(p.heads_q),
                   unsigned(p.batch));
@@ -191,16 +193,18 @@ template <class T, int D, bool kWide> void launch_forward_shape(const ForwardPar
   check_launch("flash forward");
 }
 
+// The first shape of the head dim (ForwardConfig) whose shared memory the device allows.
 template <class T, int D> void launch_forward(const ForwardParams& p, cudaStream_t stream) {
+  const size_t smem = size_t(max_smem_per_block());
   if constexpr (D == 256) {
-    // ATTNCORE_FWD_NARROW=1 keeps the narrow shape where the wide one fits (tests cover both).
-    const char* narrow = std::getenv("ATTNCORE_FWD_NARROW");
-    if (!(narrow && narrow[0] == '1') && size_t(max_smem_per_block()) >= ForwardConfig<T, D, true>::kSmemBytes) {
-      launch_forward_shape<T, D, true>(p, stream);
-      return;
+    if (smem >= ForwardConfig<T, D, 64, 8>::kSmemBytes) return launch_forward_shape<T, D, 64, 8>(p, stream);
+    return launch_forward_shape<T, D, 32>(p, stream);
+  } else {
+    if constexpr (ForwardConfig<T, D, 64>::kSmemBytes > kSmallestSmem) { // (D = 128)
+      if (smem < ForwardConfig<T, D, 64>::kSmemBytes) return launch_forward_shape<T, D, 32>(p, stream);
     }
+    return launch_forward_shape<T, D, 64>(p, stream);
   }
-  launch_forward_shape<T, D, false>(p, stream);
 }
 
 } // namespace attncore::cuda

@@ -6,6 +6,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
 
+#include <cstddef>
 #include <string>
 
 #include "attncore/attention.h"
@@ -20,6 +21,14 @@ void check_launch(const char* what);
 
 // Shared memory a block may opt into on the current device: launchers pick a kernel shape by it.
 int max_smem_per_block();
+
+// Throws attncore::Error, one line naming the kernel, the head dim and both figures, when the
+// device cannot give a block `bytes` of shared memory.
+void require_smem(size_t bytes, const char* what, int head_dim);
+
+// The least shared memory a block may opt into on a device the mma.sync kernels serve: 99 KB on
+// sm_86, sm_89 and sm_120 (163 KB on sm_80, 227 KB on sm_90 and sm_100).
+inline constexpr size_t kSmallestSmem = 99 * 1024;
 
 #define ATTNCORE_DECLARE_HDIM(D)                                                                   \
   extern template void launch_forward<__nv_bfloat16, D>(const ForwardParams&, cudaStream_t);    \
