@@ -22,15 +22,18 @@
 namespace attncore::cuda {
 
 // kMTiles key m16 tiles a warp: 2 (128 keys a CTA) up to D = 128; 1 (64 keys) at D = 256, for the
-// registers of dK and dV, and at D = 80-128 where the device's shared memory is too small for 128
-// (launch_backward).
-template <class T, int D, int kMTiles_> struct BackwardConfig {
+// registers of dK and dV, and at D = 80-128 where the device's shared memory is too small for 128.
+// kBlockM queries a step: 64, or 128 at D = 64 (launch_backward says where).
+template <class T, int D, int kMTiles_, int kBlockM_ = 64> struct BackwardConfig {
   static constexpr int kWarps = 8;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kMTiles = kMTiles_;
   static constexpr int kWarpN = 16 * kMTiles;
-  static constexpr int kBlockN = 4 * kWarpN; // keys per CTA: 128, or 64 at D = 256
-  static constexpr int kBlockM = 64;         // queries per step
+  static constexpr int kBlockN = 4 * kWarpN; // keys per CTA: 128, or 64
+  static constexpr int kBlockM = kBlockM_;   // queries per step
+  static constexpr int kWarpM = kBlockM / 2; // queries of a warp's S^T and dP^T
+  static constexpr int kQTiles = kWarpM / 8; // their n8 tiles
+  static constexpr int kDqRows = kBlockM / 4; // dQ rows of a warp
   static constexpr int kPitch = D + 8;
   static constexpr int kPitchP = kBlockM + 8;
   static constexpr int kHalfTiles = D / 16; // output n-tiles per warp (half of D / 8)
@@ -41,15 +44,18 @@ template <class T, int D, int kMTiles_> struct BackwardConfig {
   }
   static_assert(D % 16 == 0, "head dim must be a multiple of 16");
   static_assert(kMTiles == 1 || kMTiles == 2, "one or two key tiles a warp");
+  static_assert(kBlockM == 64 || kBlockM == 128, "steps of 64 or 128 queries");
+  static_assert(2 * kBlockM <= kThreads, "a thread a row statistic");
   static_assert(smem_bytes(2) <= 227 * 1024, "two stages must fit an sm_90 CTA");
 };
 
 // out[mt][j] += A (kMTiles x 16 rows over 64 queries, from a [rows][kPitchP] tile) times
 // B (64 queries x this warp's half of the head dim).
-template <class T, int D, int kMTiles>
+// (B: the step's queries x this warp's half of the head dim.)
+template <class T, int D, int kMTiles, int kBlockM>
 __device__ __forceinline__ void accumulate_half(float (&out)[kMTiles][D / 16][4], const T* a_tile, int a_row0,
                                                 const T* b_tile, int col0, int lane) {
-  using C = BackwardConfig<T, D, kMTiles>;
+  using C = BackwardConfig<T, D, kMTiles, kBlockM>;
 #pragma unroll
   for (int k0 = 0; k0 < C::kBlockM; k0 += 16) {
     uint32_t a[C::kMTiles][4];
@@ -77,10 +83,10 @@ __device__ __forceinline__ void accumulate_half(float (&out)[kMTiles][D / 16][4]
 
 // dK and dV of the key tile [n0, n0 + kBlockN) of `reg` (one kv head), over every query tile that
 // sees it. `stages`: 2 overlaps the next step's loads with this step's products.
-template <class T, int D, int kMTiles>
+template <class T, int D, int kMTiles, int kBlockM>
 __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, const Region& reg, int32_t n0,
                           int kv_head, int batch) {
-  using C = BackwardConfig<T, D, kMTiles>;
+  using C = BackwardConfig<T, D, kMTiles, kBlockM>;
   T* sK = reinterpret_cast<T*>(smem);
   T* sV = sK + C::kBlockN * C::kPitch;
   T* sQ = sV + C::kBlockN * C::kPitch; // [stages][kBlockM][kPitch]
@@ -130,25 +136,25 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
     }
   };
 
-  const auto zero = [](float (&x)[C::kMTiles][4][4]) {
+  const auto zero = [](float (&x)[C::kMTiles][C::kQTiles][4]) {
 #pragma unroll
     for (int mt = 0; mt < C::kMTiles; ++mt)
 #pragma unroll
-      for (int j = 0; j < 4; ++j)
+      for (int j = 0; j < C::kQTiles; ++j)
 #pragma unroll
         for (int e = 0; e < 4; ++e) x[mt][j][e] = 0.f;
   };
   // acc = A B^T over the head dim for this warp's keys (rows wrow0.. of a_tile: K or V) and queries
-  // (rows 32 wh.. of b_tile: Q or dO): S^T or dP^T. The first k-step starts from zero.
-  const auto transposed_product = [&](float (&acc)[C::kMTiles][4][4], const T* a_tile, const T* b_tile) {
+  // (rows kWarpM wh.. of b_tile: Q or dO): S^T or dP^T. The first k-step starts from zero.
+  const auto transposed_product = [&](float (&acc)[C::kMTiles][C::kQTiles][4], const T* a_tile, const T* b_tile) {
     const auto k_step = [&](int k0, auto first) {
       uint32_t ak[C::kMTiles][4];
 #pragma unroll
       for (int mt = 0; mt < C::kMTiles; ++mt) load_a<T>(ak[mt], a_tile, C::kPitch, wrow0 + 16 * mt, k0, lane);
 #pragma unroll
-      for (int j = 0; j < 4; j += 2) {
+      for (int j = 0; j < C::kQTiles; j += 2) {
         uint32_t bq[4];
-        load_b_nk<T>(bq, b_tile, C::kPitch, 32 * wh + j * 8, k0, lane);
+        load_b_nk<T>(bq, b_tile, C::kPitch, C::kWarpM * wh + j * 8, k0, lane);
 #pragma unroll
         for (int mt = 0; mt < C::kMTiles; ++mt) {
           mma_16x8x16<T, decltype(first)::value>(acc[mt][j], ak[mt], bq[0], bq[1]);
@@ -192,10 +198,11 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
     // This lane's 8 query columns' statistics are read into registers just before their use: read
     // in place, every P^T or dS^T store to shared memory (which may alias them, for all the
     // compiler knows) would reload them.
-    const auto column_stats = [&](const float* stats, float (&out)[4][2]) {
+    const auto column_stats = [&](const float* stats, float (&out)[C::kQTiles][2]) {
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const float2 x = *reinterpret_cast<const float2*>(stats + st * C::kBlockM + 32 * wh + j * 8 + (lane & 3) * 2);
+      for (int j = 0; j < C::kQTiles; ++j) {
+        const float2 x =
+            *reinterpret_cast<const float2*>(stats + st * C::kBlockM + C::kWarpM * wh + j * 8 + (lane & 3) * 2);
         out[j][0] = x.x;
         out[j][1] = x.y;
       }
@@ -203,16 +210,16 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
     const bool active = list ? cur.active[1] : cur.active[0];
     const bool masked = list ? cur.masked[1] : cur.masked[0];
 
-    // 1. S^T = K Q^T for this warp's keys and queries 32 wh..; P^T = exp(S^T - LSE), masked (all
+    // 1. S^T = K Q^T for this warp's keys and queries kWarpM wh..; P^T = exp(S^T - LSE), masked (all
     //    zero for a warp whose keys this step does not visit), into shared memory.
     const int32_t base = reg.diff(cur.r0, n0); // (row r0 + m, key n0 + n) has diff base + n - m
     const bool check = masked || n0 + C::kBlockN > reg.col_end;
-    float p[C::kMTiles][4][4];
+    float p[C::kMTiles][C::kQTiles][4];
     if (active) transposed_product(p, sK, q_s);
-    float lse2[4][2]; // log2 units; a row without keys (LSE = -inf) gets +inf: P = 0
+    float lse2[C::kQTiles][2]; // log2 units; a row without keys (LSE = -inf) gets +inf: P = 0
     column_stats(sLse, lse2);
 #pragma unroll
-    for (int j = 0; j < 4; ++j)
+    for (int j = 0; j < C::kQTiles; ++j)
 #pragma unroll
       for (int e = 0; e < 2; ++e) lse2[j][e] = lse2[j][e] == -INFINITY ? INFINITY : lse2[j][e] * kLog2e;
     // Three uniform cases, so that the common one (every pair visible) is the exponentials alone:
@@ -224,18 +231,18 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
 #pragma unroll
       for (int mt = 0; mt < C::kMTiles; ++mt)
 #pragma unroll
-        for (int j = 0; j < 4; ++j)
+        for (int j = 0; j < C::kQTiles; ++j)
 #pragma unroll
           for (int e = 0; e < 4; ++e) p[mt][j][e] = fast_exp2(fmaf(p[mt][j][e], a.scale_log2, -lse2[j][e & 1]));
     } else {
 #pragma unroll
       for (int mt = 0; mt < C::kMTiles; ++mt)
 #pragma unroll
-        for (int j = 0; j < 4; ++j)
+        for (int j = 0; j < C::kQTiles; ++j)
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             const int n = wrow0 + 16 * mt + (lane >> 2) + (e >> 1) * 8;
-            const int m = 32 * wh + j * 8 + (lane & 3) * 2 + (e & 1);
+            const int m = C::kWarpM * wh + j * 8 + (lane & 3) * 2 + (e & 1);
             const bool ok = n0 + n < reg.col_end && (!masked || visible(a.mask, base + n - m));
             p[mt][j][e] = ok ? fast_exp2(fmaf(p[mt][j][e], a.scale_log2, -lse2[j][e & 1])) : 0.f;
           }
@@ -243,28 +250,28 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
 #pragma unroll
     for (int mt = 0; mt < C::kMTiles; ++mt)
 #pragma unroll
-      for (int j = 0; j < 4; ++j)
+      for (int j = 0; j < C::kQTiles; ++j)
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
           const int n = wrow0 + 16 * mt + (lane >> 2) + hh * 8;
-          const int m = 32 * wh + j * 8 + (lane & 3) * 2;
+          const int m = C::kWarpM * wh + j * 8 + (lane & 3) * 2;
           *reinterpret_cast<uint32_t*>(sP + n * C::kPitchP + m) = pack2<T>(p[mt][j][2 * hh], p[mt][j][2 * hh + 1]);
         }
 
     // 2. dP^T = V dO^T, then dS^T = P^T (dP^T - delta) into shared memory (P is 0 where masked).
-    float dp[C::kMTiles][4][4];
+    float dp[C::kMTiles][C::kQTiles][4];
     if (active) transposed_product(dp, sV, do_s);
     else zero(dp); // P^T is 0, but 0 x (whatever the registers held) need not be
-    float delta[4][2];
+    float delta[C::kQTiles][2];
     column_stats(sDelta, delta);
 #pragma unroll
     for (int mt = 0; mt < C::kMTiles; ++mt)
 #pragma unroll
-      for (int j = 0; j < 4; ++j)
+      for (int j = 0; j < C::kQTiles; ++j)
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
           const int n = wrow0 + 16 * mt + (lane >> 2) + hh * 8;
-          const int m = 32 * wh + j * 8 + (lane & 3) * 2;
+          const int m = C::kWarpM * wh + j * 8 + (lane & 3) * 2;
           const float ds0 = p[mt][j][2 * hh] * (dp[mt][j][2 * hh] - delta[j][0]);
           const float ds1 = p[mt][j][2 * hh + 1] * (dp[mt][j][2 * hh + 1] - delta[j][1]);
           *reinterpret_cast<uint32_t*>(sdS + n * C::kPitchP + m) = pack2<T>(ds0, ds1);
@@ -273,43 +280,49 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
 
     // 3. dV += P^T dO, dK += dS^T Q on this warp's keys and half of the head dim.
     if (active) {
-      accumulate_half<T, D, kMTiles>(dv, sP, wrow0, do_s, wh * (D / 2), lane);
-      accumulate_half<T, D, kMTiles>(dk, sdS, wrow0, q_s, wh * (D / 2), lane);
+      accumulate_half<T, D, kMTiles, kBlockM>(dv, sP, wrow0, do_s, wh * (D / 2), lane);
+      accumulate_half<T, D, kMTiles, kBlockM>(dk, sdS, wrow0, q_s, wh * (D / 2), lane);
     }
 
-    // 4. dQ += scale dS K for queries 16 wr.., this half of the head dim, added atomically.
+    // 4. dQ += scale dS K for queries kDqRows wr.., this half of the head dim, added atomically, one
+    //    m16 tile of rows at a time (at D = 64 two: both at once spill the 64-query shape at D = 128).
     if (a.accumulate_dq) {
-      float dq[C::kHalfTiles][4];
 #pragma unroll
-      for (int j = 0; j < C::kHalfTiles; ++j)
+      for (int mt = 0; mt < C::kDqRows / 16; ++mt) {
+        const int dq_row0 = C::kDqRows * wr + 16 * mt;
+        float dq[C::kHalfTiles][4];
 #pragma unroll
-        for (int e = 0; e < 4; ++e) dq[j][e] = 0.f;
+        for (int j = 0; j < C::kHalfTiles; ++j)
 #pragma unroll
-      for (int k0 = 0; k0 < C::kBlockN; k0 += 16) {
-        uint32_t ads[4];
-        load_a_trans<T>(ads, sdS, C::kPitchP, 16 * wr, k0, lane); // dS = (dS^T)^T
+          for (int e = 0; e < 4; ++e) dq[j][e] = 0.f;
 #pragma unroll
-        for (int j = 0; j < C::kHalfTiles; j += 2) {
-          if (j + 1 < C::kHalfTiles) {
-            uint32_t b[4];
-            load_b_kn<T>(b, sK, C::kPitch, k0, wh * (D / 2) + j * 8, lane);
-            mma_16x8x16<T>(dq[j], ads, b[0], b[1]);
-            mma_16x8x16<T>(dq[j + 1], ads, b[2], b[3]);
-          } else {
-            uint32_t b[2];
-            load_b_kn_single<T>(b, sK, C::kPitch, k0, wh * (D / 2) + j * 8, lane);
-            mma_16x8x16<T>(dq[j], ads, b[0], b[1]);
+        for (int k0 = 0; k0 < C::kBlockN; k0 += 16) {
+          uint32_t ads[4];
+          load_a_trans<T>(ads, sdS, C::kPitchP, dq_row0, k0, lane); // dS = (dS^T)^T
+#pragma unroll
+          for (int j = 0; j < C::kHalfTiles; j += 2) {
+            if (j + 1 < C::kHalfTiles) {
+              uint32_t b[4];
+              load_b_kn<T>(b, sK, C::kPitch, k0, wh * (D / 2) + j * 8, lane);
+              mma_16x8x16<T>(dq[j], ads, b[0], b[1]);
+              mma_16x8x16<T>(dq[j + 1], ads, b[2], b[3]);
+            } else {
+              uint32_t b[2];
+              load_b_kn_single<T>(b, sK, C::kPitch, k0, wh * (D / 2) + j * 8, lane);
+              mma_16x8x16<T>(dq[j], ads, b[0], b[1]);
+            }
           }
         }
-      }
-      float* dq_g = static_cast<float*>(a.dq.data) + batch * a.dq.batch_stride + cur.head * a.dq.head_stride;
+        float* dq_g = static_cast<float*>(a.dq.data) + batch * a.dq.batch_stride + cur.head * a.dq.head_stride;
 #pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const int32_t r = cur.r0 + 16 * wr + (lane >> 2) + hh * 8;
-        if (r >= reg.row_end) continue;
-        float* row = dq_g + int64_t(r) * a.dq.token_stride + wh * (D / 2) + (lane & 3) * 2;
+        for (int hh = 0; hh < 2; ++hh) {
+          const int32_t r = cur.r0 + dq_row0 + (lane >> 2) + hh * 8;
+          if (r >= reg.row_end) continue;
+          float* row = dq_g + int64_t(r) * a.dq.token_stride + wh * (D / 2) + (lane & 3) * 2;
 #pragma unroll
-        for (int j = 0; j < C::kHalfTiles; ++j) atomic_add2(row + j * 8, a.scale * dq[j][2 * hh], a.scale * dq[j][2 * hh + 1]);
+          for (int j = 0; j < C::kHalfTiles; ++j)
+            atomic_add2(row + j * 8, a.scale * dq[j][2 * hh], a.scale * dq[j][2 * hh + 1]);
+        }
       }
     }
     __syncthreads(); // sP, sdS and this stage are free again
@@ -346,15 +359,15 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
     }
 }
 
-template <class T, int D, int kMTiles>
-__global__ void __launch_bounds__(BackwardConfig<T, D, kMTiles>::kThreads, 1)
+template <class T, int D, int kMTiles, int kBlockM>
+__global__ void __launch_bounds__(BackwardConfig<T, D, kMTiles, kBlockM>::kThreads, 1)
     flash_backward_dkdv_kernel(const __grid_constant__ AttnArgs a, int stages) {
-  using C = BackwardConfig<T, D, kMTiles>;
+  using C = BackwardConfig<T, D, kMTiles, kBlockM>;
   extern __shared__ __align__(16) unsigned char smem[];
   const int kv_head = blockIdx.y, batch = blockIdx.z;
   if (a.nseg == 0) {
     const int32_t n0 = int32_t(blockIdx.x) * C::kBlockN;
-    if (n0 < a.seqlen_kv) dkdv_tile<T, D, kMTiles>(a, smem, stages, whole_call(a.mask, a.seqlen_q, a.seqlen_kv), n0, kv_head, batch);
+    if (n0 < a.seqlen_kv) dkdv_tile<T, D, kMTiles, kBlockM>(a, smem, stages, whole_call(a.mask, a.seqlen_q, a.seqlen_kv), n0, kv_head, batch);
     return;
   }
   // Segments may share keys, so their key tiles can outnumber the grid: stride over them.
@@ -362,7 +375,7 @@ __global__ void __launch_bounds__(BackwardConfig<T, D, kMTiles>::kThreads, 1)
     int32_t seg, tile;
     if (!locate_tile(a.segs, a.nseg, x, C::kBlockN, false, seg, tile)) return;
     const Region reg = segment_region(a.segs[seg]);
-    dkdv_tile<T, D, kMTiles>(a, smem, stages, reg, reg.col_begin + tile * C::kBlockN, kv_head, batch);
+    dkdv_tile<T, D, kMTiles, kBlockM>(a, smem, stages, reg, reg.col_begin + tile * C::kBlockN, kv_head, batch);
     __syncthreads(); // the next tile reuses shared memory
   }
 }
@@ -573,10 +586,10 @@ __global__ void __launch_bounds__(DqConfig<T, D, kMTiles>::kThreads, 1)
     }
 }
 
-template <class T, int D, int kMTiles>
+template <class T, int D, int kMTiles, int kBlockM = 64>
 void launch_dkdv(const BackwardParams& p, const AttnArgs& a, size_t smem_allowed, cudaStream_t stream) {
-  using C = BackwardConfig<T, D, kMTiles>;
-  const auto kernel = flash_backward_dkdv_kernel<T, D, kMTiles>;
+  using C = BackwardConfig<T, D, kMTiles, kBlockM>;
+  const auto kernel = flash_backward_dkdv_kernel<T, D, kMTiles, kBlockM>;
   const int stages = smem_allowed >= C::smem_bytes(2) ? 2 : 1;
   const size_t smem = C::smem_bytes(stages);
   cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
@@ -599,12 +612,23 @@ template <class T, int D, int kMTiles> void launch_dq(const BackwardParams& p, c
 // a CTA with Q and dO double-buffered (sm_90), then with one stage (sm_80); then 64 keys a CTA, two
 // stages, then one, where 128 keys do not fit (D = 80-128 on the 99 KB of an sm_86, sm_89 or
 // sm_120). D = 256 has the 64-key shape only, 154,112 bytes with one stage: no 99 KB device runs its
-// backward. dQ (deterministic mode): 128 query rows a CTA, then 64 (D = 128 on 99 KB).
+// backward. At D = 64 without a block list, 128 keys and 128-query steps come first (144,384 bytes
+// with one stage, so sm_80 and sm_90), FlashAttention-2's tile there: a step's fixed costs (two
+// barriers, its statistics, the walk) weigh twice as much on D = 64's short products. (A 128-row
+// step would span two query blocks of a 64-row block list, which QWalk does not walk.)
+// dQ (deterministic mode): 128 query rows a CTA, then 64 (D = 128 on 99 KB).
 // The 64-key and 64-row shapes are compiled only for the head dims that need them.
 template <class T, int D> void launch_backward(const BackwardParams& p, cudaStream_t stream) {
   AttnArgs a = backward_args(p);
   a.accumulate_dq = !p.deterministic;
   const size_t smem = size_t(max_smem_per_block());
+  if constexpr (D == 64) {
+    if (!p.blocks && smem >= BackwardConfig<T, D, 2, 128>::smem_bytes(1)) {
+      launch_dkdv<T, D, 2, 128>(p, a, smem, stream);
+      if (p.deterministic) launch_dq<T, D, 2>(p, a, stream); // (55,296 bytes)
+      return;
+    }
+  }
   constexpr int kTiles = D <= 128 ? 2 : 1;
   using Dkdv = BackwardConfig<T, D, kTiles>;
   using Dq = DqConfig<T, D, kTiles>;
