@@ -7,9 +7,9 @@
 // every (query head of the GQA group, 64-row query tile) that sees them (QWalk), so dK and dV are
 // summed in registers and added once. Warp (r, h) computes S^T and dP^T for keys 32r..32r+31 (two
 // m16 tiles, so every Q/dO fragment loaded feeds two products) and queries 32h..32h+31; P^T and
-// dS^T go through shared memory to become the A operands of dV and dK, whose columns are split
-// between the two warps of a key slice (h = half). With accumulate_dq it also adds
-// dQ = scale dS K into the fp32 accumulator atomically (the default path). Deterministic mode
+// dS^T go through shared memory to become the A operands of dV and dK, which the warps tile their
+// own way (BackwardConfig::kColSplit). With accumulate_dq it also adds dQ = scale dS K into the
+// fp32 accumulator atomically (the default path). Deterministic mode
 // leaves dQ to the dQ kernel below, which recomputes S and dP per query tile and owns its rows:
 // two more products, no atomics.
 #pragma once
@@ -33,10 +33,17 @@ template <class T, int D, int kMTiles_, int kBlockM_ = 64> struct BackwardConfig
   static constexpr int kBlockM = kBlockM_;   // queries per step
   static constexpr int kWarpM = kBlockM / 2; // queries of a warp's S^T and dP^T
   static constexpr int kQTiles = kWarpM / 8; // their n8 tiles
-  static constexpr int kDqRows = kBlockM / 4; // dQ rows of a warp
   static constexpr int kPitch = D + 8;
   static constexpr int kPitchP = kBlockM + 8;
-  static constexpr int kHalfTiles = D / 16; // output n-tiles per warp (half of D / 8)
+  // The products with D-wide outputs (dV, dK, dQ) split the head dim between kColSplit warps: two
+  // halves, or four quarters at D = 256, where a half would make a warp's 64 x 16 output tiles
+  // load a B fragment for every two products (measured below in PERFORMANCE.md, session 13).
+  static constexpr int kColSplit = D == 256 ? 4 : 2;
+  static constexpr int kGradKeys = kBlockN * kColSplit / kWarps; // keys of a warp's dK and dV
+  static constexpr int kGradMTiles = kGradKeys / 16;
+  static constexpr int kOutCols = D / kColSplit; // columns of a warp's dK, dV, dQ
+  static constexpr int kOutTiles = kOutCols / 8;
+  static constexpr int kDqRows = kBlockM * kColSplit / kWarps; // rows of a warp's dQ
   // Q/dO (and their row statistics) are double-buffered where the device's shared memory allows.
   static constexpr size_t smem_bytes(int stages) {
     return size_t(2 * kBlockN + 2 * stages * kBlockM) * kPitch * sizeof(T) + size_t(2 * kBlockN * kPitchP) * sizeof(T) +
@@ -46,28 +53,27 @@ template <class T, int D, int kMTiles_, int kBlockM_ = 64> struct BackwardConfig
   static_assert(kMTiles == 1 || kMTiles == 2, "one or two key tiles a warp");
   static_assert(kBlockM == 64 || kBlockM == 128, "steps of 64 or 128 queries");
   static_assert(2 * kBlockM <= kThreads, "a thread a row statistic");
+  static_assert(kGradKeys % 16 == 0 && kDqRows % 16 == 0 && kOutCols % 8 == 0, "whole m16 and n8 tiles");
   static_assert(smem_bytes(2) <= 227 * 1024, "two stages must fit an sm_90 CTA");
 };
 
-// out[mt][j] += A (kMTiles x 16 rows over 64 queries, from a [rows][kPitchP] tile) times
-// B (64 queries x this warp's half of the head dim).
-// (B: the step's queries x this warp's half of the head dim.)
-template <class T, int D, int kMTiles, int kBlockM>
-__device__ __forceinline__ void accumulate_half(float (&out)[kMTiles][D / 16][4], const T* a_tile, int a_row0,
-                                                const T* b_tile, int col0, int lane) {
-  using C = BackwardConfig<T, D, kMTiles, kBlockM>;
+// out[mt][j] += A (kGradMTiles x 16 rows over the step's queries, from a [rows][kPitchP] tile)
+// times B (the step's queries x this warp's kOutCols columns of the head dim): dV or dK.
+template <class T, int D, int kMTiles, int kBlockM, class C = BackwardConfig<T, D, kMTiles, kBlockM>>
+__device__ __forceinline__ void accumulate_grad(float (&out)[C::kGradMTiles][C::kOutTiles][4], const T* a_tile,
+                                                int a_row0, const T* b_tile, int col0, int lane) {
 #pragma unroll
   for (int k0 = 0; k0 < C::kBlockM; k0 += 16) {
-    uint32_t a[C::kMTiles][4];
+    uint32_t a[C::kGradMTiles][4];
 #pragma unroll
-    for (int mt = 0; mt < C::kMTiles; ++mt) load_a<T>(a[mt], a_tile, C::kPitchP, a_row0 + 16 * mt, k0, lane);
+    for (int mt = 0; mt < C::kGradMTiles; ++mt) load_a<T>(a[mt], a_tile, C::kPitchP, a_row0 + 16 * mt, k0, lane);
 #pragma unroll
-    for (int j = 0; j < C::kHalfTiles; j += 2) {
-      if (j + 1 < C::kHalfTiles) {
+    for (int j = 0; j < C::kOutTiles; j += 2) {
+      if (j + 1 < C::kOutTiles) {
         uint32_t b[4];
         load_b_kn<T>(b, b_tile, C::kPitch, k0, col0 + j * 8, lane);
 #pragma unroll
-        for (int mt = 0; mt < C::kMTiles; ++mt) {
+        for (int mt = 0; mt < C::kGradMTiles; ++mt) {
           mma_16x8x16<T>(out[mt][j], a[mt], b[0], b[1]);
           mma_16x8x16<T>(out[mt][j + 1], a[mt], b[2], b[3]);
         }
@@ -75,7 +81,7 @@ __device__ __forceinline__ void accumulate_half(float (&out)[kMTiles][D / 16][4]
         uint32_t b[2];
         load_b_kn_single<T>(b, b_tile, C::kPitch, k0, col0 + j * 8, lane);
 #pragma unroll
-        for (int mt = 0; mt < C::kMTiles; ++mt) mma_16x8x16<T>(out[mt][j], a[mt], b[0], b[1]);
+        for (int mt = 0; mt < C::kGradMTiles; ++mt) mma_16x8x16<T>(out[mt][j], a[mt], b[0], b[1]);
       }
     }
   }
@@ -97,8 +103,13 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
   float* sDelta = sLse + stages * C::kBlockM;
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const int wr = warp & 3, wh = warp >> 2; // key slice, half
+  const int wr = warp & 3, wh = warp >> 2; // S^T and dP^T: key slice, query half
   const int wrow0 = wr * C::kWarpN;        // this warp's first key in the tile
+  // dV, dK, dQ: warp (ws, wc) of kWarps / kColSplit slices of keys (dQ: of rows) by kColSplit of
+  // columns, the same as (wr, wh) where kColSplit = 2. Keys grow0.., dQ's rows qrow0.., columns col0..
+  constexpr int kSlices = C::kWarps / C::kColSplit;
+  const int ws = warp & (kSlices - 1), wc = warp >> (kSlices == 4 ? 2 : 1);
+  const int grow0 = ws * C::kGradKeys, qrow0 = ws * C::kDqRows, col0 = wc * C::kOutCols;
 
   const T* k = static_cast<const T*>(a.k.data) + batch * a.k.batch_stride + kv_head * a.k.head_stride;
   const T* v = static_cast<const T*>(a.v.data) + batch * a.v.batch_stride + kv_head * a.v.head_stride;
@@ -169,11 +180,11 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
     for (int k0 = 16; k0 < D; k0 += 16) k_step(k0, std::false_type{});
   };
 
-  float dk[C::kMTiles][C::kHalfTiles][4], dv[C::kMTiles][C::kHalfTiles][4];
+  float dk[C::kGradMTiles][C::kOutTiles][4], dv[C::kGradMTiles][C::kOutTiles][4];
 #pragma unroll
-  for (int mt = 0; mt < C::kMTiles; ++mt)
+  for (int mt = 0; mt < C::kGradMTiles; ++mt)
 #pragma unroll
-    for (int j = 0; j < C::kHalfTiles; ++j)
+    for (int j = 0; j < C::kOutTiles; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) dk[mt][j][e] = dv[mt][j][e] = 0.f;
 
@@ -278,51 +289,64 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
         }
     __syncthreads();
 
-    // 3. dV += P^T dO, dK += dS^T Q on this warp's keys and half of the head dim.
-    if (active) {
-      accumulate_half<T, D, kMTiles, kBlockM>(dv, sP, wrow0, do_s, wh * (D / 2), lane);
-      accumulate_half<T, D, kMTiles, kBlockM>(dk, sdS, wrow0, q_s, wh * (D / 2), lane);
+    // 3. dV += P^T dO, dK += dS^T Q on this warp's keys and columns.
+    // (A warp's dK/dV keys lie in one block of a block list; where they are not its S^T keys
+    // (D = 256: 64 keys a CTA), in the CTA's one block.)
+    if (C::kColSplit == 2 ? active : cur.active[0]) {
+      accumulate_grad<T, D, kMTiles, kBlockM>(dv, sP, grow0, do_s, col0, lane);
+      accumulate_grad<T, D, kMTiles, kBlockM>(dk, sdS, grow0, q_s, col0, lane);
     }
 
-    // 4. dQ += scale dS K for queries kDqRows wr.., this half of the head dim, added atomically, one
-    //    m16 tile of rows at a time (at D = 64 two: both at once spill the 64-query shape at D = 128).
+    // 4. dQ += scale dS K for this warp's rows and columns, added atomically, kDqGroup m16 tiles of
+    //    rows at a time: all of them (one B fragment for both, +1% at D = 64 and 128), but one at
+    //    D = 256, where two hold 64 more registers and spill 108 bytes.
     if (a.accumulate_dq) {
+      constexpr int kDqGroup = D == 256 ? 1 : C::kDqRows / 16;
 #pragma unroll
-      for (int mt = 0; mt < C::kDqRows / 16; ++mt) {
-        const int dq_row0 = C::kDqRows * wr + 16 * mt;
-        float dq[C::kHalfTiles][4];
+      for (int m0 = 0; m0 < C::kDqRows; m0 += 16 * kDqGroup) {
+        float dq[kDqGroup][C::kOutTiles][4];
 #pragma unroll
-        for (int j = 0; j < C::kHalfTiles; ++j)
+        for (int mt = 0; mt < kDqGroup; ++mt)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) dq[j][e] = 0.f;
+          for (int j = 0; j < C::kOutTiles; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) dq[mt][j][e] = 0.f;
 #pragma unroll
         for (int k0 = 0; k0 < C::kBlockN; k0 += 16) {
-          uint32_t ads[4];
-          load_a_trans<T>(ads, sdS, C::kPitchP, dq_row0, k0, lane); // dS = (dS^T)^T
+          uint32_t ads[kDqGroup][4];
 #pragma unroll
-          for (int j = 0; j < C::kHalfTiles; j += 2) {
-            if (j + 1 < C::kHalfTiles) {
+          for (int mt = 0; mt < kDqGroup; ++mt)
+            load_a_trans<T>(ads[mt], sdS, C::kPitchP, qrow0 + m0 + 16 * mt, k0, lane); // dS = (dS^T)^T
+#pragma unroll
+          for (int j = 0; j < C::kOutTiles; j += 2) {
+            if (j + 1 < C::kOutTiles) {
               uint32_t b[4];
-              load_b_kn<T>(b, sK, C::kPitch, k0, wh * (D / 2) + j * 8, lane);
-              mma_16x8x16<T>(dq[j], ads, b[0], b[1]);
-              mma_16x8x16<T>(dq[j + 1], ads, b[2], b[3]);
+              load_b_kn<T>(b, sK, C::kPitch, k0, col0 + j * 8, lane);
+#pragma unroll
+              for (int mt = 0; mt < kDqGroup; ++mt) {
+                mma_16x8x16<T>(dq[mt][j], ads[mt], b[0], b[1]);
+                mma_16x8x16<T>(dq[mt][j + 1], ads[mt], b[2], b[3]);
+              }
             } else {
               uint32_t b[2];
-              load_b_kn_single<T>(b, sK, C::kPitch, k0, wh * (D / 2) + j * 8, lane);
-              mma_16x8x16<T>(dq[j], ads, b[0], b[1]);
+              load_b_kn_single<T>(b, sK, C::kPitch, k0, col0 + j * 8, lane);
+#pragma unroll
+              for (int mt = 0; mt < kDqGroup; ++mt) mma_16x8x16<T>(dq[mt][j], ads[mt], b[0], b[1]);
             }
           }
         }
         float* dq_g = static_cast<float*>(a.dq.data) + batch * a.dq.batch_stride + cur.head * a.dq.head_stride;
 #pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-          const int32_t r = cur.r0 + dq_row0 + (lane >> 2) + hh * 8;
-          if (r >= reg.row_end) continue;
-          float* row = dq_g + int64_t(r) * a.dq.token_stride + wh * (D / 2) + (lane & 3) * 2;
+        for (int mt = 0; mt < kDqGroup; ++mt)
 #pragma unroll
-          for (int j = 0; j < C::kHalfTiles; ++j)
-            atomic_add2(row + j * 8, a.scale * dq[j][2 * hh], a.scale * dq[j][2 * hh + 1]);
-        }
+          for (int hh = 0; hh < 2; ++hh) {
+            const int32_t r = cur.r0 + qrow0 + m0 + 16 * mt + (lane >> 2) + hh * 8;
+            if (r >= reg.row_end) continue;
+            float* row = dq_g + int64_t(r) * a.dq.token_stride + col0 + (lane & 3) * 2;
+#pragma unroll
+            for (int j = 0; j < C::kOutTiles; ++j)
+              atomic_add2(row + j * 8, a.scale * dq[mt][j][2 * hh], a.scale * dq[mt][j][2 * hh + 1]);
+          }
       }
     }
     __syncthreads(); // sP, sdS and this stage are free again
@@ -343,16 +367,16 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
   const int64_t dk_head = batch * a.dk.batch_stride + kv_head * a.dk.head_stride;
   const int64_t dv_head = batch * a.dv.batch_stride + kv_head * a.dv.head_stride;
 #pragma unroll
-  for (int mt = 0; mt < C::kMTiles; ++mt)
+  for (int mt = 0; mt < C::kGradMTiles; ++mt)
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
-      const int32_t n = n0 + wrow0 + 16 * mt + (lane >> 2) + hh * 8;
+      const int32_t n = n0 + grow0 + 16 * mt + (lane >> 2) + hh * 8;
       if (n >= reg.col_end) continue;
-      const int col = wh * (D / 2) + (lane & 3) * 2;
+      const int col = col0 + (lane & 3) * 2;
       const int64_t pk = dk_head + int64_t(n) * a.dk.token_stride + col;
       const int64_t pv = dv_head + int64_t(n) * a.dv.token_stride + col;
 #pragma unroll
-      for (int j = 0; j < C::kHalfTiles; ++j) {
+      for (int j = 0; j < C::kOutTiles; ++j) {
         put_grad2<T>(a.dk.data, pk + j * 8, a.scale * dk[mt][j][2 * hh], a.scale * dk[mt][j][2 * hh + 1], a.dkdv_out);
         put_grad2<T>(a.dv.data, pv + j * 8, dv[mt][j][2 * hh], dv[mt][j][2 * hh + 1], a.dkdv_out);
       }
