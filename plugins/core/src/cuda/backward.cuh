@@ -335,6 +335,14 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
             }
           }
         }
+        // Scaled in place, so that each atomic reads registers of its own: an atomic reads its
+        // operands late, and a register it has not yet read cannot be written again (ncu, session 13).
+#pragma unroll
+        for (int mt = 0; mt < kDqGroup; ++mt)
+#pragma unroll
+          for (int j = 0; j < C::kOutTiles; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) dq[mt][j][e] *= a.scale;
         float* dq_g = static_cast<float*>(a.dq.data) + batch * a.dq.batch_stride + cur.head * a.dq.head_stride;
 #pragma unroll
         for (int mt = 0; mt < kDqGroup; ++mt)
@@ -344,8 +352,7 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
             if (r >= reg.row_end) continue;
             float* row = dq_g + int64_t(r) * a.dq.token_stride + col0 + (lane & 3) * 2;
 #pragma unroll
-            for (int j = 0; j < C::kOutTiles; ++j)
-              atomic_add2(row + j * 8, a.scale * dq[mt][j][2 * hh], a.scale * dq[mt][j][2 * hh + 1]);
+            for (int j = 0; j < C::kOutTiles; ++j) atomic_add2(row + j * 8, dq[mt][j][2 * hh], dq[mt][j][2 * hh + 1]);
           }
       }
     }
