@@ -105,6 +105,15 @@ __device__ __forceinline__ void mma_16x8x16<__half, true>(float (&c)[4], const u
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.f));
 }
 
+// The same, c = a b where from_zero, for a choice that unrolling makes constant (the first k-step
+// of a fully unrolled loop).
+template <class T>
+__device__ __forceinline__ void mma_16x8x16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1,
+                                            bool from_zero) {
+  if (from_zero) mma_16x8x16<T, true>(c, a, b0, b1);
+  else mma_16x8x16<T, false>(c, a, b0, b1);
+}
+
 // ---- shared memory -> registers ----------------------------------------------------------------
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
