@@ -57,6 +57,30 @@ template <class T, int D, int kMTiles_, int kBlockM_ = 64> struct BackwardConfig
   static_assert(smem_bytes(2) <= 227 * 1024, "two stages must fit an sm_90 CTA");
 };
 
+// out[mt][j] += a[mt] B for every n8 tile j, B the 16 x (8 kNT) block of a k-major tile at rows
+// k0.. and columns col0..: each B fragment feeds every m16 tile. from_zero: out = a B instead.
+template <class T, int kMT, int kNT>
+__device__ __forceinline__ void mma_k_step(float (&out)[kMT][kNT][4], const uint32_t (&a)[kMT][4], const T* b_tile,
+                                           int pitch, int k0, int col0, int lane, bool from_zero = false) {
+#pragma unroll
+  for (int j = 0; j < kNT; j += 2) {
+    if (j + 1 < kNT) {
+      uint32_t b[4];
+      load_b_kn<T>(b, b_tile, pitch, k0, col0 + j * 8, lane);
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) {
+        mma_16x8x16<T>(out[mt][j], a[mt], b[0], b[1], from_zero);
+        mma_16x8x16<T>(out[mt][j + 1], a[mt], b[2], b[3], from_zero);
+      }
+    } else { // an odd count of n-tiles (D = 80)
+      uint32_t b[2];
+      load_b_kn_single<T>(b, b_tile, pitch, k0, col0 + j * 8, lane);
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) mma_16x8x16<T>(out[mt][j], a[mt], b[0], b[1], from_zero);
+    }
+  }
+}
+
 // out[mt][j] += A (kGradMTiles x 16 rows over the step's queries, from a [rows][kPitchP] tile)
 // times B (the step's queries x this warp's kOutCols columns of the head dim): dV or dK.
 template <class T, int D, int kMTiles, int kBlockM, class C = BackwardConfig<T, D, kMTiles, kBlockM>>
@@ -67,23 +91,7 @@ __device__ __forceinline__ void accumulate_grad(float (&out)[C::kGradMTiles][C::
     uint32_t a[C::kGradMTiles][4];
 #pragma unroll
     for (int mt = 0; mt < C::kGradMTiles; ++mt) load_a<T>(a[mt], a_tile, C::kPitchP, a_row0 + 16 * mt, k0, lane);
-#pragma unroll
-    for (int j = 0; j < C::kOutTiles; j += 2) {
-      if (j + 1 < C::kOutTiles) {
-        uint32_t b[4];
-        load_b_kn<T>(b, b_tile, C::kPitch, k0, col0 + j * 8, lane);
-#pragma unroll
-        for (int mt = 0; mt < C::kGradMTiles; ++mt) {
-          mma_16x8x16<T>(out[mt][j], a[mt], b[0], b[1]);
-          mma_16x8x16<T>(out[mt][j + 1], a[mt], b[2], b[3]);
-        }
-      } else { // an odd count of n-tiles (D = 80)
-        uint32_t b[2];
-        load_b_kn_single<T>(b, b_tile, C::kPitch, k0, col0 + j * 8, lane);
-#pragma unroll
-        for (int mt = 0; mt < C::kGradMTiles; ++mt) mma_16x8x16<T>(out[mt][j], a[mt], b[0], b[1]);
-      }
-    }
+    mma_k_step<T>(out, a, b_tile, C::kPitch, k0, col0, lane);
   }
 }
 
@@ -324,23 +332,7 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
 #pragma unroll
           for (int mt = 0; mt < kDqGroup; ++mt)
             load_a_trans<T>(ads[mt], sdS, C::kPitchP, qrow0 + m0 + 16 * mt, k0, lane); // dS = (dS^T)^T
-#pragma unroll
-          for (int j = 0; j < C::kOutTiles; j += 2) {
-            if (j + 1 < C::kOutTiles) {
-              uint32_t b[4];
-              load_b_kn<T>(b, sK, C::kPitch, k0, col0 + j * 8, lane);
-#pragma unroll
-              for (int mt = 0; mt < kDqGroup; ++mt) {
-                mma_16x8x16<T>(dq[mt][j], ads[mt], b[0], b[1], from_zero);
-                mma_16x8x16<T>(dq[mt][j + 1], ads[mt], b[2], b[3], from_zero);
-              }
-            } else {
-              uint32_t b[2];
-              load_b_kn_single<T>(b, sK, C::kPitch, k0, col0 + j * 8, lane);
-#pragma unroll
-              for (int mt = 0; mt < kDqGroup; ++mt) mma_16x8x16<T>(dq[mt][j], ads[mt], b[0], b[1], from_zero);
-            }
-          }
+          mma_k_step<T>(dq, ads, sK, C::kPitch, k0, col0, lane, from_zero);
         }
         // Scaled in place, so that each atomic reads registers of its own: an atomic reads its
         // operands late, and a register it has not yet read cannot be written again (ncu, session 13).
