@@ -3,11 +3,11 @@
 //     P = exp(scale q.k - LSE),  dP = dO V^T,  dS = P (dP - delta),
 //     dV += P^T dO,  dK += scale dS^T Q,  dQ += scale dS K.
 //
-// dK/dV kernel: a CTA of 8 warps owns 128 keys (64: below) of one (batch, kv head) and walks
-// every (query head of the GQA group, 64-row query tile) that sees them (QWalk), so dK and dV are
-// summed in registers and added once. Warp (r, h) computes S^T and dP^T for keys 32r..32r+31 (two
-// m16 tiles, so every Q/dO fragment loaded feeds two products) and queries 32h..32h+31; P^T and
-// dS^T go through shared memory to become the A operands of dV and dK, which the warps tile their
+// dK/dV kernel: a CTA of 8 warps owns 128 keys (64: BackwardConfig) of one (batch, kv head) and
+// walks every (query head of the GQA group, query tile of 64 rows, 128 at D = 64) that sees them
+// (QWalk), so dK and dV are summed in registers and added once. Warp (r, h) computes S^T and dP^T
+// for the r-th quarter of the keys (32 of 128: two m16 tiles, so every Q/dO fragment loaded feeds
+// two products) and the h-th half of the step's queries; P^T and dS^T go through shared memory to become the A operands of dV and dK, which the warps tile their
 // own way (BackwardConfig::kColSplit). With accumulate_dq it also adds dQ = scale dS K into the
 // fp32 accumulator atomically (the default path). Deterministic mode
 // leaves dQ to the dQ kernel below, which recomputes S and dP per query tile and owns its rows:
@@ -36,8 +36,8 @@ template <class T, int D, int kMTiles_, int kBlockM_ = 64> struct BackwardConfig
   static constexpr int kPitch = D + 8;
   static constexpr int kPitchP = kBlockM + 8;
   // The products with D-wide outputs (dV, dK, dQ) split the head dim between kColSplit warps: two
-  // halves, or four quarters at D = 256, where a half would make a warp's 64 x 16 output tiles
-  // load a B fragment for every two products (measured below in PERFORMANCE.md, session 13).
+  // halves, or four quarters at D = 256, where halves would give a warp 16 keys x 128 columns, each
+  // B fragment feeding two products (quarters: 32 x 64, +4-5%, PERFORMANCE.md session 13).
   static constexpr int kColSplit = D == 256 ? 4 : 2;
   static constexpr int kGradKeys = kBlockN * kColSplit / kWarps; // keys of a warp's dK and dV
   static constexpr int kGradMTiles = kGradKeys / 16;
