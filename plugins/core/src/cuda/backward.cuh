@@ -7,11 +7,11 @@
 // walks every (query head of the GQA group, query tile of 64 rows, 128 at D = 64) that sees them
 // (QWalk), so dK and dV are summed in registers and added once. Warp (r, h) computes S^T and dP^T
 // for the r-th quarter of the keys (32 of 128: two m16 tiles, so every Q/dO fragment loaded feeds
-// two products) and the h-th half of the step's queries; P^T and dS^T go through shared memory to become the A operands of dV and dK, which the warps tile their
-// own way (BackwardConfig::kColSplit). With accumulate_dq it also adds dQ = scale dS K into the
-// fp32 accumulator atomically (the default path). Deterministic mode
-// leaves dQ to the dQ kernel below, which recomputes S and dP per query tile and owns its rows:
-// two more products, no atomics.
+// two products) and the h-th half of the step's queries. P^T and dS^T go through shared memory to
+// become the A operands of dV and dK, which the warps tile their own way (BackwardConfig::
+// kColSplit). With accumulate_dq it also adds dQ = scale dS K into the fp32 accumulator
+// atomically (the default path). Deterministic mode leaves dQ to the dQ kernel below, which
+// recomputes S and dP per query tile and owns its rows: two more products, no atomics.
 #pragma once
 
 #include "args.h"
@@ -398,7 +398,9 @@ __global__ void __launch_bounds__(BackwardConfig<T, D, kMTiles, kBlockM>::kThrea
   const int kv_head = blockIdx.y, batch = blockIdx.z;
   if (a.nseg == 0) {
     const int32_t n0 = int32_t(blockIdx.x) * C::kBlockN;
-    if (n0 < a.seqlen_kv) dkdv_tile<T, D, kMTiles, kBlockM>(a, smem, stages, whole_call(a.mask, a.seqlen_q, a.seqlen_kv), n0, kv_head, batch);
+    if (n0 < a.seqlen_kv)
+      dkdv_tile<T, D, kMTiles, kBlockM>(a, smem, stages, whole_call(a.mask, a.seqlen_q, a.seqlen_kv), n0, kv_head,
+                                        batch);
     return;
   }
   // Segments may share keys, so their key tiles can outnumber the grid: stride over them.

@@ -41,9 +41,8 @@ template <class T, int D, int kBlockN_, int kWarps_ = 4> struct ForwardConfig {
 };
 
 // The warp's online-softmax state (softmax.cuh) and its two products on mma.sync.
-template <class T, int D, int kBlockN, int kWarps>
-struct ForwardWarp : OnlineSoftmax<ForwardConfig<T, D, kBlockN, kWarps>::kMTiles, ForwardConfig<T, D, kBlockN, kWarps>::kOTiles> {
-  using C = ForwardConfig<T, D, kBlockN, kWarps>;
+template <class T, int D, int kBlockN, int kWarps, class C = ForwardConfig<T, D, kBlockN, kWarps>>
+struct ForwardWarp : OnlineSoftmax<C::kMTiles, C::kOTiles> {
   using OnlineSoftmax<C::kMTiles, C::kOTiles>::o;
 
   // S = Q K^T for this warp's rows and the key tile in sK. The first k-step's products start from
@@ -96,7 +95,8 @@ struct ForwardWarp : OnlineSoftmax<ForwardConfig<T, D, kBlockN, kWarps>::kMTiles
 };
 
 template <class T, int D, int kBlockN, int kWarps>
-__global__ void __launch_bounds__(ForwardConfig<T, D, kBlockN, kWarps>::kThreads, ForwardConfig<T, D, kBlockN, kWarps>::kCtasPerSm)
+__global__ void __launch_bounds__(ForwardConfig<T, D, kBlockN, kWarps>::kThreads,
+                                  ForwardConfig<T, D, kBlockN, kWarps>::kCtasPerSm)
     flash_forward_kernel(const __grid_constant__ AttnArgs a) {
   using C = ForwardConfig<T, D, kBlockN, kWarps>;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -181,7 +181,8 @@ __global__ void __launch_bounds__(ForwardConfig<T, D, kBlockN, kWarps>::kThreads
   w.template store<T>(a, batch, head, m0 + warp_row0, m1, lane);
 }
 
-template <class T, int D, int kBlockN, int kWarps = 4> void launch_forward_shape(const ForwardParams& p, cudaStream_t stream) {
+template <class T, int D, int kBlockN, int kWarps = 4>
+void launch_forward_shape(const ForwardParams& p, cudaStream_t stream) {
   using C = ForwardConfig<T, D, kBlockN, kWarps>;
   require_smem(C::kSmemBytes, "flash forward", D);
   const AttnArgs a = forward_args(p);
