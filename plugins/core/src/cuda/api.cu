@@ -24,26 +24,29 @@ void check_launch(const char* what) {
   if (e != cudaSuccess) throw Error(std::string("attncore cuda: ") + what + " launch failed: " + cudaGetErrorString(e));
 }
 
-int max_smem_per_block() {
+size_t max_smem_per_block() {
   int dev = 0, bytes = 0;
   cudaGetDevice(&dev);
   cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
   // ATTNCORE_MAX_SMEM=<bytes> lowers it, so that one device runs the shapes a smaller one would
   // (tests: 166912 for an sm_80, 101376 for an sm_86, sm_89 or sm_120).
   if (const char* cap = std::getenv("ATTNCORE_MAX_SMEM"); cap && *cap) bytes = std::min(bytes, std::atoi(cap));
-  return bytes;
-}
-
-void require_smem(size_t bytes, const char* what, int head_dim) {
-  const int have = max_smem_per_block();
-  if (bytes > size_t(have))
-    throw Error(std::string("attncore cuda: ") + what + " at head dim " + std::to_string(head_dim) + " needs " +
-                std::to_string(bytes) + " bytes of shared memory a block; this device allows " + std::to_string(have));
+  return size_t(std::max(bytes, 0));
 }
 
 namespace {
 
 [[noreturn]] void fail(const std::string& what) { throw Error("attncore cuda: " + what); }
+
+} // namespace
+
+void require_smem(size_t bytes, size_t allowed, const char* what, int head_dim) {
+  if (bytes > allowed)
+    fail(std::string(what) + " at head dim " + std::to_string(head_dim) + " needs " + std::to_string(bytes) +
+         " bytes of shared memory a block; this device allows " + std::to_string(allowed));
+}
+
+namespace {
 
 constexpr int64_t kMaxLen = (int64_t(1) << 31) - 1;
 constexpr int64_t kMaxGridYZ = 65535;

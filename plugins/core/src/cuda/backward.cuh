@@ -654,7 +654,7 @@ template <class T, int D, int kMTiles> void launch_dq(const BackwardParams& p, c
 template <class T, int D> void launch_backward(const BackwardParams& p, cudaStream_t stream) {
   AttnArgs a = backward_args(p);
   a.accumulate_dq = !p.deterministic;
-  const size_t smem = size_t(max_smem_per_block());
+  const size_t smem = max_smem_per_block();
   if constexpr (D == 64) {
     if (!p.blocks && smem >= BackwardConfig<T, D, 2, 128>::smem_bytes(1)) {
       launch_dkdv<T, D, 2, 128>(p, a, smem, stream);
@@ -672,8 +672,10 @@ template <class T, int D> void launch_backward(const BackwardParams& p, cudaStre
   const bool dkdv_lean = kDkdvLean && smem < Dkdv::smem_bytes(1);
   const bool dq_lean = kDqLean && smem < Dq::kSmemBytes;
   // Both checked before the first launch: a call the device refuses leaves the gradients alone.
-  require_smem(dkdv_lean ? BackwardConfig<T, D, 1>::smem_bytes(1) : Dkdv::smem_bytes(1), "flash backward dK/dV", D);
-  if (p.deterministic) require_smem(dq_lean ? DqConfig<T, D, 1>::kSmemBytes : Dq::kSmemBytes, "flash backward dQ", D);
+  require_smem(dkdv_lean ? BackwardConfig<T, D, 1>::smem_bytes(1) : Dkdv::smem_bytes(1), smem, "flash backward dK/dV",
+               D);
+  if (p.deterministic)
+    require_smem(dq_lean ? DqConfig<T, D, 1>::kSmemBytes : Dq::kSmemBytes, smem, "flash backward dQ", D);
   if (dkdv_lean) {
     if constexpr (kDkdvLean) launch_dkdv<T, D, 1>(p, a, smem, stream);
   } else {

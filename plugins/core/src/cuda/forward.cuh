@@ -182,9 +182,9 @@ __global__ void __launch_bounds__(ForwardConfig<T, D, kBlockN, kWarps>::kThreads
 }
 
 template <class T, int D, int kBlockN, int kWarps = 4>
-void launch_forward_shape(const ForwardParams& p, cudaStream_t stream) {
+void launch_forward_shape(const ForwardParams& p, size_t smem_allowed, cudaStream_t stream) {
   using C = ForwardConfig<T, D, kBlockN, kWarps>;
-  require_smem(C::kSmemBytes, "flash forward", D);
+  require_smem(C::kSmemBytes, smem_allowed, "flash forward", D);
   const AttnArgs a = forward_args(p);
   const auto kernel = flash_forward_kernel<T, D, kBlockN, kWarps>;
   cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(C::kSmemBytes));
@@ -196,15 +196,15 @@ void launch_forward_shape(const ForwardParams& p, cudaStream_t stream) {
 
 // The first shape of the head dim (ForwardConfig) whose shared memory the device allows.
 template <class T, int D> void launch_forward(const ForwardParams& p, cudaStream_t stream) {
-  const size_t smem = size_t(max_smem_per_block());
+  const size_t smem = max_smem_per_block();
   if constexpr (D == 256) {
-    if (smem >= ForwardConfig<T, D, 64, 8>::kSmemBytes) return launch_forward_shape<T, D, 64, 8>(p, stream);
-    return launch_forward_shape<T, D, 32>(p, stream);
+    if (smem >= ForwardConfig<T, D, 64, 8>::kSmemBytes) return launch_forward_shape<T, D, 64, 8>(p, smem, stream);
+    return launch_forward_shape<T, D, 32>(p, smem, stream);
   } else {
     if constexpr (ForwardConfig<T, D, 64>::kSmemBytes > kSmallestSmem) { // (D = 128)
-      if (smem < ForwardConfig<T, D, 64>::kSmemBytes) return launch_forward_shape<T, D, 32>(p, stream);
+      if (smem < ForwardConfig<T, D, 64>::kSmemBytes) return launch_forward_shape<T, D, 32>(p, smem, stream);
     }
-    return launch_forward_shape<T, D, 64>(p, stream);
+    return launch_forward_shape<T, D, 64>(p, smem, stream);
   }
 }
 

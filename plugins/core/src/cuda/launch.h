@@ -20,11 +20,11 @@ template <class T, int D> void launch_backward(const BackwardParams& p, cudaStre
 void check_launch(const char* what);
 
 // Shared memory a block may opt into on the current device: launchers pick a kernel shape by it.
-int max_smem_per_block();
+size_t max_smem_per_block();
 
-// Throws attncore::Error, one line naming the kernel, the head dim and both figures, when the
-// device cannot give a block `bytes` of shared memory.
-void require_smem(size_t bytes, const char* what, int head_dim);
+// Throws attncore::Error, one line naming the kernel, the head dim and both figures, when `bytes`
+// of shared memory exceed what the device allows a block (`allowed`, max_smem_per_block()).
+void require_smem(size_t bytes, size_t allowed, const char* what, int head_dim);
 
 // The least shared memory a block may opt into on a device the mma.sync kernels serve: 99 KB on
 // sm_86, sm_89 and sm_120 (163 KB on sm_80, 227 KB on sm_90 and sm_100).
