@@ -459,13 +459,14 @@ template <class T, int D, Tiles kTiles> void launch_forward_config(const Forward
 }
 
 // The pair configuration serves calls whose query tiles each see few key tiles, where a CTA's
-// start and its store of O weigh most: causal calls of at most 512 rows and keys. Measured
-// (PERFORMANCE-core.md, session 6): +24% at S=512 causal, even at 1024, slower from 2048 and for
-// the full mask, where one CTA's 128-column tiles win. Segment lengths live on the device, and an
+// start and its store of O weigh most: causal calls of at most 1024 rows and keys. Measured: +24%
+// at S=512 causal (PERFORMANCE-core.md, session 6); on an H200 +6% at 1024 (d128), +10-13% at 1024
+// for d64 / d96 and at 768 (PERFORMANCE.md, session 14); slower from 2048 and for the full mask,
+// where one CTA's 128-column tiles win. Segment lengths live on the device, and an
 // average would send a documents mix (many short, one long) to the slower tiles: a call with
 // segments qualifies by its total length alone.
 inline bool pair_serves(const ForwardParams& p) {
-  return p.mask.causal && !p.blocks && p.seqlen_q <= 512 && p.seqlen_kv <= 512;
+  return p.mask.causal && !p.blocks && p.seqlen_q <= 1024 && p.seqlen_kv <= 1024;
 }
 
 // Calls whose rows all see one run of keys: no block list, no segments (their lengths live on the
