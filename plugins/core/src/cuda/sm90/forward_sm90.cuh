@@ -459,14 +459,16 @@ template <class T, int D, Tiles kTiles> void launch_forward_config(const Forward
 }
 
 // The pair configuration serves calls whose query tiles each see few key tiles, where a CTA's
-// start and its store of O weigh most: causal calls of at most 1024 rows and keys. Measured: +24%
-// at S=512 causal (PERFORMANCE-core.md, session 6); on an H200 +6% at 1024 (d128), +10-13% at 1024
-// for d64 / d96 and at 768 (PERFORMANCE.md, session 14); slower from 2048 and for the full mask,
+// start and its store of O weigh most: causal calls of at most 1024 rows and keys, 2048 at d64.
+// Measured: +24% at S=512 causal (PERFORMANCE-core.md, session 6); on an H200 (PERFORMANCE.md,
+// session 14) +6% at 1024 (d128), +10-13% at 1024 for d64 / d96 and at 768; at 1536 -7% (d128),
+// +0-3% (d96), +6% (d64); at 2048 -11% (d128), -5% (d96), +1.6% (d64). Slower for the full mask,
 // where one CTA's 128-column tiles win. Segment lengths live on the device, and an
 // average would send a documents mix (many short, one long) to the slower tiles: a call with
 // segments qualifies by its total length alone.
 inline bool pair_serves(const ForwardParams& p) {
-  return p.mask.causal && !p.blocks && p.seqlen_q <= 1024 && p.seqlen_kv <= 1024;
+  const int64_t rows = p.head_dim == 64 ? 2048 : 1024;
+  return p.mask.causal && !p.blocks && p.seqlen_q <= rows && p.seqlen_kv <= rows;
 }
 
 // Calls whose rows all see one run of keys: no block list, no segments (their lengths live on the
