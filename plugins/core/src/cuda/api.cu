@@ -19,9 +19,15 @@
 namespace attncore {
 namespace cuda {
 
+namespace {
+
+[[noreturn]] void fail(const std::string& what) { throw Error("attncore cuda: " + what); }
+
+} // namespace
+
 void check_launch(const char* what) {
   const cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess) throw Error(std::string("attncore cuda: ") + what + " launch failed: " + cudaGetErrorString(e));
+  if (e != cudaSuccess) fail(std::string(what) + " launch failed: " + cudaGetErrorString(e));
 }
 
 size_t max_smem_per_block() {
@@ -33,12 +39,6 @@ size_t max_smem_per_block() {
   if (const char* cap = std::getenv("ATTNCORE_MAX_SMEM"); cap && *cap) bytes = std::min(bytes, std::atoi(cap));
   return size_t(std::max(bytes, 0));
 }
-
-namespace {
-
-[[noreturn]] void fail(const std::string& what) { throw Error("attncore cuda: " + what); }
-
-} // namespace
 
 void require_smem(size_t bytes, size_t allowed, const char* what, int head_dim) {
   if (bytes > allowed)
