@@ -190,6 +190,35 @@ TEST_CASE("gpu: causal calls of 513 to 2048 rows (the Hopper forward's pair conf
   }
 }
 
+// Causal calls of more than 1024 rows (2048 at d64) leave the Hopper forward's pair configuration
+// for the standard one, which the other cases reach with the full mask or short rows: segments of 9,
+// 1 and 7 query tiles and an empty one, then a window whose first 300 rows see no key.
+TEST_CASE("gpu: causal segments past the pair configuration's rows, a window whose first rows see no key") {
+  REQUIRE(device_count() > 0);
+  std::mt19937_64 rng(2048);
+  for (int32_t D : {64, 128}) {
+    Problem p = random_problem(rng, DType::bf16, D, 2, 10);
+    p.B = 1;
+    p.Hkv = 1;
+    p.Hq = 2;
+    p.Sq = p.Skv = 2200;
+    std::mt19937_64 data(rng());
+    p.randomize(data);
+    p.mask.causal = true;
+    p.segments = {{0, 1100, 0, 1100, 0, 0}, {1100, 1100, 1100, 1100, 0, 0}, {1100, 1150, 1100, 1150, 0, 0},
+                  {1150, 2000, 1150, 2000, 0, 0}};
+    CAPTURE(D);
+    check_all(p);
+    p.segments.clear();
+    p.mask.causal = false;
+    p.mask.q_pos0 = 0;
+    p.mask.kv_pos0 = 300; // keys from position 300: the first 300 rows see none
+    p.mask.window_left = 40;
+    p.mask.window_right = 0;
+    check_all(p);
+  }
+}
+
 TEST_CASE("gpu: GQA ratios 1 to 8") {
   REQUIRE(device_count() > 0);
   std::mt19937_64 rng(7);
