@@ -371,23 +371,26 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
   // not share keys). Without segments this CTA is the only writer of these keys; with segments
   // whose key ranges overlap it is not, hence the atomic adds (one add per element and call: the
   // result does not depend on their order when keys are owned).
-  const int64_t dk_head = batch * a.dk.batch_stride + kv_head * a.dk.head_stride;
-  const int64_t dv_head = batch * a.dv.batch_stride + kv_head * a.dv.head_stride;
 #pragma unroll
-  for (int mt = 0; mt < C::kGradMTiles; ++mt)
+  for (int mt = 0; mt < C::kGradMTiles; ++mt) {
+#pragma unroll
+    for (int j = 0; j < C::kOutTiles; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dk[mt][j][e] *= a.scale;
+    int64_t k_row[2], v_row[2];
+    bool row_ok[2];
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
       const int32_t n = n0 + grow0 + 16 * mt + (lane >> 2) + hh * 8;
-      if (n >= reg.col_end) continue;
-      const int col = col0 + (lane & 3) * 2;
-      const int64_t pk = dk_head + int64_t(n) * a.dk.token_stride + col;
-      const int64_t pv = dv_head + int64_t(n) * a.dv.token_stride + col;
-#pragma unroll
-      for (int j = 0; j < C::kOutTiles; ++j) {
-        put_grad2<T>(a.dk.data, pk + j * 8, a.scale * dk[mt][j][2 * hh], a.scale * dk[mt][j][2 * hh + 1], a.dkdv_out);
-        put_grad2<T>(a.dv.data, pv + j * 8, dv[mt][j][2 * hh], dv[mt][j][2 * hh + 1], a.dkdv_out);
-      }
+      row_ok[hh] = n < reg.col_end;
+      k_row[hh] = batch * a.dk.batch_stride + kv_head * a.dk.head_stride + int64_t(n) * a.dk.token_stride + col0 +
+                  (lane & 3) * 2;
+      v_row[hh] = batch * a.dv.batch_stride + kv_head * a.dv.head_stride + int64_t(n) * a.dv.token_stride + col0 +
+                  (lane & 3) * 2;
     }
+    put_grad_tile<T>(a.dk.data, k_row, row_ok, dk[mt], a.dkdv_out);
+    put_grad_tile<T>(a.dv.data, v_row, row_ok, dv[mt], a.dkdv_out);
+  }
 }
 
 template <class T, int D, int kMTiles, int kBlockM>

@@ -530,20 +530,23 @@ __global__ void __launch_bounds__(BackwardConfig<T, D>::kThreads, 1)
     // written (write_dkdv: this CTA alone makes these keys' gradients).
     __syncwarp();
     if (lane == 0) barrier_arrive(kv_empty); // the last product that read K and V has returned
-    const int64_t dk_head = batch * a.dk.batch_stride + kv_head * a.dk.head_stride;
-    const int64_t dv_head = batch * a.dv.batch_stride + kv_head * a.dv.head_stride;
+#pragma unroll
+    for (int j = 0; j < C::kOTiles; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dk[j][e] *= a.scale;
+    int64_t k_row[2], v_row[2];
+    bool row_ok[2];
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
       const int32_t n = n0 + key0 + (lane >> 2) + 8 * hh;
-      if (n >= reg.col_end) continue;
-      const int64_t pk = dk_head + int64_t(n) * a.dk.token_stride + col0 + (lane & 3) * 2;
-      const int64_t pv = dv_head + int64_t(n) * a.dv.token_stride + col0 + (lane & 3) * 2;
-#pragma unroll
-      for (int j = 0; j < C::kOTiles; ++j) {
-        put_grad2<T>(a.dk.data, pk + j * 8, a.scale * dk[j][2 * hh], a.scale * dk[j][2 * hh + 1], a.dkdv_out);
-        put_grad2<T>(a.dv.data, pv + j * 8, dv[j][2 * hh], dv[j][2 * hh + 1], a.dkdv_out);
-      }
+      row_ok[hh] = n < reg.col_end;
+      k_row[hh] = batch * a.dk.batch_stride + kv_head * a.dk.head_stride + int64_t(n) * a.dk.token_stride + col0 +
+                  (lane & 3) * 2;
+      v_row[hh] = batch * a.dv.batch_stride + kv_head * a.dv.head_stride + int64_t(n) * a.dv.token_stride + col0 +
+                  (lane & 3) * 2;
     }
+    put_grad_tile<T>(a.dk.data, k_row, row_ok, dk, a.dkdv_out);
+    put_grad_tile<T>(a.dv.data, v_row, row_ok, dv, a.dkdv_out);
   }
   // Tell the reducer there is nothing more, once it is done with the last parts.
   barrier_wait(dq_empty, (round & 1) ^ 1);
