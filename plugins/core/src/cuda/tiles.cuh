@@ -71,6 +71,23 @@ __device__ __forceinline__ bool visible(const MaskArgs& m, int32_t diff) {
   return diff >= m.diff_lo && diff <= m.diff_hi;
 }
 
+// The offsets x, from a base diff, whose diff base + x is visible: lo <= x <= hi. A tile's
+// per-element test then compares an offset known at compile time (the element's place in the
+// fragment) with two bounds made once per row, rather than forming each element's diff.
+struct Band {
+  int32_t lo, hi;
+};
+__device__ __forceinline__ Band band_from(const MaskArgs& m, int32_t base) {
+  const auto rel = [&](int32_t bound) {
+    const int64_t x = int64_t(bound) - base;
+    return int32_t(x < INT_MIN ? INT_MIN : (x > INT_MAX ? INT_MAX : x));
+  };
+  return Band{rel(m.diff_lo), rel(m.diff_hi)};
+}
+__device__ __forceinline__ bool in_band(const Band& b, int32_t x) { return x >= b.lo && x <= b.hi; }
+__device__ __forceinline__ Band empty_band() { return Band{1, 0}; }
+__device__ __forceinline__ Band full_band() { return Band{INT_MIN, INT_MAX}; }
+
 // Every pair of rows at positions [qf, ql] and keys at [kf, kl] is visible.
 __device__ __forceinline__ bool all_visible(const MaskArgs& m, int64_t qf, int64_t ql, int64_t kf, int64_t kl) {
   return (!m.causal || kl <= qf) && (m.window_left < 0 || kf >= ql - m.window_left) &&

@@ -403,19 +403,26 @@ __global__ void __launch_bounds__(BackwardConfig<T, D>::kThreads, 1)
       // P^T = exp2(S^T c - LSE2), 0 outside the mask; as A fragments of dV's product.
       wgmma_wait<1>();
       fence_registers(st);
-      const int32_t base = reg.diff(r0, n0 + key0); // (row r0 + m, key n0 + key0 + n): base + n - m
+      // The mask for each of the lane's two keys n (rows of S^T) as a band of query offsets: element
+      // (n, m = 8 j + 2 (lane % 4) + e % 2) is visible iff -(8 j + e % 2) lies in band[e / 2].
+      Band band[2];
+      if (needs_mask) {
+        const int32_t base = reg.diff(r0, n0 + key0); // (row r0 + m, key n0 + key0 + n): base + n - m
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int n = (lane >> 2) + 8 * h;
+          const Band b = masked ? band_from(a.mask, base + n - (lane & 3) * 2) : full_band();
+          band[h] = active && n0 + key0 + n < reg.col_end ? b : empty_band();
+        }
+      }
 #pragma unroll
       for (int j = 0; j < C::kMTiles; ++j) {
         const int m = j * 8 + (lane & 3) * 2;
         const float2 l2 = *reinterpret_cast<const float2*>(&rec.lse2[m]);
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const int n = (lane >> 2) + (e >= 2 ? 8 : 0), mm = m + (e & 1);
           float p = fast_exp2(fmaf(st[j][e], a.scale_log2, -((e & 1) ? l2.y : l2.x)));
-          if (needs_mask) {
-            const bool ok = active && n0 + key0 + n < reg.col_end && (!masked || visible(a.mask, base + n - mm));
-            p = ok ? p : 0.f;
-          }
+          if (needs_mask) p = in_band(band[e >> 1], -(j * 8 + (e & 1))) ? p : 0.f;
           st[j][e] = p;
         }
       }

@@ -138,23 +138,31 @@ template <int kN> struct TileWalk {
 
 // -inf for the pairs of a consumer's score tile that it must not see: columns past the region,
 // columns of 64-column halves that are not listed, and pairs the Mask hides in the halves that
-// need element masking (bit h of `listed` / `masked`: half h of the tile).
+// need element masking (bit h of `listed` / `masked`: half h of the tile). Each of the lane's two
+// rows gets a band of column offsets per half, made once: element (row, 8 j + 2 (lane % 4) + e % 2)
+// is kept iff 8 j + e % 2 lies in its row's band for half j / 8.
 template <int kSTiles>
 __device__ void mask_tile(float (&s)[1][kSTiles][4], const MaskArgs& mask, const Region& reg, int32_t row0, int32_t c0,
                           uint32_t listed, uint32_t masked, int lane) {
+  constexpr int kHalves = (kSTiles + 7) / 8;
   const int32_t base = reg.diff(row0, c0); // diff of (row0, c0); (row, col) adds col - row
+  const int32_t last = reg.col_end - c0 - (lane & 3) * 2 - 1; // the last offset inside the region
+  Band band[kHalves][2];
 #pragma unroll
-  for (int j = 0; j < kSTiles; ++j) {
-    const uint32_t half = uint32_t(j / 8);
+  for (int h = 0; h < 2; ++h) {
+    const Band b = band_from(mask, base + (lane & 3) * 2 - (lane >> 2) - 8 * h);
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int r = (lane >> 2) + (e >= 2 ? 8 : 0);
-      const int c = j * 8 + (lane & 3) * 2 + (e & 1);
-      const bool ok = ((listed >> half) & 1u) && c0 + c < reg.col_end &&
-                      (!((masked >> half) & 1u) || visible(mask, base + c - r));
-      if (!ok) s[0][j][e] = -INFINITY;
+    for (int half = 0; half < kHalves; ++half) {
+      Band x = !((listed >> half) & 1u) ? empty_band() : ((masked >> half) & 1u) ? b : full_band();
+      x.hi = min(x.hi, last);
+      band[half][h] = x;
     }
   }
+#pragma unroll
+  for (int j = 0; j < kSTiles; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      if (!in_band(band[j / 8][e >> 1], j * 8 + (e & 1))) s[0][j][e] = -INFINITY;
 }
 
 // O / l of a consumer's rows into shared memory, laid out as the copy engine loads a box of 64 rows
