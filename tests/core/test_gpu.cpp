@@ -110,6 +110,20 @@ Problem segments_problem(std::mt19937_64& rng, DType dtype, int32_t D, bool caus
   return p;
 }
 
+// One batch, two query heads on one K/V head, the given lengths, random data: the long-row cases
+// (the CPU reference's cost grows with the rows, not with heads the kernels treat alike).
+Problem two_heads_problem(std::mt19937_64& rng, DType dtype, int32_t D, int64_t Sq, int64_t Skv) {
+  Problem p = random_problem(rng, dtype, D, 2, 10);
+  p.B = 1;
+  p.Hkv = 1;
+  p.Hq = 2;
+  p.Sq = Sq;
+  p.Skv = Skv;
+  std::mt19937_64 data(rng());
+  p.randomize(data);
+  return p;
+}
+
 void check_all(Problem& p, bool grads = true) {
   REQUIRE(check_supported(p.dtype, p.D).empty());
   const Outputs want = run_cpu(p, grads);
@@ -197,13 +211,7 @@ TEST_CASE("gpu: causal segments past the pair configuration's rows, a window who
   REQUIRE(device_count() > 0);
   std::mt19937_64 rng(2048);
   for (int32_t D : {64, 128}) {
-    Problem p = random_problem(rng, DType::bf16, D, 2, 10);
-    p.B = 1;
-    p.Hkv = 1;
-    p.Hq = 2;
-    p.Sq = p.Skv = 2200;
-    std::mt19937_64 data(rng());
-    p.randomize(data);
+    Problem p = two_heads_problem(rng, DType::bf16, D, 2200, 2200);
     p.mask.causal = true;
     p.segments = {{0, 1100, 0, 1100, 0, 0}, {1100, 1100, 1100, 1100, 0, 0}, {1100, 1150, 1100, 1150, 0, 0},
                   {1150, 2000, 1150, 2000, 0, 0}};
@@ -318,13 +326,7 @@ TEST_CASE("gpu: block lists (64 and 128, shared and per head, random with masked
 TEST_CASE("gpu: long causal sequence (many tiles, the pipeline)") {
   REQUIRE(device_count() > 0);
   std::mt19937_64 rng(17);
-  Problem p = random_problem(rng, DType::bf16, 128, 2, 10);
-  p.B = 1;
-  p.Hkv = 1;
-  p.Hq = 2;
-  p.Sq = p.Skv = 2000;
-  std::mt19937_64 data(rng());
-  p.randomize(data);
+  Problem p = two_heads_problem(rng, DType::bf16, 128, 2000, 2000);
   p.mask.causal = true;
   check_all(p);
 }
@@ -338,14 +340,7 @@ TEST_CASE("gpu: long rows of keys (the Hopper forward's wide tiles, three consum
   std::mt19937_64 rng(23);
   for (int32_t D : {64, 96, 128})
     for (DType dt : {DType::bf16, DType::fp16}) {
-      Problem p = random_problem(rng, dt, D, 2, 10);
-      p.B = 1;
-      p.Hkv = 1;
-      p.Hq = 2;
-      p.Sq = 130;
-      p.Skv = 16384 + 77;
-      std::mt19937_64 data(rng());
-      p.randomize(data);
+      Problem p = two_heads_problem(rng, dt, D, 130, 16384 + 77);
       CAPTURE(name(dt));
       CAPTURE(D);
       check_all(p); // full mask
