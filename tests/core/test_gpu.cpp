@@ -219,7 +219,6 @@ TEST_CASE("gpu: causal segments past the pair configuration's rows, a window who
     check_all(p);
     p.segments.clear();
     p.mask.causal = false;
-    p.mask.q_pos0 = 0;
     p.mask.kv_pos0 = 300; // keys from position 300: the first 300 rows see none
     p.mask.window_left = 40;
     p.mask.window_right = 0;
