@@ -377,19 +377,10 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
     for (int j = 0; j < C::kOutTiles; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) dk[mt][j][e] *= a.scale;
-    int64_t k_row[2], v_row[2];
-    bool row_ok[2];
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      const int32_t n = n0 + grow0 + 16 * mt + (lane >> 2) + hh * 8;
-      row_ok[hh] = n < reg.col_end;
-      k_row[hh] = batch * a.dk.batch_stride + kv_head * a.dk.head_stride + int64_t(n) * a.dk.token_stride + col0 +
-                  (lane & 3) * 2;
-      v_row[hh] = batch * a.dv.batch_stride + kv_head * a.dv.head_stride + int64_t(n) * a.dv.token_stride + col0 +
-                  (lane & 3) * 2;
-    }
-    put_grad_tile<T>(a.dk.data, k_row, row_ok, dk[mt], a.dkdv_out);
-    put_grad_tile<T>(a.dv.data, v_row, row_ok, dv[mt], a.dkdv_out);
+    const int32_t key = n0 + grow0 + 16 * mt + (lane >> 2);
+    const int col = col0 + (lane & 3) * 2;
+    put_grad_tile<T>(a.dk, batch, kv_head, key, reg.col_end, col, dk[mt], a.dkdv_out);
+    put_grad_tile<T>(a.dv, batch, kv_head, key, reg.col_end, col, dv[mt], a.dkdv_out);
   }
 }
 

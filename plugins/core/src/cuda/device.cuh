@@ -16,6 +16,8 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "attncore/attention.h"
+
 namespace attncore::cuda {
 
 constexpr float kLog2e = 1.4426950408889634f; // exp(x) = exp2(x log2 e): ex2 is one instruction
@@ -50,31 +52,35 @@ __device__ __forceinline__ void atomic_add2(float* p, float x, float y) {
 enum class GradOut : uint8_t { add_fp32, write_dtype, write_fp32 };
 
 // A lane's part of an m16 tile of a key block's dK or dV, in the mma accumulator layout (x[j][2 hh + e]
-// is row lane / 4 + 8 hh, column 8 j + 2 (lane % 4) + e), given by the element offsets of its two rows
-// at its first column and whether each row is one of the region's: added into fp32 accumulators, or
-// written (in T or fp32) where the call owns them (GradOut, BackwardParams::write_dkdv). The mode is
-// decided once a tile and each pair is read from the accumulators themselves (scale them in place
-// first). Decided at every pair, nvcc branched at every pair and passed each through the same two
-// registers, so each atomic waited for the one before it to read its operands: 8.7% of the Hopper
-// backward's stall samples on 2048-row causal calls (ncu, session 15).
+// is row `row` + 8 hh, column `col` + 8 j + e of head `head` of `g`; rows from `row_end` on are not
+// the region's): added into fp32 accumulators, or written (in T or fp32) where the call owns them
+// (GradOut, BackwardParams::write_dkdv). The mode is decided once a tile and each pair is read from
+// the accumulators themselves (scale them in place first). Decided at every pair, nvcc branched at
+// every pair and passed each through the same two registers, so each atomic waited for the one
+// before it to read its operands: 8.7% of the Hopper backward's stall samples on 2048-row causal
+// calls (ncu, session 15).
 template <class T, int kTiles>
-__device__ __forceinline__ void put_grad_tile(void* base, const int64_t (&row_off)[2], const bool (&row_ok)[2],
-                                              const float (&x)[kTiles][4], GradOut out) {
+__device__ __forceinline__ void put_grad_tile(const TensorRef& g, int batch, int head, int32_t row,
+                                              int32_t row_end, int col, const float (&x)[kTiles][4], GradOut out) {
+  int64_t at[2]; // the element offsets of the two rows' first columns
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh)
+    at[hh] = batch * g.batch_stride + head * g.head_stride + int64_t(row + 8 * hh) * g.token_stride + col;
   const auto each = [&](auto put) {
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh)
-      if (row_ok[hh])
+      if (row + 8 * hh < row_end)
 #pragma unroll
-        for (int j = 0; j < kTiles; ++j) put(row_off[hh] + j * 8, x[j][2 * hh], x[j][2 * hh + 1]);
+        for (int j = 0; j < kTiles; ++j) put(at[hh] + j * 8, x[j][2 * hh], x[j][2 * hh + 1]);
   };
   if (out == GradOut::add_fp32)
-    each([&](int64_t off, float a, float b) { atomic_add2(static_cast<float*>(base) + off, a, b); });
+    each([&](int64_t off, float a, float b) { atomic_add2(static_cast<float*>(g.data) + off, a, b); });
   else if (out == GradOut::write_fp32)
     each([&](int64_t off, float a, float b) {
-      *reinterpret_cast<float2*>(static_cast<float*>(base) + off) = make_float2(a, b);
+      *reinterpret_cast<float2*>(static_cast<float*>(g.data) + off) = make_float2(a, b);
     });
   else
-    each([&](int64_t off, float a, float b) { *reinterpret_cast<uint32_t*>(static_cast<T*>(base) + off) = pack2<T>(a, b); });
+    each([&](int64_t off, float a, float b) { *reinterpret_cast<uint32_t*>(static_cast<T*>(g.data) + off) = pack2<T>(a, b); });
 }
 
 template <class T> __device__ __forceinline__ float2 unpack2(uint32_t x);

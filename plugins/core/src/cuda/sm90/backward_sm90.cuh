@@ -541,19 +541,10 @@ __global__ void __launch_bounds__(BackwardConfig<T, D>::kThreads, 1)
     for (int j = 0; j < C::kOTiles; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) dk[j][e] *= a.scale;
-    int64_t k_row[2], v_row[2];
-    bool row_ok[2];
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      const int32_t n = n0 + key0 + (lane >> 2) + 8 * hh;
-      row_ok[hh] = n < reg.col_end;
-      k_row[hh] = batch * a.dk.batch_stride + kv_head * a.dk.head_stride + int64_t(n) * a.dk.token_stride + col0 +
-                  (lane & 3) * 2;
-      v_row[hh] = batch * a.dv.batch_stride + kv_head * a.dv.head_stride + int64_t(n) * a.dv.token_stride + col0 +
-                  (lane & 3) * 2;
-    }
-    put_grad_tile<T>(a.dk.data, k_row, row_ok, dk, a.dkdv_out);
-    put_grad_tile<T>(a.dv.data, v_row, row_ok, dv, a.dkdv_out);
+    const int32_t key = n0 + key0 + (lane >> 2);
+    const int col = col0 + (lane & 3) * 2;
+    put_grad_tile<T>(a.dk, batch, kv_head, key, reg.col_end, col, dk, a.dkdv_out);
+    put_grad_tile<T>(a.dv, batch, kv_head, key, reg.col_end, col, dv, a.dkdv_out);
   }
   // Tell the reducer there is nothing more, once it is done with the last parts.
   barrier_wait(dq_empty, (round & 1) ^ 1);
