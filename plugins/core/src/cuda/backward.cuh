@@ -255,15 +255,24 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
 #pragma unroll
           for (int e = 0; e < 4; ++e) p[mt][j][e] = fast_exp2(fmaf(p[mt][j][e], a.scale_log2, -lse2[j][e & 1]));
     } else {
+      // Per key n of the lane, a band of query offsets (tiles.cuh): element (n, m = kWarpM wh + 8 j +
+      // 2 (lane % 4) + e % 2) is visible iff -(8 j + e % 2) lies in its key's band.
+      Band band[C::kMTiles][2];
+#pragma unroll
+      for (int mt = 0; mt < C::kMTiles; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int n = wrow0 + 16 * mt + (lane >> 2) + 8 * h;
+          const Band b = masked ? band_from(a.mask, base + n - C::kWarpM * wh - (lane & 3) * 2) : full_band();
+          band[mt][h] = n0 + n < reg.col_end ? b : empty_band();
+        }
 #pragma unroll
       for (int mt = 0; mt < C::kMTiles; ++mt)
 #pragma unroll
         for (int j = 0; j < C::kQTiles; ++j)
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
-            const int n = wrow0 + 16 * mt + (lane >> 2) + (e >> 1) * 8;
-            const int m = C::kWarpM * wh + j * 8 + (lane & 3) * 2 + (e & 1);
-            const bool ok = n0 + n < reg.col_end && (!masked || visible(a.mask, base + n - m));
+            const bool ok = in_band(band[mt][e >> 1], -(j * 8 + (e & 1)));
             p[mt][j][e] = ok ? fast_exp2(fmaf(p[mt][j][e], a.scale_log2, -lse2[j][e & 1])) : 0.f;
           }
     }
@@ -555,8 +564,20 @@ __global__ void __launch_bounds__(DqConfig<T, D, kMTiles>::kThreads, 1)
         }
       }
       // dS = P (dP - delta), masked; it replaces S.
+      // Per row of the lane, a band of column offsets (tiles.cuh): element (r, 8 j + 2 (lane % 4) +
+      // e % 2) is visible iff 8 j + e % 2 lies in its row's band.
       const int32_t base = reg.diff(m0 + warp_row0, cur.c0);
       const bool check = masked || cur.cross;
+      const int32_t last = reg.col_end - cur.c0 - (lane & 3) * 2 - 1; // the last offset inside the region
+      Band band[MT][2];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          Band b = masked ? band_from(a.mask, base + (lane & 3) * 2 - (lane >> 2) - 16 * mt - 8 * h) : full_band();
+          b.hi = min(b.hi, last);
+          band[mt][h] = b;
+        }
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -564,8 +585,7 @@ __global__ void __launch_bounds__(DqConfig<T, D, kMTiles>::kThreads, 1)
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             const int hh = e >> 1;
-            const int r = 16 * mt + (lane >> 2) + hh * 8, c = j * 8 + (lane & 3) * 2 + (e & 1);
-            const bool ok = !check || (cur.c0 + c < reg.col_end && (!masked || visible(a.mask, base + c - r)));
+            const bool ok = !check || in_band(band[mt][hh], j * 8 + (e & 1));
             const float p = ok ? fast_exp2(fmaf(s[mt][j][e], a.scale_log2, -lse2[mt][hh])) : 0.f;
             s[mt][j][e] = p * (dp[mt][j][e] - delta[mt][hh]);
           }

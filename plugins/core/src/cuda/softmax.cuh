@@ -57,18 +57,26 @@ template <int kMTiles, int kOTiles> struct OnlineSoftmax {
   template <int kSTiles>
   __device__ static void mask_scores(float (&s)[kMTiles][kSTiles][4], const MaskArgs& mask, const Region& reg,
                                      int32_t row0, int32_t c0, bool masked, int lane) {
+    // Per row of the lane, a band of column offsets (tiles.cuh): element (row, 8 j + 2 (lane % 4) +
+    // e % 2) is kept iff 8 j + e % 2 lies in its row's band.
     const int32_t base = reg.diff(row0, c0); // diff of (row0, c0); (row, col) adds col - row
+    const int32_t last = reg.col_end - c0 - (lane & 3) * 2 - 1; // the last offset inside the region
+    Band band[kMTiles][2];
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        Band b = masked ? band_from(mask, base + (lane & 3) * 2 - (lane >> 2) - 16 * mt - 8 * h) : full_band();
+        b.hi = min(b.hi, last);
+        band[mt][h] = b;
+      }
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
       for (int j = 0; j < kSTiles; ++j)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int r = mt * 16 + (lane >> 2) + (e >= 2 ? 8 : 0);
-          const int c = j * 8 + (lane & 3) * 2 + (e & 1);
-          const bool ok = c0 + c < reg.col_end && (!masked || visible(mask, base + c - r));
-          if (!ok) s[mt][j][e] = -INFINITY;
-        }
+        for (int e = 0; e < 4; ++e)
+          if (!in_band(band[mt][e >> 1], j * 8 + (e & 1))) s[mt][j][e] = -INFINITY;
   }
 
   // The online-softmax step: new maxima, rescale O and l, S becomes P.
