@@ -418,6 +418,110 @@ TEST_CASE("gpu: partial fp32 forward + merge + convert equals the CPU's") {
   CHECK(convert_bad == 0);
 }
 
+// The row kernels take a lane's 4 elements in one access where every row starts 4-element aligned,
+// else one element at a time: padded rows (2 elements) take the second path. The last shape has
+// rows past 2^17 (a grid of more than 4096 blocks).
+TEST_CASE("gpu: delta, merge and convert on aligned and padded rows") {
+  REQUIRE(device_count() > 0);
+  std::mt19937_64 rng(61);
+  const double inf = std::numeric_limits<double>::infinity();
+  struct Shape {
+    int64_t pad;
+    int32_t D;
+    int64_t B, S, H;
+  };
+  std::vector<Shape> shapes;
+  for (int64_t pad : {0, 2})
+    for (int32_t D : {64, 80, 96, 128, 256}) shapes.push_back({pad, D, 2, 37, 3});
+  shapes.push_back({0, 64, 1, 10931, 12}); // 131172 rows
+  for (const Shape& shape : shapes) {
+    const int64_t pad = shape.pad, B = shape.B, S = shape.S, H = shape.H;
+    const int32_t D = shape.D;
+    CAPTURE(pad);
+    CAPTURE(D);
+    CAPTURE(S);
+    Tensor o(DType::bf16, B, S, H, D, pad), o32(DType::fp32, B, S, H, D, pad), d_o(DType::bf16, B, S, H, D, pad);
+    Tensor acc(DType::fp32, B, S, H, D, pad), part(DType::fp32, B, S, H, D, pad);
+    for (Tensor* t : {&o, &o32, &d_o, &acc, &part}) t->fill_normal(rng, 1.0);
+    Stats lse_acc(B, H, S), lse_part(B, H, S);
+    std::uniform_real_distribution<float> u(-3.f, 3.f);
+    for (size_t i = 0; i < lse_acc.v.size(); ++i) { // every fourth side empty, so some rows have neither
+      lse_acc.v[i] = i % 4 == 1 ? -std::numeric_limits<float>::infinity() : u(rng);
+      lse_part.v[i] = i % 3 == 1 ? -std::numeric_limits<float>::infinity() : u(rng);
+    }
+    DeviceTensor o_d(o), o32_d(o32), d_o_d(d_o), acc_d(acc), part_d(part);
+    DeviceStats lse_acc_d(lse_acc), lse_part_d(lse_part);
+
+    for (bool fp32 : {false, true}) {
+      CAPTURE(fp32);
+      Stats delta(B, H, S);
+      DeviceStats delta_d(delta);
+      delta_d.buf->poison();
+      compute_delta_cuda(DeltaParams{DType::bf16, int32_t(B), int32_t(H), D, S, fp32 ? o32_d.ref : o_d.ref, d_o_d.ref,
+                                     fp32, delta_d.ref},
+                         nullptr);
+      CUDA_OK(cudaDeviceSynchronize());
+      delta_d.download(delta);
+      long bad = 0;
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t h = 0; h < H; ++h)
+          for (int64_t i = 0; i < S; ++i) {
+            double want = 0, mag = 0;
+            for (int32_t d = 0; d < D; ++d) {
+              const double x = (fp32 ? o32 : o).get(b, i, h, d) * d_o.get(b, i, h, d);
+              want += x;
+              mag += std::abs(x);
+            }
+            bad += !(std::abs(delta.at(b, h, i) - want) <= 1e-5 * mag + 1e-6);
+          }
+      CHECK(bad == 0);
+    }
+
+    MergeParams m{int32_t(B), int32_t(H), D, S, acc_d.ref, lse_acc_d.ref, part_d.ref, lse_part_d.ref};
+    merge_partial_cuda(m, nullptr);
+    Tensor merged = acc;
+    Stats lse = lse_acc;
+    CUDA_OK(cudaDeviceSynchronize());
+    acc_d.download(merged);
+    lse_acc_d.download(lse);
+    long bad_o = 0, bad_lse = 0;
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t i = 0; i < S; ++i) {
+          const double la = lse_acc.at(b, h, i), lp = lse_part.at(b, h, i), hi = std::max(la, lp);
+          const double l = hi == -inf ? -inf : hi + std::log(std::exp(la - hi) + std::exp(lp - hi));
+          const double wa = la == -inf ? 0 : std::exp(la - l), wp = lp == -inf ? 0 : std::exp(lp - l);
+          const double got_l = lse.at(b, h, i);
+          bad_lse += l == -inf ? got_l != -inf : !(std::abs(got_l - l) <= 1e-5 * std::abs(l) + 1e-6);
+          for (int32_t d = 0; d < D; ++d) {
+            const double x = acc.get(b, i, h, d), y = part.get(b, i, h, d);
+            const double err = std::abs(merged.get(b, i, h, d) - (wa * x + wp * y));
+            bad_o += !(err <= 1e-5 * (std::abs(x) + std::abs(y)) + 1e-6);
+          }
+        }
+    CHECK(bad_lse == 0);
+    CHECK(bad_o == 0);
+
+    for (DType dt : {DType::bf16, DType::fp32}) {
+      Tensor out(dt, B, S, H, D, pad);
+      DeviceTensor out_d(out);
+      out_d.buf->poison();
+      convert_cuda(ConvertParams{dt, int32_t(B), int32_t(H), D, S, acc_d.ref, out_d.ref}, nullptr);
+      CUDA_OK(cudaDeviceSynchronize());
+      out_d.download(out);
+      long bad = 0;
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t i = 0; i < S; ++i)
+          for (int64_t h = 0; h < H; ++h)
+            for (int32_t d = 0; d < D; ++d) {
+              const float x = float(merged.get(b, i, h, d));
+              bad += out.get(b, i, h, d) != (dt == DType::bf16 ? double(bf16_to_float(float_to_bf16(x))) : double(x));
+            }
+      CHECK(bad == 0);
+    }
+    }
+}
+
 TEST_CASE("gpu: deterministic backward is bitwise reproducible") {
   REQUIRE(device_count() > 0);
   std::mt19937_64 rng(23);

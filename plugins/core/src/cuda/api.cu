@@ -132,50 +132,123 @@ template <class T> void dispatch_backward(const BackwardParams& p, cudaStream_t 
   }
 }
 
-// ---- row-wise kernels: one warp per (batch, head, row) ------------------------------------------
+// ---- row-wise kernels: a warp per (batch, token, head) row, or per kWarpRows of them ----------------
 
-constexpr int kRowWarps = 8;
+constexpr int kRowWarps = 8;  // warps a block
+constexpr int kWarpRows = 4;  // rows a warp of delta and convert, their loads issued together
 
 struct RowIndex {
   int64_t b, h, i;
   bool valid;
 };
-__device__ RowIndex row_index(int32_t heads, int64_t seqlen, int64_t rows) {
-  const int64_t row = int64_t(blockIdx.x) * kRowWarps + threadIdx.x / 32;
-  const int64_t bh = row / seqlen;
-  return RowIndex{bh / heads, bh % heads, row % seqlen, row < rows};
+// Rows numbered in the order of the [batch, token, head, D] tensors' bytes, heads fastest, so that
+// a warp's rows and its neighbours' are one run of memory.
+// 32-bit division where it fits: 64-bit division is a long software sequence (delta 2.42 -> 2.55
+// TB/s on an H200).
+__device__ RowIndex row_index(int32_t heads, int64_t seqlen, int64_t rows, int64_t row) {
+  if (row <= 0x7fffffff && seqlen <= 0x7fffffff) {
+    const uint32_t r = uint32_t(row), bi = r / uint32_t(heads), b = bi / uint32_t(seqlen);
+    return RowIndex{b, int64_t(r - bi * uint32_t(heads)), int64_t(bi - b * uint32_t(seqlen)), row < rows};
+  }
+  const int64_t bi = row / heads;
+  return RowIndex{bi / seqlen, row % heads, bi % seqlen, row < rows};
+}
+// The first of the kRows rows of this warp. (A grid capped at 4096 blocks striding over the rows
+// measured slower for delta, 2.1 against 2.55 TB/s on an H200, and faster for convert, 3.46
+// against 3.20: PERFORMANCE.md, session 16.)
+template <int kRows> __device__ int64_t warp_first_row() {
+  return (int64_t(blockIdx.x) * kRowWarps + threadIdx.x / 32) * kRows;
 }
 
-template <class T> __device__ __forceinline__ float load_elem(const void* base, int64_t off) {
-  if constexpr (std::is_same_v<T, float>) return static_cast<const float*>(base)[off];
-  else return float(static_cast<const T*>(base)[off]);
+// A lane's part of a row: kV consecutive elements as floats. kV = 4 is one 8-byte (16-bit types)
+// or 16-byte (fp32) access, for rows whose every start is 4-element aligned (rows_aligned4).
+template <class T, int kV> __device__ __forceinline__ void load_part(const void* base, int64_t off, float (&x)[kV]) {
+  const T* p = static_cast<const T*>(base) + off;
+  if constexpr (kV == 1) {
+    x[0] = float(p[0]);
+  } else if constexpr (std::is_same_v<T, float>) {
+    const float4 v = *reinterpret_cast<const float4*>(p);
+    x[0] = v.x, x[1] = v.y, x[2] = v.z, x[3] = v.w;
+  } else {
+    const uint2 v = *reinterpret_cast<const uint2*>(p);
+    const float2 lo = unpack2<T>(v.x), hi = unpack2<T>(v.y);
+    x[0] = lo.x, x[1] = lo.y, x[2] = hi.x, x[3] = hi.y;
+  }
+}
+template <class T, int kV> __device__ __forceinline__ void store_part(void* base, int64_t off, const float (&x)[kV]) {
+  T* p = static_cast<T*>(base) + off;
+  if constexpr (kV == 1) {
+    if constexpr (std::is_same_v<T, float>) p[0] = x[0];
+    else if constexpr (std::is_same_v<T, __nv_bfloat16>) p[0] = __float2bfloat16_rn(x[0]);
+    else p[0] = __float2half_rn(x[0]);
+  } else if constexpr (std::is_same_v<T, float>) {
+    *reinterpret_cast<float4*>(p) = make_float4(x[0], x[1], x[2], x[3]);
+  } else {
+    *reinterpret_cast<uint2*>(p) = make_uint2(pack2<T>(x[0], x[1]), pack2<T>(x[2], x[3]));
+  }
 }
 
-template <class T, class TO>
-__global__ void delta_kernel(const __grid_constant__ DeltaParams p, int64_t rows) {
-  const RowIndex r = row_index(p.heads, p.seqlen, rows);
-  if (!r.valid) return;
+// kParts parts of kV elements a lane cover a chunk of 128 elements of a row (D = 256: two chunks).
+template <int kV> constexpr int kParts = 4 / kV;
+
+// delta = rowsum(dO * O) for kWarpRows rows a warp, every load of the rows issued before the first
+// product. With heads fastest and 32-bit row indices: 2.55 TB/s on an H200, against 2.25 for one
+// row a warp in scalar loads (PERFORMANCE.md, session 16); what holds it there is not known.
+template <class T, class TO, int kV>
+__global__ void __launch_bounds__(kRowWarps * 32, 4) delta_kernel(const __grid_constant__ DeltaParams p, int64_t rows) {
+  constexpr int kP = kParts<kV>;
   const int lane = threadIdx.x % 32;
-  const int64_t oo = r.b * p.o.batch_stride + r.i * p.o.token_stride + r.h * p.o.head_stride;
-  const int64_t od = r.b * p.d_o.batch_stride + r.i * p.d_o.token_stride + r.h * p.d_o.head_stride;
-  float sum = 0.f;
-  for (int d = lane; d < p.head_dim; d += 32) sum += load_elem<TO>(p.o.data, oo + d) * load_elem<T>(p.d_o.data, od + d);
+  const int64_t first = warp_first_row<kWarpRows>();
+  int64_t oo[kWarpRows], od[kWarpRows];
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(kFullMask, sum, o);
-  if (lane == 0) p.delta.data[r.b * p.delta.batch_stride + r.h * p.delta.head_stride + r.i] = sum;
+  for (int k = 0; k < kWarpRows; ++k) {
+    const RowIndex r = row_index(p.heads, p.seqlen, rows, first + k);
+    oo[k] = r.b * p.o.batch_stride + r.i * p.o.token_stride + r.h * p.o.head_stride;
+    od[k] = r.b * p.d_o.batch_stride + r.i * p.d_o.token_stride + r.h * p.d_o.head_stride;
+  }
+  float sum[kWarpRows] = {};
+  for (int c = 0; c < p.head_dim; c += 32 * kV * kP) {
+    float o[kWarpRows][kP][kV], g[kWarpRows][kP][kV];
+#pragma unroll
+    for (int k = 0; k < kWarpRows; ++k)
+#pragma unroll
+      for (int q = 0; q < kP; ++q) {
+        const int d = c + kV * (lane + 32 * q);
+        if (first + k < rows && d < p.head_dim) {
+          load_part<TO, kV>(p.o.data, oo[k] + d, o[k][q]);
+          load_part<T, kV>(p.d_o.data, od[k] + d, g[k][q]);
+        } else {
+#pragma unroll
+          for (int e = 0; e < kV; ++e) o[k][q][e] = g[k][q][e] = 0.f;
+        }
+      }
+#pragma unroll
+    for (int k = 0; k < kWarpRows; ++k)
+#pragma unroll
+      for (int q = 0; q < kP; ++q)
+#pragma unroll
+        for (int e = 0; e < kV; ++e) sum[k] += o[k][q][e] * g[k][q][e];
+  }
+#pragma unroll
+  for (int k = 0; k < kWarpRows; ++k)
+#pragma unroll
+    for (int x = 16; x > 0; x >>= 1) sum[k] += __shfl_xor_sync(kFullMask, sum[k], x);
+  if (lane < kWarpRows) { // lane k writes row k
+    const RowIndex r = row_index(p.heads, p.seqlen, rows, first + lane);
+    float x = sum[0];
+#pragma unroll
+    for (int k = 1; k < kWarpRows; ++k) x = lane == k ? sum[k] : x;
+    if (r.valid) p.delta.data[r.b * p.delta.batch_stride + r.h * p.delta.head_stride + r.i] = x;
+  }
 }
 
-__global__ void merge_kernel(const __grid_constant__ MergeParams p, int64_t rows) {
-  const RowIndex r = row_index(p.heads, p.seqlen, rows);
-  if (!r.valid) return;
+template <int kV> __device__ void merge_row(const MergeParams& p, const RowIndex& r) {
   const int lane = threadIdx.x % 32;
   float* lse_acc = p.lse_acc.data + r.b * p.lse_acc.batch_stride + r.h * p.lse_acc.head_stride + r.i;
   const float la = *lse_acc;
   const float lp = p.lse_part.data[r.b * p.lse_part.batch_stride + r.h * p.lse_part.head_stride + r.i];
-  float* o = static_cast<float*>(p.o_acc.data) + r.b * p.o_acc.batch_stride + r.i * p.o_acc.token_stride +
-             r.h * p.o_acc.head_stride;
-  const float* op = static_cast<const float*>(p.o_part.data) + r.b * p.o_part.batch_stride +
-                    r.i * p.o_part.token_stride + r.h * p.o_part.head_stride;
+  const int64_t oa = r.b * p.o_acc.batch_stride + r.i * p.o_acc.token_stride + r.h * p.o_acc.head_stride;
+  const int64_t op = r.b * p.o_part.batch_stride + r.i * p.o_part.token_stride + r.h * p.o_part.head_stride;
   const float hi = fmaxf(la, lp);
   float lse = -INFINITY, wa = 0.f, wp = 0.f; // neither side saw a key: (0, -inf)
   if (hi != -INFINITY) {
@@ -183,30 +256,81 @@ __global__ void merge_kernel(const __grid_constant__ MergeParams p, int64_t rows
     wa = la == -INFINITY ? 0.f : expf(la - lse);
     wp = lp == -INFINITY ? 0.f : expf(lp - lse);
   }
-  for (int d = lane; d < p.head_dim; d += 32) o[d] = wa * o[d] + wp * op[d];
+#pragma unroll 2
+  for (int d = kV * lane; d < p.head_dim; d += 32 * kV) {
+    float a[kV], b[kV];
+    load_part<float, kV>(p.o_acc.data, oa + d, a);
+    load_part<float, kV>(p.o_part.data, op + d, b);
+#pragma unroll
+    for (int e = 0; e < kV; ++e) a[e] = wa * a[e] + wp * b[e];
+    store_part<float, kV>(p.o_acc.data, oa + d, a);
+  }
   __syncwarp(); // every lane has read lse_acc before it is replaced
   if (lane == 0) *lse_acc = lse;
 }
 
-template <class TD> __global__ void convert_kernel(const __grid_constant__ ConvertParams p, int64_t rows) {
-  const RowIndex r = row_index(p.heads, p.seqlen, rows);
-  if (!r.valid) return;
+template <int kV> __global__ void merge_kernel(const __grid_constant__ MergeParams p, int64_t rows) {
+  const RowIndex r = row_index(p.heads, p.seqlen, rows, warp_first_row<1>());
+  if (r.valid) merge_row<kV>(p, r);
+}
+
+// dst = src in TD, kWarpRows rows a warp, their loads issued together (as delta's).
+template <class TD, int kV>
+__global__ void __launch_bounds__(kRowWarps * 32, 4)
+    convert_kernel(const __grid_constant__ ConvertParams p, int64_t rows) {
+  constexpr int kP = kParts<kV>;
   const int lane = threadIdx.x % 32;
-  const float* src = static_cast<const float*>(p.src.data) + r.b * p.src.batch_stride + r.i * p.src.token_stride +
-                     r.h * p.src.head_stride;
-  TD* dst = static_cast<TD*>(p.dst.data) + r.b * p.dst.batch_stride + r.i * p.dst.token_stride + r.h * p.dst.head_stride;
-  for (int d = lane; d < p.head_dim; d += 32) {
-    if constexpr (std::is_same_v<TD, float>) dst[d] = src[d];
-    else if constexpr (std::is_same_v<TD, __nv_bfloat16>) dst[d] = __float2bfloat16_rn(src[d]);
-    else dst[d] = __float2half_rn(src[d]);
+  const int64_t first = warp_first_row<kWarpRows>();
+  int64_t os[kWarpRows], od[kWarpRows];
+#pragma unroll
+  for (int k = 0; k < kWarpRows; ++k) {
+    const RowIndex r = row_index(p.heads, p.seqlen, rows, first + k);
+    os[k] = r.b * p.src.batch_stride + r.i * p.src.token_stride + r.h * p.src.head_stride;
+    od[k] = r.b * p.dst.batch_stride + r.i * p.dst.token_stride + r.h * p.dst.head_stride;
+  }
+  for (int c = 0; c < p.head_dim; c += 32 * kV * kP) {
+    float x[kWarpRows][kP][kV];
+#pragma unroll
+    for (int k = 0; k < kWarpRows; ++k)
+#pragma unroll
+      for (int q = 0; q < kP; ++q) {
+        const int d = c + kV * (lane + 32 * q);
+        if (first + k < rows && d < p.head_dim) load_part<float, kV>(p.src.data, os[k] + d, x[k][q]);
+      }
+#pragma unroll
+    for (int k = 0; k < kWarpRows; ++k)
+#pragma unroll
+      for (int q = 0; q < kP; ++q) {
+        const int d = c + kV * (lane + 32 * q);
+        if (first + k < rows && d < p.head_dim) store_part<TD, kV>(p.dst.data, od[k] + d, x[k][q]);
+      }
   }
 }
 
-dim3 row_grid(int64_t rows) { return dim3(unsigned((rows + kRowWarps - 1) / kRowWarps)); }
+dim3 row_grid(int64_t rows, int rows_per_warp) {
+  const int64_t per_block = int64_t(kRowWarps) * rows_per_warp;
+  return dim3(unsigned((rows + per_block - 1) / per_block));
+}
 
 void check_rows(int32_t batch, int32_t heads, int32_t head_dim, int64_t seqlen, const char* op) {
   if (batch < 1 || heads < 1 || head_dim < 1 || seqlen < 0)
     fail(std::string(op) + ": batch, heads and head_dim must be positive, seqlen non-negative");
+}
+
+// Whether every row of these tensors starts on a 4-element boundary (bytes: an element's size),
+// so that a lane may take 4 elements in one access.
+bool rows_aligned4(const TensorRef& t, size_t bytes) {
+  return reinterpret_cast<uintptr_t>(t.data) % (4 * bytes) == 0 && t.batch_stride % 4 == 0 &&
+         t.token_stride % 4 == 0 && t.head_stride % 4 == 0;
+}
+
+// Launches kernel<4> where every row is 4-element aligned, else kernel<1>; rows_per_warp: the
+// kernels' (kWarpRows, or 1 for merge).
+template <class K4, class K1, class... Args>
+void launch_rows(bool aligned, K4 k4, K1 k1, int64_t rows, int rows_per_warp, cudaStream_t s, const Args&... args) {
+  const dim3 grid = row_grid(rows, rows_per_warp);
+  if (aligned) k4<<<grid, kRowWarps * 32, 0, s>>>(args..., rows);
+  else k1<<<grid, kRowWarps * 32, 0, s>>>(args..., rows);
 }
 
 } // namespace
@@ -267,14 +391,14 @@ void compute_delta_cuda(const DeltaParams& p, void* stream) {
   if (!p.o.data || !p.d_o.data || !p.delta.data) fail("compute_delta: a pointer is null");
   const int64_t rows = int64_t(p.batch) * p.heads * p.seqlen;
   const auto s = static_cast<cudaStream_t>(stream);
-  const dim3 grid = row_grid(rows);
-  if (p.dtype == DType::bf16) {
-    if (p.o_fp32) delta_kernel<__nv_bfloat16, float><<<grid, kRowWarps * 32, 0, s>>>(p, rows);
-    else delta_kernel<__nv_bfloat16, __nv_bfloat16><<<grid, kRowWarps * 32, 0, s>>>(p, rows);
-  } else {
-    if (p.o_fp32) delta_kernel<__half, float><<<grid, kRowWarps * 32, 0, s>>>(p, rows);
-    else delta_kernel<__half, __half><<<grid, kRowWarps * 32, 0, s>>>(p, rows);
-  }
+  const bool v4 = p.head_dim % 4 == 0 && rows_aligned4(p.o, p.o_fp32 ? 4 : 2) && rows_aligned4(p.d_o, 2);
+  // (The dO element type, then O's: fp32 for a ring's partial.)
+  const auto launch = [&](auto k4, auto k1) { launch_rows(v4, k4, k1, rows, kWarpRows, s, p); };
+  using bf16 = __nv_bfloat16;
+  if (p.dtype == DType::bf16 && p.o_fp32) launch(delta_kernel<bf16, float, 4>, delta_kernel<bf16, float, 1>);
+  else if (p.dtype == DType::bf16) launch(delta_kernel<bf16, bf16, 4>, delta_kernel<bf16, bf16, 1>);
+  else if (p.o_fp32) launch(delta_kernel<__half, float, 4>, delta_kernel<__half, float, 1>);
+  else launch(delta_kernel<__half, __half, 4>, delta_kernel<__half, __half, 1>);
   check_launch("compute_delta");
 }
 
@@ -283,7 +407,8 @@ void merge_partial_cuda(const MergeParams& p, void* stream) {
   if (p.seqlen == 0) return;
   if (!p.o_acc.data || !p.o_part.data || !p.lse_acc.data || !p.lse_part.data) fail("merge_partial: a pointer is null");
   const int64_t rows = int64_t(p.batch) * p.heads * p.seqlen;
-  merge_kernel<<<row_grid(rows), kRowWarps * 32, 0, static_cast<cudaStream_t>(stream)>>>(p, rows);
+  const bool v4 = p.head_dim % 4 == 0 && rows_aligned4(p.o_acc, 4) && rows_aligned4(p.o_part, 4);
+  launch_rows(v4, merge_kernel<4>, merge_kernel<1>, rows, 1, static_cast<cudaStream_t>(stream), p);
   check_launch("merge_partial");
 }
 
@@ -293,11 +418,14 @@ void convert_cuda(const ConvertParams& p, void* stream) {
   if (!p.src.data || !p.dst.data) fail("convert: a pointer is null");
   const int64_t rows = int64_t(p.batch) * p.heads * p.seqlen;
   const auto s = static_cast<cudaStream_t>(stream);
-  const dim3 grid = row_grid(rows);
+  const bool v4 =
+      p.head_dim % 4 == 0 && rows_aligned4(p.src, 4) && rows_aligned4(p.dst, p.dtype == DType::fp32 ? 4 : 2);
   switch (p.dtype) {
-  case DType::bf16: convert_kernel<__nv_bfloat16><<<grid, kRowWarps * 32, 0, s>>>(p, rows); break;
-  case DType::fp16: convert_kernel<__half><<<grid, kRowWarps * 32, 0, s>>>(p, rows); break;
-  case DType::fp32: convert_kernel<float><<<grid, kRowWarps * 32, 0, s>>>(p, rows); break;
+  case DType::bf16:
+    launch_rows(v4, convert_kernel<__nv_bfloat16, 4>, convert_kernel<__nv_bfloat16, 1>, rows, kWarpRows, s, p);
+    break;
+  case DType::fp16: launch_rows(v4, convert_kernel<__half, 4>, convert_kernel<__half, 1>, rows, kWarpRows, s, p); break;
+  case DType::fp32: launch_rows(v4, convert_kernel<float, 4>, convert_kernel<float, 1>, rows, kWarpRows, s, p); break;
   default: fail("convert: dtype must be bf16, fp16 or fp32");
   }
   check_launch("convert");
