@@ -227,6 +227,17 @@ __global__ void __launch_bounds__(BackwardConfig<T, D>::kThreads, 1)
             ++step;
             break;
           }
+          // The step's copies first, so that their latency runs under the lanes' loads of the rows'
+          // LSE and delta; lane 0's arrive below completes the phase with their bytes.
+          if (lane == 0) {
+            barrier_expect_tx(&q_full[s], 2 * C::kQBytes);
+            T* q_tile = sQ + s * (C::kQBytes / sizeof(T));
+            T* do_tile = sdO + s * (C::kQBytes / sizeof(T));
+            for (int cb = 0; cb < D / W; ++cb) {
+              tma_load_4d(q_tile + cb * C::kBlockM * W, &q_map, &q_full[s], cb * W, q.r0, q.head, batch);
+              tma_load_4d(do_tile + cb * C::kBlockM * W, &do_map, &q_full[s], cb * W, q.r0, q.head, batch);
+            }
+          }
           const float* lse = a.lse.data + batch * a.lse.batch_stride + q.head * a.lse.head_stride;
           const float* dlt = a.delta.data + batch * a.delta.batch_stride + q.head * a.delta.head_stride;
 #pragma unroll
@@ -248,15 +259,7 @@ __global__ void __launch_bounds__(BackwardConfig<T, D>::kThreads, 1)
                         uint32_t(q.masked[1]) << 3;
           }
           __syncwarp(); // the lanes' stores, then lane 0's arrive publishes them (release)
-          if (lane == 0) {
-            barrier_expect_bytes(&q_full[s], 2 * C::kQBytes);
-            T* q_tile = sQ + s * (C::kQBytes / sizeof(T));
-            T* do_tile = sdO + s * (C::kQBytes / sizeof(T));
-            for (int cb = 0; cb < D / W; ++cb) {
-              tma_load_4d(q_tile + cb * C::kBlockM * W, &q_map, &q_full[s], cb * W, q.r0, q.head, batch);
-              tma_load_4d(do_tile + cb * C::kBlockM * W, &do_map, &q_full[s], cb * W, q.r0, q.head, batch);
-            }
-          }
+          if (lane == 0) barrier_arrive(&q_full[s]);
         }
       }
     } else if (dq_add != DqAdd::copy_engine || warp == 1) { // dQ reducer

@@ -88,6 +88,12 @@ __device__ __forceinline__ void barrier_expect_bytes(uint64_t* bar, uint32_t byt
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes)
                : "memory");
 }
+// Says how many bytes the copies of this phase will bring, without arriving: the arrive may then
+// come after the copies are issued (and the phase completes when both have happened).
+__device__ __forceinline__ void barrier_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes)
+               : "memory");
+}
 // Waits until the phase of parity `phase` has completed.
 __device__ __forceinline__ void barrier_wait(uint64_t* bar, uint32_t phase) {
   asm volatile("{\n"
