@@ -153,6 +153,20 @@ __device__ RowIndex row_index(int32_t heads, int64_t seqlen, int64_t rows, int64
   const int64_t bi = row / heads;
   return RowIndex{bi / seqlen, row % heads, bi % seqlen, row < rows};
 }
+// Row r's first element in t.
+__device__ int64_t row_offset(const TensorRef& t, const RowIndex& r) {
+  return r.b * t.batch_stride + r.i * t.token_stride + r.h * t.head_stride;
+}
+// The first elements in a and in b of the kWarpRows rows from `first`.
+__device__ void warp_row_offsets(const TensorRef& a, const TensorRef& b, int32_t heads, int64_t seqlen, int64_t rows,
+                                 int64_t first, int64_t (&oa)[kWarpRows], int64_t (&ob)[kWarpRows]) {
+#pragma unroll
+  for (int k = 0; k < kWarpRows; ++k) {
+    const RowIndex r = row_index(heads, seqlen, rows, first + k);
+    oa[k] = row_offset(a, r);
+    ob[k] = row_offset(b, r);
+  }
+}
 // The first of the kRows rows of this warp. (A grid capped at 4096 blocks striding over the rows
 // measured slower for delta, 2.1 against 2.55 TB/s on an H200, and faster for convert, 3.46
 // against 3.20: PERFORMANCE.md, session 16.)
@@ -200,12 +214,7 @@ __global__ void __launch_bounds__(kRowWarps * 32, 4) delta_kernel(const __grid_c
   const int lane = threadIdx.x % 32;
   const int64_t first = warp_first_row<kWarpRows>();
   int64_t oo[kWarpRows], od[kWarpRows];
-#pragma unroll
-  for (int k = 0; k < kWarpRows; ++k) {
-    const RowIndex r = row_index(p.heads, p.seqlen, rows, first + k);
-    oo[k] = r.b * p.o.batch_stride + r.i * p.o.token_stride + r.h * p.o.head_stride;
-    od[k] = r.b * p.d_o.batch_stride + r.i * p.d_o.token_stride + r.h * p.d_o.head_stride;
-  }
+  warp_row_offsets(p.o, p.d_o, p.heads, p.seqlen, rows, first, oo, od);
   float sum[kWarpRows] = {};
   for (int c = 0; c < p.head_dim; c += 32 * kV * kP) {
     float o[kWarpRows][kP][kV], g[kWarpRows][kP][kV];
@@ -247,8 +256,7 @@ template <int kV> __device__ void merge_row(const MergeParams& p, const RowIndex
   float* lse_acc = p.lse_acc.data + r.b * p.lse_acc.batch_stride + r.h * p.lse_acc.head_stride + r.i;
   const float la = *lse_acc;
   const float lp = p.lse_part.data[r.b * p.lse_part.batch_stride + r.h * p.lse_part.head_stride + r.i];
-  const int64_t oa = r.b * p.o_acc.batch_stride + r.i * p.o_acc.token_stride + r.h * p.o_acc.head_stride;
-  const int64_t op = r.b * p.o_part.batch_stride + r.i * p.o_part.token_stride + r.h * p.o_part.head_stride;
+  const int64_t oa = row_offset(p.o_acc, r), op = row_offset(p.o_part, r);
   const float hi = fmaxf(la, lp);
   float lse = -INFINITY, wa = 0.f, wp = 0.f; // neither side saw a key: (0, -inf)
   if (hi != -INFINITY) {
@@ -274,7 +282,9 @@ template <int kV> __global__ void merge_kernel(const __grid_constant__ MergePara
   if (r.valid) merge_row<kV>(p, r);
 }
 
-// dst = src in TD, kWarpRows rows a warp, their loads issued together (as delta's).
+// dst = src in TD, kWarpRows rows a warp, their loads issued together (as delta's). Four blocks an
+// SM cap it at 64 registers, where the 16-bit outputs spill 40 bytes; measured so (3.2 TB/s on an
+// H200, session 16). Uncapped it takes 78 registers and three blocks: not measured.
 template <class TD, int kV>
 __global__ void __launch_bounds__(kRowWarps * 32, 4)
     convert_kernel(const __grid_constant__ ConvertParams p, int64_t rows) {
@@ -282,12 +292,7 @@ __global__ void __launch_bounds__(kRowWarps * 32, 4)
   const int lane = threadIdx.x % 32;
   const int64_t first = warp_first_row<kWarpRows>();
   int64_t os[kWarpRows], od[kWarpRows];
-#pragma unroll
-  for (int k = 0; k < kWarpRows; ++k) {
-    const RowIndex r = row_index(p.heads, p.seqlen, rows, first + k);
-    os[k] = r.b * p.src.batch_stride + r.i * p.src.token_stride + r.h * p.src.head_stride;
-    od[k] = r.b * p.dst.batch_stride + r.i * p.dst.token_stride + r.h * p.dst.head_stride;
-  }
+  warp_row_offsets(p.src, p.dst, p.heads, p.seqlen, rows, first, os, od);
   for (int c = 0; c < p.head_dim; c += 32 * kV * kP) {
     float x[kWarpRows][kP][kV];
 #pragma unroll
