@@ -568,16 +568,12 @@ __global__ void __launch_bounds__(DqConfig<T, D, kMTiles>::kThreads, 1)
       // e % 2) is visible iff 8 j + e % 2 lies in its row's band.
       const int32_t base = reg.diff(m0 + warp_row0, cur.c0);
       const bool check = masked || cur.cross;
-      const int32_t last = reg.col_end - cur.c0 - (lane & 3) * 2 - 1; // the last offset inside the region
       Band band[MT][2];
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          Band b = masked ? band_from(a.mask, base + (lane & 3) * 2 - (lane >> 2) - 16 * mt - 8 * h) : full_band();
-          b.hi = min(b.hi, last);
-          band[mt][h] = b;
-        }
+        for (int h = 0; h < 2; ++h)
+          band[mt][h] = row_band(a.mask, masked, base, 16 * mt + 8 * h + (lane >> 2), reg.col_end - cur.c0, lane);
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt)
 #pragma unroll

@@ -60,16 +60,12 @@ template <int kMTiles, int kOTiles> struct OnlineSoftmax {
     // Per row of the lane, a band of column offsets (tiles.cuh): element (row, 8 j + 2 (lane % 4) +
     // e % 2) is kept iff 8 j + e % 2 lies in its row's band.
     const int32_t base = reg.diff(row0, c0); // diff of (row0, c0); (row, col) adds col - row
-    const int32_t last = reg.col_end - c0 - (lane & 3) * 2 - 1; // the last offset inside the region
     Band band[kMTiles][2];
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        Band b = masked ? band_from(mask, base + (lane & 3) * 2 - (lane >> 2) - 16 * mt - 8 * h) : full_band();
-        b.hi = min(b.hi, last);
-        band[mt][h] = b;
-      }
+      for (int h = 0; h < 2; ++h)
+        band[mt][h] = row_band(mask, masked, base, 16 * mt + 8 * h + (lane >> 2), reg.col_end - c0, lane);
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll

@@ -88,6 +88,18 @@ __device__ __forceinline__ bool in_band(const Band& b, int32_t x) { return x >= 
 __device__ __forceinline__ Band empty_band() { return Band{1, 0}; }
 __device__ __forceinline__ Band full_band() { return Band{INT_MIN, INT_MAX}; }
 
+// In a score tile (rows are queries, columns keys) whose element (0, 0) has diff `base`, held as
+// mma accumulator fragments (element e of n8 tile j is row 8 (e / 2) + lane / 4, column 8 j +
+// 2 (lane % 4) + e % 2): the column offsets 8 j + e % 2 that the lane's row r keeps, the Mask's
+// where `masked`, else all, cut at the region's end (`cols`: the region's columns from the tile's
+// first).
+__device__ __forceinline__ Band row_band(const MaskArgs& m, bool masked, int32_t base, int r, int32_t cols,
+                                         int lane) {
+  Band b = masked ? band_from(m, base + (lane & 3) * 2 - r) : full_band();
+  b.hi = min(b.hi, cols - (lane & 3) * 2 - 1);
+  return b;
+}
+
 // Every pair of rows at positions [qf, ql] and keys at [kf, kl] is visible.
 __device__ __forceinline__ bool all_visible(const MaskArgs& m, int64_t qf, int64_t ql, int64_t kf, int64_t kl) {
   return (!m.causal || kl <= qf) && (m.window_left < 0 || kf >= ql - m.window_left) &&
