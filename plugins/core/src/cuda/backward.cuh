@@ -44,11 +44,16 @@ template <class T, int D, int kMTiles_, int kBlockM_ = 64> struct BackwardConfig
   static constexpr int kOutCols = D / kColSplit; // columns of a warp's dK, dV, dQ
   static constexpr int kOutTiles = kOutCols / 8;
   static constexpr int kDqRows = kBlockM * kColSplit / kWarps; // rows of a warp's dQ
-  // Q/dO (and their row statistics) are double-buffered where the device's shared memory allows.
-  static constexpr size_t smem_bytes(int stages) {
-    return size_t(2 * kBlockN + 2 * stages * kBlockM) * kPitch * sizeof(T) + size_t(2 * kBlockN * kPitchP) * sizeof(T) +
-           size_t(2 * stages * kBlockM) * sizeof(float);
-  }
+  // Shared memory, in bytes: K, V, P^T, dS^T, then the stages, each Q, dO and their rows' LSE and
+  // delta, so that a stage is one base plus constants. Q/dO are double-buffered where the device's
+  // shared memory allows.
+  static constexpr uint32_t kKVBytes = kBlockN * kPitch * sizeof(T);
+  static constexpr uint32_t kPBytes = kBlockN * kPitchP * sizeof(T);
+  static constexpr uint32_t kQBytes = kBlockM * kPitch * sizeof(T);
+  static constexpr uint32_t kV = kKVBytes, kP = 2 * kKVBytes, kDs = kP + kPBytes, kStage0 = kDs + kPBytes;
+  static constexpr uint32_t kDo = kQBytes, kLse = 2 * kQBytes, kDelta = kLse + kBlockM * sizeof(float); // in a stage
+  static constexpr uint32_t kStageBytes = kDelta + kBlockM * sizeof(float);
+  static constexpr size_t smem_bytes(int stages) { return kStage0 + size_t(stages) * kStageBytes; }
   static_assert(D % 16 == 0, "head dim must be a multiple of 16");
   static_assert(kMTiles == 1 || kMTiles == 2, "one or two key tiles a warp");
   static_assert(kBlockM == 64 || kBlockM == 128, "steps of 64 or 128 queries");
@@ -57,16 +62,17 @@ template <class T, int D, int kMTiles_, int kBlockM_ = 64> struct BackwardConfig
   static_assert(smem_bytes(2) <= 227 * 1024, "two stages must fit an sm_90 CTA");
 };
 
-// out[mt][j] += a[mt] B for every n8 tile j, B the 16 x (8 kNT) block of a k-major tile at rows
-// k0.. and columns col0..: each B fragment feeds every m16 tile. from_zero: out = a B instead.
-template <class T, int kMT, int kNT>
-__device__ __forceinline__ void mma_k_step(float (&out)[kMT][kNT][4], const uint32_t (&a)[kMT][4], const T* b_tile,
-                                           int pitch, int k0, int col0, int lane, bool from_zero = false) {
+// out[mt][j] += a[mt] B for every n8 tile j, B the 16 x (8 kNT) block at rows k0.. of a k-major tile
+// whose fragment (0, 0) this lane reads at `b` (lane_kn): each B fragment feeds every m16 tile.
+// from_zero: out = a B instead.
+template <class T, int kPitch, int kMT, int kNT>
+__device__ __forceinline__ void mma_k_step(float (&out)[kMT][kNT][4], const uint32_t (&a)[kMT][4], uint32_t b_frag,
+                                           int k0, bool from_zero = false) {
 #pragma unroll
   for (int j = 0; j < kNT; j += 2) {
     if (j + 1 < kNT) {
       uint32_t b[4];
-      load_b_kn<T>(b, b_tile, pitch, k0, col0 + j * 8, lane);
+      ldmatrix_x4_trans(b, b_frag + tile_offset<T, kPitch>(k0, j * 8));
 #pragma unroll
       for (int mt = 0; mt < kMT; ++mt) {
         mma_16x8x16<T>(out[mt][j], a[mt], b[0], b[1], from_zero);
@@ -74,24 +80,25 @@ __device__ __forceinline__ void mma_k_step(float (&out)[kMT][kNT][4], const uint
       }
     } else { // an odd count of n-tiles (D = 80)
       uint32_t b[2];
-      load_b_kn_single<T>(b, b_tile, pitch, k0, col0 + j * 8, lane);
+      ldmatrix_x2_trans(b, b_frag + tile_offset<T, kPitch>(k0, j * 8));
 #pragma unroll
       for (int mt = 0; mt < kMT; ++mt) mma_16x8x16<T>(out[mt][j], a[mt], b[0], b[1], from_zero);
     }
   }
 }
 
-// out[mt][j] += A (kGradMTiles x 16 rows over the step's queries, from a [rows][kPitchP] tile)
-// times B (the step's queries x this warp's kOutCols columns of the head dim): dV or dK.
+// out[mt][j] += A (kGradMTiles x 16 rows over the step's queries, of P^T or dS^T, read at a_frag:
+// lane_a) times B (the step's queries x this warp's kOutCols columns of dO or Q, at b_frag:
+// lane_kn): dV or dK.
 template <class T, int D, int kMTiles, int kBlockM, class C = BackwardConfig<T, D, kMTiles, kBlockM>>
-__device__ __forceinline__ void accumulate_grad(float (&out)[C::kGradMTiles][C::kOutTiles][4], const T* a_tile,
-                                                int a_row0, const T* b_tile, int col0, int lane) {
+__device__ __forceinline__ void accumulate_grad(float (&out)[C::kGradMTiles][C::kOutTiles][4], uint32_t a_frag,
+                                                uint32_t b_frag) {
 #pragma unroll
   for (int k0 = 0; k0 < C::kBlockM; k0 += 16) {
     uint32_t a[C::kGradMTiles][4];
 #pragma unroll
-    for (int mt = 0; mt < C::kGradMTiles; ++mt) load_a<T>(a[mt], a_tile, C::kPitchP, a_row0 + 16 * mt, k0, lane);
-    mma_k_step<T>(out, a, b_tile, C::kPitch, k0, col0, lane);
+    for (int mt = 0; mt < C::kGradMTiles; ++mt) ldmatrix_x4(a[mt], a_frag + tile_offset<T, C::kPitchP>(16 * mt, k0));
+    mma_k_step<T, C::kPitch>(out, a, b_frag, k0);
   }
 }
 
@@ -102,13 +109,10 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
                           int kv_head, int batch) {
   using C = BackwardConfig<T, D, kMTiles, kBlockM>;
   T* sK = reinterpret_cast<T*>(smem);
-  T* sV = sK + C::kBlockN * C::kPitch;
-  T* sQ = sV + C::kBlockN * C::kPitch; // [stages][kBlockM][kPitch]
-  T* sdO = sQ + stages * C::kBlockM * C::kPitch;
-  T* sP = sdO + stages * C::kBlockM * C::kPitch; // P^T  [kBlockN][kPitchP]
-  T* sdS = sP + C::kBlockN * C::kPitchP;         // dS^T
-  float* sLse = reinterpret_cast<float*>(sdS + C::kBlockN * C::kPitchP); // [stages][kBlockM]
-  float* sDelta = sLse + stages * C::kBlockM;
+  T* sV = reinterpret_cast<T*>(smem + C::kV);
+  T* sP = reinterpret_cast<T*>(smem + C::kP); // P^T  [kBlockN][kPitchP]
+  T* sdS = reinterpret_cast<T*>(smem + C::kDs); // dS^T
+  unsigned char* stage0 = smem + C::kStage0;    // [stages] of Q, dO [kBlockM][kPitch], LSE, delta [kBlockM]
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int wr = warp & 3, wh = warp >> 2; // S^T and dP^T: key slice, query half
@@ -118,6 +122,16 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
   constexpr int kSlices = C::kWarps / C::kColSplit;
   const int ws = warp & (kSlices - 1), wc = warp >> (kSlices == 4 ? 2 : 1);
   const int grow0 = ws * C::kGradKeys, qrow0 = ws * C::kDqRows, col0 = wc * C::kOutCols;
+  // This lane's fragment addresses (device.cuh), made once; a stage adds st x kStageBytes.
+  const uint32_t s0 = smem_addr(smem);
+  const uint32_t k_rows = s0 + tile_offset<T, C::kPitch>(wrow0, 0) + lane_a<T, C::kPitch>(lane); // S^T's A: K (V: + kV)
+  const uint32_t q_cols = s0 + C::kStage0 + tile_offset<T, C::kPitch>(C::kWarpM * wh, 0) +
+                          lane_nk<T, C::kPitch>(lane); // S^T's B: Q (dP^T's: dO, + kDo)
+  const uint32_t p_rows = s0 + C::kP + tile_offset<T, C::kPitchP>(grow0, 0) + lane_a<T, C::kPitchP>(lane); // dV's A: P^T (dK's: dS^T, + kPBytes)
+  const uint32_t do_cols = s0 + C::kStage0 + C::kDo + tile_offset<T, C::kPitch>(0, col0) +
+                           lane_kn<T, C::kPitch>(lane); // dV's B: dO (dK's: Q, - kDo)
+  const uint32_t ds_rows = s0 + C::kDs + tile_offset<T, C::kPitchP>(0, qrow0) + lane_nk<T, C::kPitchP>(lane); // dQ's A: dS = (dS^T)^T
+  const uint32_t k_cols = s0 + tile_offset<T, C::kPitch>(0, col0) + lane_kn<T, C::kPitch>(lane); // dQ's B: K
 
   const T* k = static_cast<const T*>(a.k.data) + batch * a.k.batch_stride + kv_head * a.k.head_stride;
   const T* v = static_cast<const T*>(a.v.data) + batch * a.v.batch_stride + kv_head * a.v.head_stride;
@@ -136,10 +150,11 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
   const auto load_step = [&](int st, const QStep& s) {
     const int64_t qoff = batch * a.q.batch_stride + s.head * a.q.head_stride + int64_t(s.r0) * a.q.token_stride;
     const int64_t ooff = batch * a.d_o.batch_stride + s.head * a.d_o.head_stride + int64_t(s.r0) * a.d_o.token_stride;
-    load_tile_async<C::kBlockM, D, C::kThreads>(sQ + st * C::kBlockM * C::kPitch, C::kPitch,
+    unsigned char* buf = stage0 + st * C::kStageBytes;
+    load_tile_async<C::kBlockM, D, C::kThreads>(reinterpret_cast<T*>(buf), C::kPitch,
                                                 static_cast<const T*>(a.q.data) + qoff, a.q.token_stride,
                                                 reg.row_end - s.r0, tid);
-    load_tile_async<C::kBlockM, D, C::kThreads>(sdO + st * C::kBlockM * C::kPitch, C::kPitch,
+    load_tile_async<C::kBlockM, D, C::kThreads>(reinterpret_cast<T*>(buf + C::kDo), C::kPitch,
                                                 static_cast<const T*>(a.d_o.data) + ooff, a.d_o.token_stride,
                                                 reg.row_end - s.r0, tid);
     // The rows' LSE and delta come by copies too: loaded and stored by threads, the loads' latency
@@ -150,7 +165,7 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
       const bool ok = s.r0 + row < reg.row_end;
       const float* src = tid < C::kBlockM ? a.lse.data + batch * a.lse.batch_stride + s.head * a.lse.head_stride
                                           : a.delta.data + batch * a.delta.batch_stride + s.head * a.delta.head_stride;
-      float* dst = (tid < C::kBlockM ? sLse : sDelta) + st * C::kBlockM + row;
+      float* dst = reinterpret_cast<float*>(buf + (tid < C::kBlockM ? C::kLse : C::kDelta)) + row;
       cp_async_4(dst, ok ? src + s.r0 + row : src, ok);
     }
   };
@@ -163,17 +178,17 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
 #pragma unroll
         for (int e = 0; e < 4; ++e) x[mt][j][e] = 0.f;
   };
-  // acc = A B^T over the head dim for this warp's keys (rows wrow0.. of a_tile: K or V) and queries
-  // (rows kWarpM wh.. of b_tile: Q or dO): S^T or dP^T. The first k-step starts from zero.
-  const auto transposed_product = [&](float (&acc)[C::kMTiles][C::kQTiles][4], const T* a_tile, const T* b_tile) {
+  // acc = A B^T over the head dim for this warp's keys (A's rows at a_frag: K or V) and queries (B's
+  // at b_frag: Q or dO): S^T or dP^T. The first k-step starts from zero.
+  const auto transposed_product = [&](float (&acc)[C::kMTiles][C::kQTiles][4], uint32_t a_frag, uint32_t b_frag) {
     const auto k_step = [&](int k0, auto first) {
       uint32_t ak[C::kMTiles][4];
 #pragma unroll
-      for (int mt = 0; mt < C::kMTiles; ++mt) load_a<T>(ak[mt], a_tile, C::kPitch, wrow0 + 16 * mt, k0, lane);
+      for (int mt = 0; mt < C::kMTiles; ++mt) ldmatrix_x4(ak[mt], a_frag + tile_offset<T, C::kPitch>(16 * mt, k0));
 #pragma unroll
       for (int j = 0; j < C::kQTiles; j += 2) {
         uint32_t bq[4];
-        load_b_nk<T>(bq, b_tile, C::kPitch, C::kWarpM * wh + j * 8, k0, lane);
+        ldmatrix_x4(bq, b_frag + tile_offset<T, C::kPitch>(j * 8, k0));
 #pragma unroll
         for (int mt = 0; mt < C::kMTiles; ++mt) {
           mma_16x8x16<T, decltype(first)::value>(acc[mt][j], ak[mt], bq[0], bq[1]);
@@ -213,16 +228,15 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
       cp_async_wait<0>();
     }
     __syncthreads();
-    const T* q_s = sQ + st * C::kBlockM * C::kPitch;
-    const T* do_s = sdO + st * C::kBlockM * C::kPitch;
+    const uint32_t stage = st * C::kStageBytes;
     // This lane's 8 query columns' statistics are read into registers just before their use: read
     // in place, every P^T or dS^T store to shared memory (which may alias them, for all the
     // compiler knows) would reload them.
-    const auto column_stats = [&](const float* stats, float (&out)[C::kQTiles][2]) {
+    const float* stats = reinterpret_cast<const float*>(stage0 + stage + C::kLse) + C::kWarpM * wh + (lane & 3) * 2;
+    const auto column_stats = [&](int which /* 0: LSE, 1: delta */, float (&out)[C::kQTiles][2]) {
 #pragma unroll
       for (int j = 0; j < C::kQTiles; ++j) {
-        const float2 x =
-            *reinterpret_cast<const float2*>(stats + st * C::kBlockM + C::kWarpM * wh + j * 8 + (lane & 3) * 2);
+        const float2 x = *reinterpret_cast<const float2*>(stats + which * C::kBlockM + j * 8);
         out[j][0] = x.x;
         out[j][1] = x.y;
       }
@@ -235,9 +249,9 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
     const int32_t base = reg.diff(cur.r0, n0); // (row r0 + m, key n0 + n) has diff base + n - m
     const bool check = masked || n0 + C::kBlockN > reg.col_end;
     float p[C::kMTiles][C::kQTiles][4];
-    if (active) transposed_product(p, sK, q_s);
+    if (active) transposed_product(p, k_rows, q_cols + stage);
     float lse2[C::kQTiles][2]; // log2 units; a row without keys (LSE = -inf) gets +inf: P = 0
-    column_stats(sLse, lse2);
+    column_stats(0, lse2);
 #pragma unroll
     for (int j = 0; j < C::kQTiles; ++j)
 #pragma unroll
@@ -289,10 +303,10 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
 
     // 2. dP^T = V dO^T, then dS^T = P^T (dP^T - delta) into shared memory (P is 0 where masked).
     float dp[C::kMTiles][C::kQTiles][4];
-    if (active) transposed_product(dp, sV, do_s);
+    if (active) transposed_product(dp, k_rows + C::kV, q_cols + stage + C::kDo);
     else zero(dp); // P^T is 0, but 0 x (whatever the registers held) need not be
     float delta[C::kQTiles][2];
-    column_stats(sDelta, delta);
+    column_stats(1, delta);
 #pragma unroll
     for (int mt = 0; mt < C::kMTiles; ++mt)
 #pragma unroll
@@ -311,8 +325,8 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
     // (A warp's dK/dV keys lie in one block of a block list; where they are not its S^T keys
     // (D = 256: 64 keys a CTA), in the CTA's one block.)
     if (C::kColSplit == 2 ? active : cur.active[0]) {
-      accumulate_grad<T, D, kMTiles, kBlockM>(dv, sP, grow0, do_s, col0, lane);
-      accumulate_grad<T, D, kMTiles, kBlockM>(dk, sdS, grow0, q_s, col0, lane);
+      accumulate_grad<T, D, kMTiles, kBlockM>(dv, p_rows, do_cols + stage);
+      accumulate_grad<T, D, kMTiles, kBlockM>(dk, p_rows + C::kPBytes, do_cols + stage - C::kDo);
     }
 
     // 4. dQ += scale dS K for this warp's rows and columns, added atomically, kDqGroup m16 tiles of
@@ -341,8 +355,8 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
           uint32_t ads[kDqGroup][4];
 #pragma unroll
           for (int mt = 0; mt < kDqGroup; ++mt)
-            load_a_trans<T>(ads[mt], sdS, C::kPitchP, qrow0 + m0 + 16 * mt, k0, lane); // dS = (dS^T)^T
-          mma_k_step<T>(dq, ads, sK, C::kPitch, k0, col0, lane, from_zero);
+            ldmatrix_x4_trans(ads[mt], ds_rows + tile_offset<T, C::kPitchP>(k0, m0 + 16 * mt));
+          mma_k_step<T, C::kPitch>(dq, ads, k_cols, k0, from_zero);
         }
         // Scaled in place, so that each atomic reads registers of its own: an atomic reads its
         // operands late, and a register it has not yet read cannot be written again (ncu, session 13).

@@ -162,6 +162,44 @@ __device__ __forceinline__ void ldmatrix_x2_trans(uint32_t (&r)[2], const void* 
                : "r"(smem_addr(p)));
 }
 
+// The same at a 32-bit shared address (a lane's row address, made once; see lane_a below).
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x2_trans(uint32_t (&r)[2], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n"
+               : "=r"(r[0]), "=r"(r[1])
+               : "r"(addr));
+}
+
+// Fragment addresses made once. A lane's row address for the fragment at (0, 0) of a padded tile
+// (kPitch elements a row) is its shared address plus lane_a, lane_nk or lane_kn; the fragment at
+// (row, col) adds tile_offset(row, col), a constant where the loops are unrolled, which ldmatrix
+// takes as an immediate. (Formed from rows and columns at every load, the addresses cost the dK/dV
+// kernel about 250 IMAD a warp a step where registers are short: ncu, session 13.)
+template <class T, int kPitch> __host__ __device__ constexpr uint32_t tile_offset(int row, int col) {
+  return uint32_t((row * kPitch + col) * int(sizeof(T)));
+}
+// load_a's pattern: A rows 0..15, columns 0..15.
+template <class T, int kPitch> __device__ __forceinline__ uint32_t lane_a(int lane) {
+  return tile_offset<T, kPitch>(lane & 15, (lane >> 4) * 8);
+}
+// load_b_nk's (and load_a_trans's) pattern.
+template <class T, int kPitch> __device__ __forceinline__ uint32_t lane_nk(int lane) {
+  return tile_offset<T, kPitch>((lane & 7) + (lane >> 4) * 8, ((lane >> 3) & 1) * 8);
+}
+// load_b_kn's pattern (load_b_kn_single's too: its x2 reads lanes 0-15's addresses only).
+template <class T, int kPitch> __device__ __forceinline__ uint32_t lane_kn(int lane) {
+  return tile_offset<T, kPitch>((lane & 7) + ((lane >> 3) & 1) * 8, (lane >> 4) * 8);
+}
+
 // A fragment of rows [row0, row0+16) x cols [col0, col0+16) of a row-major tile.
 template <class T>
 __device__ __forceinline__ void load_a(uint32_t (&a)[4], const T* tile, int pitch, int row0, int col0, int lane) {
