@@ -170,14 +170,6 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
     }
   };
 
-  const auto zero = [](float (&x)[C::kMTiles][C::kQTiles][4]) {
-#pragma unroll
-    for (int mt = 0; mt < C::kMTiles; ++mt)
-#pragma unroll
-      for (int j = 0; j < C::kQTiles; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) x[mt][j][e] = 0.f;
-  };
   // acc = A B^T over the head dim for this warp's keys (A's rows at a_frag: K or V) and queries (B's
   // at b_frag: Q or dO): S^T or dP^T. The first k-step starts from zero.
   const auto transposed_product = [&](float (&acc)[C::kMTiles][C::kQTiles][4], uint32_t a_frag, uint32_t b_frag) {
@@ -245,23 +237,24 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
     const bool masked = list ? cur.masked[1] : cur.masked[0];
 
     // 1. S^T = K Q^T for this warp's keys and queries kWarpM wh..; P^T = exp(S^T - LSE), masked (all
-    //    zero for a warp whose keys this step does not visit), into shared memory.
+    //    zero for a warp whose keys this step does not visit), into shared memory. Such a warp (a
+    //    block list's unlisted half of the tile) computes its products all the same and masks every
+    //    pair: skipped on a branch, the products' registers were carried from step to step, which
+    //    cost every step 48 moves and clears (ncu, session 17).
     const int32_t base = reg.diff(cur.r0, n0); // (row r0 + m, key n0 + n) has diff base + n - m
-    const bool check = masked || n0 + C::kBlockN > reg.col_end;
+    const bool check = !active || masked || n0 + C::kBlockN > reg.col_end;
     float p[C::kMTiles][C::kQTiles][4];
-    if (active) transposed_product(p, k_rows, q_cols + stage);
+    transposed_product(p, k_rows, q_cols + stage);
     float lse2[C::kQTiles][2]; // log2 units; a row without keys (LSE = -inf) gets +inf: P = 0
     column_stats(0, lse2);
 #pragma unroll
     for (int j = 0; j < C::kQTiles; ++j)
 #pragma unroll
       for (int e = 0; e < 2; ++e) lse2[j][e] = lse2[j][e] == -INFINITY ? INFINITY : lse2[j][e] * kLog2e;
-    // Three uniform cases, so that the common one (every pair visible) is the exponentials alone:
+    // Two uniform cases, so that the common one (every pair visible) is the exponentials alone:
     // with the test beside each exponential, nvcc branched around every one (two branches and a
     // convergence barrier a pair, ~20% of the step's instructions; ncu, session 12).
-    if (!active) {
-      zero(p);
-    } else if (!check) {
+    if (!check) {
 #pragma unroll
       for (int mt = 0; mt < C::kMTiles; ++mt)
 #pragma unroll
@@ -278,7 +271,7 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
         for (int h = 0; h < 2; ++h) {
           const int n = wrow0 + 16 * mt + (lane >> 2) + 8 * h;
           const Band b = masked ? band_from(a.mask, base + n - C::kWarpM * wh - (lane & 3) * 2) : full_band();
-          band[mt][h] = n0 + n < reg.col_end ? b : empty_band();
+          band[mt][h] = active && n0 + n < reg.col_end ? b : empty_band();
         }
 #pragma unroll
       for (int mt = 0; mt < C::kMTiles; ++mt)
@@ -303,8 +296,7 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
 
     // 2. dP^T = V dO^T, then dS^T = P^T (dP^T - delta) into shared memory (P is 0 where masked).
     float dp[C::kMTiles][C::kQTiles][4];
-    if (active) transposed_product(dp, k_rows + C::kV, q_cols + stage + C::kDo);
-    else zero(dp); // P^T is 0, but 0 x (whatever the registers held) need not be
+    transposed_product(dp, k_rows + C::kV, q_cols + stage + C::kDo);
     float delta[C::kQTiles][2];
     column_stats(1, delta);
 #pragma unroll
@@ -321,13 +313,10 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
         }
     __syncthreads();
 
-    // 3. dV += P^T dO, dK += dS^T Q on this warp's keys and columns.
-    // (A warp's dK/dV keys lie in one block of a block list; where they are not its S^T keys
-    // (D = 256: 64 keys a CTA), in the CTA's one block.)
-    if (C::kColSplit == 2 ? active : cur.active[0]) {
-      accumulate_grad<T, D, kMTiles, kBlockM>(dv, p_rows, do_cols + stage);
-      accumulate_grad<T, D, kMTiles, kBlockM>(dk, p_rows + C::kPBytes, do_cols + stage - C::kDo);
-    }
+    // 3. dV += P^T dO, dK += dS^T Q on this warp's keys and columns (rows of P^T and dS^T that this
+    //    step does not visit are zero).
+    accumulate_grad<T, D, kMTiles, kBlockM>(dv, p_rows, do_cols + stage);
+    accumulate_grad<T, D, kMTiles, kBlockM>(dk, p_rows + C::kPBytes, do_cols + stage - C::kDo);
 
     // 4. dQ += scale dS K for this warp's rows and columns, added atomically, kDqGroup m16 tiles of
     //    rows at a time: all of them (one B fragment for both, +1% at D = 64 and 128), but one at
