@@ -84,6 +84,14 @@ template <class T, int D> struct BackwardConfig {
   // (FlashAttention-3's order): dS^T stays in registers through dQ's product, which at d256 (dQ's
   // 128 columns beside dK's and dV's) does not fit and serializes every product.
   static constexpr bool kDkAfterDq = !kSharedKeys;
+  // Shared-memory bandwidth bounds a step (PERFORMANCE-core.md). S^T = K Q^T and dP^T = V dO^T take
+  // their first kKeyRegSteps / kValueRegSteps k-steps (16 columns each) of this consumer's K and V
+  // from registers, A fragments loaded once a key tile, so those steps read only Q or dO there. As
+  // many as fit beside dK and dV without spills and measured fastest (PERFORMANCE.md, session 18):
+  // all of K and V at d64 and d80, one step of each at d96, two steps of K at d128 (four spilled in
+  // the step loop, all of K serialized the products); none at d256, whose dK and dV take them.
+  static constexpr int kKeyRegSteps = kSharedKeys ? 0 : D <= 80 ? D / 16 : D == 96 ? 1 : 2;
+  static constexpr int kValueRegSteps = kSharedKeys ? 0 : D <= 80 ? D / 16 : D == 96 ? 1 : 0;
   static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
   static_assert(D % 16 == 0 && kGradCols <= 128, "a consumer's dK and dV (64 keys) stay in registers");
   static_assert(kKVBytes % 1024 == 0 && kQBytes % 1024 == 0 && kDsBytes % 1024 == 0, "1024-byte tiles");
@@ -365,6 +373,10 @@ __global__ void __launch_bounds__(BackwardConfig<T, D>::kThreads, 1)
       zero_rows_past<W, D, C::kBlockN>(sV, reg.col_end - n0, tid - 128, C::kConsumers * 128);
       named_barrier_sync(3, C::kConsumers * 128);
     }
+    // This warp's 16 keys of K and V as A fragments of S^T and dP^T (kKeyRegSteps, kValueRegSteps).
+    uint32_t ka[a_steps(C::kKeyRegSteps)][4], va[a_steps(C::kValueRegSteps)][4];
+    load_a_fragments<W, C::kBlockN, C::kKeyRegSteps>(ka, sK, key0, lane);
+    load_a_fragments<W, C::kBlockN, C::kValueRegSteps>(va, sV, key0, lane);
 
     for (;; ++step) {
       const uint32_t s = step % C::kStages;
@@ -394,13 +406,13 @@ __global__ void __launch_bounds__(BackwardConfig<T, D>::kThreads, 1)
       wgmma_fence();
 #pragma unroll
       for (int k0 = 0; k0 < D; k0 += 16)
-        Wgmma<T, 64>::template ss<0, 0>(st, k_desc + k_major_step<W>(C::kBlockN, k0),
-                                        q_desc + s * kQStage + k_major_step<W>(C::kBlockM, k0), k0 > 0);
+        wgmma_step<T, 64, C::kKeyRegSteps>(st, ka, k_desc + k_major_step<W>(C::kBlockN, k0),
+                                           q_desc + s * kQStage + k_major_step<W>(C::kBlockM, k0), k0);
       wgmma_commit();
 #pragma unroll
       for (int k0 = 0; k0 < D; k0 += 16)
-        Wgmma<T, 64>::template ss<0, 0>(dpt, v_desc + k_major_step<W>(C::kBlockN, k0),
-                                        do_desc + s * kQStage + k_major_step<W>(C::kBlockM, k0), k0 > 0);
+        wgmma_step<T, 64, C::kValueRegSteps>(dpt, va, v_desc + k_major_step<W>(C::kBlockN, k0),
+                                             do_desc + s * kQStage + k_major_step<W>(C::kBlockM, k0), k0);
       wgmma_commit();
 
       // P^T = exp2(S^T c - LSE2), 0 outside the mask; as A fragments of dV's product.

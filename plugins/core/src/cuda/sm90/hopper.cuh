@@ -169,6 +169,22 @@ __device__ __forceinline__ void fence_async_shared() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
+// ---- operand tiles in registers ---------------------------------------------------------------------
+
+// A fragments (the mma.sync A fragment of a warp's 16 rows, which wgmma takes from registers) of
+// the first kSteps k-steps (16 columns each) of rows row0 .. row0 + 15 of a [kRows][D] shared tile
+// as the copy engine lays it (column blocks of W, swizzled rows): lanes 0-15 address the rows at
+// column 16 kk, lanes 16-31 at 16 kk + 8.
+template <int W, int kRows, int kSteps, class T>
+__device__ __forceinline__ void load_a_fragments(uint32_t (&a)[kSteps > 0 ? kSteps : 1][4], const T* tile, int row0, int lane) {
+  const int row = row0 + (lane & 15);
+#pragma unroll
+  for (int kk = 0; kk < kSteps; ++kk) {
+    const int k0 = 16 * kk + 8 * (lane >> 4);
+    ldmatrix_x4(a[kk], smem_addr(tile) + uint32_t((k0 / W) * kRows * W * 2) + swizzled_offset<W>(row, (k0 % W) / 8));
+  }
+}
+
 // ---- rows past a segment's end ----------------------------------------------------------------------
 
 // Zeroes rows [valid, kRows) of a tile laid out as the copy engine lays it ([D / W][kRows][W],
