@@ -71,14 +71,6 @@ template <class T, int D, Tiles kTiles = Tiles::standard> struct ForwardConfig {
   // setmaxnreg: the launch gives each thread 65536 / (kThreads x kCtasPerSm) registers (168, 128).
   // 24 + 232 = 2 x 128; 24 + 2 x 240 = 3 x 168; 24 + 3 x 160 <= 4 x 128
   static constexpr int kProducerRegs = 24, kConsumerRegs = kPair ? 232 : kConsumers == 3 ? 160 : 240;
-  // S = Q K^T takes its first kQRegSteps k-steps (16 columns each) of this consumer's Q from
-  // registers, A fragments loaded once, so those steps read only K from shared memory. As many as
-  // fit beside O, S and P without spills: all of Q in the standard and pair configurations up to
-  // d128, two steps in the wide one at d96; none in the wide one at d128 and the three-consumer one
-  // (one step already spilled), nor at d256 (O alone takes 128 registers).
-  static constexpr int kQRegSteps = D > 128 || kTiles == Tiles::three ? 0
-                                    : kTiles == Tiles::wide          ? (D == 96 ? 2 : 0)
-                                                                     : D / 16;
   static constexpr size_t kSmemBytes = 1024 /* alignment */ + kQBytes + 2 * kStages * kKVBytes + 512;
   static_assert(D % 16 == 0 && D % W == 0, "head dim must be a multiple of 16");
   static_assert(kQBytes % 1024 == 0 && kKVBytes % 1024 == 0, "tiles start on 1024-byte boundaries");
@@ -325,14 +317,13 @@ __global__ void __launch_bounds__(ForwardConfig<T, D, kTiles>::kThreads, Forward
 
   // S = Q K^T, issued (its registers are the hardware's until the caller waits).
   float sc[1][C::kSTiles][4];
-  uint32_t qa[a_steps(C::kQRegSteps)][4]; // this warp's 16 rows of Q, loaded once Q is in
   const auto issue_scores = [&](uint32_t s) {
     const uint64_t k_stage = k_desc + s * kStageStep;
     wgmma_fence();
 #pragma unroll
     for (int k0 = 0; k0 < D; k0 += 16)
-      wgmma_step<T, C::kBlockN, C::kQRegSteps>(sc[0], qa, q_desc + k_major_step<W>(C::kBlockM, k0),
-                                               k_stage + k_major_step<W>(C::kBlockN, k0), k0);
+      Wgmma<T, C::kBlockN>::template ss<0, 0>(sc[0], q_desc + k_major_step<W>(C::kBlockM, k0),
+                                              k_stage + k_major_step<W>(C::kBlockN, k0), k0 > 0);
     wgmma_commit();
   };
   // O += P V, issued.
@@ -381,7 +372,6 @@ __global__ void __launch_bounds__(ForwardConfig<T, D, kTiles>::kThreads, Forward
   // exponentiated while the tensor cores still add P V of tile n - 1 into O.
   sm.init();
   barrier_wait(q_full, 0);
-  load_a_fragments<W, C::kBlockM, C::kQRegSteps>(qa, sQ, 64 * wg + 16 * warp_in_wg, lane);
   TileStep t;
   if (next_tile(0, t)) {
     issue_scores(0);
