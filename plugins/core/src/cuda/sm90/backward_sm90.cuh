@@ -13,7 +13,8 @@
 //    a segment's end inside the tensor are zeroed by the consumers before they read it.
 //  - Warpgroups 1 and 2: the consumers, 64 keys each (at d256 the same 64 keys, each consumer
 //    with half of dK's and dV's columns, see BackwardConfig). Per step:
-//        S^T = K Q^T, dP^T = V dO^T          (wgmma, all operands in shared memory)
+//        S^T = K Q^T, dP^T = V dO^T          (wgmma; Q, dO in shared memory, K and V there or, for
+//                                             the first k-steps that fit, in registers)
 //        P^T, dS^T in registers               (masked: a key or row outside the mask gives 0)
 //        dV += P^T dO, dK += dS^T Q           (wgmma, P^T and dS^T straight from registers)
 //        dQ part = dS K (dS^T through shared memory): by columns between the consumers at d128,
