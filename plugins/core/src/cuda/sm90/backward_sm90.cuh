@@ -89,8 +89,9 @@ template <class T, int D> struct BackwardConfig {
   // their first kKeyRegSteps / kValueRegSteps k-steps (16 columns each) of this consumer's K and V
   // from registers, A fragments loaded once a key tile, so those steps read only Q or dO there. As
   // many as fit beside dK and dV without spills and measured fastest (PERFORMANCE.md, session 18):
-  // all of K and V at d64 and d80, one step of each at d96, two steps of K at d128 (four spilled in
-  // the step loop, all of K serialized the products); none at d256, whose dK and dV take them.
+  // all of K and V at d64 and d80, one step of each at d96, two steps of K at d128 (three or more
+  // spilled in the step loop; all of K serialized the products); none at d256 (two steps measured
+  // no faster).
   static constexpr int kKeyRegSteps = kSharedKeys ? 0 : D <= 80 ? D / 16 : D == 96 ? 1 : 2;
   static constexpr int kValueRegSteps = kSharedKeys ? 0 : D <= 80 ? D / 16 : D == 96 ? 1 : 0;
   static constexpr int kProducerRegs = 24, kConsumerRegs = 240;

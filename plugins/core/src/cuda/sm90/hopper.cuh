@@ -14,6 +14,7 @@
 #include <cstdint>
 
 #include "../device.cuh"
+#include "wgmma_ops.cuh" // a_steps
 
 namespace attncore::cuda::sm90 {
 
@@ -176,7 +177,7 @@ __device__ __forceinline__ void fence_async_shared() {
 // as the copy engine lays it (column blocks of W, swizzled rows): lanes 0-15 address the rows at
 // column 16 kk, lanes 16-31 at 16 kk + 8.
 template <int W, int kRows, int kSteps, class T>
-__device__ __forceinline__ void load_a_fragments(uint32_t (&a)[kSteps > 0 ? kSteps : 1][4], const T* tile, int row0, int lane) {
+__device__ __forceinline__ void load_a_fragments(uint32_t (&a)[a_steps(kSteps)][4], const T* tile, int row0, int lane) {
   const int row = row0 + (lane & 15);
 #pragma unroll
   for (int kk = 0; kk < kSteps; ++kk) {
