@@ -14,7 +14,7 @@
 #include <cstdint>
 
 #include "../device.cuh"
-#include "wgmma_ops.cuh" // a_steps
+#include "wgmma_ops.cuh"
 
 namespace attncore::cuda::sm90 {
 
@@ -172,10 +172,13 @@ __device__ __forceinline__ void fence_async_shared() {
 
 // ---- operand tiles in registers ---------------------------------------------------------------------
 
+// Rows of an array of A fragments for kSteps k-steps (at least one: C++ has no empty arrays).
+__host__ __device__ constexpr int a_steps(int k_steps) { return k_steps > 0 ? k_steps : 1; }
+
 // A fragments (the mma.sync A fragment of a warp's 16 rows, which wgmma takes from registers) of
 // the first kSteps k-steps (16 columns each) of rows row0 .. row0 + 15 of a [kRows][D] shared tile
-// as the copy engine lays it (column blocks of W, swizzled rows): lanes 0-15 address the rows at
-// column 16 kk, lanes 16-31 at 16 kk + 8.
+// as the copy engine lays it (column blocks of W, swizzled rows): device.cuh's load_a on a swizzled
+// tile, lanes 0-15 addressing the rows at column 16 kk, lanes 16-31 at 16 kk + 8.
 template <int W, int kRows, int kSteps, class T>
 __device__ __forceinline__ void load_a_fragments(uint32_t (&a)[a_steps(kSteps)][4], const T* tile, int row0, int lane) {
   const int row = row0 + (lane & 15);
@@ -184,6 +187,17 @@ __device__ __forceinline__ void load_a_fragments(uint32_t (&a)[a_steps(kSteps)][
     const int k0 = 16 * kk + 8 * (lane >> 4);
     ldmatrix_x4(a[kk], smem_addr(tile) + uint32_t((k0 / W) * kRows * W * 2) + swizzled_offset<W>(row, (k0 % W) / 8));
   }
+}
+
+// k-step k0 of D (64 x N) = A B over the k-steps so far (k0 = 0 overwrites D), both operands
+// K-major: A from the registers `a` (load_a_fragments) for the first kSteps k-steps, from shared
+// memory (a_desc) after them; B from shared memory. Each k-step taken from registers is one read of
+// A from shared memory less. (The index is clamped only for the k-steps that take the other branch.)
+template <class T, int N, int kSteps>
+__device__ __forceinline__ void wgmma_step(float (&d)[N / 8][4], const uint32_t (&a)[a_steps(kSteps)][4], uint64_t a_desc,
+                                           uint64_t b_desc, int k0) {
+  if (k0 / 16 < kSteps) Wgmma<T, N>::template rs<0>(d, a[k0 / 16 < kSteps ? k0 / 16 : 0], b_desc, k0 > 0);
+  else Wgmma<T, N>::template ss<0, 0>(d, a_desc, b_desc, k0 > 0);
 }
 
 // ---- rows past a segment's end ----------------------------------------------------------------------

@@ -4,7 +4,6 @@
 //   ss<kTransA, kTransB>(d, a_desc, b_desc, accumulate): A and B in shared memory (descriptors)
 //   rs<kTransB>(d, a_frag, b_desc, accumulate):          A in registers (the mma.sync A fragment
 //                                                       of the warp's 16 rows), B in shared memory
-// wgmma_step<T, N, kSteps>: one k-step, A from registers for the first kSteps k-steps, else shared.
 // kTrans = 0: the operand is K-major (K contiguous); 1: M- or N-major. accumulate = false: D = A B.
 // d[j][0..3] is the n8-tile j of the warp's 16 rows, laid out as an mma.sync C fragment.
 // Issue between wgmma_fence() and wgmma_commit(); the registers of d are the hardware's until
@@ -366,18 +365,5 @@ template <class T, int N> struct Wgmma {
   template <int kTransB> __device__ static void rs(float (&)[N / 8][4], const uint32_t (&)[4], uint64_t, bool) { __trap(); }
 };
 #endif
-
-// Rows of an array of A fragments for kSteps k-steps (at least one: C++ has no empty arrays).
-__host__ __device__ constexpr int a_steps(int k_steps) { return k_steps > 0 ? k_steps : 1; }
-
-// k-step k0 of D (64 x N) += A B, both operands K-major: A from the registers `a` (one fragment per
-// k-step, load_a_fragments in hopper.cuh) for the first kSteps k-steps, from shared memory (a_desc)
-// after them. Each k-step taken from registers is one less read of A from shared memory.
-template <class T, int N, int kSteps>
-__device__ __forceinline__ void wgmma_step(float (&d)[N / 8][4], const uint32_t (&a)[a_steps(kSteps)][4], uint64_t a_desc,
-                                           uint64_t b_desc, int k0) {
-  if (k0 / 16 < kSteps) Wgmma<T, N>::template rs<0>(d, a[k0 / 16 < kSteps ? k0 / 16 : 0], b_desc, k0 > 0);
-  else Wgmma<T, N>::template ss<0, 0>(d, a_desc, b_desc, k0 > 0);
-}
 
 } // namespace attncore::cuda::sm90
