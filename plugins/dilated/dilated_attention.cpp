@@ -62,7 +62,8 @@ void DilatedAttention::build_tables(const Geometry& g) {
     PatternState st;
     st.pattern = g.patterns()[p];
     st.plan = g.plan(p, rank_);
-    rank_pairs_ += Geometry::pairs(st.plan, causal_) * s_.batch;
+    st.pairs = Geometry::pairs(st.plan, causal_);
+    rank_pairs_ += st.pairs * s_.batch;
     std::vector<int32_t> q_dst(local_ * Hq, -1);
     st.strided = plan_views(st, a0);
     if (st.strided) {
@@ -503,23 +504,55 @@ DilatedAttention::Schedule DilatedAttention::schedule() const {
     else if (s.first.empty()) s.first.push_back(p);
     else if (static_cast<int>(p) != dkdv_writer_) s.rest.push_back(p);
   }
+  // In the backward the patterns that start at once on the lanes are the first one and the gathered
+  // ones (their own buffers); the strided ones add into what the dK/dV writer wrote, so they start
+  // once it is done (backward()): the gathered ones are issued first.
+  std::stable_partition(s.rest.begin(), s.rest.end(), [&](size_t p) { return !patterns_[p].strided; });
+
+  // Lanes by longest processing time: each pattern, most pairs first, to the lane with the least
+  // work so far. The largest lands on lane 0, the compute stream, whose low priority lets its many
+  // CTAs fill the gaps the others' last waves leave.
+  const int n = static_cast<int>(lanes().size());
+  const auto assign = [&](std::vector<size_t> group, std::vector<int>& lane, std::vector<int64_t> load) {
+    std::stable_sort(group.begin(), group.end(), [&](size_t a, size_t b) { return patterns_[a].pairs > patterns_[b].pairs; });
+    for (size_t p : group) {
+      const int l = static_cast<int>(std::min_element(load.begin(), load.end()) - load.begin());
+      lane[p] = l;
+      load[l] += patterns_[p].pairs;
+    }
+  };
+  s.forward_lane.assign(patterns_.size(), 0);
+  s.backward_lane.assign(patterns_.size(), 0);
+  if (n == 1) return s;
+  std::vector<size_t> all, at_once, after_writer;
+  for (size_t p = 0; p < patterns_.size(); ++p) {
+    all.push_back(p);
+    if (static_cast<int>(p) == dkdv_writer_) continue;
+    (patterns_[p].strided && dkdv_writer_ >= 0 ? after_writer : at_once).push_back(p);
+  }
+  assign(all, s.forward_lane, std::vector<int64_t>(n, 0));
+  std::vector<int64_t> load(n, 0);
+  if (dkdv_writer_ >= 0) load[0] = patterns_[dkdv_writer_].pairs;  // (lane 0: it is s.first)
+  assign(at_once, s.backward_lane, load);
+  assign(after_writer, s.backward_lane, std::vector<int64_t>(n, 0));  // once the writer is done
   return s;
 }
 
-// With no exchange the communication stream is idle: the gathered patterns, which touch only their
-// own buffers, run on it beside the strided ones (which share the accumulators, in order on the
-// compute stream), so that each launch's last wave fills with the other stream's CTAs.
-void* DilatedAttention::side_stream(void* compute, void* comm) const {
-  return exchanges_ || comm == compute ? compute : comm;
+// With no exchange (one rank) the host's auxiliary streams are idle, and in the forward every
+// pattern writes only its own buffers: the patterns run on three streams at once, so that a
+// pattern's last wave fills with the others' CTAs. The auxiliary streams have the higher priority.
+std::vector<void*> DilatedAttention::lanes() const {
+  void* compute = host_.stream(0);
+  if (exchanges_ || !overlap_ || host_.stream(1) == compute) return {compute};
+  return {compute, host_.stream(1), host_.stream(2)};
 }
 
-// f(p, stream) for each pattern of `list`, in its trace range ("<pass> w=.. r=.."): strided patterns
-// on the compute stream (in order: they share the accumulators), gathered ones on `side`.
+// f(p, stream) for each pattern of `list`, in its trace range ("<pass> w=.. r=.."), on lanes[lane[p]].
 template <class F>
-void DilatedAttention::run_patterns(const std::vector<size_t>& list, const char* pass, void* compute, void* side,
-                                    F&& f) {
+void DilatedAttention::run_patterns(const std::vector<size_t>& list, const char* pass, const std::vector<void*>& lanes,
+                                    const std::vector<int>& lane, F&& f) {
   for (size_t p : list) {
-    void* stream = patterns_[p].strided ? compute : side;
+    void* stream = lanes[lane[p]];
     const Pattern& pt = patterns_[p].pattern;
     const std::string name = std::string(pass) + " w=" + std::to_string(pt.w) + " r=" + std::to_string(pt.r);
     const int32_t range = host_.range_begin(name.c_str(), ATTNHOST_RANGE_COMPUTE, stream);
@@ -555,17 +588,17 @@ void DilatedAttention::forward(const attnhost_forward_args& a) {
     engine_->wait(comm, compute);  // Q, K, V are ready, and the last pass is done with the buffers
     exchange_kv(a.k.data, a.v.data, w, comm);
   }
-  void* side = side_stream(compute, comm);
-  if (side != compute) engine_->wait(side, compute);
+  const std::vector<void*> lanes = this->lanes();
+  for (size_t i = 1; i < lanes.size(); ++i) engine_->wait(lanes[i], compute);
   const auto run = [&](const std::vector<size_t>& list) {
-    run_patterns(list, "dilated", compute, side,
+    run_patterns(list, "dilated", lanes, schedule_.forward_lane,
                  [&](size_t p, void* stream) { pattern_forward(p, a, w.patterns[p], stream); });
   };
   run(schedule_.first);
   if (exchanges_) engine_->wait(compute, comm);
   run(schedule_.remote);
   run(schedule_.rest);
-  if (side != compute) engine_->wait(compute, side);
+  for (size_t i = 1; i < lanes.size(); ++i) engine_->wait(compute, lanes[i]);
   Combine c;
   c.o = a.o.data;
   c.lse = static_cast<float*>(a.lse.data);
@@ -701,18 +734,29 @@ void DilatedAttention::backward(const attnhost_backward_args& a) {
     engine_->wait(comm, compute);
     exchange_kv(a.k.data, a.v.data, w, comm);
   }
-  void* side = side_stream(compute, comm);
-  if (side != compute) engine_->wait(side, compute);  // delta is in
+  const std::vector<void*> lanes = this->lanes();
+  for (size_t i = 1; i < lanes.size(); ++i) engine_->wait(lanes[i], compute);  // delta and zeros are in
   const auto run = [&](const std::vector<size_t>& list) {
-    run_patterns(list, "dilated backward", compute, side,
+    run_patterns(list, "dilated backward", lanes, schedule_.backward_lane,
                  [&](size_t p, void* stream) { pattern_backward(p, a, w, stream); });
   };
   run(schedule_.first);
   if (exchanges_) engine_->wait(compute, comm);
   run(schedule_.remote);
   if (exchanges_) send_gradients(w, compute, comm);
-  run(schedule_.rest);
-  if (side != compute) engine_->wait(compute, side);
+  // The gathered patterns lead schedule_.rest and start at once; a strided one on another lane
+  // first waits for the dK/dV writer (lane 0, schedule_.first), whose values it adds to.
+  const attncore::plugin::Engine::Event written = lanes.size() > 1 ? engine_->record(compute) : nullptr;
+  std::vector<bool> after_writer(lanes.size(), false);
+  for (size_t p : schedule_.rest) {
+    const int lane = schedule_.backward_lane[p];
+    if (dkdv_writer_ >= 0 && patterns_[p].strided && lane > 0 && !after_writer[lane]) {
+      engine_->wait(lanes[lane], written);
+      after_writer[lane] = true;
+    }
+    run({p});
+  }
+  for (size_t i = 1; i < lanes.size(); ++i) engine_->wait(compute, lanes[i]);
   if (exchanges_) add_gradients(w, compute, comm);
 
   // Each local row: its accumulator (strided patterns, returned partials) plus its gathered

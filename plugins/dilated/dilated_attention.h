@@ -91,6 +91,7 @@ class DilatedAttention {
     std::vector<View> views;  // strided only
     int64_t nq = 0, nk = 0;   // gathered: rows per head of the gathered buffers
     int64_t partial_rows = 0; // rows per batch entry of the partial O and row stats
+    int64_t pairs = 0;        // (query, key) pairs per batch entry on this rank
     std::vector<attncore::Segment> host_segments;
     const attncore::Segment* segments = nullptr;
     // Device tables (gathered patterns unless noted), -1 where there is nothing:
@@ -121,20 +122,25 @@ class DilatedAttention {
   bool plan_views(PatternState& st, int64_t a0) const;
   Work carve(char* base, bool backward, size_t* bytes) const;
 
-  void* side_stream(void* compute, void* comm) const;  // where gathered patterns run (see .cpp)
+  // The streams patterns run on at once (see .cpp): the compute stream first; only it when ranks
+  // exchange rows or overlap is off.
+  std::vector<void*> lanes() const;
   void exchange_kv(const void* k, const void* v, const Work& w, void* stream);
   // The return of the remote patterns' dK/dV partials to the ranks that own the keys, in two
   // halves: packed and exchanged on the communication stream once those patterns are done, and
   // added into the local accumulators on the compute stream once the exchange is.
   void send_gradients(const Work& w, void* compute, void* comm);
   void add_gradients(const Work& w, void* compute, void* comm);
-  // The order patterns run in, both passes (see .cpp): made once with the tables, in schedule_.
+  // The order patterns run in, both passes, and the lane (an index of lanes()) each runs on in
+  // each pass (see .cpp): made once with the tables, in schedule_.
   struct Schedule {
     std::vector<size_t> first, remote, rest;
+    std::vector<int> forward_lane, backward_lane;  // per pattern
   };
   Schedule schedule() const;
   template <class F>
-  void run_patterns(const std::vector<size_t>& list, const char* pass, void* compute, void* side, F&& f);
+  void run_patterns(const std::vector<size_t>& list, const char* pass, const std::vector<void*>& lanes,
+                    const std::vector<int>& lane, F&& f);
   void pattern_forward(size_t p, const attnhost_forward_args& a, const PatternBuffers& b, void* stream);
   void pattern_backward(size_t p, const attnhost_backward_args& a, const Work& w, void* stream);
   void compute_delta(int32_t heads, int64_t seqlen, const attncore::TensorRef& o, bool o_fp32,

@@ -7,6 +7,8 @@
 //   BENCH_ENGINE=cudnn|both         the cuDNN engine (attncore/cudnn.h) instead of / besides native
 //   BENCH_BACKWARD=0                native forward only (a forward-kernel step times in seconds)
 //   BENCH_RUNS=N                    timed runs per figure (default 10 from S = 8192, else 20)
+//   BENCH_SEGMENTS=L                native: each sequence as segments of L rows (a device list, as
+//                                   varlen and dilated call the core), not L-row batches
 //   bench_core --probe [B H S D...] which cuDNN graphs build for each shape (no timing)
 // Native backward = zeroing the fp32 accumulators + compute_delta + backward. cuDNN: "bwd write" writes
 // bf16 gradients (what frameworks do); "bwd add" is the core's contract (zeroing the fp32
@@ -112,6 +114,8 @@ struct Bench {
   size_t nq, nkv;
   void *q, *k, *v, *d_o, *o, *o32, *dq, *dk, *dv;
   float *lse, *delta;
+  std::vector<attncore::Segment> segs;  // BENCH_SEGMENTS: [begin, end) of each, in every batch entry
+  attncore::Segment* d_segs = nullptr;
   attncore::ForwardParams f;
   attncore::DeltaParams dp;
   attncore::BackwardParams g;
@@ -171,9 +175,20 @@ struct Bench {
     g.dk = kvt(dk);
     g.dv = kvt(dv);
     g.mask.causal = causal;
+    if (const char* e = std::getenv("BENCH_SEGMENTS"); e && std::atoi(e) > 0)
+      for (int b = 0, L = std::atoi(e); b < s.S; b += L)
+        segs.push_back({b, std::min(b + L, s.S), b, std::min(b + L, s.S), b, b});
+    if (!segs.empty()) {
+      CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&d_segs), segs.size() * sizeof(Segment)));
+      CUDA_CHECK(cudaMemcpy(d_segs, segs.data(), segs.size() * sizeof(Segment), cudaMemcpyHostToDevice));
+      f.segments = g.segments = d_segs;
+      f.num_segments = g.num_segments = int32_t(segs.size());
+    }
   }
   ~Bench() {
-    for (void* p : {q, k, v, d_o, o, o32, dq, dk, dv, static_cast<void*>(lse), static_cast<void*>(delta)}) cudaFree(p);
+    for (void* p : {q, k, v, d_o, o, o32, dq, dk, dv, static_cast<void*>(lse), static_cast<void*>(delta),
+                    static_cast<void*>(d_segs)})
+      cudaFree(p);
   }
   void zero_grads() {
     CUDA_CHECK(cudaMemsetAsync(dq, 0, nq * 4));
@@ -188,13 +203,15 @@ struct Bench {
     return p;
   }
   double flops() const {
-    const double pairs = causal ? double(s.S) * (s.S + 1) / 2 : double(s.S) * s.S;
-    return 4.0 * s.D * pairs * s.B * s.Hq;
+    const auto pairs = [&](double n) { return causal ? n * (n + 1) / 2 : n * n; };
+    double sum = segs.empty() ? pairs(s.S) : 0;
+    for (const attncore::Segment& g : segs) sum += pairs(g.q_end - g.q_begin);
+    return 4.0 * s.D * sum * s.B * s.Hq;
   }
   std::string name() const {
     char b[128];
     std::snprintf(b, sizeof b, "B=%d H=%d:%d S=%d D=%d causal=%d", s.B, s.Hq, s.Hkv, s.S, s.D, int(causal));
-    return b;
+    return segs.empty() ? b : std::string(b) + " segments of " + std::to_string(segs[0].q_end);
   }
   std::string figure(float ms, double fl) const {
     char b[64];
