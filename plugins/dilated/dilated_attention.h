@@ -13,7 +13,8 @@
 //    offset under torchscale's; r = 1 is one call over every head, GQA native. Nothing is copied:
 //    the kernels read the rows where they are and add dQ/dK/dV into the rank's fp32 accumulators
 //    through the same views. The partial O goes to an fp32 buffer, a block [heads, rows] per
-//    view. On a GPU only when the views are large enough to fill it (plan_views).
+//    view. On a GPU only when the views are large enough to fill it, or when the patterns share it
+//    (plan_views).
 //  - gathered (otherwise): the selected rows of every (head, segment) are copied into dense
 //    buffers [B, heads_q, rows, D] (K/V once per query head, so GQA and per-head offsets are
 //    free), and one flash call with heads = 1 attends them, a core Segment per (head, segment),
@@ -118,8 +119,9 @@ class DilatedAttention {
   class Carver;
 
   void build_tables(const Geometry& geometry);
-  // Whether pattern st can run strided on this rank, and if so its views, segments and partial_rows.
-  bool plan_views(PatternState& st, int64_t a0) const;
+  // Whether pattern st can run strided on this rank, and if so its views, segments and partial_rows;
+  // `shared`: the patterns will share the GPU (lanes()), so small views cost no tail.
+  bool plan_views(PatternState& st, int64_t a0, bool shared) const;
   Work carve(char* base, bool backward, size_t* bytes) const;
 
   // The streams patterns run on at once (see .cpp): the compute stream first; only it when ranks

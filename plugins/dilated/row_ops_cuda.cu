@@ -172,9 +172,13 @@ static_assert(kMaxPatterns <= 32, "the combine gives each pattern's LSE one lane
 
 // One warp per local row (token, head). Lane p holds pattern p's row index and LSE, so the LSE
 // reduction is two shuffle trees and each pattern's weight one broadcast; lanes then split the
-// row in float4s, and every pattern's loads are independent of the others' (a sum, not a chain
-// of dependent scalar loads). grid: x rows, y batch entries. 32 registers (see the sum).
-template <class T> __global__ void __launch_bounds__(kThreads, 8) combine_kernel(const __grid_constant__ CombineArgs a) {
+// row in float4s (kUnits a lane), and every pattern's loads are independent of the others' (a
+// sum, not a chain of dependent scalar loads). The first patterns' rows are loaded with their
+// LSE, before the weights are known: the LSE, its reductions and the rows no longer wait in
+// turn (-10% at S = 32768, PERFORMANCE.md, session 19). grid: x rows, y batch entries. 32 registers
+// (see the sum).
+template <class T, int kUnits>
+__global__ void __launch_bounds__(kThreads, 8) combine_kernel(const __grid_constant__ CombineArgs a) {
   const int64_t j = int64_t(blockIdx.x) * kCombineWarps + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   const int64_t b = blockIdx.y;
@@ -185,6 +189,21 @@ template <class T> __global__ void __launch_bounds__(kThreads, 8) combine_kernel
     const PartArgs& part = a.parts[lane];
     idx = part.rows[j];
     if (idx >= 0) l = part.lse[b * part.lse_batch + idx];
+  }
+  const int32_t units = a.head_dim / 4;
+  const auto row_of = [&](int32_t p, int32_t row) {
+    return reinterpret_cast<const float4*>(a.parts[p].o + b * a.parts[p].o_batch + int64_t(row) * a.head_dim);
+  };
+  constexpr int kEarly = kUnits == 1 ? 3 : 0;  // (what fits 32 registers without spills)
+  float4 x[kEarly > 0 ? kEarly : 1][kUnits];
+#pragma unroll
+  for (int g = 0; g < kEarly; ++g) {
+    const int32_t row = __shfl_sync(0xffffffffu, idx, g);
+#pragma unroll
+    for (int k = 0; k < kUnits; ++k) {
+      const int u = lane + 32 * k;
+      x[g][k] = g < a.num_parts && row >= 0 && u < units ? row_of(g, row)[u] : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
   }
   float hi = l;
 #pragma unroll
@@ -197,32 +216,35 @@ template <class T> __global__ void __launch_bounds__(kThreads, 8) combine_kernel
     lse = hi + logf(sum);
     if (l != -INFINITY) weight = expf(l - lse);
   }
-  const int32_t units = a.head_dim / 4;
-  float4 acc[kMaxUnitsPerLane];
+  float4 acc[kUnits];
 #pragma unroll
-  for (int k = 0; k < kMaxUnitsPerLane; ++k) acc[k] = make_float4(0.f, 0.f, 0.f, 0.f);
-  for (int32_t p = 0; p < a.num_parts; ++p) {
+  for (int k = 0; k < kUnits; ++k) acc[k] = make_float4(0.f, 0.f, 0.f, 0.f);
+  const auto add = [&](float w, const float4& v, float4& s) {
+    s.x += w * v.x;
+    s.y += w * v.y;
+    s.z += w * v.z;
+    s.w += w * v.w;
+  };
+#pragma unroll
+  for (int g = 0; g < kEarly; ++g) {
+    const float w = __shfl_sync(0xffffffffu, weight, g);  // 0 where not selected (x is 0 there too)
+#pragma unroll
+    for (int k = 0; k < kUnits; ++k) add(w, x[g][k], acc[k]);
+  }
+  for (int32_t p = kEarly; p < a.num_parts; ++p) {
     const float w = __shfl_sync(0xffffffffu, weight, p);
     const int32_t row = __shfl_sync(0xffffffffu, idx, p);
     if (w == 0.f) continue;  // not selected, or nothing attended (warp-uniform)
-    const float4* o = reinterpret_cast<const float4*>(a.parts[p].o + b * a.parts[p].o_batch + int64_t(row) * a.head_dim);
+    const float4* o = row_of(p, row);
 #pragma unroll
-    for (int k = 0; k < kMaxUnitsPerLane; ++k) {
-      const int u = lane + 32 * k;
-      if (u < units) {
-        const float4 x = o[u];
-        acc[k].x += w * x.x;
-        acc[k].y += w * x.y;
-        acc[k].z += w * x.z;
-        acc[k].w += w * x.w;
-      }
-    }
+    for (int k = 0; k < kUnits; ++k)
+      if (lane + 32 * k < units) add(w, o[lane + 32 * k], acc[k]);
   }
-  const int64_t t = j / a.heads, h = j - t * a.heads;
   T* out = static_cast<T*>(a.o) + (b * a.tokens * a.heads + j) * a.head_dim;
 #pragma unroll
-  for (int k = 0; k < kMaxUnitsPerLane; ++k)
+  for (int k = 0; k < kUnits; ++k)
     if (lane + 32 * k < units) store4(out + 4 * (lane + 32 * k), acc[k]);
+  const int64_t t = j / a.heads, h = j - t * a.heads;
   if (lane == 0) a.lse[(b * a.heads + h) * a.tokens + t] = lse;
 }
 
@@ -299,7 +321,10 @@ class CudaRowOps final : public RowOps {
     const int64_t rows = c.tokens * c.heads;
     if (rows == 0) return;
     const dim3 grid(static_cast<unsigned>((rows + kCombineWarps - 1) / kCombineWarps), batch);
-    by_output_type(c.dtype, "combine", [&](auto t) { combine_kernel<decltype(t)><<<grid, kThreads, 0, cuda(stream)>>>(a); });
+    by_output_type(c.dtype, "combine", [&](auto t) {
+      if (c.head_dim <= 128) combine_kernel<decltype(t), 1><<<grid, kThreads, 0, cuda(stream)>>>(a);
+      else combine_kernel<decltype(t), 2><<<grid, kThreads, 0, cuda(stream)>>>(a);
+    });
     check(cudaGetLastError(), "combine launch");
   }
 };
