@@ -513,8 +513,9 @@ DilatedAttention::Schedule DilatedAttention::schedule() const {
   std::stable_partition(s.rest.begin(), s.rest.end(), [&](size_t p) { return !patterns_[p].strided; });
 
   // Lanes by longest processing time: each pattern, most pairs first, to the lane with the least
-  // work so far. The largest lands on lane 0, the compute stream, whose low priority lets its many
-  // CTAs fill the gaps the others' last waves leave.
+  // work so far. With one rank the largest lands on lane 0, the compute stream, whose low priority
+  // lets its many CTAs fill the gaps the others' last waves leave. The remote patterns stay on lane
+  // 0: they follow the exchange there, and their gradients leave from there (send_gradients).
   const int n = static_cast<int>(lanes().size());
   const auto assign = [&](std::vector<size_t> group, std::vector<int>& lane, std::vector<int64_t> load) {
     std::stable_sort(group.begin(), group.end(), [&](size_t a, size_t b) { return patterns_[a].pairs > patterns_[b].pairs; });
@@ -527,26 +528,36 @@ DilatedAttention::Schedule DilatedAttention::schedule() const {
   s.forward_lane.assign(patterns_.size(), 0);
   s.backward_lane.assign(patterns_.size(), 0);
   if (n == 1) return s;
-  std::vector<size_t> all, at_once, after_writer;
+  std::vector<size_t> local, at_once, after_writer;
+  int64_t remote = 0;
   for (size_t p = 0; p < patterns_.size(); ++p) {
-    all.push_back(p);
+    if (patterns_[p].plan.remote) {
+      remote += patterns_[p].pairs;
+      continue;
+    }
+    local.push_back(p);
     if (static_cast<int>(p) == dkdv_writer_) continue;
     (patterns_[p].strided && dkdv_writer_ >= 0 ? after_writer : at_once).push_back(p);
   }
-  assign(all, s.forward_lane, std::vector<int64_t>(n, 0));
   std::vector<int64_t> load(n, 0);
-  if (dkdv_writer_ >= 0) load[0] = patterns_[dkdv_writer_].pairs;  // (lane 0: it is s.first)
+  load[0] = remote;
+  assign(local, s.forward_lane, load);
+  if (dkdv_writer_ >= 0) load[0] += patterns_[dkdv_writer_].pairs;  // (lane 0: it is s.first)
   assign(at_once, s.backward_lane, load);
-  assign(after_writer, s.backward_lane, std::vector<int64_t>(n, 0));  // once the writer is done
+  load.assign(n, 0);
+  load[0] = remote;
+  assign(after_writer, s.backward_lane, load);  // once the writer is done
   return s;
 }
 
-// With no exchange (one rank) the host's auxiliary streams are idle, and in the forward every
-// pattern writes only its own buffers: the patterns run on three streams at once, so that a
-// pattern's last wave fills with the others' CTAs. The auxiliary streams have the higher priority.
+// The patterns run on several streams at once, so that a pattern's last wave fills with the
+// others' CTAs: the compute stream and the host's auxiliary ones (which have the higher priority),
+// but for the one that carries the exchanges where ranks exchange rows. In the forward every pattern
+// writes only its own buffers; the backward orders what must be (backward()).
 std::vector<void*> DilatedAttention::lanes() const {
   void* compute = host_.stream(0);
-  if (exchanges_ || !overlap_ || host_.stream(1) == compute) return {compute};
+  if (!overlap_ || host_.stream(1) == compute) return {compute};
+  if (exchanges_) return {compute, host_.stream(2)};
   return {compute, host_.stream(1), host_.stream(2)};
 }
 
@@ -661,8 +672,8 @@ void DilatedAttention::pattern_backward(size_t p, const attnhost_backward_args& 
   bp.write_dkdv = bp.write_dkdv_fp32 = !st.strided || static_cast<int>(p) == dkdv_writer_;
   if (st.strided) {
     const int64_t r = st.pattern.r, rq = st.partial_rows;
-    // The final LSE and delta of the view's rows: the local ones when r = 1, else gathered (4 bytes a row).
-    if (r > 1) ops_->copy(stats_gather(st, b, a, w), s_.batch, stream);
+    // The final LSE and delta of the view's rows: the local ones when r = 1, else gathered (4 bytes
+    // a row) by backward() before any pattern starts.
     for (const View& v : st.views) {
       const int32_t kv_first = v.first_head / group_;
       bp.segments = st.segments + v.segment_begin;
@@ -738,18 +749,28 @@ void DilatedAttention::backward(const attnhost_backward_args& a) {
     exchange_kv(a.k.data, a.v.data, w, comm);
   }
   const std::vector<void*> lanes = this->lanes();
-  for (size_t i = 1; i < lanes.size(); ++i) engine_->wait(lanes[i], compute);  // delta and zeros are in
+  // The strided patterns' final LSE and delta rows, all in one launch: on a pattern's lane each
+  // small copy waited for SMs that the other lanes' CTAs held (1.7 ms of copies in the profile of
+  // S = 32768 causal, PERFORMANCE.md, session 19).
+  std::vector<RowCopy> stats;
+  for (size_t p = 0; p < patterns_.size(); ++p) {
+    const PatternState& st = patterns_[p];
+    if (!st.strided || st.pattern.r == 1 || st.host_segments.empty()) continue;
+    for (const RowCopy& c : stats_gather(st, w.patterns[p], a, w)) stats.push_back(c);
+  }
+  ops_->copy(stats, s_.batch, compute);
+  for (size_t i = 1; i < lanes.size(); ++i) engine_->wait(lanes[i], compute);  // delta, zeros and rows are in
   const auto run = [&](const std::vector<size_t>& list) {
     run_patterns(list, "dilated backward", lanes, schedule_.backward_lane,
                  [&](size_t p, void* stream) { pattern_backward(p, a, w, stream); });
   };
   run(schedule_.first);
-  if (exchanges_) engine_->wait(compute, comm);
-  run(schedule_.remote);
-  if (exchanges_) send_gradients(w, compute, comm);
   // The gathered patterns lead schedule_.rest and start at once; a strided one on another lane
   // first waits for the dK/dV writer (lane 0, schedule_.first), whose values it adds to.
   const attncore::plugin::Engine::Event written = lanes.size() > 1 ? engine_->record(compute) : nullptr;
+  if (exchanges_) engine_->wait(compute, comm);
+  run(schedule_.remote);
+  if (exchanges_) send_gradients(w, compute, comm);
   std::vector<bool> after_writer(lanes.size(), false);
   for (size_t p : schedule_.rest) {
     const int lane = schedule_.backward_lane[p];
