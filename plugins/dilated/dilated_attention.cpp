@@ -494,11 +494,12 @@ void DilatedAttention::add_gradients(const Work& w, void* compute, void* comm) {
     }
 }
 
-// One local pattern runs first, under the K/V exchange: the dK/dV writer if there is one, which
-// must precede every other strided pattern, else the first local one. Then the remote patterns,
-// which wait for the exchange; then the other local ones, under the return of the remote patterns'
-// dK/dV in the backward. With the remote patterns last, nothing hid that return (S=32768 causal on
-// two H200s: 0.53 ms exposed of 10.45).
+// The remote patterns wait for the K/V exchange on a lane of their own and go first there, so that
+// in the backward their dK/dV return early, under the local patterns (with the remote patterns
+// last, nothing hid that return: S=32768 causal on two H200s, 0.53 ms exposed of 10.45; behind the
+// dK/dV writer on the compute stream, the other rank waited 2.4 ms for it: session 19). On the
+// compute stream one local pattern runs first, under the exchange: the dK/dV writer if there is
+// one, which must precede every other strided pattern, else the first local one; then the others.
 DilatedAttention::Schedule DilatedAttention::schedule() const {
   Schedule s;
   if (dkdv_writer_ >= 0) s.first.push_back(static_cast<size_t>(dkdv_writer_));
@@ -514,8 +515,9 @@ DilatedAttention::Schedule DilatedAttention::schedule() const {
 
   // Lanes by longest processing time: each pattern, most pairs first, to the lane with the least
   // work so far. With one rank the largest lands on lane 0, the compute stream, whose low priority
-  // lets its many CTAs fill the gaps the others' last waves leave. The remote patterns stay on lane
-  // 0: they follow the exchange there, and their gradients leave from there (send_gradients).
+  // lets its many CTAs fill the gaps the others' last waves leave. The remote patterns have the last
+  // lane: they wait there for the exchange and start first, beside the dK/dV writer, so that their
+  // gradients' return (the other ranks wait for it) leaves early.
   const int n = static_cast<int>(lanes().size());
   const auto assign = [&](std::vector<size_t> group, std::vector<int>& lane, std::vector<int64_t> load) {
     std::stable_sort(group.begin(), group.end(), [&](size_t a, size_t b) { return patterns_[a].pairs > patterns_[b].pairs; });
@@ -533,6 +535,7 @@ DilatedAttention::Schedule DilatedAttention::schedule() const {
   for (size_t p = 0; p < patterns_.size(); ++p) {
     if (patterns_[p].plan.remote) {
       remote += patterns_[p].pairs;
+      s.forward_lane[p] = s.backward_lane[p] = n - 1;
       continue;
     }
     local.push_back(p);
@@ -540,12 +543,12 @@ DilatedAttention::Schedule DilatedAttention::schedule() const {
     (patterns_[p].strided && dkdv_writer_ >= 0 ? after_writer : at_once).push_back(p);
   }
   std::vector<int64_t> load(n, 0);
-  load[0] = remote;
+  load[n - 1] = remote;
   assign(local, s.forward_lane, load);
   if (dkdv_writer_ >= 0) load[0] += patterns_[dkdv_writer_].pairs;  // (lane 0: it is s.first)
   assign(at_once, s.backward_lane, load);
   load.assign(n, 0);
-  load[0] = remote;
+  load[n - 1] = remote;
   assign(after_writer, s.backward_lane, load);  // once the writer is done
   return s;
 }
@@ -608,9 +611,9 @@ void DilatedAttention::forward(const attnhost_forward_args& a) {
     run_patterns(list, "dilated", lanes, schedule_.forward_lane,
                  [&](size_t p, void* stream) { pattern_forward(p, a, w.patterns[p], stream); });
   };
-  run(schedule_.first);
-  if (exchanges_) engine_->wait(compute, comm);
+  if (exchanges_) engine_->wait(lanes.back(), comm);  // the remote patterns' lane (schedule())
   run(schedule_.remote);
+  run(schedule_.first);
   run(schedule_.rest);
   for (size_t i = 1; i < lanes.size(); ++i) engine_->wait(compute, lanes[i]);
   Combine c;
@@ -764,13 +767,13 @@ void DilatedAttention::backward(const attnhost_backward_args& a) {
     run_patterns(list, "dilated backward", lanes, schedule_.backward_lane,
                  [&](size_t p, void* stream) { pattern_backward(p, a, w, stream); });
   };
+  if (exchanges_) engine_->wait(lanes.back(), comm);  // the remote patterns' lane (schedule())
+  run(schedule_.remote);
+  if (exchanges_) send_gradients(w, lanes.back(), comm);
   run(schedule_.first);
   // The gathered patterns lead schedule_.rest and start at once; a strided one on another lane
   // first waits for the dK/dV writer (lane 0, schedule_.first), whose values it adds to.
   const attncore::plugin::Engine::Event written = lanes.size() > 1 ? engine_->record(compute) : nullptr;
-  if (exchanges_) engine_->wait(compute, comm);
-  run(schedule_.remote);
-  if (exchanges_) send_gradients(w, compute, comm);
   std::vector<bool> after_writer(lanes.size(), false);
   for (size_t p : schedule_.rest) {
     const int lane = schedule_.backward_lane[p];
