@@ -65,7 +65,7 @@ void DilatedAttention::build_tables(const Geometry& g) {
     st.pairs = Geometry::pairs(st.plan, causal_);
     rank_pairs_ += st.pairs * s_.batch;
     std::vector<int32_t> q_dst(local_ * Hq, -1);
-    st.strided = plan_views(st, a0, overlap_ && g.world() == 1);
+    st.strided = plan_views(st, a0, overlap_);
     if (st.strided) {
       const int64_t r = st.pattern.r;
       std::vector<int32_t> stat_src(r > 1 ? st.partial_rows : 0, -1);
@@ -264,9 +264,9 @@ bool DilatedAttention::plan_views(PatternState& st, int64_t a0, bool shared) con
   // query tiles) took 2.9x the time of its one gathered call (forward), r = 6 (twelve of 176)
   // 1.9x, while r = 2 and 4 (views of 3072 and 768 tiles) ran 16-25% faster strided. So on a GPU
   // a pattern runs strided only when its views average kMinViewTiles query tiles of 128 rows,
-  // unless the patterns share the GPU (`shared`: one rank, lanes()), where the other lanes' CTAs
-  // fill a launch's last wave: there every pattern that can runs strided (S = 32768 and 131072
-  // causal 3-4% faster than with r = 6 and 12 gathered, PERFORMANCE.md, session 19).
+  // unless the patterns share the GPU (`shared`: lanes(), whenever overlap is on), where the other
+  // lanes' CTAs fill a launch's last wave: there every pattern that can runs strided (S = 32768
+  // and 131072 causal 3-4% faster at world size 1, 3% at 2, PERFORMANCE.md, session 19).
   // (The CPU has no waves.)
   constexpr int64_t kMinViewTiles = 512;
   int64_t tiles = 0;
