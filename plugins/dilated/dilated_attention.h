@@ -124,8 +124,8 @@ class DilatedAttention {
   bool plan_views(PatternState& st, int64_t a0, bool shared) const;
   Work carve(char* base, bool backward, size_t* bytes) const;
 
-  // The streams patterns run on at once (see .cpp): the compute stream first; only it when ranks
-  // exchange rows or overlap is off.
+  // The streams patterns run on at once (see .cpp): the compute stream first; not the one that
+  // carries the exchanges where ranks exchange rows; only the compute stream when overlap is off.
   std::vector<void*> lanes() const;
   void exchange_kv(const void* k, const void* v, const Work& w, void* stream);
   // The return of the remote patterns' dK/dV partials to the ranks that own the keys, in two
