@@ -1,4 +1,5 @@
 #include "dilated_attention.h"
+#include "lanes.h"
 
 #include <algorithm>
 #include <string>
@@ -513,43 +514,13 @@ DilatedAttention::Schedule DilatedAttention::schedule() const {
   // once it is done (backward()): the gathered ones are issued first.
   std::stable_partition(s.rest.begin(), s.rest.end(), [&](size_t p) { return !patterns_[p].strided; });
 
-  // Lanes by longest processing time: each pattern, most pairs first, to the lane with the least
-  // work so far. With one rank the largest lands on lane 0, the compute stream, whose low priority
-  // lets its many CTAs fill the gaps the others' last waves leave. The remote patterns have the last
-  // lane: they wait there for the exchange and start first, beside the dK/dV writer, so that their
-  // gradients' return (the other ranks wait for it) leaves early.
-  const int n = static_cast<int>(lanes().size());
-  const auto assign = [&](std::vector<size_t> group, std::vector<int>& lane, std::vector<int64_t> load) {
-    std::stable_sort(group.begin(), group.end(), [&](size_t a, size_t b) { return patterns_[a].pairs > patterns_[b].pairs; });
-    for (size_t p : group) {
-      const int l = static_cast<int>(std::min_element(load.begin(), load.end()) - load.begin());
-      lane[p] = l;
-      load[l] += patterns_[p].pairs;
-    }
-  };
-  s.forward_lane.assign(patterns_.size(), 0);
-  s.backward_lane.assign(patterns_.size(), 0);
-  if (n == 1) return s;
-  std::vector<size_t> local, at_once, after_writer;
-  int64_t remote = 0;
-  for (size_t p = 0; p < patterns_.size(); ++p) {
-    if (patterns_[p].plan.remote) {
-      remote += patterns_[p].pairs;
-      s.forward_lane[p] = s.backward_lane[p] = n - 1;
-      continue;
-    }
-    local.push_back(p);
-    if (static_cast<int>(p) == dkdv_writer_) continue;
-    (patterns_[p].strided && dkdv_writer_ >= 0 ? after_writer : at_once).push_back(p);
-  }
-  std::vector<int64_t> load(n, 0);
-  load[n - 1] = remote;
-  assign(local, s.forward_lane, load);
-  if (dkdv_writer_ >= 0) load[0] += patterns_[dkdv_writer_].pairs;  // (lane 0: it is s.first)
-  assign(at_once, s.backward_lane, load);
-  load.assign(n, 0);
-  load[n - 1] = remote;
-  assign(after_writer, s.backward_lane, load);  // once the writer is done
+  // Lanes (lanes.h): the remote patterns wait for the exchange on the last lane and go first there;
+  // the backward's strided patterns after the dK/dV writer wait for it (backward()).
+  std::vector<LaneJob> jobs;
+  for (const PatternState& st : patterns_) jobs.push_back({st.pairs, st.plan.remote, st.strided});
+  LanePlan plan = plan_lanes(jobs, dkdv_writer_, static_cast<int>(lanes().size()));
+  s.forward_lane = std::move(plan.forward);
+  s.backward_lane = std::move(plan.backward);
   return s;
 }
 
