@@ -66,7 +66,7 @@ void DilatedAttention::build_tables(const Geometry& g) {
     st.pairs = Geometry::pairs(st.plan, causal_);
     rank_pairs_ += st.pairs * s_.batch;
     std::vector<int32_t> q_dst(local_ * Hq, -1);
-    st.strided = plan_views(st, a0, overlap_);
+    st.strided = plan_views(st, a0);
     if (st.strided) {
       const int64_t r = st.pattern.r;
       std::vector<int32_t> stat_src(r > 1 ? st.partial_rows : 0, -1);
@@ -189,7 +189,7 @@ void DilatedAttention::build_tables(const Geometry& g) {
 // range of j. Heads whose classes have the same segments and whose p0 grow by a fixed step share
 // a call (one head stride covers both steps). Keys must all be local, and a call's query heads
 // must map onto its kv heads by one stride (MHA, or r = 1: one call over every head).
-bool DilatedAttention::plan_views(PatternState& st, int64_t a0, bool shared) const {
+bool DilatedAttention::plan_views(PatternState& st, int64_t a0) const {
   const int64_t r = st.pattern.r;
   const int32_t Hq = s_.heads_q;
   if (st.plan.remote || st.plan.regions.empty() || (r != 1 && group_ != 1)) return false;
@@ -265,7 +265,7 @@ bool DilatedAttention::plan_views(PatternState& st, int64_t a0, bool shared) con
   // query tiles) took 2.9x the time of its one gathered call (forward), r = 6 (twelve of 176)
   // 1.9x, while r = 2 and 4 (views of 3072 and 768 tiles) ran 16-25% faster strided. So on a GPU
   // a pattern runs strided only when its views average kMinViewTiles query tiles of 128 rows,
-  // unless the patterns share the GPU (`shared`: lanes(), whenever overlap is on), where the other
+  // unless the patterns share the GPU (lanes(), whenever overlap is on), where the other
   // lanes' CTAs fill a launch's last wave: there every pattern that can runs strided (S = 32768
   // and 131072 causal 3-4% faster at world size 1, 3% at 2, PERFORMANCE.md, session 19).
   // (The CPU has no waves.)
@@ -274,7 +274,7 @@ bool DilatedAttention::plan_views(PatternState& st, int64_t a0, bool shared) con
   for (const View& v : st.views)
     for (size_t k = v.segment_begin; k < v.segment_begin + v.segment_count; ++k)
       tiles += int64_t{v.heads} * s_.batch * ((st.host_segments[k].q_end - st.host_segments[k].q_begin + 127) / 128);
-  const bool too_small = engine_->on_device() && !shared && tiles < kMinViewTiles * static_cast<int64_t>(st.views.size());
+  const bool too_small = engine_->on_device() && !overlap_ && tiles < kMinViewTiles * static_cast<int64_t>(st.views.size());
   // GQA (r = 1): the one call must hold every head, so that query head i reads kv head i / group.
   const bool gqa_split =
       group_ != 1 && (st.views.size() != 1 || st.views[0].heads != Hq || st.views[0].head_step != 1 ||

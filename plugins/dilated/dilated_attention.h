@@ -119,9 +119,8 @@ class DilatedAttention {
   class Carver;
 
   void build_tables(const Geometry& geometry);
-  // Whether pattern st can run strided on this rank, and if so its views, segments and partial_rows;
-  // `shared`: the patterns will share the GPU (lanes()), so small views cost no tail.
-  bool plan_views(PatternState& st, int64_t a0, bool shared) const;
+  // Whether pattern st can run strided on this rank, and if so its views, segments and partial_rows.
+  bool plan_views(PatternState& st, int64_t a0) const;
   Work carve(char* base, bool backward, size_t* bytes) const;
 
   // The streams patterns run on at once (see .cpp): the compute stream first; not the one that
