@@ -606,7 +606,8 @@ void DilatedAttention::forward(const attnhost_forward_args& a) {
 // ---- backward ---------------------------------------------------------------------------------
 
 void DilatedAttention::compute_delta(int32_t heads, int64_t seqlen, const TensorRef& o, bool o_fp32,
-                                     const TensorRef& d_o, const RowStatsRef& delta, void* stream) {
+                                     const TensorRef& d_o, const RowStatsRef& delta, void* stream, float* zero,
+                                     size_t zero_bytes) {
   DeltaParams dp;
   dp.dtype = dtype_;
   dp.batch = s_.batch;
@@ -617,6 +618,8 @@ void DilatedAttention::compute_delta(int32_t heads, int64_t seqlen, const Tensor
   dp.o_fp32 = o_fp32;
   dp.d_o = d_o;
   dp.delta = delta;
+  dp.zero = zero;
+  dp.zero_bytes = zero_bytes;
   engine_->compute_delta(dp, stream);
 }
 
@@ -710,10 +713,10 @@ void DilatedAttention::backward(const attnhost_backward_args& a) {
   const size_t q_elems = size_t(s_.batch) * local_ * s_.heads_q * s_.head_dim;
   const size_t kv_elems = size_t(s_.batch) * local_ * s_.heads_kv * s_.head_dim;
 
-  // delta of the final output: what makes every pattern's backward exact
+  // delta of the final output: what makes every pattern's backward exact; the dQ accumulator
+  // cleared in the same pass
   compute_delta(s_.heads_q, local_, local_ref(a.o.data, s_.heads_q), false, local_ref(a.d_o.data, s_.heads_q),
-                local_stats(w.delta), compute);
-  engine_->zero(w.dq, q_elems * 4, compute);
+                local_stats(w.delta), compute, w.dq, q_elems * 4);
   if (dkdv_writer_ < 0) {
     engine_->zero(w.dk, kv_elems * 4, compute);
     engine_->zero(w.dv, kv_elems * 4, compute);

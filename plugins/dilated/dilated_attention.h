@@ -145,7 +145,8 @@ class DilatedAttention {
   void pattern_forward(size_t p, const attnhost_forward_args& a, const PatternBuffers& b, void* stream);
   void pattern_backward(size_t p, const attnhost_backward_args& a, const Work& w, void* stream);
   void compute_delta(int32_t heads, int64_t seqlen, const attncore::TensorRef& o, bool o_fp32,
-                     const attncore::TensorRef& d_o, const attncore::RowStatsRef& delta, void* stream);
+                     const attncore::TensorRef& d_o, const attncore::RowStatsRef& delta, void* stream,
+                     float* zero = nullptr, size_t zero_bytes = 0);
   std::vector<RowCopy> stats_gather(const PatternState& st, const PatternBuffers& b, const attnhost_backward_args& a,
                                     const Work& w) const;
   attncore::ForwardParams forward_base() const;  // dtype, shape, scale, mask, fp32 partial O

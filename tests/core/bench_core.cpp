@@ -7,11 +7,13 @@
 //   BENCH_ENGINE=cudnn|both         the cuDNN engine (attncore/cudnn.h) instead of / besides native
 //   BENCH_BACKWARD=0                native forward only (a forward-kernel step times in seconds)
 //   BENCH_RUNS=N                    timed runs per figure (default 10 from S = 8192, else 20)
+//   BENCH_DELTA=1                   native: also time the delta pass alone, dQ's memset, both, and
+//                                   the delta pass that clears dQ (DeltaParams::zero)
 //   BENCH_SEGMENTS=L                native: each sequence as segments of L rows (a device list, as
 //                                   varlen and dilated call the core), not L-row batches
 //   bench_core --probe [B H S D...] which cuDNN graphs build for each shape (no timing)
-// Native backward = zeroing the fp32 accumulators + compute_delta + backward. cuDNN: "bwd write" writes
-// bf16 gradients (what frameworks do); "bwd add" is the core's contract (zeroing the fp32
+// Native backward = zeroing the fp32 accumulators (dQ's in the delta pass) + compute_delta + backward.
+// cuDNN: "bwd write" writes bf16 gradients (what frameworks do); "bwd add" is the core's contract (zeroing the fp32
 // accumulators + cuDNN into scratch + the add kernels), what a ring step costs.
 #include <cuda_runtime_api.h>
 
@@ -192,6 +194,9 @@ struct Bench {
   }
   void zero_grads() {
     CUDA_CHECK(cudaMemsetAsync(dq, 0, nq * 4));
+    zero_kv_grads();
+  }
+  void zero_kv_grads() {
     CUDA_CHECK(cudaMemsetAsync(dk, 0, nkv * 4));
     CUDA_CHECK(cudaMemsetAsync(dv, 0, nkv * 4));
   }
@@ -232,10 +237,14 @@ void bench_native(Bench& x) {
     std::fflush(stdout);
     return;
   }
+  // dQ's accumulator is cleared by the delta pass (DeltaParams::zero), dK's and dV's apart.
+  DeltaParams dp = x.dp;
+  dp.zero = x.dq;
+  dp.zero_bytes = x.nq * 4;
   const auto backward = [&](bool det) {
     x.g.deterministic = det;
-    x.zero_grads();
-    compute_delta_cuda(x.dp, nullptr);
+    x.zero_kv_grads();
+    compute_delta_cuda(dp, nullptr);
     backward_cuda(x.g, nullptr);
   };
   const float t_bwd = median_ms([&] { backward(false); }, 2, runs);
@@ -245,6 +254,19 @@ void bench_native(Bench& x) {
   std::printf("native %s | fwd %s | bwd %s | bwd deterministic %s\n", x.name().c_str(),
               x.figure(t_fwd, x.flops()).c_str(), x.figure(t_bwd, 2.5 * x.flops()).c_str(),
               x.figure(t_det, 2.5 * x.flops()).c_str());
+  if (const char* e = std::getenv("BENCH_DELTA"); e && e[0] == '1') { // the row pass before the backward
+    const float t_delta = median_ms([&] { compute_delta_cuda(x.dp, nullptr); }, 3, runs);
+    const float t_zero = median_ms([&] { CUDA_CHECK(cudaMemsetAsync(x.dq, 0, x.nq * 4)); }, 3, runs);
+    const float t_both = median_ms(
+        [&] {
+          CUDA_CHECK(cudaMemsetAsync(x.dq, 0, x.nq * 4));
+          compute_delta_cuda(x.dp, nullptr);
+        },
+        3, runs);
+    const float t_fused = median_ms([&] { compute_delta_cuda(dp, nullptr); }, 3, runs);
+    std::printf("  delta %.1f us, dQ memset %.1f us, both %.1f us, delta clearing dQ %.1f us\n", 1e3 * t_delta,
+                1e3 * t_zero, 1e3 * t_both, 1e3 * t_fused);
+  }
   std::fflush(stdout);
 }
 

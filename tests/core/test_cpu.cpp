@@ -2,8 +2,10 @@
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "attncore/cpu.h"
 #include "attncore/cudnn.h"
@@ -430,6 +432,24 @@ TEST_CASE("cpu: merge of two empty sides stays (0, -inf), one empty side passes 
   CHECK(acc.get(0, 0, 0, 0) == 0.0);
   CHECK(la.at(0, 0, 1) == 0.5f);
   CHECK(acc.get(0, 1, 0, 3) == doctest::Approx(3.0));
+}
+
+TEST_CASE("cpu: compute_delta clears its zero buffer in the same call, and only it") {
+  Tensor o(DType::bf16, 1, 3, 2, 8), d_o(DType::bf16, 1, 3, 2, 8);
+  o.fill(0.5f);
+  d_o.fill(2.f);
+  Stats delta(1, 2, 3, kNegInf);
+  std::vector<float> dq(1 * 3 * 2 * 8 + 2, 7.f);
+  DeltaParams p{DType::bf16, 1, 2, 8, 3, o.ref(), d_o.ref(), false, delta.ref(), dq.data() + 1, (dq.size() - 2) * 4};
+  cpu::compute_delta<double>(p);
+  CHECK(delta.at(0, 1, 2) == doctest::Approx(8.0));
+  CHECK(dq.front() == 7.f);
+  CHECK(dq.back() == 7.f);
+  CHECK(std::count(dq.begin() + 1, dq.end() - 1, 0.f) == long(dq.size() - 2));
+  p.seqlen = 0;  // no rows: still cleared
+  std::fill(dq.begin(), dq.end(), 7.f);
+  cpu::compute_delta<double>(p);
+  CHECK(std::count(dq.begin(), dq.end(), 0.f) == long(dq.size() - 2));
 }
 
 TEST_CASE("cpu: malformed calls throw attncore::Error") {

@@ -457,11 +457,27 @@ TEST_CASE("gpu: delta, merge and convert on aligned and padded rows") {
       Stats delta(B, H, S);
       DeviceStats delta_d(delta);
       delta_d.buf->poison();
+      // A buffer cleared in the same pass (DeltaParams::zero): the size of an fp32 dQ accumulator
+      // through the kernel's 16-byte stores; 4 bytes off both ways through the fallback.
+      const size_t zero_bytes = size_t(B * S * H * D) * 4 - (fp32 ? 4 : 0);
+      DeviceBuffer zero(zero_bytes + 8);
+      zero.poison();
+      char* zero_at = static_cast<char*>(zero.ptr) + (fp32 ? 4 : 0);
       compute_delta_cuda(DeltaParams{DType::bf16, int32_t(B), int32_t(H), D, S, fp32 ? o32_d.ref : o_d.ref, d_o_d.ref,
-                                     fp32, delta_d.ref},
+                                     fp32, delta_d.ref, zero_at, zero_bytes},
                          nullptr);
       CUDA_OK(cudaDeviceSynchronize());
       delta_d.download(delta);
+      std::vector<unsigned char> cleared(zero.bytes);
+      CUDA_OK(cudaMemcpy(cleared.data(), zero.ptr, zero.bytes, cudaMemcpyDeviceToHost));
+      const size_t first = fp32 ? 4 : 0, last = first + zero_bytes;
+      long not_zero = 0, touched = 0;
+      for (size_t i = 0; i < cleared.size(); ++i) {
+        if (i >= first && i < last) not_zero += cleared[i] != 0;
+        else touched += cleared[i] != 0xff;
+      }
+      CHECK(not_zero == 0);
+      CHECK(touched == 0);
       long bad = 0;
       for (int64_t b = 0; b < B; ++b)
         for (int64_t h = 0; h < H; ++h)

@@ -159,6 +159,11 @@ struct DeltaParams {
   TensorRef o, d_o;
   bool o_fp32 = false;
   RowStatsRef delta; // output
+  // Optional: zero_bytes bytes at `zero` set to 0 in the same pass, where the backward's fp32 dQ
+  // accumulator is usually cleared (as FlashAttention-3's preprocessing kernel does): its stores
+  // go out while the pass waits on its loads, instead of in a pass of their own.
+  void* zero = nullptr;
+  size_t zero_bytes = 0;
 };
 
 // In place, fp32: (o_acc, lse_acc) <- merge((o_acc, lse_acc), (o_part, lse_part)) with

@@ -102,7 +102,7 @@ LocalSizes local_sizes(const RingShape& s) {
           static_cast<size_t>(s.batch) * s.heads_q * s.local_q};
 }
 
-void compute_local_delta(const RingShape& s, Engine& engine, const attnhost_backward_args& a, float* delta,
+void compute_local_delta(const RingShape& s, Engine& engine, const attnhost_backward_args& a, float* delta, float* dq,
                          void* stream) {
   const LocalViews views{s};
   DeltaParams dp;
@@ -114,6 +114,8 @@ void compute_local_delta(const RingShape& s, Engine& engine, const attnhost_back
   dp.o = views.q(a.o.data, 0, false);
   dp.d_o = views.q(a.d_o.data, 0, false);
   dp.delta = views.stats(delta, 0);
+  dp.zero = dq;
+  dp.zero_bytes = local_sizes(s).q * 4;
   engine.compute_delta(dp, stream);
 }
 

@@ -45,8 +45,8 @@ struct LocalSizes {
 LocalSizes local_sizes(const RingShape& s);
 
 // delta = rowsum(dO * O) of the rank's local rows, from the final output a.o: the row term every
-// backward call of the rank reads.
-void compute_local_delta(const RingShape& s, Engine& engine, const attnhost_backward_args& a, float* delta,
+// backward call of the rank reads; and the fp32 dQ accumulator of those rows cleared in the same pass.
+void compute_local_delta(const RingShape& s, Engine& engine, const attnhost_backward_args& a, float* delta, float* dq,
                          void* stream);
 
 // fp32 src (a shape's Q-like or K/V-like tensor) to the problem dtype in dst.

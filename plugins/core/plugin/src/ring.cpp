@@ -238,8 +238,7 @@ void RingAttention::backward_slice(const RingShape& s, const attnhost_backward_a
   const size_t grad_bytes = align_up(kv_elems * 4);
   char* dkv_base = work_ + align_up(rows * 4) + align_up(q_elems * 4);
   const auto pair = [&](int i) { return KV{dkv_base + 2 * i * grad_bytes, dkv_base + (2 * i + 1) * grad_bytes}; };
-  compute_local_delta(s, *engine_, a, delta, compute);
-  engine_->zero(dq, q_elems * 4, compute);
+  compute_local_delta(s, *engine_, a, delta, dq, compute);
 
   // The block in hand's gradients travel with it, summed on the way. Step i computes this rank's
   // share into a fresh pair (pair i % 2) while the sums of the ranks before it arrive in pair 2;

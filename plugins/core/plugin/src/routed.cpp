@@ -148,8 +148,7 @@ void RoutedAttention::backward(const attnhost_backward_args& a) {
   float* dq = reinterpret_cast<float*>(work_ + align_up(rows * 4));
   char* g = work_ + align_up(rows * 4) + align_up(q_elems * 4);
   KV own{g, g + grads}, part{g + 2 * grads, g + 3 * grads}, home{g + 4 * grads, g + 5 * grads};
-  compute_local_delta(s_, *engine_, a, delta, compute);
-  engine_->zero(dq, q_elems * 4, compute);
+  compute_local_delta(s_, *engine_, a, delta, dq, compute);
   // One call that makes every local key's gradients (no other rank reads these keys, so no round
   // after the first has calls; no segments) writes dK and dV in the problem's dtype straight into
   // the outputs: no fp32 accumulators to zero and convert.

@@ -6,6 +6,7 @@
 #include "attncore/cpu.h"
 
 #include <algorithm>
+#include <cstring>
 #include <vector>
 
 #include "common.h"
@@ -18,6 +19,10 @@ template <class Acc> void compute_delta(const DeltaParams& p) {
   if (p.dtype != DType::bf16 && p.dtype != DType::fp16 && p.dtype != DType::fp32)
     fail("compute_delta: dtype must be bf16, fp16 or fp32");
   if (p.batch < 1 || p.heads < 1 || p.head_dim < 1 || p.seqlen < 0) fail("compute_delta: bad shape");
+  if (p.zero_bytes > 0) {
+    if (!p.zero) fail("compute_delta: zero is null");
+    std::memset(p.zero, 0, p.zero_bytes);
+  }
   if (p.seqlen == 0) return;
   if (!p.o.data || !p.d_o.data || !p.delta.data) fail("compute_delta: a pointer is null");
   const int D = p.head_dim;

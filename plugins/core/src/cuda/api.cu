@@ -238,6 +238,14 @@ __global__ void __launch_bounds__(kRowWarps * 32, 4) delta_kernel(const __grid_c
 #pragma unroll
         for (int e = 0; e < kV; ++e) sum[k] += o[k][q][e] * g[k][q][e];
   }
+  // This warp's share of the buffer to clear (p.zero: 16-byte units, split evenly over the grid's
+  // warps), stored while its loads are in flight.
+  if (p.zero_bytes > 0) {
+    const uint64_t units = p.zero_bytes / 16, warps = uint64_t(gridDim.x) * kRowWarps;
+    const uint64_t per = (units + warps - 1) / warps, w = uint64_t(blockIdx.x) * kRowWarps + threadIdx.x / 32;
+    const uint64_t end = min(units, (w + 1) * per);
+    for (uint64_t u = w * per + uint64_t(lane); u < end; u += 32) static_cast<uint4*>(p.zero)[u] = make_uint4(0, 0, 0, 0);
+  }
 #pragma unroll
   for (int k = 0; k < kWarpRows; ++k)
 #pragma unroll
@@ -391,13 +399,22 @@ const char* native_kernels() {
 void compute_delta_cuda(const DeltaParams& p, void* stream) {
   if (p.dtype != DType::bf16 && p.dtype != DType::fp16) fail("compute_delta: dtype must be bf16 or fp16");
   check_rows(p.batch, p.heads, p.head_dim, p.seqlen, "compute_delta");
+  if (p.zero_bytes > 0 && !p.zero) fail("compute_delta: zero is null");
+  const auto s = static_cast<cudaStream_t>(stream);
+  DeltaParams q = p;
+  // What the kernel cannot clear in 16-byte stores (or a call without rows) is cleared apart.
+  if (q.zero_bytes > 0 && (q.seqlen == 0 || q.zero_bytes % 16 != 0 || reinterpret_cast<uintptr_t>(q.zero) % 16 != 0)) {
+    const cudaError_t e = cudaMemsetAsync(q.zero, 0, q.zero_bytes, s);
+    if (e != cudaSuccess) fail(std::string("compute_delta: clearing zero failed: ") + cudaGetErrorString(e));
+    q.zero = nullptr;
+    q.zero_bytes = 0;
+  }
   if (p.seqlen == 0) return;
   if (!p.o.data || !p.d_o.data || !p.delta.data) fail("compute_delta: a pointer is null");
   const int64_t rows = int64_t(p.batch) * p.heads * p.seqlen;
-  const auto s = static_cast<cudaStream_t>(stream);
   const bool v4 = p.head_dim % 4 == 0 && rows_aligned4(p.o, p.o_fp32 ? 4 : 2) && rows_aligned4(p.d_o, 2);
   // (The dO element type, then O's: fp32 for a ring's partial.)
-  const auto launch = [&](auto k4, auto k1) { launch_rows(v4, k4, k1, rows, kWarpRows, s, p); };
+  const auto launch = [&](auto k4, auto k1) { launch_rows(v4, k4, k1, rows, kWarpRows, s, q); };
   using bf16 = __nv_bfloat16;
   if (p.dtype == DType::bf16 && p.o_fp32) launch(delta_kernel<bf16, float, 4>, delta_kernel<bf16, float, 1>);
   else if (p.dtype == DType::bf16) launch(delta_kernel<bf16, bf16, 4>, delta_kernel<bf16, bf16, 1>);

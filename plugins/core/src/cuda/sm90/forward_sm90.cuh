@@ -71,7 +71,12 @@ template <class T, int D, Tiles kTiles = Tiles::standard> struct ForwardConfig {
   // setmaxnreg: the launch gives each thread 65536 / (kThreads x kCtasPerSm) registers (168, 128).
   // 24 + 232 = 2 x 128; 24 + 2 x 240 = 3 x 168; 24 + 3 x 160 <= 4 x 128
   static constexpr int kProducerRegs = 24, kConsumerRegs = kPair ? 232 : kConsumers == 3 ? 160 : 240;
-  static constexpr size_t kSmemBytes = 1024 /* alignment */ + kQBytes + 2 * kStages * kKVBytes + 512;
+  // fp32 O (partials) staged in a buffer of its own where it fits beside Q and the K/V ring, so a
+  // consumer stores its rows without waiting for the other to be done with Q and K; else over them.
+  static constexpr bool kOwnF32Stage = kTiles == Tiles::standard && D <= 128;
+  static constexpr uint32_t kF32StageBytes = kOwnF32Stage ? kConsumers * 64 * D * 4 : 0;
+  static constexpr uint32_t kF32Stage = kQBytes + 2 * kStages * kKVBytes; // (its offset, 1024-aligned)
+  static constexpr size_t kSmemBytes = 1024 /* alignment */ + kQBytes + 2 * kStages * kKVBytes + kF32StageBytes + 512;
   static_assert(D % 16 == 0 && D % W == 0, "head dim must be a multiple of 16");
   static_assert(kQBytes % 1024 == 0 && kKVBytes % 1024 == 0, "tiles start on 1024-byte boundaries");
   static_assert(kSmemBytes * kCtasPerSm <= 227 * 1024, "must fit a Hopper SM");
@@ -195,7 +200,7 @@ __global__ void __launch_bounds__(ForwardConfig<T, D, kTiles>::kThreads, Forward
   T* sQ = reinterpret_cast<T*>(smem);
   T* sK = reinterpret_cast<T*>(smem + C::kQBytes);                            // kStages tiles
   T* sV = reinterpret_cast<T*>(smem + C::kQBytes + C::kStages * C::kKVBytes); // kStages tiles
-  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + C::kQBytes + 2 * C::kStages * C::kKVBytes);
+  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + C::kF32Stage + C::kF32StageBytes);
   uint64_t* q_full = bars;
   uint64_t* k_full = bars + 1;
   uint64_t* v_full = k_full + C::kStages;
@@ -410,17 +415,18 @@ __global__ void __launch_bounds__(ForwardConfig<T, D, kTiles>::kThreads, Forward
   // O leaves through the copy engine where it can (o_bulk): staged in shared memory as a load lays
   // a tile, then one bulk store per column block, not 32 scattered stores a thread.
   //  - In dtype: in this warpgroup's rows of Q's buffer, which its last product has read.
-  //  - In fp32 (partials): twice the bytes, over Q's and the K/V buffers, once both consumers are
-  //    done with them (and so the producer is too: every copy it issued has been waited for).
+  //  - In fp32 (partials): twice the bytes, in a buffer of its own (kOwnF32Stage); else over Q's and
+  //    the K/V buffers, once both consumers are done with them (and so the producer is too: every
+  //    copy it issued has been waited for).
   // Only blocks of 64 whole rows, or blocks that end at the tensor's end (the copy engine drops
   // rows past it): rows past a segment's end belong to another segment.
   const int32_t row0 = r_lo + 16 * warp_in_wg;
-  if (o_bulk && a.o_fp32) named_barrier_sync(2, C::kConsumers * 128);
+  if (o_bulk && a.o_fp32 && !C::kOwnF32Stage) named_barrier_sync(2, C::kConsumers * 128);
   if (o_bulk && has_rows && warp_uniform(r_lo + 64 <= reg.row_end || reg.row_end == a.seqlen_q)) {
     const unsigned char* stage;
     uint32_t block_bytes;
     if (a.o_fp32) {
-      stage = smem + wg * 64 * D * 4;
+      stage = smem + (C::kOwnF32Stage ? C::kF32Stage : 0) + wg * 64 * D * 4;
       block_bytes = 64 * C::kF32Cols * 4;
       stage_o<float, C::kF32Cols>(sm, a, batch, head, r_lo, row0, m1, lane, smem_addr(stage), block_bytes);
     } else {
