@@ -311,7 +311,8 @@ __global__ void __launch_bounds__(BackwardConfig<T, D>::kThreads, 1)
         __syncwarp();
         if (lane == 0) barrier_arrive(dq_empty);
       }
-      if (dq_add == DqAdd::copy_engine && lane == 0) bulk_wait_all();
+      // No wait for the last adds to land: each round waited for its part's reads, and a grid's
+      // bulk copies are complete when the grid is, so the CTA's end does not wait on L2.
     }
     return;
   }
