@@ -238,13 +238,13 @@ void bench_native(Bench& x) {
     return;
   }
   // dQ's accumulator is cleared by the delta pass (DeltaParams::zero), dK's and dV's apart.
-  DeltaParams dp = x.dp;
-  dp.zero = x.dq;
-  dp.zero_bytes = x.nq * 4;
+  DeltaParams delta_clearing_dq = x.dp;
+  delta_clearing_dq.zero = x.dq;
+  delta_clearing_dq.zero_bytes = x.nq * 4;
   const auto backward = [&](bool det) {
     x.g.deterministic = det;
     x.zero_kv_grads();
-    compute_delta_cuda(dp, nullptr);
+    compute_delta_cuda(delta_clearing_dq, nullptr);
     backward_cuda(x.g, nullptr);
   };
   const float t_bwd = median_ms([&] { backward(false); }, 2, runs);
@@ -263,7 +263,7 @@ void bench_native(Bench& x) {
           compute_delta_cuda(x.dp, nullptr);
         },
         3, runs);
-    const float t_fused = median_ms([&] { compute_delta_cuda(dp, nullptr); }, 3, runs);
+    const float t_fused = median_ms([&] { compute_delta_cuda(delta_clearing_dq, nullptr); }, 3, runs);
     std::printf("  delta %.1f us, dQ memset %.1f us, both %.1f us, delta clearing dQ %.1f us\n", 1e3 * t_delta,
                 1e3 * t_zero, 1e3 * t_both, 1e3 * t_fused);
   }

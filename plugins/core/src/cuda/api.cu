@@ -401,20 +401,21 @@ void compute_delta_cuda(const DeltaParams& p, void* stream) {
   check_rows(p.batch, p.heads, p.head_dim, p.seqlen, "compute_delta");
   if (p.zero_bytes > 0 && !p.zero) fail("compute_delta: zero is null");
   const auto s = static_cast<cudaStream_t>(stream);
-  DeltaParams q = p;
+  DeltaParams call = p;
   // What the kernel cannot clear in 16-byte stores (or a call without rows) is cleared apart.
-  if (q.zero_bytes > 0 && (q.seqlen == 0 || q.zero_bytes % 16 != 0 || reinterpret_cast<uintptr_t>(q.zero) % 16 != 0)) {
-    const cudaError_t e = cudaMemsetAsync(q.zero, 0, q.zero_bytes, s);
+  const bool whole_units = call.zero_bytes % 16 == 0 && reinterpret_cast<uintptr_t>(call.zero) % 16 == 0;
+  if (call.zero_bytes > 0 && (p.seqlen == 0 || !whole_units)) {
+    const cudaError_t e = cudaMemsetAsync(call.zero, 0, call.zero_bytes, s);
     if (e != cudaSuccess) fail(std::string("compute_delta: clearing zero failed: ") + cudaGetErrorString(e));
-    q.zero = nullptr;
-    q.zero_bytes = 0;
+    call.zero = nullptr;
+    call.zero_bytes = 0;
   }
   if (p.seqlen == 0) return;
   if (!p.o.data || !p.d_o.data || !p.delta.data) fail("compute_delta: a pointer is null");
   const int64_t rows = int64_t(p.batch) * p.heads * p.seqlen;
   const bool v4 = p.head_dim % 4 == 0 && rows_aligned4(p.o, p.o_fp32 ? 4 : 2) && rows_aligned4(p.d_o, 2);
   // (The dO element type, then O's: fp32 for a ring's partial.)
-  const auto launch = [&](auto k4, auto k1) { launch_rows(v4, k4, k1, rows, kWarpRows, s, q); };
+  const auto launch = [&](auto k4, auto k1) { launch_rows(v4, k4, k1, rows, kWarpRows, s, call); };
   using bf16 = __nv_bfloat16;
   if (p.dtype == DType::bf16 && p.o_fp32) launch(delta_kernel<bf16, float, 4>, delta_kernel<bf16, float, 1>);
   else if (p.dtype == DType::bf16) launch(delta_kernel<bf16, bf16, 4>, delta_kernel<bf16, bf16, 1>);
