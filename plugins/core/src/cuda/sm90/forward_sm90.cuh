@@ -71,6 +71,13 @@ template <class T, int D, Tiles kTiles = Tiles::standard> struct ForwardConfig {
   // setmaxnreg: the launch gives each thread 65536 / (kThreads x kCtasPerSm) registers (168, 128).
   // 24 + 232 = 2 x 128; 24 + 2 x 240 = 3 x 168; 24 + 3 x 160 <= 4 x 128
   static constexpr int kProducerRegs = 24, kConsumerRegs = kPair ? 232 : kConsumers == 3 ? 160 : 240;
+  // Where O is rescaled by the new maxima. At d64 and d80, where the softmax rather than the
+  // products bounds a tile, right after the next tile's scores are issued (FlashAttention-3's
+  // place), so that it runs under that product rather than between P V and the next scores: d64
+  // +7% causal / +10% full at 8192 rows, d80 +3% (PERFORMANCE.md, session 21). Elsewhere once P V
+  // is back: the pair configuration lost 2.5% at d64, the standard one at d96-d128 was equal, and
+  // the wide one spilled and lost 1-3.5%.
+  static constexpr bool kRescaleUnderScores = D <= 80 && !kPair;
   // fp32 O (partials) staged in a buffer of its own where it fits beside Q and the K/V ring, so a
   // consumer stores its rows without waiting for the other to be done with Q and K; else over them.
   static constexpr bool kOwnF32Stage = kTiles == Tiles::standard && D <= 128;
@@ -390,6 +397,7 @@ __global__ void __launch_bounds__(ForwardConfig<T, D, kTiles>::kThreads, Forward
       const uint32_t sn = step % C::kStages, pn = (step / C::kStages) & 1;
       const Use u = use_of(t);
       issue_scores(sn);
+      if constexpr (C::kRescaleUnderScores) sm.rescale(alpha);
       barrier_wait(&v_full[s], phase);
       clean_v(s, pv_rows);
       issue_pv(s);
@@ -399,12 +407,13 @@ __global__ void __launch_bounds__(ForwardConfig<T, D, kTiles>::kThreads, Forward
       wgmma_wait<0>();
       fence_registers(sm.o[0]);
       release(&v_empty[s]);
-      sm.rescale(alpha);
+      if constexpr (!C::kRescaleUnderScores) sm.rescale(alpha);
       to_p();
       s = sn;
       phase = pn;
       pv_rows = v_rows(t);
     }
+    if constexpr (C::kRescaleUnderScores) sm.rescale(alpha);
     barrier_wait(&v_full[s], phase);
     clean_v(s, pv_rows);
     issue_pv(s);
