@@ -349,6 +349,42 @@ TEST_CASE("gpu: long rows of keys (the Hopper forward's wide tiles, three consum
     }
 }
 
+// On Hopper the d64 backward takes 128-query steps in calls of at least 4096 query rows without a
+// block list (sm90 launch_backward_sm90); no shorter test reaches them. Few keys keep the reference
+// cheap: every step sees all of them (full mask), or the first steps are causal edges and a row of
+// the last step lies past the end; and with segments, one of which ends inside a step whose other
+// rows hold NaN.
+TEST_CASE("gpu: the d64 backward's 128-query steps (4096 rows and more), causal, GQA, segments") {
+  REQUIRE(device_count() > 0);
+  std::mt19937_64 rng(47);
+  for (DType dt : {DType::bf16, DType::fp16}) {
+    Problem p = two_heads_problem(rng, dt, 64, 4096 + 77, 300);
+    CAPTURE(name(dt));
+    check_all(p); // full mask
+    p.mask.causal = true;
+    check_all(p); // rows 0 .. 299 see a causal edge, the rest every key
+  }
+  Problem p = two_heads_problem(rng, DType::bf16, 64, 4200, 4200);
+  p.Hq = 4; // GQA 4:1
+  std::mt19937_64 data(rng());
+  p.randomize(data);
+  p.mask.causal = true;
+  // Rows 2300 .. 2349 of the last segment see no key (positions 1800 .. 1849 < 1850).
+  p.segments = {{0, 2100, 0, 150, 2000, 0}, {2100, 2230, 2100, 2230, 0, 0}, {2300, 4200, 4000, 4200, 1800, 1850}};
+  for (int64_t i = 2230; i < 2300; ++i) {
+    for (int64_t h = 0; h < p.Hq; ++h)
+      for (int64_t d = 0; d < p.D; ++d) {
+        p.q.set(0, i, h, d, std::nan(""));
+        p.d_o.set(0, i, h, d, std::nan(""));
+      }
+    for (int64_t d = 0; d < p.D; ++d) {
+      p.k.set(0, i, 0, d, std::nan(""));
+      p.v.set(0, i, 0, d, std::nan(""));
+    }
+  }
+  check_all(p);
+}
+
 TEST_CASE("gpu: partial fp32 forward + merge + convert equals the CPU's") {
   REQUIRE(device_count() > 0);
   std::mt19937_64 rng(19);

@@ -42,7 +42,8 @@
 
 namespace attncore::cuda::sm90 {
 
-template <class T, int D> struct BackwardConfig {
+// kBlockM_: queries a step, 64; or 128 at d64 in calls without block lists (tall: launch_backward_sm90).
+template <class T, int D, int kBlockM_ = 64> struct BackwardConfig {
   static constexpr int kConsumers = 2;
   static constexpr int kThreads = (kConsumers + 1) * 128;
   // Up to d128 each consumer owns 64 keys. At d256, dK and dV of 64 keys (256 registers a thread)
@@ -51,7 +52,7 @@ template <class T, int D> struct BackwardConfig {
   // Q and dO leaves room for the dQ part.
   static constexpr bool kSharedKeys = D > 128;
   static constexpr int kBlockN = kSharedKeys ? 64 : 64 * kConsumers; // keys per CTA
-  static constexpr int kBlockM = 64;                                  // queries per step
+  static constexpr int kBlockM = kBlockM_;                            // queries per step
   static constexpr int kStages = kSharedKeys ? 1 : 2;
   static constexpr int kKeys0 = kSharedKeys ? 0 : 64; // first key of consumer wg: kKeys0 * wg
   static constexpr int kGradCols = kSharedKeys ? D / 2 : D; // dK, dV columns of a consumer
@@ -71,7 +72,7 @@ template <class T, int D> struct BackwardConfig {
   static constexpr int kDqCols = kSplitDq ? D / 2 : D;
   static constexpr int kDsBuffers = kDsShared ? 2 : 1;
   static constexpr int kDqParts = kSplitDq ? 1 : kConsumers;
-  static constexpr uint32_t kDsBytes = 64 * kBlockM * sizeof(T); // one consumer's dS^T
+  static constexpr uint32_t kDsBytes = 64 * kBlockM * sizeof(T); // one consumer's dS^T, [kBlockM / 64][64 keys][64 queries]
   // Who adds a dQ part into the accumulator, and so its layout (dq_part_offset). The copy engine
   // at d96, d128, d256 (measured faster than vector atomics): D / 32 chunks of [64 rows][32 fp32]
   // as it lays out such a box (tma_reduce_add_4d). Else the atomic reducer, on padded rows
@@ -91,22 +92,24 @@ template <class T, int D> struct BackwardConfig {
   // many as fit beside dK and dV without spills and measured fastest (PERFORMANCE.md, session 18):
   // all of K and V at d64 and d80, one step of each at d96, two steps of K at d128 (three or more
   // spilled in the step loop; all of K serialized the products); none at d256 (two steps measured
-  // no faster).
-  static constexpr int kKeyRegSteps = kSharedKeys ? 0 : D <= 80 ? D / 16 : D == 96 ? 1 : 2;
-  static constexpr int kValueRegSteps = kSharedKeys ? 0 : D <= 80 ? D / 16 : D == 96 ? 1 : 0;
+  // no faster), nor with tall steps (S^T and dP^T of 128 queries take 128 registers).
+  static constexpr int kKeyRegSteps = kSharedKeys || kBlockM > 64 ? 0 : D <= 80 ? D / 16 : D == 96 ? 1 : 2;
+  static constexpr int kValueRegSteps = kSharedKeys || kBlockM > 64 ? 0 : D <= 80 ? D / 16 : D == 96 ? 1 : 0;
   static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
   static_assert(D % 16 == 0 && kGradCols <= 128, "a consumer's dK and dV (64 keys) stay in registers");
   static_assert(kKVBytes % 1024 == 0 && kQBytes % 1024 == 0 && kDsBytes % 1024 == 0, "1024-byte tiles");
+  static_assert(kBlockM == 64 || (kBlockM == 128 && !kSplitDq && !kDqByCopyEngine && !kSharedKeys),
+                "tall steps: each consumer's dQ part over its own keys, added by the atomic reducer");
 };
 
 // What the producer tells the consumers about a step, beside its Q and dO. head < 0: the key tile
 // has no more steps.
-struct StepRecord {
+template <int kRows> struct StepRecord {
   int32_t head, r0;
   uint32_t flags; // bit i: key block i of the tile is active; bit 2 + i: it needs element masking
   int32_t pad;
-  float lse2[64];  // the rows' LSE in log2 units; +inf for a row without keys or past the region
-  float delta[64]; // 0 past the region
+  float lse2[kRows];  // the rows' LSE in log2 units; +inf for a row without keys or past the region
+  float delta[kRows]; // 0 past the region
 };
 
 // Byte offset of (row, col) in a dQ part. For the copy engine: 128-byte rows of 32 columns, 16-byte
@@ -130,8 +133,8 @@ struct DqRecord {
   int32_t head, r0, rows, pad;
 };
 
-template <class T, int D> struct BackwardSmem {
-  using C = BackwardConfig<T, D>;
+template <class T, int D, int kBlockM> struct BackwardSmem {
+  using C = BackwardConfig<T, D, kBlockM>;
   static constexpr size_t kK = 0;
   static constexpr size_t kV = kK + C::kKVBytes;
   static constexpr size_t kQ = kV + C::kKVBytes;
@@ -139,7 +142,7 @@ template <class T, int D> struct BackwardSmem {
   static constexpr size_t kDS = kDO + C::kStages * C::kQBytes;
   static constexpr size_t kDQ = kDS + C::kDsBuffers * C::kConsumers * C::kDsBytes;
   static constexpr size_t kSteps = kDQ + C::kDqParts * C::kDqBytes;
-  static constexpr size_t kDqRec = kSteps + C::kStages * sizeof(StepRecord);
+  static constexpr size_t kDqRec = kSteps + C::kStages * sizeof(StepRecord<kBlockM>);
   static constexpr size_t kBars = kDqRec + sizeof(DqRecord);
   static constexpr size_t kEnd = kBars + (4 + 2 * C::kStages) * sizeof(uint64_t);
   static constexpr size_t kBytes = 1024 /* alignment */ + kEnd;
@@ -147,15 +150,16 @@ template <class T, int D> struct BackwardSmem {
   static_assert(kDQ % 1024 == 0, "dQ parts aligned as the copy engine's 128-byte swizzle needs");
 };
 
-template <class T, int D>
-__global__ void __launch_bounds__(BackwardConfig<T, D>::kThreads, 1)
+template <class T, int D, int kBlockM>
+__global__ void __launch_bounds__(BackwardConfig<T, D, kBlockM>::kThreads, 1)
     flash_backward_sm90_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
                                const __grid_constant__ CUtensorMap v_map, const __grid_constant__ CUtensorMap do_map,
                                const __grid_constant__ CUtensorMap dq_map, const __grid_constant__ AttnArgs a,
                                DqAdd dq_add) {
 #if ATTNCORE_SM90_DEVICE
-  using C = BackwardConfig<T, D>;
-  using L = BackwardSmem<T, D>;
+  using C = BackwardConfig<T, D, kBlockM>;
+  using L = BackwardSmem<T, D, kBlockM>;
+  using Record = StepRecord<kBlockM>;
   constexpr int W = C::W;
   extern __shared__ unsigned char smem_raw[];
   unsigned char* smem = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
@@ -165,7 +169,7 @@ __global__ void __launch_bounds__(BackwardConfig<T, D>::kThreads, 1)
   T* sdO = reinterpret_cast<T*>(smem + L::kDO); // kStages tiles
   T* sdS = reinterpret_cast<T*>(smem + L::kDS); // [buffer][consumer]: [64 keys][64 queries] tiles
   float* sDq = reinterpret_cast<float*>(smem + L::kDQ);
-  StepRecord* steps = reinterpret_cast<StepRecord*>(smem + L::kSteps);
+  Record* steps = reinterpret_cast<Record*>(smem + L::kSteps);
   DqRecord* dq_rec = reinterpret_cast<DqRecord*>(smem + L::kDqRec);
   uint64_t* bars = reinterpret_cast<uint64_t*>(smem + L::kBars);
   uint64_t* kv_full = bars;
@@ -228,7 +232,7 @@ __global__ void __launch_bounds__(BackwardConfig<T, D>::kThreads, 1)
           QStep q;
           const bool more = walk.next(q, a.mask, reg, a.blocks, n0);
           barrier_wait(&q_empty[s], ((step / C::kStages) & 1) ^ 1);
-          StepRecord& rec = steps[s];
+          Record& rec = steps[s];
           if (!more) {
             if (lane == 0) {
               rec.head = -1;
@@ -251,7 +255,7 @@ __global__ void __launch_bounds__(BackwardConfig<T, D>::kThreads, 1)
           const float* lse = a.lse.data + batch * a.lse.batch_stride + q.head * a.lse.head_stride;
           const float* dlt = a.delta.data + batch * a.delta.batch_stride + q.head * a.delta.head_stride;
 #pragma unroll
-          for (int h = 0; h < 2; ++h) {
+          for (int h = 0; h < C::kBlockM / 32; ++h) {
             const int32_t r = q.r0 + lane + 32 * h;
             float lse2 = INFINITY, delta = 0.f;
             if (r < reg.row_end) {
@@ -384,7 +388,7 @@ __global__ void __launch_bounds__(BackwardConfig<T, D>::kThreads, 1)
     for (;; ++step) {
       const uint32_t s = step % C::kStages;
       barrier_wait(&q_full[s], (step / C::kStages) & 1);
-      const StepRecord& rec = steps[s];
+      const Record& rec = steps[s];
       const int32_t head = rec.head, r0 = rec.r0;
       if (warp_uniform(head < 0)) {
         __syncwarp();
@@ -404,17 +408,17 @@ __global__ void __launch_bounds__(BackwardConfig<T, D>::kThreads, 1)
       const bool active = (flags >> list) & 1u, masked = (flags >> (2 + list)) & 1u;
       const bool needs_mask = warp_uniform(!active || masked || n0 + keys0 + 64 > reg.col_end);
 
-      // S^T = K Q^T and dP^T = V dO^T for this consumer's 64 keys and the step's 64 queries.
+      // S^T = K Q^T and dP^T = V dO^T for this consumer's 64 keys and the step's queries.
       float st[C::kMTiles][4], dpt[C::kMTiles][4];
       wgmma_fence();
 #pragma unroll
       for (int k0 = 0; k0 < D; k0 += 16)
-        wgmma_step<T, 64, C::kKeyRegSteps>(st, ka, k_desc + k_major_step<W>(C::kBlockN, k0),
+        wgmma_step<T, C::kBlockM, C::kKeyRegSteps>(st, ka, k_desc + k_major_step<W>(C::kBlockN, k0),
                                            q_desc + s * kQStage + k_major_step<W>(C::kBlockM, k0), k0);
       wgmma_commit();
 #pragma unroll
       for (int k0 = 0; k0 < D; k0 += 16)
-        wgmma_step<T, 64, C::kValueRegSteps>(dpt, va, v_desc + k_major_step<W>(C::kBlockN, k0),
+        wgmma_step<T, C::kBlockM, C::kValueRegSteps>(dpt, va, v_desc + k_major_step<W>(C::kBlockN, k0),
                                              do_desc + s * kQStage + k_major_step<W>(C::kBlockM, k0), k0);
       wgmma_commit();
 
@@ -480,9 +484,10 @@ __global__ void __launch_bounds__(BackwardConfig<T, D>::kThreads, 1)
       if constexpr (!C::kDkAfterDq) dk_product();
       wgmma_commit();
 
-      // dS^T into shared memory (rows: the consumer's keys, swizzled 128-byte rows of 64 queries)
-      // for dQ's product, whose A operand is dS. Lane l addresses row l % 8 of matrix l / 8: keys
-      // + 8 for matrices 1 and 3, queries + 8 (the next 16-byte chunk) for matrices 2 and 3.
+      // dS^T into shared memory (rows: the consumer's keys, swizzled 128-byte rows of 64 queries; a
+      // block of 64 such rows for each 64 queries of the step) for dQ's product, whose A operand is
+      // dS. Lane l addresses row l % 8 of matrix l / 8: keys + 8 for matrices 1 and 3, queries + 8
+      // (the next 16-byte chunk) for matrices 2 and 3.
       const uint32_t ds_buf = C::kDsShared ? (round & 1) : 0;
       {
         const int mat = lane >> 3, row = lane & 7;
@@ -490,7 +495,7 @@ __global__ void __launch_bounds__(BackwardConfig<T, D>::kThreads, 1)
             ds_row0 + ds_buf * C::kConsumers * C::kDsBytes + uint32_t((row + 8 * (mat & 1)) * 128);
 #pragma unroll
         for (int kk = 0; kk < C::kMTiles / 2; ++kk)
-          stmatrix_x4(row_addr + uint32_t(((2 * kk + (mat >> 1)) ^ row) * 16), dsa[kk]);
+          stmatrix_x4(row_addr + uint32_t((kk / 4) * 64 * 128 + ((2 * (kk % 4) + (mat >> 1)) ^ row) * 16), dsa[kk]);
       }
       fence_async_shared();
       if constexpr (C::kDsShared) named_barrier_sync(1, 2 * 128); // both consumers' dS^T are in
@@ -503,20 +508,25 @@ __global__ void __launch_bounds__(BackwardConfig<T, D>::kThreads, 1)
         release_stage();
       }
 
-      // dQ part = dS K: over this consumer's keys, or over every key for this consumer's columns.
-      float dq[C::kDqCols / 8][4];
+      // dQ part = dS K: over this consumer's keys, or over every key for this consumer's columns;
+      // one product for each 64 queries of the step.
+      constexpr int kDqHalves = C::kBlockM / 64;
+      float dq[kDqHalves][C::kDqCols / 8][4];
       wgmma_fence();
       if constexpr (C::kDsShared) {
 #pragma unroll
         for (int kk = 0; kk < C::kBlockN / 16; ++kk)
           Wgmma<T, C::kDqCols>::template ss<1, 1>(
-              dq, ds_desc + (ds_buf * C::kConsumers + kk / 4) * kDsTile + mn_major_step<64>(16 * (kk % 4)),
+              dq[0], ds_desc + (ds_buf * C::kConsumers + kk / 4) * kDsTile + mn_major_step<64>(16 * (kk % 4)),
               kb_desc + mn_major_step<W>(16 * kk), kk > 0);
       } else {
 #pragma unroll
-        for (int kk = 0; kk < 64 / 16; ++kk)
-          Wgmma<T, C::kDqCols>::template ss<1, 1>(dq, ds_desc + wg * kDsTile + mn_major_step<64>(16 * kk),
-                                                  kb_desc + mn_major_step<W>(16 * kk), kk > 0);
+        for (int h = 0; h < kDqHalves; ++h)
+#pragma unroll
+          for (int kk = 0; kk < 64 / 16; ++kk)
+            Wgmma<T, C::kDqCols>::template ss<1, 1>(
+                dq[h], ds_desc + wg * kDsTile + desc_offset(uint32_t(h * 64 * 128)) + mn_major_step<64>(16 * kk),
+                kb_desc + mn_major_step<W>(16 * kk), kk > 0);
       }
       wgmma_commit();
       if constexpr (C::kDkAfterDq) {
@@ -526,20 +536,24 @@ __global__ void __launch_bounds__(BackwardConfig<T, D>::kThreads, 1)
       } else {
         wgmma_wait<0>();
       }
-      fence_registers(dq);
+#pragma unroll
+      for (int h = 0; h < kDqHalves; ++h) fence_registers(dq[h]);
       fence_registers(dv);
       fence_registers(pa);
 
       // The part, times the softmax scale, to the reducer once it is done with the last parts.
       barrier_wait(dq_empty, (round & 1) ^ 1);
-      if constexpr (C::kDqByCopyEngine) rotate_tiles(dq, dq_rot); // slot j: the tile dq_unit[j % 4] holds
+      if constexpr (C::kDqByCopyEngine) rotate_tiles(dq[0], dq_rot); // slot j: the tile dq_unit[j % 4] holds
 #pragma unroll
-      for (int j = 0; j < C::kDqCols / 8; ++j)
+      for (int h = 0; h < kDqHalves; ++h)
 #pragma unroll
-        for (int hh = 0; hh < 2; ++hh)
-          st_shared_v2(dq_lane0 + (C::kDqByCopyEngine ? dq_unit[j % 4] + uint32_t((j / 4) * 64 * 128 + hh * 8 * 128)
-                                                      : uint32_t((8 * hh * C::kDqPitch + j * 8) * 4)),
-                       a.scale * dq[j][2 * hh], a.scale * dq[j][2 * hh + 1]);
+        for (int j = 0; j < C::kDqCols / 8; ++j)
+#pragma unroll
+          for (int hh = 0; hh < 2; ++hh)
+            st_shared_v2(dq_lane0 + (C::kDqByCopyEngine
+                                         ? dq_unit[j % 4] + uint32_t((j / 4) * 64 * 128 + hh * 8 * 128)
+                                         : uint32_t(((64 * h + 8 * hh) * C::kDqPitch + j * 8) * 4)),
+                         a.scale * dq[h][j][2 * hh], a.scale * dq[h][j][2 * hh + 1]);
       if (wg == 0 && warp_in_wg == 0 && lane == 0) *dq_rec = DqRecord{head, r0, min(C::kBlockM, reg.row_end - r0), 0};
       if constexpr (C::kDqByCopyEngine) fence_async_shared(); // the copy engine reads the part
       __syncwarp();
@@ -572,8 +586,9 @@ __global__ void __launch_bounds__(BackwardConfig<T, D>::kThreads, 1)
 #endif
 }
 
-template <class T, int D> void launch_backward_sm90(const BackwardParams& p, cudaStream_t stream) {
-  using C = BackwardConfig<T, D>;
+template <class T, int D, int kBlockM>
+void launch_backward_config(const BackwardParams& p, cudaStream_t stream) {
+  using C = BackwardConfig<T, D, kBlockM>;
   const AttnArgs a = backward_args(p);
   const CUtensorMapSwizzle sw = tma_swizzle(C::W);
   const CUtensorMap q_map = make_tile_map(p.q, p.dtype, p.batch, p.seqlen_q, p.heads_q, D, C::kBlockM, C::W, sw);
@@ -589,13 +604,25 @@ template <class T, int D> void launch_backward_sm90(const BackwardParams& p, cud
   if (dq_add == DqAdd::copy_engine)
     dq_map = make_tile_map(p.dq, DType::fp32, p.batch, p.seqlen_q, p.heads_q, D, C::kBlockM, 32,
                            CU_TENSOR_MAP_SWIZZLE_128B);
-  const auto kernel = flash_backward_sm90_kernel<T, D>;
-  constexpr size_t smem = BackwardSmem<T, D>::kBytes;
+  const auto kernel = flash_backward_sm90_kernel<T, D, kBlockM>;
+  constexpr size_t smem = BackwardSmem<T, D, kBlockM>::kBytes;
   cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
   const dim3 grid(unsigned(tile_grid(p.seqlen_kv, C::kBlockN, p.num_segments)), unsigned(p.heads_kv),
                   unsigned(p.batch));
   kernel<<<grid, C::kThreads, smem, stream>>>(q_map, k_map, v_map, do_map, dq_map, a, dq_add);
   check_launch("flash backward (sm90)");
+}
+
+// Tall steps (128 queries) at d64, for rows of at least 4096 queries and without block lists (a
+// step would span two query blocks): a step's fixed costs (the waits between its products, the dS^T
+// exchange, the dQ part's handoff) are paid once for twice the work. Measured (PERFORMANCE.md,
+// session 21): +3% at 8192 rows, +1-2% at 4096, -3% at 1024 (fewer steps a key tile to fill and
+// drain the pipeline). A call with segments qualifies by its total length, as for the forward's pair.
+template <class T, int D> void launch_backward_sm90(const BackwardParams& p, cudaStream_t stream) {
+  if constexpr (D == 64) {
+    if (!p.blocks && p.seqlen_q >= 4096) return launch_backward_config<T, D, 128>(p, stream);
+  }
+  launch_backward_config<T, D, 64>(p, stream);
 }
 
 } // namespace attncore::cuda::sm90
