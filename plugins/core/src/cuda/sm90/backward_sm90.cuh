@@ -95,7 +95,11 @@ template <class T, int D, int kBlockM_ = 64> struct BackwardConfig {
   // no faster), nor with tall steps (S^T and dP^T of 128 queries take 128 registers).
   static constexpr int kKeyRegSteps = kSharedKeys || kBlockM > 64 ? 0 : D <= 80 ? D / 16 : D == 96 ? 1 : 2;
   static constexpr int kValueRegSteps = kSharedKeys || kBlockM > 64 ? 0 : D <= 80 ? D / 16 : D == 96 ? 1 : 0;
-  static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
+  // Registers of warpgroup 0 (producer and dQ reducer) and of each consumer: 24 + 2 x 240 = 3 x 168.
+  // Where the reducer adds dQ by atomics (d64, d80) it spilled at 24 and held the consumers at their
+  // handoff: 40 + 2 x 232 there, +2-5% at d64 and d80 (the tall d64 steps equal; PERFORMANCE.md,
+  // session 21). At 24, two units of four floats in flight a reducer thread spilled and lost 25-30%.
+  static constexpr int kProducerRegs = D <= 80 ? 40 : 24, kConsumerRegs = D <= 80 ? 232 : 240;
   static_assert(D % 16 == 0 && kGradCols <= 128, "a consumer's dK and dV (64 keys) stay in registers");
   static_assert(kKVBytes % 1024 == 0 && kQBytes % 1024 == 0 && kDsBytes % 1024 == 0, "1024-byte tiles");
   static_assert(kBlockM == 64 || (kBlockM == 128 && !kSplitDq && !kDqByCopyEngine && !kSharedKeys),
