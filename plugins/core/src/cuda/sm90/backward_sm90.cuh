@@ -499,7 +499,10 @@ __global__ void __launch_bounds__(BackwardConfig<T, D, kBlockM>::kThreads, 1)
             ds_row0 + ds_buf * C::kConsumers * C::kDsBytes + uint32_t((row + 8 * (mat & 1)) * 128);
 #pragma unroll
         for (int kk = 0; kk < C::kMTiles / 2; ++kk)
-          stmatrix_x4(row_addr + uint32_t((kk / 4) * 64 * 128 + ((2 * (kk % 4) + (mat >> 1)) ^ row) * 16), dsa[kk]);
+          if constexpr (C::kBlockM == 64) // (written apart: the d96-d128 kernels lost 2-4% when ptxas saw the general form)
+            stmatrix_x4(row_addr + uint32_t(((2 * kk + (mat >> 1)) ^ row) * 16), dsa[kk]);
+          else
+            stmatrix_x4(row_addr + uint32_t((kk / 4) * 64 * 128 + ((2 * (kk % 4) + (mat >> 1)) ^ row) * 16), dsa[kk]);
       }
       fence_async_shared();
       if constexpr (C::kDsShared) named_barrier_sync(1, 2 * 128); // both consumers' dS^T are in
@@ -512,25 +515,30 @@ __global__ void __launch_bounds__(BackwardConfig<T, D, kBlockM>::kThreads, 1)
         release_stage();
       }
 
-      // dQ part = dS K: over this consumer's keys, or over every key for this consumer's columns;
-      // one product for each 64 queries of the step.
-      constexpr int kDqHalves = C::kBlockM / 64;
-      float dq[kDqHalves][C::kDqCols / 8][4];
+      // dQ part = dS K: over this consumer's keys, or over every key for this consumer's columns.
+      // Tall steps: dq for the step's first 64 queries, dq_hi for the next 64. (Apart rather than
+      // as one array over both: the d96-d128 kernels lost 2-4% when ptxas saw the general form.)
+      constexpr bool kTall = C::kBlockM == 128;
+      float dq[C::kDqCols / 8][4], dq_hi[kTall ? C::kDqCols / 8 : 1][4];
       wgmma_fence();
       if constexpr (C::kDsShared) {
 #pragma unroll
         for (int kk = 0; kk < C::kBlockN / 16; ++kk)
           Wgmma<T, C::kDqCols>::template ss<1, 1>(
-              dq[0], ds_desc + (ds_buf * C::kConsumers + kk / 4) * kDsTile + mn_major_step<64>(16 * (kk % 4)),
+              dq, ds_desc + (ds_buf * C::kConsumers + kk / 4) * kDsTile + mn_major_step<64>(16 * (kk % 4)),
               kb_desc + mn_major_step<W>(16 * kk), kk > 0);
       } else {
 #pragma unroll
-        for (int h = 0; h < kDqHalves; ++h)
+        for (int kk = 0; kk < 64 / 16; ++kk)
+          Wgmma<T, C::kDqCols>::template ss<1, 1>(dq, ds_desc + wg * kDsTile + mn_major_step<64>(16 * kk),
+                                                  kb_desc + mn_major_step<W>(16 * kk), kk > 0);
+        if constexpr (kTall) {
 #pragma unroll
           for (int kk = 0; kk < 64 / 16; ++kk)
             Wgmma<T, C::kDqCols>::template ss<1, 1>(
-                dq[h], ds_desc + wg * kDsTile + desc_offset(uint32_t(h * 64 * 128)) + mn_major_step<64>(16 * kk),
+                dq_hi, ds_desc + wg * kDsTile + desc_offset(64 * 128) + mn_major_step<64>(16 * kk),
                 kb_desc + mn_major_step<W>(16 * kk), kk > 0);
+        }
       }
       wgmma_commit();
       if constexpr (C::kDkAfterDq) {
@@ -540,24 +548,29 @@ __global__ void __launch_bounds__(BackwardConfig<T, D, kBlockM>::kThreads, 1)
       } else {
         wgmma_wait<0>();
       }
-#pragma unroll
-      for (int h = 0; h < kDqHalves; ++h) fence_registers(dq[h]);
+      fence_registers(dq);
+      if constexpr (kTall) fence_registers(dq_hi);
       fence_registers(dv);
       fence_registers(pa);
 
       // The part, times the softmax scale, to the reducer once it is done with the last parts.
       barrier_wait(dq_empty, (round & 1) ^ 1);
-      if constexpr (C::kDqByCopyEngine) rotate_tiles(dq[0], dq_rot); // slot j: the tile dq_unit[j % 4] holds
+      if constexpr (C::kDqByCopyEngine) rotate_tiles(dq, dq_rot); // slot j: the tile dq_unit[j % 4] holds
 #pragma unroll
-      for (int h = 0; h < kDqHalves; ++h)
+      for (int j = 0; j < C::kDqCols / 8; ++j)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh)
+          st_shared_v2(dq_lane0 + (C::kDqByCopyEngine ? dq_unit[j % 4] + uint32_t((j / 4) * 64 * 128 + hh * 8 * 128)
+                                                      : uint32_t((8 * hh * C::kDqPitch + j * 8) * 4)),
+                       a.scale * dq[j][2 * hh], a.scale * dq[j][2 * hh + 1]);
+      if constexpr (kTall) { // (the atomic reducer's padded rows)
 #pragma unroll
         for (int j = 0; j < C::kDqCols / 8; ++j)
 #pragma unroll
           for (int hh = 0; hh < 2; ++hh)
-            st_shared_v2(dq_lane0 + (C::kDqByCopyEngine
-                                         ? dq_unit[j % 4] + uint32_t((j / 4) * 64 * 128 + hh * 8 * 128)
-                                         : uint32_t(((64 * h + 8 * hh) * C::kDqPitch + j * 8) * 4)),
-                         a.scale * dq[h][j][2 * hh], a.scale * dq[h][j][2 * hh + 1]);
+            st_shared_v2(dq_lane0 + uint32_t(((64 + 8 * hh) * C::kDqPitch + j * 8) * 4), a.scale * dq_hi[j][2 * hh],
+                         a.scale * dq_hi[j][2 * hh + 1]);
+      }
       if (wg == 0 && warp_in_wg == 0 && lane == 0) *dq_rec = DqRecord{head, r0, min(C::kBlockM, reg.row_end - r0), 0};
       if constexpr (C::kDqByCopyEngine) fence_async_shared(); // the copy engine reads the part
       __syncwarp();
