@@ -5,8 +5,8 @@
 //     dV += P^T dO,  dK += scale dS^T Q,  dQ += scale dS K.
 //
 // A CTA of three warpgroups owns kBlockN = 128 keys of one (batch, kv head) (64 at d256) and walks
-// every (query head of the GQA group, 64-row query tile) that sees them (QWalk, as the mma.sync
-// kernel).
+// every (query head of the GQA group, 64-row query tile; 128 rows at d64 for long calls without a
+// block list) that sees them (QWalk, as the mma.sync kernel).
 //  - Warpgroup 0, warp 0: the producer. K and V once per key tile; per step, Q and dO into a ring of
 //    kStages buffers by the copy engine, and the step's record (query head, first row, block-list
 //    flags, the 64 rows' LSE and delta) written beside them by the warp's lanes. Rows of a tile past
@@ -171,7 +171,7 @@ __global__ void __launch_bounds__(BackwardConfig<T, D, kBlockM>::kThreads, 1)
   T* sV = reinterpret_cast<T*>(smem + L::kV);
   T* sQ = reinterpret_cast<T*>(smem + L::kQ);   // kStages tiles
   T* sdO = reinterpret_cast<T*>(smem + L::kDO); // kStages tiles
-  T* sdS = reinterpret_cast<T*>(smem + L::kDS); // [buffer][consumer]: [64 keys][64 queries] tiles
+  T* sdS = reinterpret_cast<T*>(smem + L::kDS); // [buffer][consumer]: [64 keys][kBlockM queries] tiles
   float* sDq = reinterpret_cast<float*>(smem + L::kDQ);
   Record* steps = reinterpret_cast<Record*>(smem + L::kSteps);
   DqRecord* dq_rec = reinterpret_cast<DqRecord*>(smem + L::kDqRec);
@@ -418,12 +418,12 @@ __global__ void __launch_bounds__(BackwardConfig<T, D, kBlockM>::kThreads, 1)
 #pragma unroll
       for (int k0 = 0; k0 < D; k0 += 16)
         wgmma_step<T, C::kBlockM, C::kKeyRegSteps>(st, ka, k_desc + k_major_step<W>(C::kBlockN, k0),
-                                           q_desc + s * kQStage + k_major_step<W>(C::kBlockM, k0), k0);
+                                                   q_desc + s * kQStage + k_major_step<W>(C::kBlockM, k0), k0);
       wgmma_commit();
 #pragma unroll
       for (int k0 = 0; k0 < D; k0 += 16)
         wgmma_step<T, C::kBlockM, C::kValueRegSteps>(dpt, va, v_desc + k_major_step<W>(C::kBlockN, k0),
-                                             do_desc + s * kQStage + k_major_step<W>(C::kBlockM, k0), k0);
+                                                     do_desc + s * kQStage + k_major_step<W>(C::kBlockM, k0), k0);
       wgmma_commit();
 
       // P^T = exp2(S^T c - LSE2), 0 outside the mask; as A fragments of dV's product.
