@@ -316,17 +316,34 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
     __syncthreads();
 
     // 3. dV += P^T dO, dK += dS^T Q on this warp's keys and columns (rows of P^T and dS^T that this
-    //    step does not visit are zero).
+    //    step does not visit are zero). At D = 256 dK comes after dQ (FlashAttention-2's order), so
+    //    that dQ's atomics drain under it: +1.5-2% there, 1-2% slower at D = 80-128 (session 22).
+    constexpr bool kDkAfterDq = D == 256;
     accumulate_grad<T, D, kMTiles, kBlockM>(dv, p_rows, do_cols + stage);
-    accumulate_grad<T, D, kMTiles, kBlockM>(dk, p_rows + C::kPBytes, do_cols + stage - C::kDo);
+    if constexpr (!kDkAfterDq) accumulate_grad<T, D, kMTiles, kBlockM>(dk, p_rows + C::kPBytes, do_cols + stage - C::kDo);
 
     // 4. dQ += scale dS K for this warp's rows and columns, added atomically, kDqGroup m16 tiles of
     //    rows at a time: all of them (one B fragment for both, +1% at D = 64 and 128), but one at
     //    D = 256, where two hold 64 more registers and spill 108 bytes.
     if (a.accumulate_dq) {
       constexpr int kDqGroup = D == 256 ? 1 : C::kDqRows / 16;
+      float* const dq_g = static_cast<float*>(a.dq.data) + batch * a.dq.batch_stride + cur.head * a.dq.head_stride;
+      const auto dq_row = [&](int32_t r) { return dq_g + int64_t(r) * a.dq.token_stride + col0 + (lane & 3) * 2; };
+      // An atomic reads its address late: made just before each row's atomics, one register pair
+      // held every row's atomics behind the last row's (ncu, session 22: 7.5% of the stall samples at
+      // D = 64). Where D <= 80 every row's address is made before the product, +1-2%; at D = 128
+      // that was 0.5-1% slower, at D = 96 and 256 level.
+      constexpr bool kRowsFirst = D <= 80;
 #pragma unroll
       for (int m0 = 0; m0 < C::kDqRows; m0 += 16 * kDqGroup) {
+        const auto row_of = [&](int mt, int hh) { return cur.r0 + qrow0 + m0 + 16 * mt + (lane >> 2) + hh * 8; };
+        float* rows[kDqGroup][2];
+        if constexpr (kRowsFirst) {
+#pragma unroll
+          for (int mt = 0; mt < kDqGroup; ++mt)
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh) rows[mt][hh] = dq_row(row_of(mt, hh));
+        }
         // At D = 256 the first k-step's products start from zero rather than from cleared
         // registers: +2.3% there (session 13, call 10). Elsewhere equal or, written as a separate
         // first step, 3% slower at D = 128 (calls 8, 9), so the flag folds into the unrolled loop.
@@ -357,19 +374,19 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
           for (int j = 0; j < C::kOutTiles; ++j)
 #pragma unroll
             for (int e = 0; e < 4; ++e) dq[mt][j][e] *= a.scale;
-        float* dq_g = static_cast<float*>(a.dq.data) + batch * a.dq.batch_stride + cur.head * a.dq.head_stride;
 #pragma unroll
         for (int mt = 0; mt < kDqGroup; ++mt)
 #pragma unroll
           for (int hh = 0; hh < 2; ++hh) {
-            const int32_t r = cur.r0 + qrow0 + m0 + 16 * mt + (lane >> 2) + hh * 8;
+            const int32_t r = row_of(mt, hh);
             if (r >= reg.row_end) continue;
-            float* row = dq_g + int64_t(r) * a.dq.token_stride + col0 + (lane & 3) * 2;
+            float* const row = kRowsFirst ? rows[mt][hh] : dq_row(r);
 #pragma unroll
             for (int j = 0; j < C::kOutTiles; ++j) atomic_add2(row + j * 8, dq[mt][j][2 * hh], dq[mt][j][2 * hh + 1]);
           }
       }
     }
+    if constexpr (kDkAfterDq) accumulate_grad<T, D, kMTiles, kBlockM>(dk, p_rows + C::kPBytes, do_cols + stage - C::kDo);
     if (stages == 1) {
       __syncthreads(); // the only stage is free again
       if (have_next) load_step(0, nxt);
