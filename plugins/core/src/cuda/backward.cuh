@@ -214,14 +214,10 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
     const bool have_next = walk.next(nxt, a.mask, reg, a.blocks, n0);
     // One barrier opens a step: this stage's copies are in, and every warp is done with the last
     // step (its stage, which the next copies refill, and sP, sdS). With two stages the next step's
-    // copies start right after it, a whole step ahead of their use, and no barrier closes a step
+    // copies are issued in this step (below, after S^T's products), and no barrier closes a step
     // (+0.3-2.6%, PERFORMANCE.md session 22).
     cp_async_wait<0>();
     __syncthreads();
-    if (stages == 2) {
-      if (have_next) load_step(st ^ 1, nxt);
-      cp_async_commit();
-    }
     const uint32_t stage = st * C::kStageBytes;
     // This lane's 8 query columns' statistics are read into registers just before their use: read
     // in place, every P^T or dS^T store to shared memory (which may alias them, for all the
@@ -247,6 +243,12 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
     const bool check = !active || masked || n0 + C::kBlockN > reg.col_end;
     float p[C::kMTiles][C::kQTiles][4];
     transposed_product(p, k_rows, q_cols + stage);
+    // The next step's copies, their address arithmetic under S^T's products rather than between
+    // the barrier and them (+0.4-1.5%, level at D = 96; after dP^T's, D = 128 lost 7%: session 22).
+    if (stages == 2) {
+      if (have_next) load_step(st ^ 1, nxt);
+      cp_async_commit();
+    }
     float lse2[C::kQTiles][2]; // log2 units; a row without keys (LSE = -inf) gets +inf: P = 0
     column_stats(0, lse2);
 #pragma unroll

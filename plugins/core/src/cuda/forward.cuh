@@ -155,12 +155,24 @@ __global__ void __launch_bounds__(ForwardConfig<T, D, kBlockN, kWarps>::kThreads
   if (have) load_kv(0, cur.c0);
   cp_async_commit();
   int buf = 0;
+  // Where the next tile's copies are issued: before the barrier that opens this tile (a barrier
+  // closes each tile, so that no warp refills a buffer another still reads), or under this tile's
+  // scores, which a barrier that opens the tile alone allows: +1-3.5% at D = 64, 96 and 256, but
+  // 10-17% slower at D = 80 and 128, where ptxas then spills (PERFORMANCE.md, session 22).
+  constexpr bool kCopiesUnderScores = D == 64 || D == 96 || D == 256;
   while (have) {
     KvStep nxt;
     const bool have_next = walk.next(nxt, a.mask, reg, m0, m1, a.blocks);
-    if (have_next) load_kv(buf ^ 1, nxt.c0); // the next tile streams in while this one is used
-    cp_async_commit();
-    cp_async_wait<1>();
+    const auto prefetch = [&] { // the next tile streams in while this one is used
+      if (have_next) load_kv(buf ^ 1, nxt.c0);
+      cp_async_commit();
+    };
+    if constexpr (kCopiesUnderScores) {
+      cp_async_wait<0>();
+    } else {
+      prefetch();
+      cp_async_wait<1>();
+    }
     __syncthreads();
     // (selects, not cur.active[list]: a run-time index would put the step in local memory)
     const bool active = list ? cur.active[1] : cur.active[0];
@@ -168,11 +180,14 @@ __global__ void __launch_bounds__(ForwardConfig<T, D, kBlockN, kWarps>::kThreads
     if (active) {
       float s[C::kMTiles][C::kSTiles][4];
       w.scores(s, sQ, sK + buf * C::kBlockN * C::kPitch, warp_row0, lane);
+      if constexpr (kCopiesUnderScores) prefetch();
       if (masked || cur.cross) w.mask_scores(s, a.mask, reg, m0 + warp_row0, cur.c0, masked, lane);
       w.step(s, a.scale_log2);
       w.accumulate_pv(s, sV + buf * C::kBlockN * C::kPitch, lane);
+    } else if constexpr (kCopiesUnderScores) {
+      prefetch();
     }
-    __syncthreads(); // everyone is done with `buf` before it is refilled
+    if constexpr (!kCopiesUnderScores) __syncthreads(); // everyone is done with `buf` before it is refilled
     cur = nxt;
     have = have_next;
     buf ^= 1;
