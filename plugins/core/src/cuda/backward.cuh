@@ -189,10 +189,11 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
       }
     };
     k_step(0, std::true_type{});
-    // Two k-steps an iteration; unrolled fully D = 128 spills 892 bytes. Measured: the full unroll
-    // +3% at D = 80 (session 12), +1% at D = 64 with its 128-query steps (session 13, call 12),
-    // equal at D = 96.
-#pragma unroll(D <= 80 ? 8 : 2)
+    // Two k-steps an iteration at D = 128 and 256 (unrolled fully, D = 128 spilled 892 bytes in
+    // session 12, and lost 0.5% without spills in session 17). Unrolled fully: +3% at D = 80
+    // (session 12), +1% at D = 64 with its 128-query steps (session 13), +1% at D = 96 (session 22;
+    // equal in session 12).
+#pragma unroll(D <= 96 ? 8 : 2)
     for (int k0 = 16; k0 < D; k0 += 16) k_step(k0, std::false_type{});
   };
 
