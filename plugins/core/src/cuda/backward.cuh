@@ -90,15 +90,20 @@ __device__ __forceinline__ void mma_k_step(float (&out)[kMT][kNT][4], const uint
 // out[mt][j] += A (kGradMTiles x 16 rows over the step's queries, of P^T or dS^T, read at a_frag:
 // lane_a) times B (the step's queries x this warp's kOutCols columns of dO or Q, at b_frag:
 // lane_kn): dV or dK.
-template <class T, int D, int kMTiles, int kBlockM, class C = BackwardConfig<T, D, kMTiles, kBlockM>>
+// after(i) runs after the i-th k-step (dQ's atomics, spread over dK's product).
+struct NoOp {
+  __device__ void operator()(int) const {}
+};
+template <class T, int D, int kMTiles, int kBlockM, class C = BackwardConfig<T, D, kMTiles, kBlockM>, class After = NoOp>
 __device__ __forceinline__ void accumulate_grad(float (&out)[C::kGradMTiles][C::kOutTiles][4], uint32_t a_frag,
-                                                uint32_t b_frag) {
+                                                uint32_t b_frag, After after = {}) {
 #pragma unroll
   for (int k0 = 0; k0 < C::kBlockM; k0 += 16) {
     uint32_t a[C::kGradMTiles][4];
 #pragma unroll
     for (int mt = 0; mt < C::kGradMTiles; ++mt) ldmatrix_x4(a[mt], a_frag + tile_offset<T, C::kPitchP>(16 * mt, k0));
     mma_k_step<T, C::kPitch>(out, a, b_frag, k0);
+    after(k0 / 16);
   }
 }
 
@@ -319,11 +324,16 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
     __syncthreads();
 
     // 3. dV += P^T dO, dK += dS^T Q on this warp's keys and columns (rows of P^T and dS^T that this
-    //    step does not visit are zero). At D = 256 dK comes after dQ (FlashAttention-2's order), so
-    //    that dQ's atomics drain under it: +1.5-2% there, 1-2% slower at D = 80-128 (session 22).
-    constexpr bool kDkAfterDq = D == 256;
+    //    step does not visit are zero), and dQ (4). Their order, per head dim (session 22): an atomic
+    //    reads its operands late, so dQ's atomics issued together held the instructions after them
+    //    that rewrote their registers (7.5% of the stall samples at D = 64, ncu). Up to D = 96: dV,
+    //    dQ, then dK with dQ's atomics after its first k-steps, a row each (+1.5% at D = 64, +2.7% at
+    //    D = 96, +5.5% at D = 80; 0.5-0.8% slower at D = 128). D = 128: dV, dK, dQ. D = 256: dV, dQ,
+    //    dK (+1.5-2% there; 1-2% slower at D = 80-128).
+    constexpr bool kAtomicsInDk = D <= 96;
+    constexpr bool kDkBeforeDq = D == 128;
     accumulate_grad<T, D, kMTiles, kBlockM>(dv, p_rows, do_cols + stage);
-    if constexpr (!kDkAfterDq) accumulate_grad<T, D, kMTiles, kBlockM>(dk, p_rows + C::kPBytes, do_cols + stage - C::kDo);
+    if constexpr (kDkBeforeDq) accumulate_grad<T, D, kMTiles, kBlockM>(dk, p_rows + C::kPBytes, do_cols + stage - C::kDo);
 
     // 4. dQ += scale dS K for this warp's rows and columns, added atomically, kDqGroup m16 tiles of
     //    rows at a time: all of them (one B fragment for both, +1% at D = 64 and 128), but one at
@@ -332,21 +342,9 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
       constexpr int kDqGroup = D == 256 ? 1 : C::kDqRows / 16;
       float* const dq_g = static_cast<float*>(a.dq.data) + batch * a.dq.batch_stride + cur.head * a.dq.head_stride;
       const auto dq_row = [&](int32_t r) { return dq_g + int64_t(r) * a.dq.token_stride + col0 + (lane & 3) * 2; };
-      // An atomic reads its address late: made just before each row's atomics, one register pair
-      // held every row's atomics behind the last row's (ncu, session 22: 7.5% of the stall samples at
-      // D = 64). Where D <= 80 every row's address is made before the product, +1-2%; at D = 128
-      // that was 0.5-1% slower, at D = 96 and 256 level.
-      constexpr bool kRowsFirst = D <= 80;
 #pragma unroll
       for (int m0 = 0; m0 < C::kDqRows; m0 += 16 * kDqGroup) {
         const auto row_of = [&](int mt, int hh) { return cur.r0 + qrow0 + m0 + 16 * mt + (lane >> 2) + hh * 8; };
-        float* rows[kDqGroup][2];
-        if constexpr (kRowsFirst) {
-#pragma unroll
-          for (int mt = 0; mt < kDqGroup; ++mt)
-#pragma unroll
-            for (int hh = 0; hh < 2; ++hh) rows[mt][hh] = dq_row(row_of(mt, hh));
-        }
         // At D = 256 the first k-step's products start from zero rather than from cleared
         // registers: +2.3% there (session 13, call 10). Elsewhere equal or, written as a separate
         // first step, 3% slower at D = 128 (calls 8, 9), so the flag folds into the unrolled loop.
@@ -377,19 +375,33 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
           for (int j = 0; j < C::kOutTiles; ++j)
 #pragma unroll
             for (int e = 0; e < 4; ++e) dq[mt][j][e] *= a.scale;
+        const auto put_row = [&](int mt, int hh, float* row) {
 #pragma unroll
-        for (int mt = 0; mt < kDqGroup; ++mt)
+          for (int j = 0; j < C::kOutTiles; ++j) atomic_add2(row + j * 8, dq[mt][j][2 * hh], dq[mt][j][2 * hh + 1]);
+        };
+        if constexpr (kAtomicsInDk) {
+          // Row i after dK's k-step i, with no branch (a branch would keep them apart from the
+          // products): a row past the region adds its dQ, exactly 0 (its dO, delta and so dS are 0),
+          // to the region's last row.
+          static_assert(2 * kDqGroup <= kBlockM / 16, "a row a k-step");
+          const auto after_k_step = [&](int i) {
+            if (i < 2 * kDqGroup) put_row(i / 2, i % 2, dq_row(min(row_of(i / 2, i % 2), reg.row_end - 1)));
+          };
+          accumulate_grad<T, D, kMTiles, kBlockM, C, decltype(after_k_step)>(dk, p_rows + C::kPBytes,
+                                                                            do_cols + stage - C::kDo, after_k_step);
+        } else {
 #pragma unroll
-          for (int hh = 0; hh < 2; ++hh) {
-            const int32_t r = row_of(mt, hh);
-            if (r >= reg.row_end) continue;
-            float* const row = kRowsFirst ? rows[mt][hh] : dq_row(r);
+          for (int mt = 0; mt < kDqGroup; ++mt)
 #pragma unroll
-            for (int j = 0; j < C::kOutTiles; ++j) atomic_add2(row + j * 8, dq[mt][j][2 * hh], dq[mt][j][2 * hh + 1]);
-          }
+            for (int hh = 0; hh < 2; ++hh) {
+              const int32_t r = row_of(mt, hh);
+              if (r < reg.row_end) put_row(mt, hh, dq_row(r));
+            }
+        }
       }
     }
-    if constexpr (kDkAfterDq) accumulate_grad<T, D, kMTiles, kBlockM>(dk, p_rows + C::kPBytes, do_cols + stage - C::kDo);
+    if (!kDkBeforeDq && !(kAtomicsInDk && a.accumulate_dq))
+      accumulate_grad<T, D, kMTiles, kBlockM>(dk, p_rows + C::kPBytes, do_cols + stage - C::kDo);
     if (stages == 1) {
       __syncthreads(); // the only stage is free again
       if (have_next) load_step(0, nxt);
