@@ -87,13 +87,13 @@ __device__ __forceinline__ void mma_k_step(float (&out)[kMT][kNT][4], const uint
   }
 }
 
-// out[mt][j] += A (kGradMTiles x 16 rows over the step's queries, of P^T or dS^T, read at a_frag:
-// lane_a) times B (the step's queries x this warp's kOutCols columns of dO or Q, at b_frag:
-// lane_kn): dV or dK.
-// after(i) runs after the i-th k-step (dQ's atomics, spread over dK's product).
 struct NoOp {
   __device__ void operator()(int) const {}
 };
+
+// out[mt][j] += A (kGradMTiles x 16 rows over the step's queries, of P^T or dS^T, read at a_frag:
+// lane_a) times B (the step's queries x this warp's kOutCols columns of dO or Q, at b_frag:
+// lane_kn): dV or dK. after(i) runs after the i-th k-step (dQ's atomics, spread over dK's product).
 template <class T, int D, int kMTiles, int kBlockM, class C = BackwardConfig<T, D, kMTiles, kBlockM>, class After = NoOp>
 __device__ __forceinline__ void accumulate_grad(float (&out)[C::kGradMTiles][C::kOutTiles][4], uint32_t a_frag,
                                                 uint32_t b_frag, After after = {}) {
@@ -332,8 +332,11 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
     //    dK (+1.5-2% there; 1-2% slower at D = 80-128).
     constexpr bool kAtomicsInDk = D <= 96;
     constexpr bool kDkBeforeDq = D == 128;
+    const auto accumulate_dk = [&](auto after) {
+      accumulate_grad<T, D, kMTiles, kBlockM>(dk, p_rows + C::kPBytes, do_cols + stage - C::kDo, after);
+    };
     accumulate_grad<T, D, kMTiles, kBlockM>(dv, p_rows, do_cols + stage);
-    if constexpr (kDkBeforeDq) accumulate_grad<T, D, kMTiles, kBlockM>(dk, p_rows + C::kPBytes, do_cols + stage - C::kDo);
+    if constexpr (kDkBeforeDq) accumulate_dk(NoOp{});
 
     // 4. dQ += scale dS K for this warp's rows and columns, added atomically, kDqGroup m16 tiles of
     //    rows at a time: all of them (one B fragment for both, +1% at D = 64 and 128), but one at
@@ -384,11 +387,9 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
           // products): a row past the region adds its dQ, exactly 0 (its dO, delta and so dS are 0),
           // to the region's last row.
           static_assert(2 * kDqGroup <= kBlockM / 16, "a row a k-step");
-          const auto after_k_step = [&](int i) {
+          accumulate_dk([&](int i) {
             if (i < 2 * kDqGroup) put_row(i / 2, i % 2, dq_row(min(row_of(i / 2, i % 2), reg.row_end - 1)));
-          };
-          accumulate_grad<T, D, kMTiles, kBlockM, C, decltype(after_k_step)>(dk, p_rows + C::kPBytes,
-                                                                            do_cols + stage - C::kDo, after_k_step);
+          });
         } else {
 #pragma unroll
           for (int mt = 0; mt < kDqGroup; ++mt)
@@ -400,8 +401,7 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
         }
       }
     }
-    if (!kDkBeforeDq && !(kAtomicsInDk && a.accumulate_dq))
-      accumulate_grad<T, D, kMTiles, kBlockM>(dk, p_rows + C::kPBytes, do_cols + stage - C::kDo);
+    if (!kDkBeforeDq && !(kAtomicsInDk && a.accumulate_dq)) accumulate_dk(NoOp{});
     if (stages == 1) {
       __syncthreads(); // the only stage is free again
       if (have_next) load_step(0, nxt);
