@@ -33,8 +33,8 @@ template <class T, int D, int kMTiles_, int kBlockM_ = 64> struct BackwardConfig
   static constexpr int kBlockM = kBlockM_;   // queries per step
   static constexpr int kWarpM = kBlockM / 2; // queries of a warp's S^T and dP^T
   static constexpr int kQTiles = kWarpM / 8; // their n8 tiles
-  static constexpr int kPitch = D + 8;
-  static constexpr int kPitchP = kBlockM + 8;
+  using Tile = HeadTile<T, D>;                  // K, V, Q, dO (device.cuh)
+  using PTile = SmemTile<T, kBlockM, false>;    // P^T, dS^T: written a word at a time, padded
   // The products with D-wide outputs (dV, dK, dQ) split the head dim between kColSplit warps: two
   // halves, or four quarters at D = 256, where halves would give a warp 16 keys x 128 columns, each
   // B fragment feeding two products (quarters: 32 x 64, +4-5%, PERFORMANCE.md session 13).
@@ -47,13 +47,14 @@ template <class T, int D, int kMTiles_, int kBlockM_ = 64> struct BackwardConfig
   // Shared memory, in bytes: K, V, P^T, dS^T, then the stages, each Q, dO and their rows' LSE and
   // delta, so that a stage is one base plus constants. Q/dO are double-buffered where the device's
   // shared memory allows.
-  static constexpr uint32_t kKVBytes = kBlockN * kPitch * sizeof(T);
-  static constexpr uint32_t kPBytes = kBlockN * kPitchP * sizeof(T);
-  static constexpr uint32_t kQBytes = kBlockM * kPitch * sizeof(T);
+  static constexpr uint32_t kKVBytes = Tile::bytes(kBlockN);
+  static constexpr uint32_t kPBytes = PTile::bytes(kBlockN);
+  static constexpr uint32_t kQBytes = Tile::bytes(kBlockM);
   static constexpr uint32_t kV = kKVBytes, kP = 2 * kKVBytes, kDs = kP + kPBytes, kStage0 = kDs + kPBytes;
   static constexpr uint32_t kDo = kQBytes, kLse = 2 * kQBytes, kDelta = kLse + kBlockM * sizeof(float); // in a stage
   static constexpr uint32_t kStageBytes = kDelta + kBlockM * sizeof(float);
-  static constexpr size_t smem_bytes(int stages) { return kStage0 + size_t(stages) * kStageBytes; }
+  static constexpr size_t smem_bytes(int stages) { return kSmemAlign + kStage0 + size_t(stages) * kStageBytes; }
+  static_assert(kKVBytes % 128 == 0 && kPBytes % 128 == 0 && kStageBytes % 128 == 0, "tiles on 128-byte lines");
   static_assert(D % 16 == 0, "head dim must be a multiple of 16");
   static_assert(kMTiles == 1 || kMTiles == 2, "one or two key tiles a warp");
   static_assert(kBlockM == 64 || kBlockM == 128, "steps of 64 or 128 queries");
@@ -63,16 +64,16 @@ template <class T, int D, int kMTiles_, int kBlockM_ = 64> struct BackwardConfig
 };
 
 // out[mt][j] += a[mt] B for every n8 tile j, B the 16 x (8 kNT) block at rows k0.. of a k-major tile
-// whose fragment (0, 0) this lane reads at `b` (lane_kn): each B fragment feeds every m16 tile.
-// from_zero: out = a B instead.
-template <class T, int kPitch, int kMT, int kNT>
+// (Tile) whose fragment (0, 0) this lane reads at `b` (lane_kn): each B fragment feeds every m16
+// tile. from_zero: out = a B instead.
+template <class T, class Tile, int kMT, int kNT>
 __device__ __forceinline__ void mma_k_step(float (&out)[kMT][kNT][4], const uint32_t (&a)[kMT][4], uint32_t b_frag,
                                            int k0, bool from_zero = false) {
 #pragma unroll
   for (int j = 0; j < kNT; j += 2) {
     if (j + 1 < kNT) {
       uint32_t b[4];
-      ldmatrix_x4_trans(b, b_frag + tile_offset<T, kPitch>(k0, j * 8));
+      ldmatrix_x4_trans(b, Tile::at(b_frag, k0, j * 8));
 #pragma unroll
       for (int mt = 0; mt < kMT; ++mt) {
         mma_16x8x16<T>(out[mt][j], a[mt], b[0], b[1], from_zero);
@@ -80,7 +81,7 @@ __device__ __forceinline__ void mma_k_step(float (&out)[kMT][kNT][4], const uint
       }
     } else { // an odd count of n-tiles (D = 80)
       uint32_t b[2];
-      ldmatrix_x2_trans(b, b_frag + tile_offset<T, kPitch>(k0, j * 8));
+      ldmatrix_x2_trans(b, Tile::at(b_frag, k0, j * 8));
 #pragma unroll
       for (int mt = 0; mt < kMT; ++mt) mma_16x8x16<T>(out[mt][j], a[mt], b[0], b[1], from_zero);
     }
@@ -101,8 +102,8 @@ __device__ __forceinline__ void accumulate_grad(float (&out)[C::kGradMTiles][C::
   for (int k0 = 0; k0 < C::kBlockM; k0 += 16) {
     uint32_t a[C::kGradMTiles][4];
 #pragma unroll
-    for (int mt = 0; mt < C::kGradMTiles; ++mt) ldmatrix_x4(a[mt], a_frag + tile_offset<T, C::kPitchP>(16 * mt, k0));
-    mma_k_step<T, C::kPitch>(out, a, b_frag, k0);
+    for (int mt = 0; mt < C::kGradMTiles; ++mt) ldmatrix_x4(a[mt], C::PTile::at(a_frag, 16 * mt, k0));
+    mma_k_step<T, typename C::Tile>(out, a, b_frag, k0);
     after(k0 / 16);
   }
 }
@@ -113,11 +114,13 @@ template <class T, int D, int kMTiles, int kBlockM>
 __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, const Region& reg, int32_t n0,
                           int kv_head, int batch) {
   using C = BackwardConfig<T, D, kMTiles, kBlockM>;
+  using Tile = typename C::Tile;
+  using PTile = typename C::PTile;
   T* sK = reinterpret_cast<T*>(smem);
   T* sV = reinterpret_cast<T*>(smem + C::kV);
-  T* sP = reinterpret_cast<T*>(smem + C::kP); // P^T  [kBlockN][kPitchP]
+  T* sP = reinterpret_cast<T*>(smem + C::kP); // P^T  [kBlockN] rows of PTile
   T* sdS = reinterpret_cast<T*>(smem + C::kDs); // dS^T
-  unsigned char* stage0 = smem + C::kStage0;    // [stages] of Q, dO [kBlockM][kPitch], LSE, delta [kBlockM]
+  unsigned char* stage0 = smem + C::kStage0;    // [stages] of Q, dO [kBlockM] rows of Tile, LSE, delta [kBlockM]
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int wr = warp & 3, wh = warp >> 2; // S^T and dP^T: key slice, query half
@@ -129,21 +132,26 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
   const int grow0 = ws * C::kGradKeys, qrow0 = ws * C::kDqRows, col0 = wc * C::kOutCols;
   // This lane's fragment addresses (device.cuh), made once; a stage adds st x kStageBytes.
   const uint32_t s0 = smem_addr(smem);
-  const uint32_t k_rows = s0 + tile_offset<T, C::kPitch>(wrow0, 0) + lane_a<T, C::kPitch>(lane); // S^T's A: K (V: + kV)
-  const uint32_t q_cols = s0 + C::kStage0 + tile_offset<T, C::kPitch>(C::kWarpM * wh, 0) +
-                          lane_nk<T, C::kPitch>(lane); // S^T's B: Q (dP^T's: dO, + kDo)
-  const uint32_t p_rows = s0 + C::kP + tile_offset<T, C::kPitchP>(grow0, 0) + lane_a<T, C::kPitchP>(lane); // dV's A: P^T (dK's: dS^T, + kPBytes)
-  const uint32_t do_cols = s0 + C::kStage0 + C::kDo + tile_offset<T, C::kPitch>(0, col0) +
-                           lane_kn<T, C::kPitch>(lane); // dV's B: dO (dK's: Q, - kDo)
-  const uint32_t ds_rows = s0 + C::kDs + tile_offset<T, C::kPitchP>(0, qrow0) + lane_nk<T, C::kPitchP>(lane); // dQ's A: dS = (dS^T)^T
-  const uint32_t k_cols = s0 + tile_offset<T, C::kPitch>(0, col0) + lane_kn<T, C::kPitch>(lane); // dQ's B: K
+  const uint32_t k_rows = s0 + Tile::bytes(wrow0) + Tile::lane_a(lane); // S^T's A: K (V: + kV)
+  const uint32_t q_cols =
+      s0 + C::kStage0 + Tile::bytes(C::kWarpM * wh) + Tile::lane_nk(lane); // S^T's B: Q (dP^T's: dO, + kDo)
+  const uint32_t p_rows = s0 + C::kP + PTile::bytes(grow0) + PTile::lane_a(lane); // dV's A: P^T (dK's: dS^T, + kPBytes)
+  // The columns col0.. of a lane's address: whole 128-byte lines at D = 128 and 256, added; at D = 64
+  // (col0 = 32) they move the lane's chunk within its line, as at() does (adding would leave it).
+  const auto at_col0 = [&](uint32_t lane_addr) {
+    if constexpr (C::kOutCols % 64 == 0) return lane_addr + Tile::offset(0, col0);
+    else return Tile::at(lane_addr, 0, col0);
+  };
+  const uint32_t do_cols = at_col0(s0 + C::kStage0 + C::kDo + Tile::lane_kn(lane)); // dV's B: dO (dK's: Q, - kDo)
+  const uint32_t ds_rows = s0 + C::kDs + PTile::offset(0, qrow0) + PTile::lane_nk(lane); // dQ's A: dS = (dS^T)^T
+  const uint32_t k_cols = at_col0(s0 + Tile::lane_kn(lane)); // dQ's B: K
 
   const T* k = static_cast<const T*>(a.k.data) + batch * a.k.batch_stride + kv_head * a.k.head_stride;
   const T* v = static_cast<const T*>(a.v.data) + batch * a.v.batch_stride + kv_head * a.v.head_stride;
-  load_tile_async<C::kBlockN, D, C::kThreads>(sK, C::kPitch, k + int64_t(n0) * a.k.token_stride, a.k.token_stride,
-                                              reg.col_end - n0, tid);
-  load_tile_async<C::kBlockN, D, C::kThreads>(sV, C::kPitch, v + int64_t(n0) * a.v.token_stride, a.v.token_stride,
-                                              reg.col_end - n0, tid);
+  load_tile_async<C::kBlockN, Tile, C::kThreads>(sK, k + int64_t(n0) * a.k.token_stride, a.k.token_stride,
+                                                 reg.col_end - n0, tid);
+  load_tile_async<C::kBlockN, Tile, C::kThreads>(sV, v + int64_t(n0) * a.v.token_stride, a.v.token_stride,
+                                                 reg.col_end - n0, tid);
 
   QWalk<C::kBlockM, C::kBlockN> walk;
   walk.init(a.mask, reg, a.blocks, kv_head * a.group, a.group, n0);
@@ -156,12 +164,11 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
     const int64_t qoff = batch * a.q.batch_stride + s.head * a.q.head_stride + int64_t(s.r0) * a.q.token_stride;
     const int64_t ooff = batch * a.d_o.batch_stride + s.head * a.d_o.head_stride + int64_t(s.r0) * a.d_o.token_stride;
     unsigned char* buf = stage0 + st * C::kStageBytes;
-    load_tile_async<C::kBlockM, D, C::kThreads>(reinterpret_cast<T*>(buf), C::kPitch,
-                                                static_cast<const T*>(a.q.data) + qoff, a.q.token_stride,
-                                                reg.row_end - s.r0, tid);
-    load_tile_async<C::kBlockM, D, C::kThreads>(reinterpret_cast<T*>(buf + C::kDo), C::kPitch,
-                                                static_cast<const T*>(a.d_o.data) + ooff, a.d_o.token_stride,
-                                                reg.row_end - s.r0, tid);
+    load_tile_async<C::kBlockM, Tile, C::kThreads>(reinterpret_cast<T*>(buf), static_cast<const T*>(a.q.data) + qoff,
+                                                   a.q.token_stride, reg.row_end - s.r0, tid);
+    load_tile_async<C::kBlockM, Tile, C::kThreads>(reinterpret_cast<T*>(buf + C::kDo),
+                                                   static_cast<const T*>(a.d_o.data) + ooff, a.d_o.token_stride,
+                                                   reg.row_end - s.r0, tid);
     // The rows' LSE and delta come by copies too: loaded and stored by threads, the loads' latency
     // held every warp at the next barrier (ncu, session 12). Past the region they are zero, which
     // adds nothing: there Q and dO are zero, so P = 1 but dP = 0, dS = 0 and P^T dO = 0.
@@ -181,11 +188,11 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
     const auto k_step = [&](int k0, auto first) {
       uint32_t ak[C::kMTiles][4];
 #pragma unroll
-      for (int mt = 0; mt < C::kMTiles; ++mt) ldmatrix_x4(ak[mt], a_frag + tile_offset<T, C::kPitch>(16 * mt, k0));
+      for (int mt = 0; mt < C::kMTiles; ++mt) ldmatrix_x4(ak[mt], Tile::at(a_frag, 16 * mt, k0));
 #pragma unroll
       for (int j = 0; j < C::kQTiles; j += 2) {
         uint32_t bq[4];
-        ldmatrix_x4(bq, b_frag + tile_offset<T, C::kPitch>(j * 8, k0));
+        ldmatrix_x4(bq, Tile::at(b_frag, j * 8, k0));
 #pragma unroll
         for (int mt = 0; mt < C::kMTiles; ++mt) {
           mma_16x8x16<T, decltype(first)::value>(acc[mt][j], ak[mt], bq[0], bq[1]);
@@ -301,7 +308,7 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
         for (int hh = 0; hh < 2; ++hh) {
           const int n = wrow0 + 16 * mt + (lane >> 2) + hh * 8;
           const int m = C::kWarpM * wh + j * 8 + (lane & 3) * 2;
-          *reinterpret_cast<uint32_t*>(sP + n * C::kPitchP + m) = pack2<T>(p[mt][j][2 * hh], p[mt][j][2 * hh + 1]);
+          *reinterpret_cast<uint32_t*>(sP + n * PTile::kPitch + m) = pack2<T>(p[mt][j][2 * hh], p[mt][j][2 * hh + 1]);
         }
 
     // 2. dP^T = V dO^T, then dS^T = P^T (dP^T - delta) into shared memory (P is 0 where masked).
@@ -319,7 +326,7 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
           const int m = C::kWarpM * wh + j * 8 + (lane & 3) * 2;
           const float ds0 = p[mt][j][2 * hh] * (dp[mt][j][2 * hh] - delta[j][0]);
           const float ds1 = p[mt][j][2 * hh + 1] * (dp[mt][j][2 * hh + 1] - delta[j][1]);
-          *reinterpret_cast<uint32_t*>(sdS + n * C::kPitchP + m) = pack2<T>(ds0, ds1);
+          *reinterpret_cast<uint32_t*>(sdS + n * PTile::kPitch + m) = pack2<T>(ds0, ds1);
         }
     __syncthreads();
 
@@ -367,8 +374,8 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
           uint32_t ads[kDqGroup][4];
 #pragma unroll
           for (int mt = 0; mt < kDqGroup; ++mt)
-            ldmatrix_x4_trans(ads[mt], ds_rows + tile_offset<T, C::kPitchP>(k0, m0 + 16 * mt));
-          mma_k_step<T, C::kPitch>(dq, ads, k_cols, k0, from_zero);
+            ldmatrix_x4_trans(ads[mt], PTile::at(ds_rows, k0, m0 + 16 * mt));
+          mma_k_step<T, Tile>(dq, ads, k_cols, k0, from_zero);
         }
         // Scaled in place, so that each atomic reads registers of its own: an atomic reads its
         // operands late, and a register it has not yet read cannot be written again (ncu, session 13).
@@ -434,7 +441,8 @@ template <class T, int D, int kMTiles, int kBlockM>
 __global__ void __launch_bounds__(BackwardConfig<T, D, kMTiles, kBlockM>::kThreads, 1)
     flash_backward_dkdv_kernel(const __grid_constant__ AttnArgs a, int stages) {
   using C = BackwardConfig<T, D, kMTiles, kBlockM>;
-  extern __shared__ __align__(16) unsigned char smem[];
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  unsigned char* smem = align_smem(smem_raw);
   const int kv_head = blockIdx.y, batch = blockIdx.z;
   if (a.nseg == 0) {
     const int32_t n0 = int32_t(blockIdx.x) * C::kBlockN;
@@ -464,10 +472,11 @@ template <class T, int D, int kMTiles_> struct DqConfig {
   static constexpr int kWarpRows = 16 * kMTiles;
   static constexpr int kBlockM = kWarps * kWarpRows;
   static constexpr int kBlockN = 32; // narrow key tiles: S and dP of 32 rows stay in registers beside dQ
-  static constexpr int kPitch = D + 8;
+  using Tile = HeadTile<T, D>; // Q, dO, K, V (device.cuh)
   static constexpr int kSTiles = kBlockN / 8;
   static constexpr int kOTiles = D / 8;
-  static constexpr size_t kSmemBytes = size_t(2 * kBlockM + 2 * 2 * kBlockN) * kPitch * sizeof(T);
+  static constexpr uint32_t kQBytes = Tile::bytes(kBlockM), kKBytes = Tile::bytes(kBlockN);
+  static constexpr size_t kSmemBytes = kSmemAlign + 2 * kQBytes + 2 * 2 * kKBytes;
   static_assert(kBlockM <= 128, "a row tile spans at most two query blocks of a block list");
   static_assert(kSmemBytes <= 160 * 1024, "must fit an sm_80 CTA");
 };
@@ -476,12 +485,14 @@ template <class T, int D, int kMTiles>
 __global__ void __launch_bounds__(DqConfig<T, D, kMTiles>::kThreads, 1)
     flash_backward_dq_kernel(const __grid_constant__ AttnArgs a) {
   using C = DqConfig<T, D, kMTiles>;
+  using Tile = typename C::Tile;
   constexpr int MT = C::kMTiles;
-  extern __shared__ __align__(16) unsigned char smem[];
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  unsigned char* smem = align_smem(smem_raw);
   T* sQ = reinterpret_cast<T*>(smem);
-  T* sdO = sQ + C::kBlockM * C::kPitch;
-  T* sK = sdO + C::kBlockM * C::kPitch; // [2][kBlockN][kPitch]
-  T* sV = sK + 2 * C::kBlockN * C::kPitch;
+  T* sdO = reinterpret_cast<T*>(smem + C::kQBytes);
+  unsigned char* sK = smem + 2 * C::kQBytes; // two buffers of K, then two of V
+  unsigned char* sV = sK + 2 * C::kKBytes;
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int head = blockIdx.y, batch = blockIdx.z, kv_head = head / a.group;
@@ -500,13 +511,17 @@ __global__ void __launch_bounds__(DqConfig<T, D, kMTiles>::kThreads, 1)
   }
   const int32_t m1 = min(m0 + C::kBlockM, reg.row_end);
   const int32_t warp_row0 = warp * C::kWarpRows;
+  // This lane's fragment addresses (device.cuh), made once; K/V buffer st adds st x kKBytes.
+  const uint32_t q_frag = smem_addr(sQ) + Tile::bytes(warp_row0) + Tile::lane_a(lane); // S's A: Q (dP's: dO, + kQBytes)
+  const uint32_t k_nk = smem_addr(sK) + Tile::lane_nk(lane), v_nk = smem_addr(sV) + Tile::lane_nk(lane); // S's, dP's B
+  const uint32_t k_kn = smem_addr(sK) + Tile::lane_kn(lane); // dQ's B: K
 
   const int64_t qoff = batch * a.q.batch_stride + head * a.q.head_stride + int64_t(m0) * a.q.token_stride;
   const int64_t ooff = batch * a.d_o.batch_stride + head * a.d_o.head_stride + int64_t(m0) * a.d_o.token_stride;
-  load_tile_async<C::kBlockM, D, C::kThreads>(sQ, C::kPitch, static_cast<const T*>(a.q.data) + qoff, a.q.token_stride,
-                                              m1 - m0, tid);
-  load_tile_async<C::kBlockM, D, C::kThreads>(sdO, C::kPitch, static_cast<const T*>(a.d_o.data) + ooff,
-                                              a.d_o.token_stride, m1 - m0, tid);
+  load_tile_async<C::kBlockM, Tile, C::kThreads>(sQ, static_cast<const T*>(a.q.data) + qoff, a.q.token_stride,
+                                                 m1 - m0, tid);
+  load_tile_async<C::kBlockM, Tile, C::kThreads>(sdO, static_cast<const T*>(a.d_o.data) + ooff, a.d_o.token_stride,
+                                                 m1 - m0, tid);
   const T* k = static_cast<const T*>(a.k.data) + batch * a.k.batch_stride + kv_head * a.k.head_stride;
   const T* v = static_cast<const T*>(a.v.data) + batch * a.v.batch_stride + kv_head * a.v.head_stride;
 
@@ -537,12 +552,12 @@ __global__ void __launch_bounds__(DqConfig<T, D, kMTiles>::kThreads, 1)
     walk.init_interval(a.mask, reg, m0, m1);
   }
   const auto load_kv = [&](int st, int32_t c0) {
-    load_tile_async<C::kBlockN, D, C::kThreads>(sK + st * C::kBlockN * C::kPitch, C::kPitch,
-                                                k + int64_t(c0) * a.k.token_stride, a.k.token_stride,
-                                                reg.col_end - c0, tid);
-    load_tile_async<C::kBlockN, D, C::kThreads>(sV + st * C::kBlockN * C::kPitch, C::kPitch,
-                                                v + int64_t(c0) * a.v.token_stride, a.v.token_stride,
-                                                reg.col_end - c0, tid);
+    load_tile_async<C::kBlockN, Tile, C::kThreads>(reinterpret_cast<T*>(sK + st * C::kKBytes),
+                                                   k + int64_t(c0) * a.k.token_stride, a.k.token_stride,
+                                                   reg.col_end - c0, tid);
+    load_tile_async<C::kBlockN, Tile, C::kThreads>(reinterpret_cast<T*>(sV + st * C::kKBytes),
+                                                   v + int64_t(c0) * a.v.token_stride, a.v.token_stride,
+                                                   reg.col_end - c0, tid);
   };
 
   float dq[MT][C::kOTiles][4];
@@ -565,8 +580,7 @@ __global__ void __launch_bounds__(DqConfig<T, D, kMTiles>::kThreads, 1)
     cp_async_commit();
     cp_async_wait<1>();
     __syncthreads();
-    const T* k_s = sK + st * C::kBlockN * C::kPitch;
-    const T* v_s = sV + st * C::kBlockN * C::kPitch;
+    const uint32_t buf = st * C::kKBytes;
     const bool active = list ? cur.active[1] : cur.active[0];
     const bool masked = list ? cur.masked[1] : cur.masked[0];
     if (active) {
@@ -583,14 +597,14 @@ __global__ void __launch_bounds__(DqConfig<T, D, kMTiles>::kThreads, 1)
         uint32_t aq[MT][4], ao[MT][4];
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
-          load_a<T>(aq[mt], sQ, C::kPitch, warp_row0 + 16 * mt, k0, lane);
-          load_a<T>(ao[mt], sdO, C::kPitch, warp_row0 + 16 * mt, k0, lane);
+          ldmatrix_x4(aq[mt], Tile::at(q_frag, 16 * mt, k0));
+          ldmatrix_x4(ao[mt], Tile::at(q_frag + C::kQBytes, 16 * mt, k0));
         }
 #pragma unroll
         for (int n0 = 0; n0 < C::kBlockN; n0 += 16) {
           uint32_t bk[4], bv[4];
-          load_b_nk<T>(bk, k_s, C::kPitch, n0, k0, lane);
-          load_b_nk<T>(bv, v_s, C::kPitch, n0, k0, lane);
+          ldmatrix_x4(bk, Tile::at(k_nk + buf, n0, k0));
+          ldmatrix_x4(bv, Tile::at(v_nk + buf, n0, k0));
 #pragma unroll
           for (int mt = 0; mt < MT; ++mt) {
             mma_16x8x16<T>(s[mt][n0 / 8], aq[mt], bk[0], bk[1]);
@@ -631,7 +645,7 @@ __global__ void __launch_bounds__(DqConfig<T, D, kMTiles>::kThreads, 1)
 #pragma unroll
         for (int n0 = 0; n0 < D; n0 += 16) {
           uint32_t b[4];
-          load_b_kn<T>(b, k_s, C::kPitch, k0, n0, lane);
+          ldmatrix_x4_trans(b, Tile::at(k_kn + buf, k0, n0));
 #pragma unroll
           for (int mt = 0; mt < MT; ++mt) {
             mma_16x8x16<T>(dq[mt][n0 / 8], ads[mt], b[0], b[1]);
@@ -691,12 +705,13 @@ template <class T, int D, int kMTiles> void launch_dq(const BackwardParams& p, c
 // Each kernel takes the first of its shapes whose shared memory the device allows. dK/dV: 128 keys
 // a CTA with Q and dO double-buffered (sm_90), then with one stage (sm_80); then 64 keys a CTA, two
 // stages, then one, where 128 keys do not fit (D = 80-128 on the 99 KB of an sm_86, sm_89 or
-// sm_120). D = 256 has the 64-key shape only, 154,112 bytes with one stage: no 99 KB device runs its
-// backward. At D = 64 without a block list, 128 keys and 128-query steps come first (144,384 bytes
+// sm_120). D = 256 has the 64-key shape only, 150,144 bytes with one stage: no 99 KB device runs its
+// backward. At D = 64 without a block list, 128 keys and 128-query steps come first (136,320 bytes
 // with one stage, so sm_80 and sm_90), FlashAttention-2's tile there: a step's fixed costs (two
 // barriers, its statistics, the walk) weigh twice as much on D = 64's short products. (A 128-row
 // step would span two query blocks of a 64-row block list, which QWalk does not walk.)
-// dQ (deterministic mode): 128 query rows a CTA, then 64 (D = 128 on 99 KB).
+// dQ (deterministic mode): 128 query rows a CTA (98,432 bytes at D = 128), then 64 where that does
+// not fit.
 // The 64-key and 64-row shapes are compiled only for the head dims that need them.
 template <class T, int D> void launch_backward(const BackwardParams& p, cudaStream_t stream) {
   AttnArgs a = backward_args(p);
@@ -705,7 +720,7 @@ template <class T, int D> void launch_backward(const BackwardParams& p, cudaStre
   if constexpr (D == 64) {
     if (!p.blocks && smem >= BackwardConfig<T, D, 2, 128>::smem_bytes(1)) {
       launch_dkdv<T, D, 2, 128>(p, a, smem, stream);
-      if (p.deterministic) launch_dq<T, D, 2>(p, a, stream); // (55,296 bytes)
+      if (p.deterministic) launch_dq<T, D, 2>(p, a, stream); // (49,280 bytes)
       return;
     }
   }

@@ -162,58 +162,68 @@ __device__ __forceinline__ void ldmatrix_x2_trans(uint32_t (&r)[2], uint32_t add
                : "=r"(r[0]), "=r"(r[1])
                : "r"(addr));
 }
-// The same at a pointer into shared memory.
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) { ldmatrix_x4(r, smem_addr(p)); }
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) { ldmatrix_x4_trans(r, smem_addr(p)); }
-__device__ __forceinline__ void ldmatrix_x2_trans(uint32_t (&r)[2], const void* p) { ldmatrix_x2_trans(r, smem_addr(p)); }
 
-// Fragment addresses made once. A lane's row address for the fragment at (0, 0) of a padded tile
-// (kPitch elements a row) is its shared address plus lane_a, lane_nk or lane_kn; the fragment at
-// (row, col) adds tile_offset(row, col), a constant where the loops are unrolled, which ldmatrix
-// takes as an immediate. (Formed from rows and columns at every load, the addresses cost the dK/dV
-// kernel about 250 IMAD a warp a step where registers are short: ncu, session 13.)
-template <class T, int kPitch> __host__ __device__ constexpr uint32_t tile_offset(int row, int col) {
-  return uint32_t((row * kPitch + col) * int(sizeof(T)));
-}
-// load_a's pattern: A rows 0..15, columns 0..15.
-template <class T, int kPitch> __device__ __forceinline__ uint32_t lane_a(int lane) {
-  return tile_offset<T, kPitch>(lane & 15, (lane >> 4) * 8);
-}
-// load_b_nk's (and load_a_trans's) pattern.
-template <class T, int kPitch> __device__ __forceinline__ uint32_t lane_nk(int lane) {
-  return tile_offset<T, kPitch>((lane & 7) + (lane >> 4) * 8, ((lane >> 3) & 1) * 8);
-}
-// load_b_kn's pattern (load_b_kn_single's too: its x2 reads lanes 0-15's addresses only).
-template <class T, int kPitch> __device__ __forceinline__ uint32_t lane_kn(int lane) {
-  return tile_offset<T, kPitch>((lane & 7) + ((lane >> 3) & 1) * 8, (lane >> 4) * 8);
-}
+// Shared tiles: rows of kCols elements, read by ldmatrix (8 rows of 16 bytes a matrix) and written
+// by 16-byte copies.
+//  - padded (kSwizzled false): a row is kCols + 8 elements, so the 8 rows of an ldmatrix land in
+//    distinct banks. Rows are then 16 bytes off the 128-byte lines, and a warp's copy of whole
+//    rows touches 1.5 times the lines it fills (ncu, session 22).
+//  - swizzled, where a row is whole 128-byte lines (D = 64, 128, 256): unpadded, the 16-byte chunk
+//    c of row r stored at chunk c ^ (r % 8) of its line (FlashAttention-2's layout): the 8 rows of
+//    an ldmatrix still land in distinct banks, and a row fills its lines exactly.
+// Fragment addresses are made once: a lane's address of the fragment at (0, 0) is the tile's
+// shared address (128-byte aligned) plus lane_a, lane_nk or lane_kn; at() moves it to the fragment
+// at (row, col). Padded, that adds a constant, which ldmatrix takes as an immediate; swizzled, the
+// chunk within the line is an XOR of the lane's address (the lane's chunk is c ^ (r % 8) with c
+// 0 or 1 and r its row, and col / 8 is even), then the lines a constant. (Formed from rows and
+// columns at every load, the addresses cost the dK/dV kernel about 250 IMAD a warp a step where
+// registers are short: ncu, session 13.)
+template <class T, int kCols, bool kSwizzled> struct SmemTile {
+  static constexpr int kPitch = kSwizzled ? kCols : kCols + 8; // elements a row
+  static constexpr uint32_t kRowBytes = uint32_t(kPitch * sizeof(T));
+  static_assert(kCols % 8 == 0, "rows of 16-byte chunks");
+  static_assert(!kSwizzled || kRowBytes % 128 == 0, "a swizzled row is whole 128-byte lines");
+  static constexpr int kWidth = kCols;
+  static constexpr bool kXor = kSwizzled;
+  __host__ __device__ static constexpr uint32_t bytes(int rows) { return uint32_t(rows) * kRowBytes; }
+  // The byte offset of elements (row, col..col+7), col % 8 == 0.
+  __host__ __device__ static constexpr uint32_t offset(int row, int col) {
+    const int chunk = col / 8;
+    return uint32_t(row) * kRowBytes + uint32_t(kSwizzled ? (chunk & ~7) | ((chunk ^ row) & 7) : chunk) * 16u;
+  }
+  // An A fragment (x4): rows 0..15, columns 0..15.
+  __device__ static uint32_t lane_a(int lane) { return offset(lane & 15, (lane >> 4) * 8); }
+  // B fragments of two n8 tiles (x4) from a tile that holds B's columns as rows (K in Q K^T); also
+  // the A fragment of a transposed tile (x4, .trans: dS = (dS^T)^T).
+  __device__ static uint32_t lane_nk(int lane) { return offset((lane & 7) + (lane >> 4) * 8, ((lane >> 3) & 1) * 8); }
+  // B fragments of two n8 tiles (x4, .trans) from a row-major B (V in P V); an x2 load of one n8
+  // tile reads lanes 0-15's addresses only.
+  __device__ static uint32_t lane_kn(int lane) { return offset((lane & 7) + ((lane >> 3) & 1) * 8, (lane >> 4) * 8); }
+  // The fragment at (row, col) for a lane whose fragment (0, 0) is at `lane_addr`: row % 8 == 0 and
+  // col % 16 == 0 (col % 8 == 0 for an x2 load of lane_kn); swizzled, the lane's own column (col0
+  // plus 0 or 8) and col must add without carries within a line (col0 % 64 + col < 64, col0 %
+  // 64 a multiple of 32 where col reaches 16).
+  __device__ static uint32_t at(uint32_t lane_addr, int row, int col) {
+    if constexpr (kSwizzled)
+      return (lane_addr ^ uint32_t(col / 8 % 8 * 16)) + uint32_t(row) * kRowBytes + uint32_t(col / 64 * 128);
+    else
+      return lane_addr + offset(row, col);
+  }
+  // The address of (r + dr, c) from that of (r, c) (dr % 4 == 0: r % 8 moves by 0 or by 4, an XOR).
+  __device__ static uint32_t pass_offset(uint32_t addr, int dr) {
+    if constexpr (kSwizzled) return (addr ^ uint32_t(dr % 8 * 16)) + uint32_t(dr) * kRowBytes;
+    else return addr + uint32_t(dr) * kRowBytes;
+  }
+};
+// The tile of a head dim's rows (Q, K, V, dO).
+template <class T, int D> using HeadTile = SmemTile<T, D, (D * sizeof(T)) % 128 == 0>;
 
-// A fragment of rows [row0, row0+16) x cols [col0, col0+16) of a row-major tile.
-template <class T>
-__device__ __forceinline__ void load_a(uint32_t (&a)[4], const T* tile, int pitch, int row0, int col0, int lane) {
-  ldmatrix_x4(a, tile + (row0 + (lane & 15)) * pitch + col0 + (lane >> 4) * 8);
-}
-// A fragment of the transpose: A(m, k) = tile[k][m], for m in [m0, m0+16), k in [k0, k0+16).
-template <class T>
-__device__ __forceinline__ void load_a_trans(uint32_t (&a)[4], const T* tile, int pitch, int m0, int k0, int lane) {
-  ldmatrix_x4_trans(a, tile + (k0 + (lane & 7) + (lane >> 4) * 8) * pitch + m0 + ((lane >> 3) & 1) * 8);
-}
-// B fragments of two n-tiles, B(k, n) = tile[n][k] (the tile holds B's columns as rows: K in Q K^T):
-// n in [n0, n0+16), k in [k0, k0+16). b[0], b[1]: n-tile n0; b[2], b[3]: n-tile n0+8.
-template <class T>
-__device__ __forceinline__ void load_b_nk(uint32_t (&b)[4], const T* tile, int pitch, int n0, int k0, int lane) {
-  ldmatrix_x4(b, tile + (n0 + (lane & 7) + (lane >> 4) * 8) * pitch + k0 + ((lane >> 3) & 1) * 8);
-}
-// B fragments of two n-tiles, B(k, n) = tile[k][n] (row-major B: V in P V): k in [k0, k0+16),
-// n in [n0, n0+16). b[0], b[1]: n-tile n0; b[2], b[3]: n-tile n0+8.
-template <class T>
-__device__ __forceinline__ void load_b_kn(uint32_t (&b)[4], const T* tile, int pitch, int k0, int n0, int lane) {
-  ldmatrix_x4_trans(b, tile + (k0 + (lane & 7) + ((lane >> 3) & 1) * 8) * pitch + n0 + (lane >> 4) * 8);
-}
-// One n-tile of the same (n in [n0, n0+8)).
-template <class T>
-__device__ __forceinline__ void load_b_kn_single(uint32_t (&b)[2], const T* tile, int pitch, int k0, int n0, int lane) {
-  ldmatrix_x2_trans(b, tile + (k0 + (lane & 7) + ((lane >> 3) & 1) * 8) * pitch + n0);
+// The base of a kernel's dynamic shared memory, rounded up to 128 bytes (swizzled tiles need their
+// lines aligned; the launch asks for kSmemAlign more bytes).
+constexpr uint32_t kSmemAlign = 128;
+__device__ __forceinline__ unsigned char* align_smem(unsigned char* p) {
+  const uint32_t a = smem_addr(p);
+  return p + ((kSmemAlign - a % kSmemAlign) % kSmemAlign);
 }
 
 // A fragment (16 x 16 over columns 16j..16j+15) from two C tiles of scores 2j and 2j+1.
@@ -228,9 +238,8 @@ __device__ __forceinline__ void c_to_a(uint32_t (&a)[4], const float (&c0)[4], c
 // ---- global -> shared, asynchronous ------------------------------------------------------------
 
 // 16 bytes; when !valid nothing is read and the destination is zero-filled.
-__device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
-               "r"(valid ? 16 : 0));
+__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
 }
 // 4 bytes (through L1: .cg copies only 16); when !valid the destination is zero-filled.
 __device__ __forceinline__ void cp_async_4(void* dst, const void* src, bool valid) {
@@ -241,30 +250,32 @@ template <int N> __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
-// Rows [0, kRows) x kDim elements of a strided global tile into a padded shared tile; rows >= valid
-// are zero-filled (no NaN from beyond a tensor can reach a product).
-template <int kRows, int kDim, int kThreads, class T>
-__device__ __forceinline__ void load_tile_async(T* smem, int pitch, const T* gmem, int64_t row_stride, int valid,
-                                                int tid) {
+// Rows [0, kRows) of a strided global tile into a shared tile (Tile: SmemTile); rows >= valid are
+// zero-filled (no NaN from beyond a tensor can reach a product).
+template <int kRows, class Tile, int kThreads, class T>
+__device__ __forceinline__ void load_tile_async(T* smem, const T* gmem, int64_t row_stride, int valid, int tid) {
   // Each thread copies the same 16-byte column of every kPass-th row: one 64-bit step a chunk, and
   // no row tests on a full tile. (Chunk c = tid + i kThreads, divided per chunk, cost the mma.sync
   // forward 10% of its issued instructions in address arithmetic: ncu, session 12.) Where the
   // chunks of a row do not divide the threads (D = 80, 96), the threads past the last whole row idle.
-  constexpr int kChunksPerRow = kDim / 8;
+  // Swizzled, the row kPass further has its chunk XOR moved by kPass % 8 (0, or 4 at D = 256 with
+  // 128 threads), so every pass is still the first one's offset plus constants.
+  constexpr int kChunksPerRow = Tile::kWidth / 8;
   constexpr int kPass = kThreads / kChunksPerRow;
   constexpr int kPasses = (kRows + kPass - 1) / kPass;
-  static_assert(kDim % 8 == 0 && kPass > 0, "rows are copied in 16-byte chunks, at least one row a pass");
+  static_assert(kPass > 0, "at least one row a pass");
+  static_assert(!Tile::kXor || kPass % 4 == 0, "a pass moves a swizzled row's XOR by 0 or 4");
   const int row = tid / kChunksPerRow, col = (tid % kChunksPerRow) * 8;
   if (kThreads % kChunksPerRow != 0 && row >= kPass) return;
   const T* src = gmem + row * row_stride + col;
-  T* dst = smem + row * pitch + col;
+  const uint32_t dst = smem_addr(smem) + Tile::offset(row, col);
   const auto copy = [&](auto check_rows) {
 #pragma unroll
     for (int i = 0; i < kPasses; ++i) {
       const int r = row + i * kPass;
       if (kRows % kPass != 0 && i == kPasses - 1 && r >= kRows) break;
       const bool ok = !decltype(check_rows)::value || r < valid;
-      cp_async_16(dst + i * kPass * pitch, ok ? src + i * kPass * row_stride : gmem, ok);
+      cp_async_16(Tile::pass_offset(dst, i * kPass), ok ? src + i * kPass * row_stride : gmem, ok);
     }
   };
   if (valid >= kRows) copy(std::false_type{});

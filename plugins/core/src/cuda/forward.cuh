@@ -17,8 +17,8 @@ namespace attncore::cuda {
 // A shape: kWarps warps (of two m16 tiles up to D = 128, one at D = 256, for the registers of O)
 // and key tiles of kBlockN columns. launch_forward picks, per head dim, the first of its shapes
 // whose shared memory the device allows:
-//  - D <= 128: 4 warps, 64-key tiles; at D = 128 those need 104,448 bytes, past the 99 KB of an
-//    sm_86, sm_89 or sm_120, which take 32-key tiles (69,632 bytes);
+//  - D <= 128: 4 warps, 64-key tiles (98,432 bytes at D = 128: within the 99 KB of an sm_86, sm_89
+//    or sm_120 since its rows are unpadded; the 32-key shape remains for a device with less);
 //  - D = 256: 8 warps of 16 rows and 64-key tiles where a CTA may hold 203 KB (sm_90),
 //    FlashAttention-2's shape there, 15-17% faster on an H200 (docs/PERFORMANCE.md, session 12)
 //    than the 4 warps and 32-key tiles (exactly 99 KB) that every other device takes.
@@ -30,10 +30,11 @@ template <class T, int D, int kBlockN_, int kWarps_ = 4> struct ForwardConfig {
   static constexpr int kWarpRows = 16 * kMTiles;
   static constexpr int kBlockM = kWarps * kWarpRows;
   static constexpr int kBlockN = kBlockN_;
-  static constexpr int kPitch = D + 8; // +16 bytes: the 8 rows of an ldmatrix land in distinct banks
+  using Tile = HeadTile<T, D>; // Q, K and V (device.cuh)
   static constexpr int kSTiles = kBlockN / 8; // score n-tiles
   static constexpr int kOTiles = D / 8;       // output n-tiles
-  static constexpr size_t kSmemBytes = size_t(kBlockM + 2 * 2 * kBlockN) * kPitch * sizeof(T);
+  static constexpr uint32_t kKBytes = Tile::bytes(kBlockN); // a K or V buffer
+  static constexpr size_t kSmemBytes = kSmemAlign + Tile::bytes(kBlockM) + 2 * 2 * kKBytes;
   static_assert(D % 16 == 0, "head dim must be a multiple of 16");
   static_assert(kBlockM <= 128, "a row tile spans at most two query blocks of a block list");
   static_assert(64 % kBlockN == 0, "key tiles must divide the block-list block sizes");
@@ -45,26 +46,25 @@ template <class T, int D, int kBlockN, int kWarps, class C = ForwardConfig<T, D,
 struct ForwardWarp : OnlineSoftmax<C::kMTiles, C::kOTiles> {
   using OnlineSoftmax<C::kMTiles, C::kOTiles>::o;
 
-  // S = Q K^T for this warp's rows and the key tile in sK. The first k-step's products start from
-  // zero rather than from cleared registers.
-  __device__ void scores(float (&s)[C::kMTiles][C::kSTiles][4], const T* sQ, const T* sK, int row0, int lane) {
-    score_step<true>(s, sQ, sK, row0, 0, lane);
+  // S = Q K^T for this warp's rows (this lane's Q fragment address `q`, lane_a) and the key tile
+  // (`k`, lane_nk). The first k-step's products start from zero rather than from cleared registers.
+  __device__ void scores(float (&s)[C::kMTiles][C::kSTiles][4], uint32_t q, uint32_t k) {
+    score_step<true>(s, q, k, 0);
     // Four k-steps per unrolled iteration: enough loads in flight without hoisting all of them
     // (ptxas, sm_90a, D = 128: full unroll spills 44 bytes, 4 spills 32). D = 256, one m16 tile a
     // warp, unrolls fully without spills: +4% (session 12).
 #pragma unroll(D == 256 ? 16 : 4)
-    for (int k0 = 16; k0 < D; k0 += 16) score_step<false>(s, sQ, sK, row0, k0, lane);
+    for (int k0 = 16; k0 < D; k0 += 16) score_step<false>(s, q, k, k0);
   }
   template <bool kFirst>
-  __device__ void score_step(float (&s)[C::kMTiles][C::kSTiles][4], const T* sQ, const T* sK, int row0, int k0,
-                             int lane) {
+  __device__ void score_step(float (&s)[C::kMTiles][C::kSTiles][4], uint32_t q, uint32_t k, int k0) {
     uint32_t a[C::kMTiles][4];
 #pragma unroll
-    for (int mt = 0; mt < C::kMTiles; ++mt) load_a<T>(a[mt], sQ, C::kPitch, row0 + mt * 16, k0, lane);
+    for (int mt = 0; mt < C::kMTiles; ++mt) ldmatrix_x4(a[mt], C::Tile::at(q, mt * 16, k0));
 #pragma unroll
     for (int n0 = 0; n0 < C::kBlockN; n0 += 16) {
       uint32_t b[4];
-      load_b_nk<T>(b, sK, C::kPitch, n0, k0, lane);
+      ldmatrix_x4(b, C::Tile::at(k, n0, k0));
 #pragma unroll
       for (int mt = 0; mt < C::kMTiles; ++mt) {
         mma_16x8x16<T, kFirst>(s[mt][n0 / 8], a[mt], b[0], b[1]);
@@ -73,8 +73,8 @@ struct ForwardWarp : OnlineSoftmax<C::kMTiles, C::kOTiles> {
     }
   }
 
-  // O += P V, P straight from the score registers.
-  __device__ void accumulate_pv(const float (&p)[C::kMTiles][C::kSTiles][4], const T* sV, int lane) {
+  // O += P V, P straight from the score registers, V's tile at `v` (lane_kn).
+  __device__ void accumulate_pv(const float (&p)[C::kMTiles][C::kSTiles][4], uint32_t v) {
 #pragma unroll
     for (int k0 = 0; k0 < C::kBlockN; k0 += 16) {
       uint32_t a[C::kMTiles][4];
@@ -83,7 +83,7 @@ struct ForwardWarp : OnlineSoftmax<C::kMTiles, C::kOTiles> {
 #pragma unroll
       for (int n0 = 0; n0 < D; n0 += 16) {
         uint32_t b[4];
-        load_b_kn<T>(b, sV, C::kPitch, k0, n0, lane);
+        ldmatrix_x4_trans(b, C::Tile::at(v, k0, n0));
 #pragma unroll
         for (int mt = 0; mt < C::kMTiles; ++mt) {
           mma_16x8x16<T>(o[mt][n0 / 8], a[mt], b[0], b[1]);
@@ -99,10 +99,12 @@ __global__ void __launch_bounds__(ForwardConfig<T, D, kBlockN, kWarps>::kThreads
                                   ForwardConfig<T, D, kBlockN, kWarps>::kCtasPerSm)
     flash_forward_kernel(const __grid_constant__ AttnArgs a) {
   using C = ForwardConfig<T, D, kBlockN, kWarps>;
-  extern __shared__ __align__(16) unsigned char smem[];
+  using Tile = typename C::Tile;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  unsigned char* smem = align_smem(smem_raw);
   T* sQ = reinterpret_cast<T*>(smem);
-  T* sK = sQ + C::kBlockM * C::kPitch; // two buffers
-  T* sV = sK + 2 * C::kBlockN * C::kPitch;
+  unsigned char* sK = smem + Tile::bytes(C::kBlockM); // two buffers
+  unsigned char* sV = sK + 2 * C::kKBytes;
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int head = blockIdx.y, batch = blockIdx.z, kv_head = head / a.group;
@@ -125,8 +127,8 @@ __global__ void __launch_bounds__(ForwardConfig<T, D, kBlockN, kWarps>::kThreads
   const T* q = static_cast<const T*>(a.q.data) + batch * a.q.batch_stride + head * a.q.head_stride;
   const T* k = static_cast<const T*>(a.k.data) + batch * a.k.batch_stride + kv_head * a.k.head_stride;
   const T* v = static_cast<const T*>(a.v.data) + batch * a.v.batch_stride + kv_head * a.v.head_stride;
-  load_tile_async<C::kBlockM, D, C::kThreads>(sQ, C::kPitch, q + int64_t(m0) * a.q.token_stride,
-                                              a.q.token_stride, m1 - m0, tid);
+  load_tile_async<C::kBlockM, Tile, C::kThreads>(sQ, q + int64_t(m0) * a.q.token_stride, a.q.token_stride, m1 - m0,
+                                                 tid);
 
   KvWalk<C::kBlockN> walk;
   int list = 0; // which of the (at most two) query blocks of a block list this warp's rows are in
@@ -140,13 +142,17 @@ __global__ void __launch_bounds__(ForwardConfig<T, D, kBlockN, kWarps>::kThreads
   }
 
   const auto load_kv = [&](int buf, int32_t c0) {
-    load_tile_async<C::kBlockN, D, C::kThreads>(sK + buf * C::kBlockN * C::kPitch, C::kPitch,
-                                                k + int64_t(c0) * a.k.token_stride, a.k.token_stride,
-                                                reg.col_end - c0, tid);
-    load_tile_async<C::kBlockN, D, C::kThreads>(sV + buf * C::kBlockN * C::kPitch, C::kPitch,
-                                                v + int64_t(c0) * a.v.token_stride, a.v.token_stride,
-                                                reg.col_end - c0, tid);
+    load_tile_async<C::kBlockN, Tile, C::kThreads>(reinterpret_cast<T*>(sK + buf * C::kKBytes),
+                                                   k + int64_t(c0) * a.k.token_stride, a.k.token_stride,
+                                                   reg.col_end - c0, tid);
+    load_tile_async<C::kBlockN, Tile, C::kThreads>(reinterpret_cast<T*>(sV + buf * C::kKBytes),
+                                                   v + int64_t(c0) * a.v.token_stride, a.v.token_stride,
+                                                   reg.col_end - c0, tid);
   };
+
+  // This lane's fragment addresses (device.cuh), made once; buffer `buf` adds buf x kKBytes.
+  const uint32_t q_frag = smem_addr(sQ) + Tile::bytes(warp_row0) + Tile::lane_a(lane);
+  const uint32_t k_frag = smem_addr(sK) + Tile::lane_nk(lane), v_frag = smem_addr(sV) + Tile::lane_kn(lane);
 
   ForwardWarp<T, D, kBlockN, kWarps> w;
   w.init();
@@ -179,11 +185,11 @@ __global__ void __launch_bounds__(ForwardConfig<T, D, kBlockN, kWarps>::kThreads
     const bool masked = list ? cur.masked[1] : cur.masked[0];
     if (active) {
       float s[C::kMTiles][C::kSTiles][4];
-      w.scores(s, sQ, sK + buf * C::kBlockN * C::kPitch, warp_row0, lane);
+      w.scores(s, q_frag, k_frag + buf * C::kKBytes);
       if constexpr (kCopiesUnderScores) prefetch();
       if (masked || cur.cross) w.mask_scores(s, a.mask, reg, m0 + warp_row0, cur.c0, masked, lane);
       w.step(s, a.scale_log2);
-      w.accumulate_pv(s, sV + buf * C::kBlockN * C::kPitch, lane);
+      w.accumulate_pv(s, v_frag + buf * C::kKBytes);
     } else if constexpr (kCopiesUnderScores) {
       prefetch();
     }
