@@ -136,15 +136,10 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
   const uint32_t q_cols =
       s0 + C::kStage0 + Tile::bytes(C::kWarpM * wh) + Tile::lane_nk(lane); // S^T's B: Q (dP^T's: dO, + kDo)
   const uint32_t p_rows = s0 + C::kP + PTile::bytes(grow0) + PTile::lane_a(lane); // dV's A: P^T (dK's: dS^T, + kPBytes)
-  // The columns col0.. of a lane's address: whole 128-byte lines at D = 128 and 256, added; at D = 64
-  // (col0 = 32) they move the lane's chunk within its line, as at() does (adding would leave it).
-  const auto at_col0 = [&](uint32_t lane_addr) {
-    if constexpr (C::kOutCols % 64 == 0) return lane_addr + Tile::offset(0, col0);
-    else return Tile::at(lane_addr, 0, col0);
-  };
-  const uint32_t do_cols = at_col0(s0 + C::kStage0 + C::kDo + Tile::lane_kn(lane)); // dV's B: dO (dK's: Q, - kDo)
+  // dV's B: dO (dK's: Q, - kDo); dQ's B: K; both from the warp's first column.
+  const uint32_t do_cols = Tile::template at_cols<C::kOutCols>(s0 + C::kStage0 + C::kDo + Tile::lane_kn(lane), col0);
   const uint32_t ds_rows = s0 + C::kDs + PTile::offset(0, qrow0) + PTile::lane_nk(lane); // dQ's A: dS = (dS^T)^T
-  const uint32_t k_cols = at_col0(s0 + Tile::lane_kn(lane)); // dQ's B: K
+  const uint32_t k_cols = Tile::template at_cols<C::kOutCols>(s0 + Tile::lane_kn(lane), col0);
 
   const T* k = static_cast<const T*>(a.k.data) + batch * a.k.batch_stride + kv_head * a.k.head_stride;
   const T* v = static_cast<const T*>(a.v.data) + batch * a.v.batch_stride + kv_head * a.v.head_stride;
