@@ -43,7 +43,11 @@ template <class T, int D, int kMTiles_, int kBlockM_ = 64> struct BackwardConfig
   static constexpr int kGradMTiles = kGradKeys / 16;
   static constexpr int kOutCols = D / kColSplit; // columns of a warp's dK, dV, dQ
   static constexpr int kOutTiles = kOutCols / 8;
-  static constexpr int kDqRows = kBlockM * kColSplit / kWarps; // rows of a warp's dQ
+  // dQ's own split of the head dim: quarters at D = 128, so that a warp's dQ is 32 rows x 32
+  // columns (FlashAttention-2's tile there), each K fragment feeding two products.
+  static constexpr int kDqColSplit = D == 128 ? 4 : kColSplit;
+  static constexpr int kDqCols = D / kDqColSplit, kDqTiles = kDqCols / 8;
+  static constexpr int kDqRows = kBlockM * kDqColSplit / kWarps; // rows of a warp's dQ
   // Shared memory, in bytes: K, V, P^T, dS^T, then the stages, each Q, dO and their rows' LSE and
   // delta, so that a stage is one base plus constants. Q/dO are double-buffered where the device's
   // shared memory allows.
@@ -125,11 +129,15 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int wr = warp & 3, wh = warp >> 2; // S^T and dP^T: key slice, query half
   const int wrow0 = wr * C::kWarpN;        // this warp's first key in the tile
-  // dV, dK, dQ: warp (ws, wc) of kWarps / kColSplit slices of keys (dQ: of rows) by kColSplit of
-  // columns, the same as (wr, wh) where kColSplit = 2. Keys grow0.., dQ's rows qrow0.., columns col0..
+  // dV, dK: warp (ws, wc) of kWarps / kColSplit slices of keys by kColSplit of columns, the same as
+  // (wr, wh) where kColSplit = 2: keys grow0.., columns col0... dQ: slices of rows by kDqColSplit
+  // of columns: rows qrow0.., columns dq_col0...
   constexpr int kSlices = C::kWarps / C::kColSplit;
   const int ws = warp & (kSlices - 1), wc = warp >> (kSlices == 4 ? 2 : 1);
-  const int grow0 = ws * C::kGradKeys, qrow0 = ws * C::kDqRows, col0 = wc * C::kOutCols;
+  constexpr int kDqSlices = C::kWarps / C::kDqColSplit;
+  constexpr bool kDqOwnSplit = C::kDqColSplit != C::kColSplit;
+  const int grow0 = ws * C::kGradKeys, qrow0 = (kDqOwnSplit ? warp & (kDqSlices - 1) : ws) * C::kDqRows,
+            col0 = wc * C::kOutCols, dq_col0 = kDqOwnSplit ? (warp / kDqSlices) * C::kDqCols : col0;
   // This lane's fragment addresses (device.cuh), made once; a stage adds st x kStageBytes.
   const uint32_t s0 = smem_addr(smem);
   const uint32_t k_rows = s0 + Tile::bytes(wrow0) + Tile::lane_a(lane); // S^T's A: K (V: + kV)
@@ -139,7 +147,7 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
   // dV's B: dO (dK's: Q, - kDo); dQ's B: K; both from the warp's first column.
   const uint32_t do_cols = Tile::template at_cols<C::kOutCols>(s0 + C::kStage0 + C::kDo + Tile::lane_kn(lane), col0);
   const uint32_t ds_rows = s0 + C::kDs + PTile::offset(0, qrow0) + PTile::lane_nk(lane); // dQ's A: dS = (dS^T)^T
-  const uint32_t k_cols = Tile::template at_cols<C::kOutCols>(s0 + Tile::lane_kn(lane), col0);
+  const uint32_t k_cols = Tile::template at_cols<C::kDqCols>(s0 + Tile::lane_kn(lane), dq_col0);
 
   const T* k = static_cast<const T*>(a.k.data) + batch * a.k.batch_stride + kv_head * a.k.head_stride;
   const T* v = static_cast<const T*>(a.v.data) + batch * a.v.batch_stride + kv_head * a.v.head_stride;
@@ -346,7 +354,7 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
     if (a.accumulate_dq) {
       constexpr int kDqGroup = D == 256 ? 1 : C::kDqRows / 16;
       float* const dq_g = static_cast<float*>(a.dq.data) + batch * a.dq.batch_stride + cur.head * a.dq.head_stride;
-      const auto dq_row = [&](int32_t r) { return dq_g + int64_t(r) * a.dq.token_stride + col0 + (lane & 3) * 2; };
+      const auto dq_row = [&](int32_t r) { return dq_g + int64_t(r) * a.dq.token_stride + dq_col0 + (lane & 3) * 2; };
 #pragma unroll
       for (int m0 = 0; m0 < C::kDqRows; m0 += 16 * kDqGroup) {
         const auto row_of = [&](int mt, int hh) { return cur.r0 + qrow0 + m0 + 16 * mt + (lane >> 2) + hh * 8; };
@@ -354,12 +362,12 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
         // registers: +2.3% there (session 13, call 10). Elsewhere equal or, written as a separate
         // first step, 3% slower at D = 128 (calls 8, 9), so the flag folds into the unrolled loop.
         constexpr bool kZeroStart = D == 256;
-        float dq[kDqGroup][C::kOutTiles][4];
+        float dq[kDqGroup][C::kDqTiles][4];
         if constexpr (!kZeroStart) {
 #pragma unroll
           for (int mt = 0; mt < kDqGroup; ++mt)
 #pragma unroll
-            for (int j = 0; j < C::kOutTiles; ++j)
+            for (int j = 0; j < C::kDqTiles; ++j)
 #pragma unroll
               for (int e = 0; e < 4; ++e) dq[mt][j][e] = 0.f;
         }
@@ -377,12 +385,12 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
 #pragma unroll
         for (int mt = 0; mt < kDqGroup; ++mt)
 #pragma unroll
-          for (int j = 0; j < C::kOutTiles; ++j)
+          for (int j = 0; j < C::kDqTiles; ++j)
 #pragma unroll
             for (int e = 0; e < 4; ++e) dq[mt][j][e] *= a.scale;
         const auto put_row = [&](int mt, int hh, float* row) {
 #pragma unroll
-          for (int j = 0; j < C::kOutTiles; ++j) atomic_add2(row + j * 8, dq[mt][j][2 * hh], dq[mt][j][2 * hh + 1]);
+          for (int j = 0; j < C::kDqTiles; ++j) atomic_add2(row + j * 8, dq[mt][j][2 * hh], dq[mt][j][2 * hh + 1]);
         };
         if constexpr (kAtomicsInDk) {
           // Row i after dK's k-step i, with no branch (a branch would keep them apart from the
