@@ -33,7 +33,7 @@ template <class T, int D, int kMTiles_, int kBlockM_ = 64> struct BackwardConfig
   static constexpr int kBlockM = kBlockM_;   // queries per step
   static constexpr int kWarpM = kBlockM / 2; // queries of a warp's S^T and dP^T
   static constexpr int kQTiles = kWarpM / 8; // their n8 tiles
-  using Tile = HeadTile<T, D>;                  // K, V, Q, dO (device.cuh)
+  using Tile = HeadTile<T, D>;                  // K, V, Q, dO (smem_tile.h)
   using PTile = SmemTile<T, kBlockM, false>;    // P^T, dS^T: written a word at a time, padded
   // The products with D-wide outputs (dV, dK, dQ) split the head dim between kColSplit warps: two
   // halves, or four quarters at D = 256, where halves would give a warp 16 keys x 128 columns, each
@@ -138,7 +138,7 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
   constexpr bool kDqOwnSplit = C::kDqColSplit != C::kColSplit;
   const int grow0 = ws * C::kGradKeys, qrow0 = (kDqOwnSplit ? warp & (kDqSlices - 1) : ws) * C::kDqRows,
             col0 = wc * C::kOutCols, dq_col0 = kDqOwnSplit ? (warp / kDqSlices) * C::kDqCols : col0;
-  // This lane's fragment addresses (device.cuh), made once; a stage adds st x kStageBytes.
+  // This lane's fragment addresses (smem_tile.h), made once; a stage adds st x kStageBytes.
   const uint32_t s0 = smem_addr(smem);
   const uint32_t k_rows = s0 + Tile::bytes(wrow0) + Tile::lane_a(lane); // S^T's A: K (V: + kV)
   const uint32_t q_cols =
@@ -475,7 +475,7 @@ template <class T, int D, int kMTiles_> struct DqConfig {
   static constexpr int kWarpRows = 16 * kMTiles;
   static constexpr int kBlockM = kWarps * kWarpRows;
   static constexpr int kBlockN = 32; // narrow key tiles: S and dP of 32 rows stay in registers beside dQ
-  using Tile = HeadTile<T, D>; // Q, dO, K, V (device.cuh)
+  using Tile = HeadTile<T, D>; // Q, dO, K, V (smem_tile.h)
   static constexpr int kSTiles = kBlockN / 8;
   static constexpr int kOTiles = D / 8;
   static constexpr uint32_t kQBytes = Tile::bytes(kBlockM), kKBytes = Tile::bytes(kBlockN);
@@ -514,7 +514,7 @@ __global__ void __launch_bounds__(DqConfig<T, D, kMTiles>::kThreads, 1)
   }
   const int32_t m1 = min(m0 + C::kBlockM, reg.row_end);
   const int32_t warp_row0 = warp * C::kWarpRows;
-  // This lane's fragment addresses (device.cuh), made once; K/V buffer st adds st x kKBytes.
+  // This lane's fragment addresses (smem_tile.h), made once; K/V buffer st adds st x kKBytes.
   const uint32_t q_frag = smem_addr(sQ) + Tile::bytes(warp_row0) + Tile::lane_a(lane); // S's A: Q (dP's: dO, + kQBytes)
   const uint32_t k_nk = smem_addr(sK) + Tile::lane_nk(lane), v_nk = smem_addr(sV) + Tile::lane_nk(lane); // S's, dP's B
   const uint32_t k_kn = smem_addr(sK) + Tile::lane_kn(lane); // dQ's B: K

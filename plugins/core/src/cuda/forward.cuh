@@ -30,7 +30,7 @@ template <class T, int D, int kBlockN_, int kWarps_ = 4> struct ForwardConfig {
   static constexpr int kWarpRows = 16 * kMTiles;
   static constexpr int kBlockM = kWarps * kWarpRows;
   static constexpr int kBlockN = kBlockN_;
-  using Tile = HeadTile<T, D>; // Q, K and V (device.cuh)
+  using Tile = HeadTile<T, D>; // Q, K and V (smem_tile.h)
   static constexpr int kSTiles = kBlockN / 8; // score n-tiles
   static constexpr int kOTiles = D / 8;       // output n-tiles
   static constexpr uint32_t kKBytes = Tile::bytes(kBlockN); // a K or V buffer
@@ -150,7 +150,7 @@ __global__ void __launch_bounds__(ForwardConfig<T, D, kBlockN, kWarps>::kThreads
                                                    reg.col_end - c0, tid);
   };
 
-  // This lane's fragment addresses (device.cuh), made once; buffer `buf` adds buf x kKBytes.
+  // This lane's fragment addresses (smem_tile.h), made once; buffer `buf` adds buf x kKBytes.
   const uint32_t q_frag = smem_addr(sQ) + Tile::bytes(warp_row0) + Tile::lane_a(lane);
   const uint32_t k_frag = smem_addr(sK) + Tile::lane_nk(lane), v_frag = smem_addr(sV) + Tile::lane_kn(lane);
 
