@@ -164,12 +164,13 @@ __device__ __forceinline__ void ldmatrix_x2_trans(uint32_t (&r)[2], uint32_t add
                : "r"(addr));
 }
 
-// The base of a kernel's dynamic shared memory, rounded up to 128 bytes (swizzled tiles need their
-// lines aligned; the launch asks for kSmemAlign more bytes).
+// The base of a kernel's dynamic shared memory rounded up to kAlign bytes, which its launch asks for
+// beyond its tiles: 128 for the mma.sync kernels' swizzled tiles (smem_tile.h), 1024 for the copy
+// engine's 128-byte swizzle (sm90).
 constexpr uint32_t kSmemAlign = 128;
-__device__ __forceinline__ unsigned char* align_smem(unsigned char* p) {
+template <uint32_t kAlign = kSmemAlign> __device__ __forceinline__ unsigned char* align_smem(unsigned char* p) {
   const uint32_t a = smem_addr(p);
-  return p + ((kSmemAlign - a % kSmemAlign) % kSmemAlign);
+  return p + ((kAlign - a % kAlign) % kAlign);
 }
 
 // A fragment (16 x 16 over columns 16j..16j+15) from two C tiles of scores 2j and 2j+1.

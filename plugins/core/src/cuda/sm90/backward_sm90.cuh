@@ -166,7 +166,7 @@ __global__ void __launch_bounds__(BackwardConfig<T, D, kBlockM>::kThreads, 1)
   using Record = StepRecord<kBlockM>;
   constexpr int W = C::W;
   extern __shared__ unsigned char smem_raw[];
-  unsigned char* smem = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  unsigned char* smem = align_smem<1024>(smem_raw);
   T* sK = reinterpret_cast<T*>(smem + L::kK);
   T* sV = reinterpret_cast<T*>(smem + L::kV);
   T* sQ = reinterpret_cast<T*>(smem + L::kQ);   // kStages tiles

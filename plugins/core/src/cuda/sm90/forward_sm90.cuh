@@ -203,7 +203,7 @@ __global__ void __launch_bounds__(ForwardConfig<T, D, kTiles>::kThreads, Forward
   using C = ForwardConfig<T, D, kTiles>;
   constexpr int W = C::W;
   extern __shared__ unsigned char smem_raw[];
-  unsigned char* smem = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  unsigned char* smem = align_smem<1024>(smem_raw);
   T* sQ = reinterpret_cast<T*>(smem);
   T* sK = reinterpret_cast<T*>(smem + C::kQBytes);                            // kStages tiles
   T* sV = reinterpret_cast<T*>(smem + C::kQBytes + C::kStages * C::kKVBytes); // kStages tiles
