@@ -10,7 +10,6 @@
 
 #include <algorithm>
 #include <climits>
-#include <numeric>
 #include <tuple>
 
 namespace {
@@ -33,11 +32,6 @@ constexpr attnhost_param_spec kParams[] = {
      nullptr},
     {kSpec, "overlap", ATTNHOST_PARAM_BOOL, "true",
      "exchange dilated K/V rows on their own stream while the local patterns compute (false: one stream)", nullptr},
-    {kSpec, "slices", ATTNHOST_PARAM_INT, "2",
-     "batch slices a pass runs in, so that one slice's memory-bound row passes (combine, delta, gradient sums) run "
-     "under the next slice's attention; at world size 1 one sequence is sliced by its chunks of lcm(w) tokens; 1: "
-     "whole",
-     nullptr},
     {kSpec, "cpu_accumulate", ATTNHOST_PARAM_STRING, "\"fp32\"", "accumulation type of the CPU path", "fp32|fp64"},
 };
 
@@ -49,34 +43,16 @@ std::vector<dilated::Pattern> patterns_of(const attnhost::Problem& p) {
   return out;
 }
 
-// No segment crosses a multiple of every w (their least common multiple), so at world size 1 one
-// sequence of k such chunks is k independent batch entries of one chunk each: folded so, it can be
-// sliced (dilated_attention.h). 1 where it cannot be folded.
-int64_t fold_of(const attnhost::Problem& p) {
-  if (p->world_size != 1 || p->batch != 1) return 1;
-  int64_t chunk = 1;
-  for (const dilated::Pattern& pt : patterns_of(p)) {
-    chunk = std::lcm(chunk, pt.w);
-    if (chunk > p->seqlen_q) return 1;
-  }
-  return p->seqlen_q % chunk == 0 ? p->seqlen_q / chunk : 1;
-}
-
-Geometry geometry_of(const attnhost::Problem& p, int64_t fold = 1) {
+Geometry geometry_of(const attnhost::Problem& p) {
   const auto mode = p.get_string("offset_mode") == "torchscale" ? dilated::OffsetMode::torchscale
                                                                  : dilated::OffsetMode::paper;
-  return Geometry(p->seqlen_q / fold, p->heads_q, p->causal != 0, mode, patterns_of(p), p->world_size);
+  return Geometry(p->seqlen_q, p->heads_q, p->causal != 0, mode, patterns_of(p), p->world_size);
 }
 
-dilated::Shape shape_of(const attnhost::Problem& p, int64_t fold) {
+dilated::Shape shape_of(const attnhost::Problem& p) {
   dilated::Shape s;
   s.dtype = p->dtype;
-  s.batch = static_cast<int32_t>(p->batch * fold);
-  if (fold > 1) {  // [1, H, S] seen as [fold, H, S / fold]
-    s.lse_batch_stride = p->seqlen_q / fold;
-    s.lse_head_stride = p->seqlen_q;
-  }
-  s.slices = static_cast<int32_t>(p.get_int("slices"));
+  s.batch = static_cast<int32_t>(p->batch);
   s.heads_q = p->heads_q;
   s.heads_kv = p->heads_kv;
   s.head_dim = p->head_dim;
@@ -114,14 +90,13 @@ class Dilated {
                                      "and GQA heads are added atomically)");
     const std::string bad = dilated::check_patterns(p.get_int_list("segment_lengths"), p.get_int_list("dilation_rates"));
     if (!bad.empty()) fail(ATTNHOST_ERR_INVALID_ARGUMENT, bad);
-    if (p.get_int("slices") < 1) fail(ATTNHOST_ERR_INVALID_ARGUMENT, "slices must be at least 1");
     if (static_cast<double>(p->heads_q) * p->seqlen_q > INT32_MAX)
       fail(ATTNHOST_ERR_UNSUPPORTED, "heads x sequence length must stay below 2^31 (32-bit row tables)");
   }
 
   Dilated(const attnhost::Problem& p, attnhost::Host host)
       : problem_(p), geometry_(geometry_of(p)),
-        attention_(geometry_of(p, fold_of(p)), shape_of(p, fold_of(p)), host, p->rank, p->device_type == ATTNHOST_DEVICE_CUDA,
+        attention_(geometry_, shape_of(p), host, p->rank, p->device_type == ATTNHOST_DEVICE_CUDA,
                    p.get_string("cpu_accumulate") == "fp64", p.get_bool("overlap")) {
     const int64_t begin = geometry_.begin(p->rank), real = geometry_.end(p->rank) - begin;
     layout_.add(begin, real);

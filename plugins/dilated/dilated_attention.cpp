@@ -13,21 +13,19 @@ using attncore::RowStatsRef;
 using attncore::Segment;
 using attncore::TensorRef;
 
-// Slices of one buffer, 256-byte aligned; with no buffer it only counts the bytes. A buffer of
-// every batch entry is taken whole and seen from a slice's first entry, `entry` bytes in each.
+// Slices of one buffer, 256-byte aligned; with no buffer it only counts the bytes.
 class DilatedAttention::Carver {
  public:
-  Carver(char* base, size_t first) : base_(base), first_(first) {}
-  template <class T> T* take(size_t bytes, size_t entry = 0) {
+  explicit Carver(char* base) : base_(base) {}
+  template <class T> T* take(size_t bytes) {
     const size_t at = used_;
     used_ += (bytes + 255) / 256 * 256;
-    return base_ ? reinterpret_cast<T*>(base_ + at + first_ * entry) : nullptr;
+    return base_ ? reinterpret_cast<T*>(base_ + at) : nullptr;
   }
   size_t used() const { return used_; }
 
  private:
   char* base_;
-  size_t first_;
   size_t used_ = 0;
 };
 
@@ -36,19 +34,10 @@ DilatedAttention::DilatedAttention(const Geometry& geometry, const Shape& shape,
     : s_(shape), host_(host), rank_(rank), overlap_(overlap), causal_(geometry.causal()), local_(geometry.chunk()),
       group_(shape.heads_q / shape.heads_kv), dtype_(attncore::plugin::core_dtype(shape.dtype)),
       engine_(attncore::plugin::Engine::make(cuda, cpu_fp64, {attncore::plugin::EngineChoice::native, host})), ops_(RowOps::make(cuda)) {
-  stats_batch_ = s_.lse_batch_stride ? s_.lse_batch_stride : int64_t{s_.heads_q} * local_;
-  stats_head_ = s_.lse_head_stride ? s_.lse_head_stride : local_;
   build_tables(geometry);
-  // Slices of the batch, as even as can be. Where ranks exchange rows the messages hold every
-  // entry, and the pass runs whole.
-  const int32_t n = exchanges_ ? 1 : std::clamp(s_.slices, 1, s_.batch);
-  for (int32_t i = 0; i < n; ++i) {
-    const int32_t first = static_cast<int32_t>(int64_t{s_.batch} * i / n);
-    slices_.push_back({first, static_cast<int32_t>(int64_t{s_.batch} * (i + 1) / n) - first});
-  }
   size_t forward_bytes = 0, backward_bytes = 0;
-  carve(nullptr, false, &forward_bytes, slices_[0]);
-  carve(nullptr, true, &backward_bytes, slices_[0]);
+  carve(nullptr, false, &forward_bytes);
+  carve(nullptr, true, &backward_bytes);
   arena_ = attnhost::HostBuffer(host_, std::max(forward_bytes, backward_bytes));
 }
 
@@ -88,7 +77,7 @@ void DilatedAttention::build_tables(const Geometry& g) {
             for (int64_t j = st.host_segments[k].q_begin; j < st.host_segments[k].q_end; ++j) {
               const int64_t tok = v.p0 + i * v.p0_step + j * r, row = v.partial_row + i * v.rows + j;
               q_dst[tok * Hq + h] = static_cast<int32_t>(row);
-              if (r > 1) stat_src[row] = static_cast<int32_t>(h * stats_head_ + tok);
+              if (r > 1) stat_src[row] = static_cast<int32_t>(h * local_ + tok);
             }
         }
       at[p].q_dst = put(q_dst);
@@ -106,7 +95,7 @@ void DilatedAttention::build_tables(const Geometry& g) {
         for (int64_t t = reg.tq_lo; t < reg.tq_hi; ++t) {
           const int64_t tok = reg.rows.position(t) - a0, row = q_row0 + t;
           q_src[row] = static_cast<int32_t>(tok * Hq + h);
-          stat_src[row] = static_cast<int32_t>(h * stats_head_ + tok);
+          stat_src[row] = static_cast<int32_t>(h * local_ + tok);
           q_dst[tok * Hq + h] = static_cast<int32_t>(row);
         }
         auto [lo, hi] = reg.rows.within(a, b);
@@ -301,46 +290,41 @@ bool DilatedAttention::plan_views(PatternState& st, int64_t a0) const {
 
 // ---- buffers of one pass ----------------------------------------------------------------------
 
-DilatedAttention::Work DilatedAttention::carve(char* base, bool backward, size_t* bytes, Slice s) const {
-  Carver c(base, s.first);
+DilatedAttention::Work DilatedAttention::carve(char* base, bool backward, size_t* bytes) const {
+  Carver c(base);
   const size_t B = s_.batch, Hq = s_.heads_q, Hkv = s_.heads_kv, D = s_.head_dim, L = local_, e = el();
   const bool ts = backward && s_.torchscale_backward;
   Work w;
-  w.batch = s.count;
-  // A buffer of every entry seen from the slice's first, `entry` bytes an entry: fp32, or dtype.
-  const auto f32 = [&](size_t entry) { return c.take<float>(B * entry, entry); };
-  const auto typed = [&](size_t entry) { return c.take<void>(B * entry, entry); };
   if (backward) {
-    w.delta = c.take<float>(B * Hq * L * 4, stats_batch_ * 4);
-    w.dq = f32(L * Hq * D * 4);
-    w.dk = f32(L * Hkv * D * 4);
-    w.dv = f32(L * Hkv * D * 4);
+    w.delta = c.take<float>(B * Hq * L * 4);
+    w.dq = c.take<float>(B * L * Hq * D * 4);
+    w.dk = c.take<float>(B * L * Hkv * D * 4);
+    w.dv = c.take<float>(B * L * Hkv * D * 4);
   }
   for (const PatternState& st : patterns_) {
     PatternBuffers b;
-    const size_t rq = st.partial_rows, rk = Hq * st.nk;  // rows of one entry
+    const size_t rq = B * st.partial_rows, rk = B * Hq * st.nk;
     if (st.strided) {
-      if (!backward || ts) b.o = f32(rq * D * 4);  // the partial output (torchscale backward: recomputed)
-      if (!backward) b.lse = f32(rq * 4);
-      if (ts) b.part_lse = f32(rq * 4);
-      if (backward && st.pattern.r > 1) b.lse = f32(rq * 4);  // the final LSE of the view's rows
-      if (backward && (ts || st.pattern.r > 1)) b.delta = f32(rq * 4);
+      if (!backward || ts) b.o = c.take<float>(rq * D * 4);  // the partial output (torchscale backward: recomputed)
+      if (!backward) b.lse = c.take<float>(rq * 4);
+      if (ts) b.part_lse = c.take<float>(rq * 4);
+      if (backward && st.pattern.r > 1) b.lse = c.take<float>(rq * 4);  // the final LSE of the view's rows
+      if (backward && (ts || st.pattern.r > 1)) b.delta = c.take<float>(rq * 4);
     } else {
-      b.q = typed(rq * D * e);
-      b.k = typed(rk * D * e);
-      b.v = typed(rk * D * e);
-      b.lse = f32(rq * 4);
-      if (!backward || ts) b.o = f32(rq * D * 4);
+      b.q = c.take<void>(rq * D * e);
+      b.k = c.take<void>(rk * D * e);
+      b.v = c.take<void>(rk * D * e);
+      b.lse = c.take<float>(rq * 4);
+      if (!backward || ts) b.o = c.take<float>(rq * D * 4);
       if (backward) {
-        b.d_o = typed(rq * D * e);
-        b.delta = f32(rq * 4);
-        b.dq = f32(rq * D * 4);
-        b.dk = f32(rk * D * 4);
-        b.dv = f32(rk * D * 4);
-        if (ts) b.part_lse = f32(rq * 4);
+        b.d_o = c.take<void>(rq * D * e);
+        b.delta = c.take<float>(rq * 4);
+        b.dq = c.take<float>(rq * D * 4);
+        b.dk = c.take<float>(rk * D * 4);
+        b.dv = c.take<float>(rk * D * 4);
+        if (ts) b.part_lse = c.take<float>(rq * 4);
       }
     }
-    // Messages hold every entry (K of all, then V of all): a pass that exchanges runs whole.
     for (const Message& m : st.sends) {
       b.send.push_back(c.take<char>(2 * B * m.rows * D * e));
       if (backward) b.grad_recv.push_back(c.take<char>(2 * B * m.rows * D * 4));
@@ -355,24 +339,6 @@ DilatedAttention::Work DilatedAttention::carve(char* base, bool backward, size_t
   return w;
 }
 
-void DilatedAttention::shift(attnhost_tensor& t, int32_t heads, int32_t first) const {
-  if (!t.data) return;
-  const int64_t entry = heads ? local_ * heads * s_.head_dim * int64_t(el()) : stats_batch_ * 4;
-  t.data = static_cast<char*>(t.data) + first * entry;
-}
-attnhost_forward_args DilatedAttention::entries(attnhost_forward_args a, int32_t first) const {
-  for (attnhost_tensor* t : {&a.q, &a.o}) shift(*t, s_.heads_q, first);
-  for (attnhost_tensor* t : {&a.k, &a.v}) shift(*t, s_.heads_kv, first);
-  shift(a.lse, 0, first);
-  return a;
-}
-attnhost_backward_args DilatedAttention::entries(attnhost_backward_args a, int32_t first) const {
-  for (attnhost_tensor* t : {&a.q, &a.o, &a.d_o, &a.dq}) shift(*t, s_.heads_q, first);
-  for (attnhost_tensor* t : {&a.k, &a.v, &a.dk, &a.dv}) shift(*t, s_.heads_kv, first);
-  shift(a.lse, 0, first);
-  return a;
-}
-
 // ---- views ------------------------------------------------------------------------------------
 
 TensorRef DilatedAttention::local_ref(const void* base, int32_t heads) const {
@@ -383,7 +349,7 @@ TensorRef DilatedAttention::rows_ref(const void* base, int64_t n) const {
   return {const_cast<void*>(base), int64_t{s_.heads_q} * n * s_.head_dim, s_.head_dim, n * s_.head_dim};
 }
 RowStatsRef DilatedAttention::local_stats(const float* base) const {
-  return {const_cast<float*>(base), stats_batch_, stats_head_};
+  return {const_cast<float*>(base), int64_t{s_.heads_q} * local_, local_};
 }
 RowStatsRef DilatedAttention::rows_stats(const float* base, int64_t n) const {
   return {const_cast<float*>(base), int64_t{s_.heads_q} * n, 0};
@@ -403,14 +369,14 @@ RowStatsRef DilatedAttention::partial_stats(const float* base, int64_t rows, con
   return {const_cast<float*>(base) + v.partial_row, rows, v.rows};
 }
 RowStatsRef DilatedAttention::local_stats(const float* base, const View& v) const {
-  return {const_cast<float*>(base) + v.first_head * stats_head_ + v.p0, stats_batch_,
-          v.head_step * stats_head_ + v.p0_step};
+  return {const_cast<float*>(base) + v.first_head * local_ + v.p0, int64_t{s_.heads_q} * local_,
+          v.head_step * local_ + v.p0_step};
 }
 
-ForwardParams DilatedAttention::forward_base(int32_t batch) const {
+ForwardParams DilatedAttention::forward_base() const {
   ForwardParams f;
   f.dtype = dtype_;
-  f.batch = batch;
+  f.batch = s_.batch;
   f.head_dim = s_.head_dim;
   f.softmax_scale = s_.softmax_scale;
   f.o_fp32 = true;
@@ -419,9 +385,9 @@ ForwardParams DilatedAttention::forward_base(int32_t batch) const {
 }
 
 void DilatedAttention::view_forward(const PatternState& st, const View& v, const void* q, const void* k,
-                                    const void* vv, float* o, float* lse, int32_t batch, void* stream) {
+                                    const void* vv, float* o, float* lse, void* stream) {
   const int64_t r = st.pattern.r;
-  ForwardParams f = forward_base(batch);
+  ForwardParams f = forward_base();
   f.segments = st.segments + v.segment_begin;
   f.num_segments = static_cast<int32_t>(v.segment_count);
   f.heads_q = v.heads;
@@ -436,8 +402,8 @@ void DilatedAttention::view_forward(const PatternState& st, const View& v, const
 }
 
 ForwardParams DilatedAttention::gathered_params(const PatternState& st, const void* q, const void* k, const void* v,
-                                                float* o, float* lse, int32_t batch) const {
-  ForwardParams f = forward_base(batch);
+                                                float* o, float* lse) const {
+  ForwardParams f = forward_base();
   f.segments = st.segments;
   f.num_segments = static_cast<int32_t>(st.host_segments.size());
   f.heads_q = f.heads_kv = 1;
@@ -569,10 +535,6 @@ std::vector<void*> DilatedAttention::lanes() const {
   return {compute, host_.stream(1), host_.stream(2)};
 }
 
-void* DilatedAttention::row_lane(const std::vector<void*>& lanes) const {
-  return slices_.size() > 1 && lanes.size() > 1 ? lanes[1] : lanes[0];
-}
-
 // f(p, stream) for each pattern of `list`, in its trace range ("<pass> w=.. r=.."), on lanes[lane[p]].
 template <class F>
 void DilatedAttention::run_patterns(const std::vector<size_t>& list, const char* pass, const std::vector<void*>& lanes,
@@ -589,12 +551,12 @@ void DilatedAttention::run_patterns(const std::vector<size_t>& list, const char*
 
 // ---- forward ----------------------------------------------------------------------------------
 
-void DilatedAttention::pattern_forward(size_t p, const attnhost_forward_args& a, const Work& w, void* stream) {
+void DilatedAttention::pattern_forward(size_t p, const attnhost_forward_args& a, const PatternBuffers& b,
+                                       void* stream) {
   const PatternState& st = patterns_[p];
-  const PatternBuffers& b = w.patterns[p];
   if (st.host_segments.empty()) return;  // no query of this rank is selected
   if (st.strided) {
-    for (const View& v : st.views) view_forward(st, v, a.q.data, a.k.data, a.v.data, b.o, b.lse, w.batch, stream);
+    for (const View& v : st.views) view_forward(st, v, a.q.data, a.k.data, a.v.data, b.o, b.lse, stream);
     return;
   }
   const int32_t row = static_cast<int32_t>(s_.head_dim * el());
@@ -602,16 +564,32 @@ void DilatedAttention::pattern_forward(size_t p, const attnhost_forward_args& a,
   ops_->copy({{b.q, a.q.data, nullptr, st.q_src, s_.heads_q * st.nq, row, q_batch, local_ * s_.heads_q * int64_t{row}},
               {b.k, a.k.data, nullptr, st.kv_src, s_.heads_q * st.nk, row, k_batch, local_ * s_.heads_kv * int64_t{row}},
               {b.v, a.v.data, nullptr, st.kv_src, s_.heads_q * st.nk, row, k_batch, local_ * s_.heads_kv * int64_t{row}}},
-             w.batch, stream);
-  engine_->forward(gathered_params(st, b.q, b.k, b.v, b.o, b.lse, w.batch), stream);
+             s_.batch, stream);
+  engine_->forward(gathered_params(st, b.q, b.k, b.v, b.o, b.lse), stream);
 }
 
-void DilatedAttention::combine(const attnhost_forward_args& a, const Work& w, void* stream) {
+void DilatedAttention::forward(const attnhost_forward_args& a) {
+  void* compute = host_.stream(0);
+  void* comm = overlap_ ? host_.stream(1) : compute;
+  const Work w = carve(arena_.as<char>(), false, nullptr);
+  if (exchanges_) {
+    engine_->wait(comm, compute);  // Q, K, V are ready, and the last pass is done with the buffers
+    exchange_kv(a.k.data, a.v.data, w, comm);
+  }
+  const std::vector<void*> lanes = this->lanes();
+  for (size_t i = 1; i < lanes.size(); ++i) engine_->wait(lanes[i], compute);
+  const auto run = [&](const std::vector<size_t>& list) {
+    run_patterns(list, "dilated", lanes, schedule_.forward_lane,
+                 [&](size_t p, void* stream) { pattern_forward(p, a, w.patterns[p], stream); });
+  };
+  if (exchanges_) engine_->wait(lanes.back(), comm);  // the remote patterns' lane (schedule())
+  run(schedule_.remote);
+  run(schedule_.first);
+  run(schedule_.rest);
+  for (size_t i = 1; i < lanes.size(); ++i) engine_->wait(compute, lanes[i]);
   Combine c;
   c.o = a.o.data;
   c.lse = static_cast<float*>(a.lse.data);
-  c.lse_batch = stats_batch_;
-  c.lse_head = stats_head_;
   c.dtype = s_.dtype;
   c.tokens = local_;
   c.heads = s_.heads_q;
@@ -620,48 +598,19 @@ void DilatedAttention::combine(const attnhost_forward_args& a, const Work& w, vo
     const int64_t rows = patterns_[p].partial_rows;
     c.parts.push_back({w.patterns[p].o, w.patterns[p].lse, patterns_[p].q_dst, rows * s_.head_dim, rows});
   }
-  const int32_t range = host_.range_begin("dilated combine", ATTNHOST_RANGE_COMPUTE, stream);
-  ops_->combine(c, w.batch, stream);
-  host_.range_end(range, stream);
-}
-
-// Slice by slice: a slice's combine runs on the row lane (below) once every lane is done with the
-// slice, under the next slice's patterns on the other lanes.
-void DilatedAttention::forward(const attnhost_forward_args& a) {
-  void* compute = host_.stream(0);
-  void* comm = overlap_ ? host_.stream(1) : compute;
-  const std::vector<void*> lanes = this->lanes();
-  void* rows = row_lane(lanes);
-  if (exchanges_) {
-    engine_->wait(comm, compute);  // Q, K, V are ready, and the last pass is done with the buffers
-    exchange_kv(a.k.data, a.v.data, carve(arena_.as<char>(), false, nullptr, slices_[0]), comm);
-  }
-  for (size_t i = 1; i < lanes.size(); ++i) engine_->wait(lanes[i], compute);
-  if (exchanges_) engine_->wait(lanes.back(), comm);  // the remote patterns' lane (schedule())
-  for (const Slice& slice : slices_) {
-    const Work w = carve(arena_.as<char>(), false, nullptr, slice);
-    const attnhost_forward_args as = entries(a, slice.first);
-    const auto run = [&](const std::vector<size_t>& list) {
-      run_patterns(list, "dilated", lanes, schedule_.forward_lane,
-                   [&](size_t p, void* stream) { pattern_forward(p, as, w, stream); });
-    };
-    run(schedule_.remote);
-    run(schedule_.first);
-    run(schedule_.rest);
-    for (void* lane : lanes) engine_->wait(rows, lane);
-    combine(as, w, rows);
-  }
-  for (void* lane : lanes) engine_->wait(compute, lane);
+  const int32_t range = host_.range_begin("dilated combine", ATTNHOST_RANGE_COMPUTE, compute);
+  ops_->combine(c, s_.batch, compute);
+  host_.range_end(range, compute);
 }
 
 // ---- backward ---------------------------------------------------------------------------------
 
-void DilatedAttention::compute_delta(int32_t batch, int32_t heads, int64_t seqlen, const TensorRef& o, bool o_fp32,
+void DilatedAttention::compute_delta(int32_t heads, int64_t seqlen, const TensorRef& o, bool o_fp32,
                                      const TensorRef& d_o, const RowStatsRef& delta, void* stream, float* zero,
                                      size_t zero_bytes) {
   DeltaParams dp;
   dp.dtype = dtype_;
-  dp.batch = batch;
+  dp.batch = s_.batch;
   dp.heads = heads;
   dp.head_dim = s_.head_dim;
   dp.seqlen = seqlen;
@@ -675,10 +624,10 @@ void DilatedAttention::compute_delta(int32_t batch, int32_t heads, int64_t seqle
 }
 
 // The final LSE (and, unless the torchscale backward makes its own, delta) of a pattern's partial
-// rows, gathered from the local [B, heads_q, local] stats (the LSE's strides) by stat_src.
+// rows, gathered from the local [B, heads_q, local] stats by stat_src.
 std::vector<RowCopy> DilatedAttention::stats_gather(const PatternState& st, const PatternBuffers& b,
                                                     const attnhost_backward_args& a, const Work& w) const {
-  const int64_t rq = st.partial_rows, local = stats_batch_ * 4;
+  const int64_t rq = st.partial_rows, local = int64_t{s_.heads_q} * local_ * 4;
   std::vector<RowCopy> jobs = {{b.lse, a.lse.data, nullptr, st.stat_src, rq, 4, rq * 4, local}};
   if (!s_.torchscale_backward) jobs.push_back({b.delta, w.delta, nullptr, st.stat_src, rq, 4, rq * 4, local});
   return jobs;
@@ -691,7 +640,7 @@ void DilatedAttention::pattern_backward(size_t p, const attnhost_backward_args& 
   const bool ts = s_.torchscale_backward;
   BackwardParams bp;
   bp.dtype = dtype_;
-  bp.batch = w.batch;
+  bp.batch = s_.batch;
   bp.head_dim = s_.head_dim;
   bp.softmax_scale = s_.softmax_scale;
   bp.mask.causal = causal_;
@@ -716,8 +665,8 @@ void DilatedAttention::pattern_backward(size_t p, const attnhost_backward_args& 
       bp.lse = r > 1 ? partial_stats(b.lse, rq, v) : local_stats(static_cast<const float*>(a.lse.data), v);
       bp.delta = ts || r > 1 ? partial_stats(b.delta, rq, v) : local_stats(w.delta, v);
       if (ts) {  // delta_i = rowsum(dO * O_i) of this pattern's own output
-        view_forward(st, v, a.q.data, a.k.data, a.v.data, b.o, b.part_lse, w.batch, stream);
-        compute_delta(w.batch, v.heads, v.rows, partial_ref(b.o, rq, v), true, bp.d_o, bp.delta, stream);
+        view_forward(st, v, a.q.data, a.k.data, a.v.data, b.o, b.part_lse, stream);
+        compute_delta(v.heads, v.rows, partial_ref(b.o, rq, v), true, bp.d_o, bp.delta, stream);
       }
       bp.dq = view_ref(w.dq, s_.heads_q, 4, v, v.first_head, r);
       bp.dk = view_ref(w.dk, s_.heads_kv, 4, v, kv_first, r);
@@ -736,12 +685,11 @@ void DilatedAttention::pattern_backward(size_t p, const attnhost_backward_args& 
                              {b.k, a.k.data, nullptr, st.kv_src, rk, row, rk * row, kv_local},
                              {b.v, a.v.data, nullptr, st.kv_src, rk, row, rk * row, kv_local},
                              {b.d_o, a.d_o.data, nullptr, st.q_src, rq, row, rq * row, q_local}});
-  ops_->copy(jobs, w.batch, stream);
-  engine_->zero(b.dq, w.batch * rq * s_.head_dim * 4, stream);
+  ops_->copy(jobs, s_.batch, stream);
+  engine_->zero(b.dq, s_.batch * rq * s_.head_dim * 4, stream);
   if (ts) {
-    engine_->forward(gathered_params(st, b.q, b.k, b.v, b.o, b.part_lse, w.batch), stream);
-    compute_delta(w.batch, 1, rq, rows_ref(b.o, st.nq), true, rows_ref(b.d_o, st.nq), rows_stats(b.delta, st.nq),
-                  stream);
+    engine_->forward(gathered_params(st, b.q, b.k, b.v, b.o, b.part_lse), stream);
+    compute_delta(1, rq, rows_ref(b.o, st.nq), true, rows_ref(b.d_o, st.nq), rows_stats(b.delta, st.nq), stream);
   }
   bp.heads_q = bp.heads_kv = 1;
   bp.seqlen_q = rq;
@@ -758,9 +706,62 @@ void DilatedAttention::pattern_backward(size_t p, const attnhost_backward_args& 
   engine_->backward(bp, stream);  // the partials stay gathered until backward's last step sums them
 }
 
-// Each local row: its accumulator (strided patterns, returned partials) plus its gathered partials
-// (a key row: one per query head of its group), rounded once.
-void DilatedAttention::sum_gradients(const attnhost_backward_args& a, const Work& w, void* stream) {
+void DilatedAttention::backward(const attnhost_backward_args& a) {
+  void* compute = host_.stream(0);
+  void* comm = overlap_ ? host_.stream(1) : compute;
+  const Work w = carve(arena_.as<char>(), true, nullptr);
+  const size_t q_elems = size_t(s_.batch) * local_ * s_.heads_q * s_.head_dim;
+  const size_t kv_elems = size_t(s_.batch) * local_ * s_.heads_kv * s_.head_dim;
+
+  // delta of the final output: what makes every pattern's backward exact; the dQ accumulator
+  // cleared in the same pass
+  compute_delta(s_.heads_q, local_, local_ref(a.o.data, s_.heads_q), false, local_ref(a.d_o.data, s_.heads_q),
+                local_stats(w.delta), compute, w.dq, q_elems * 4);
+  if (dkdv_writer_ < 0) {
+    engine_->zero(w.dk, kv_elems * 4, compute);
+    engine_->zero(w.dv, kv_elems * 4, compute);
+  }
+  if (exchanges_) {
+    engine_->wait(comm, compute);
+    exchange_kv(a.k.data, a.v.data, w, comm);
+  }
+  const std::vector<void*> lanes = this->lanes();
+  // The strided patterns' final LSE and delta rows, all in one launch: on a pattern's lane each
+  // small copy waited for SMs that the other lanes' CTAs held (1.7 ms of copies in the profile of
+  // S = 32768 causal, PERFORMANCE.md, session 19).
+  std::vector<RowCopy> stats;
+  for (size_t p = 0; p < patterns_.size(); ++p) {
+    const PatternState& st = patterns_[p];
+    if (!st.strided || st.pattern.r == 1 || st.host_segments.empty()) continue;
+    for (const RowCopy& c : stats_gather(st, w.patterns[p], a, w)) stats.push_back(c);
+  }
+  ops_->copy(stats, s_.batch, compute);
+  for (size_t i = 1; i < lanes.size(); ++i) engine_->wait(lanes[i], compute);  // delta, zeros and rows are in
+  const auto run = [&](const std::vector<size_t>& list) {
+    run_patterns(list, "dilated backward", lanes, schedule_.backward_lane,
+                 [&](size_t p, void* stream) { pattern_backward(p, a, w, stream); });
+  };
+  if (exchanges_) engine_->wait(lanes.back(), comm);  // the remote patterns' lane (schedule())
+  run(schedule_.remote);
+  if (exchanges_) send_gradients(w, lanes.back(), comm);
+  run(schedule_.first);
+  // The gathered patterns lead schedule_.rest and start at once; a strided one on another lane
+  // first waits for the dK/dV writer (lane 0, schedule_.first), whose values it adds to.
+  const attncore::plugin::Engine::Event written = lanes.size() > 1 ? engine_->record(compute) : nullptr;
+  std::vector<bool> after_writer(lanes.size(), false);
+  for (size_t p : schedule_.rest) {
+    const int lane = schedule_.backward_lane[p];
+    if (dkdv_writer_ >= 0 && patterns_[p].strided && lane > 0 && !after_writer[lane]) {
+      engine_->wait(lanes[lane], written);
+      after_writer[lane] = true;
+    }
+    run({p});
+  }
+  for (size_t i = 1; i < lanes.size(); ++i) engine_->wait(compute, lanes[i]);
+  if (exchanges_) add_gradients(w, compute, comm);
+
+  // Each local row: its accumulator (strided patterns, returned partials) plus its gathered
+  // partials (a key row: one per query head of its group), rounded once.
   const int32_t D = s_.head_dim;
   RowSum dq{a.dq.data, s_.dtype, w.dq, local_ * s_.heads_q, D, local_ * s_.heads_q * D, {}};
   RowSum dk{a.dk.data, s_.dtype, w.dk, local_ * s_.heads_kv, D, local_ * s_.heads_kv * D, {}};
@@ -774,72 +775,9 @@ void DilatedAttention::sum_gradients(const attnhost_backward_args& a, const Work
     dk.parts.push_back({b.dk, st.kv_dst, group_, rk});
     dv.parts.push_back({b.dv, st.kv_dst, group_, rk});
   }
-  const int32_t range = host_.range_begin("dilated dQ/dK/dV sums", ATTNHOST_RANGE_COMPUTE, stream);
-  for (const RowSum* r : {&dq, &dk, &dv}) ops_->sum(*r, w.batch, stream);
-  host_.range_end(range, stream);
-}
-
-// Slice by slice: delta and the row stats of a slice on the compute stream, then its patterns; its
-// sums on the row lane once every lane is done with it, under the next slice's patterns.
-void DilatedAttention::backward(const attnhost_backward_args& a) {
-  void* compute = host_.stream(0);
-  void* comm = overlap_ ? host_.stream(1) : compute;
-  const std::vector<void*> lanes = this->lanes();
-  void* rows = row_lane(lanes);
-  for (const Slice& slice : slices_) {
-    const Work w = carve(arena_.as<char>(), true, nullptr, slice);
-    const attnhost_backward_args as = entries(a, slice.first);
-    const size_t q_elems = size_t(w.batch) * local_ * s_.heads_q * s_.head_dim;
-    const size_t kv_elems = size_t(w.batch) * local_ * s_.heads_kv * s_.head_dim;
-
-    // delta of the final output: what makes every pattern's backward exact; the dQ accumulator
-    // cleared in the same pass
-    compute_delta(w.batch, s_.heads_q, local_, local_ref(as.o.data, s_.heads_q), false,
-                  local_ref(as.d_o.data, s_.heads_q), local_stats(w.delta), compute, w.dq, q_elems * 4);
-    if (dkdv_writer_ < 0) {
-      engine_->zero(w.dk, kv_elems * 4, compute);
-      engine_->zero(w.dv, kv_elems * 4, compute);
-    }
-    if (exchanges_) {
-      engine_->wait(comm, compute);
-      exchange_kv(as.k.data, as.v.data, w, comm);
-    }
-    // The strided patterns' final LSE and delta rows, all in one launch: on a pattern's lane each
-    // small copy waited for SMs that the other lanes' CTAs held (1.7 ms of copies in the profile of
-    // S = 32768 causal, PERFORMANCE.md, session 19).
-    std::vector<RowCopy> stats;
-    for (size_t p = 0; p < patterns_.size(); ++p) {
-      const PatternState& st = patterns_[p];
-      if (!st.strided || st.pattern.r == 1 || st.host_segments.empty()) continue;
-      for (const RowCopy& c : stats_gather(st, w.patterns[p], as, w)) stats.push_back(c);
-    }
-    ops_->copy(stats, w.batch, compute);
-    for (size_t i = 1; i < lanes.size(); ++i) engine_->wait(lanes[i], compute);  // delta, zeros and rows are in
-    const auto run = [&](const std::vector<size_t>& list) {
-      run_patterns(list, "dilated backward", lanes, schedule_.backward_lane,
-                   [&](size_t p, void* stream) { pattern_backward(p, as, w, stream); });
-    };
-    if (exchanges_) engine_->wait(lanes.back(), comm);  // the remote patterns' lane (schedule())
-    run(schedule_.remote);
-    if (exchanges_) send_gradients(w, lanes.back(), comm);
-    run(schedule_.first);
-    // The gathered patterns lead schedule_.rest and start at once; a strided one on another lane
-    // first waits for the dK/dV writer (lane 0, schedule_.first), whose values it adds to.
-    const attncore::plugin::Engine::Event written = lanes.size() > 1 ? engine_->record(compute) : nullptr;
-    std::vector<bool> after_writer(lanes.size(), false);
-    for (size_t p : schedule_.rest) {
-      const int lane = schedule_.backward_lane[p];
-      if (dkdv_writer_ >= 0 && patterns_[p].strided && lane > 0 && !after_writer[lane]) {
-        engine_->wait(lanes[lane], written);
-        after_writer[lane] = true;
-      }
-      run({p});
-    }
-    for (void* lane : lanes) engine_->wait(rows, lane);
-    if (exchanges_) add_gradients(w, rows, comm);
-    sum_gradients(as, w, rows);
-  }
-  for (void* lane : lanes) engine_->wait(compute, lane);
+  const int32_t range = host_.range_begin("dilated dQ/dK/dV sums", ATTNHOST_RANGE_COMPUTE, compute);
+  for (const RowSum* r : {&dq, &dk, &dv}) ops_->sum(*r, s_.batch, compute);
+  host_.range_end(range, compute);
 }
 
 }  // namespace dilated

@@ -54,12 +54,6 @@ struct Shape {
   // backward uses delta_i = rowsum(dO * O_i) of its own output (recomputed) instead of the final
   // output's. Not the gradient of the forward when patterns overlap; offered to compare.
   bool torchscale_backward = false;
-  // The LSE's [batch, heads, tokens] strides in floats (0: dense). A sequence folded into batch
-  // entries (dilated.cpp) keeps the host's layout, whose head stride spans every entry.
-  int64_t lse_batch_stride = 0, lse_head_stride = 0;
-  // Batch slices a pass runs in (at most the batch; one where ranks exchange rows): each slice's
-  // row passes run under the next slice's patterns (dilated_attention.cpp).
-  int32_t slices = 1;
 };
 
 class DilatedAttention {
@@ -119,33 +113,19 @@ class DilatedAttention {
     std::vector<char*> send, recv, grad_send, grad_recv;            // per message
   };
   struct Work {
-    int32_t batch = 0;  // entries: the slice's (pointers are at its first entry)
-    float *delta = nullptr, *dq = nullptr, *dk = nullptr, *dv = nullptr;  // backward: delta (the LSE's layout) and accumulators
+    float *delta = nullptr, *dq = nullptr, *dk = nullptr, *dv = nullptr;  // backward: [B, H, local] and accumulators
     std::vector<PatternBuffers> patterns;
-  };
-  // Batch entries [first, first + count).
-  struct Slice {
-    int32_t first = 0, count = 0;
   };
   class Carver;
 
   void build_tables(const Geometry& geometry);
   // Whether pattern st can run strided on this rank, and if so its views, segments and partial_rows.
   bool plan_views(PatternState& st, int64_t a0) const;
-  // The pass's buffers for every batch entry, as the slice `s` sees them.
-  Work carve(char* base, bool backward, size_t* bytes, Slice s) const;
-  // The host's tensors from batch entry `first` on.
-  attnhost_forward_args entries(attnhost_forward_args a, int32_t first) const;
-  attnhost_backward_args entries(attnhost_backward_args a, int32_t first) const;
-  void shift(attnhost_tensor& t, int32_t heads, int32_t first) const;  // heads 0: an LSE
+  Work carve(char* base, bool backward, size_t* bytes) const;
 
   // The streams patterns run on at once (see .cpp): the compute stream first; not the one that
   // carries the exchanges where ranks exchange rows; only the compute stream when overlap is off.
   std::vector<void*> lanes() const;
-  // The lane of a slice's row passes (combine, sums): the one after the compute stream when the
-  // pass runs in slices, so that the compute stream goes on with the next slice; else the compute
-  // stream.
-  void* row_lane(const std::vector<void*>& lanes) const;
   void exchange_kv(const void* k, const void* v, const Work& w, void* stream);
   // The return of the remote patterns' dK/dV partials to the ranks that own the keys, in two
   // halves: packed and exchanged on the communication stream once those patterns are done, and
@@ -162,20 +142,18 @@ class DilatedAttention {
   template <class F>
   void run_patterns(const std::vector<size_t>& list, const char* pass, const std::vector<void*>& lanes,
                     const std::vector<int>& lane, F&& f);
-  void pattern_forward(size_t p, const attnhost_forward_args& a, const Work& w, void* stream);
-  void combine(const attnhost_forward_args& a, const Work& w, void* stream);
-  void sum_gradients(const attnhost_backward_args& a, const Work& w, void* stream);
+  void pattern_forward(size_t p, const attnhost_forward_args& a, const PatternBuffers& b, void* stream);
   void pattern_backward(size_t p, const attnhost_backward_args& a, const Work& w, void* stream);
-  void compute_delta(int32_t batch, int32_t heads, int64_t seqlen, const attncore::TensorRef& o, bool o_fp32,
+  void compute_delta(int32_t heads, int64_t seqlen, const attncore::TensorRef& o, bool o_fp32,
                      const attncore::TensorRef& d_o, const attncore::RowStatsRef& delta, void* stream,
                      float* zero = nullptr, size_t zero_bytes = 0);
   std::vector<RowCopy> stats_gather(const PatternState& st, const PatternBuffers& b, const attnhost_backward_args& a,
                                     const Work& w) const;
-  attncore::ForwardParams forward_base(int32_t batch) const;  // dtype, shape, scale, mask, fp32 partial O
+  attncore::ForwardParams forward_base() const;  // dtype, shape, scale, mask, fp32 partial O
   void view_forward(const PatternState& st, const View& v, const void* q, const void* k, const void* vv, float* o,
-                    float* lse, int32_t batch, void* stream);
+                    float* lse, void* stream);
   attncore::ForwardParams gathered_params(const PatternState& st, const void* q, const void* k, const void* v,
-                                          float* o, float* lse, int32_t batch) const;
+                                          float* o, float* lse) const;
 
   attncore::TensorRef local_ref(const void* base, int32_t heads) const;  // [B, local, heads, D]
   // The local [B, local, heads, D] tensor (elements of `bytes`) as a view's [B, rows, heads, D],
@@ -188,7 +166,7 @@ class DilatedAttention {
   // The local row stats [B, heads_q, local] as a view's (r = 1: its rows are consecutive tokens).
   attncore::RowStatsRef local_stats(const float* base, const View& v) const;
   attncore::TensorRef rows_ref(const void* base, int64_t n) const;       // [B, heads_q * n, 1, D]
-  attncore::RowStatsRef local_stats(const float* base) const;                      // [B, heads_q, local], the LSE's strides
+  attncore::RowStatsRef local_stats(const float* base) const;                      // [B, heads_q, local]
   attncore::RowStatsRef rows_stats(const float* base, int64_t n) const;            // [B, 1, heads_q * n]
   size_t el() const { return attnhost::dtype_size(s_.dtype); }
 
@@ -197,8 +175,6 @@ class DilatedAttention {
   int rank_;
   bool overlap_, causal_;
   int64_t local_;  // tokens per rank (padded)
-  int64_t stats_batch_, stats_head_;  // the LSE's strides, and delta's (row tables index both alike)
-  std::vector<Slice> slices_;
   int32_t group_;  // query heads per kv head
   attncore::DType dtype_;
   std::unique_ptr<attncore::plugin::Engine> engine_;

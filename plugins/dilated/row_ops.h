@@ -71,12 +71,11 @@ struct CombinePart {
 };
 
 // Every local row: L = logsumexp_i LSE_i, O = sum_i exp(LSE_i - L) O_i, in fp32, O rounded once to
-// `dtype` ([B, tokens, heads, D]) and L written to lse ([B, heads, tokens] at its strides); a row no
-// pattern selects gets O = 0 and L = -inf.
+// `dtype` ([B, tokens, heads, D]) and L written to lse ([B, heads, tokens]); a row no pattern
+// selects gets O = 0 and L = -inf.
 struct Combine {
   void* o = nullptr;
   float* lse = nullptr;
-  int64_t lse_batch = 0, lse_head = 0;  // in floats
   int32_t dtype = 0;  // attnhost_dtype: bf16, fp16 or fp32
   int64_t tokens = 0;
   int32_t heads = 0, head_dim = 0;

@@ -83,7 +83,7 @@ class CpuRowOps final : public RowOps {
               for (int32_t d = 0; d < D; ++d) acc[d] += weight * o[d];
             }
           }
-          c.lse[b * c.lse_batch + h * c.lse_head + t] = lse;
+          c.lse[(int64_t(b) * c.heads + h) * c.tokens + t] = lse;
           store(c.o, c.dtype, (int64_t(b) * c.tokens * c.heads + j) * D, acc.data(), D);
         }
   }

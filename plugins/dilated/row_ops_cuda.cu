@@ -162,7 +162,6 @@ struct CombineArgs {
   int32_t num_parts;
   void* o;
   float* lse;
-  int64_t lse_batch, lse_head;
   int64_t tokens;
   int32_t heads, head_dim;
 };
@@ -246,7 +245,7 @@ __global__ void __launch_bounds__(kThreads, 8) combine_kernel(const __grid_const
   for (int k = 0; k < kUnits; ++k)
     if (lane + 32 * k < units) store4(out + 4 * (lane + 32 * k), acc[k]);
   const int64_t t = j / a.heads, h = j - t * a.heads;
-  if (lane == 0) a.lse[b * a.lse_batch + h * a.lse_head + t] = lse;
+  if (lane == 0) a.lse[(b * a.heads + h) * a.tokens + t] = lse;
 }
 
 // f(T{}) with T the element type of an output dtype: bf16, fp16 or fp32.
@@ -316,8 +315,6 @@ class CudaRowOps final : public RowOps {
     a.num_parts = static_cast<int32_t>(c.parts.size());
     a.o = c.o;
     a.lse = c.lse;
-    a.lse_batch = c.lse_batch;
-    a.lse_head = c.lse_head;
     a.tokens = c.tokens;
     a.heads = c.heads;
     a.head_dim = c.head_dim;

@@ -291,44 +291,6 @@ TEST_CASE("dilated: fp16 and fp32, and the run without overlap") {
   test::all_pass(run_on(DeviceKind::cpu, single_stream));
 }
 
-// A pass runs in batch slices, each slice's row passes under the next one's patterns; at world size
-// 1 one sequence is first folded into its chunks of lcm(w) tokens, as batch entries. Slices of
-// unequal size, more slices than entries, gathered patterns (GQA, r > 1) and the torchscale
-// backward (its own delta per slice; exact with one pattern) go through the same check; at world size 2 the pass runs
-// whole (its messages hold every entry). The forward's bits do not depend on the slicing.
-TEST_CASE("dilated: batch slices and the folded sequence") {
-  const Patterns pt = {{64, 128, 256}, {1, 2, 4}};
-  for (int64_t slices : {1, 2, 3, 5}) {
-    CAPTURE(slices);
-    auto batched = dilated_case({1, 2}, 256, 8, 2, 16, true, pt);
-    batched.problem.batch = 3;
-    batched.params["slices"] = slices;
-    check_case(batched);
-    auto folded = dilated_case({1, 2}, 1024, 4, 4, 16, false, pt, "torchscale");  // 4 chunks of 256
-    folded.params["slices"] = slices;
-    check_case(folded);
-    auto one = dilated_case({1}, 1024, 4, 4, 16, true, {{256}, {2}});  // exact with one pattern
-    one.params["torchscale_backward"] = true;
-    one.params["slices"] = slices;
-    test::all_pass(run_on(DeviceKind::cpu, one));
-  }
-  auto forward_of = [&](int64_t slices) {
-    auto c = dilated_case({1}, 1024, 4, 2, 16, true, pt);
-    c.params["slices"] = slices;
-    return Direct(c, 0, 1).forward(7);
-  };
-  const auto whole = forward_of(1);
-  for (int64_t slices : {2, 4}) {
-    CAPTURE(slices);
-    const auto sliced = forward_of(slices);
-    CHECK(sliced.first == whole.first);
-    CHECK(sliced.second == whole.second);
-  }
-  auto zero = dilated_case({1}, 256, 2, 2, 16, true, pt);
-  zero.params["slices"] = int64_t{0};
-  CHECK(run_on(DeviceKind::cpu, zero).runs[0].error == "plugin 'dilated' refused the problem: slices must be at least 1");
-}
-
 TEST_CASE("dilated: torchscale's backward equals the exact one for one pattern, and not for overlapping ones") {
   auto one = dilated_case({1, 2}, 256, 4, 4, 32, true, {{64}, {2}}, "torchscale");
   one.params["torchscale_backward"] = true;
@@ -380,8 +342,6 @@ TEST_CASE("gpu: dilated on the GPUs against the float64 reference" * doctest::te
     test::all_pass(odd);
     test::error_does_not_grow(odd);
   }
-  // One sequence folded into two chunks of lcm(w) = 4096 tokens at world size 1, run in two slices.
-  test::all_pass(run_on(DeviceKind::cuda, dilated_case(sizes, 8192, 4, 4, 64, true, {{1024, 2048, 4096}, {1, 2, 4}})));
   // GQA, fp16, head dim 64, segments misaligned with the shards.
   test::all_pass(run_on(DeviceKind::cuda, dilated_case(sizes, 3001, 8, 2, 64, true, {{256, 1000, 3001}, {1, 3, 7}},
                                                  "paper", "fp16")));
