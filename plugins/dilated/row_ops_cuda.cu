@@ -167,6 +167,7 @@ struct CombineArgs {
 };
 
 constexpr int kCombineWarps = kThreads / 32;
+constexpr int kCombineCtasPerSm = 64;  // over every batch entry: eight waves of 8 resident CTAs
 constexpr int kMaxUnitsPerLane = 2;  // float4s of a row a lane adds: head_dim <= 256
 static_assert(kMaxPatterns <= 32, "the combine gives each pattern's LSE one lane");
 
@@ -175,14 +176,9 @@ static_assert(kMaxPatterns <= 32, "the combine gives each pattern's LSE one lane
 // row in float4s (kUnits a lane), and every pattern's loads are independent of the others' (a
 // sum, not a chain of dependent scalar loads). The first patterns' rows are loaded with their
 // LSE, before the weights are known: the LSE, its reductions and the rows no longer wait in
-// turn (-10% at S = 32768, PERFORMANCE.md, session 19). grid: x rows, y batch entries. 32 registers
-// (see the sum).
+// turn (-10% at S = 32768, PERFORMANCE.md, session 19).
 template <class T, int kUnits>
-__global__ void __launch_bounds__(kThreads, 8) combine_kernel(const __grid_constant__ CombineArgs a) {
-  const int64_t j = int64_t(blockIdx.x) * kCombineWarps + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  const int64_t b = blockIdx.y;
-  if (j >= a.tokens * a.heads) return;
+__device__ __forceinline__ void combine_row(const CombineArgs& a, int64_t b, int64_t j, int lane) {
   int32_t idx = -1;
   float l = -INFINITY;
   if (lane < a.num_parts) {
@@ -248,6 +244,17 @@ __global__ void __launch_bounds__(kThreads, 8) combine_kernel(const __grid_const
   if (lane == 0) a.lse[(b * a.heads + h) * a.tokens + t] = lse;
 }
 
+// grid: x strides over the rows, a warp a row at a time, y the batch entries; kCombineCtasPerSm
+// CTAs an SM in all. A CTA for each 8 rows (400 thousand at S = 32768) took 695 us where this takes
+// 619, at B = 4 and at B = 1; 16 CTAs an SM for each entry gave 619 at B = 4 and 691-696 at B = 1
+// (PERFORMANCE.md, session 24). 32 registers (see the sum).
+template <class T, int kUnits>
+__global__ void __launch_bounds__(kThreads, 8) combine_kernel(const __grid_constant__ CombineArgs a) {
+  for (int64_t j = int64_t(blockIdx.x) * kCombineWarps + threadIdx.x / 32; j < a.tokens * a.heads;
+       j += int64_t(gridDim.x) * kCombineWarps)
+    combine_row<T, kUnits>(a, blockIdx.y, j, threadIdx.x % 32);
+}
+
 // f(T{}) with T the element type of an output dtype: bf16, fp16 or fp32.
 template <class F> void by_output_type(int32_t dtype, const char* what, F&& f) {
   switch (dtype) {
@@ -262,6 +269,12 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 
 class CudaRowOps final : public RowOps {
  public:
+  CudaRowOps() {
+    int device = 0;
+    check(cudaGetDevice(&device), "device");
+    check(cudaDeviceGetAttribute(&sms_, cudaDevAttrMultiProcessorCount, device), "SM count");
+  }
+
   void copy(const std::vector<RowCopy>& jobs, int32_t batch, void* stream) override {
     for (size_t first = 0; first < jobs.size(); first += kMaxJobs) {
       CopyArgs a{};
@@ -320,13 +333,18 @@ class CudaRowOps final : public RowOps {
     a.head_dim = c.head_dim;
     const int64_t rows = c.tokens * c.heads;
     if (rows == 0) return;
-    const dim3 grid(static_cast<unsigned>((rows + kCombineWarps - 1) / kCombineWarps), batch);
+    const dim3 grid(static_cast<unsigned>(std::min<int64_t>((rows + kCombineWarps - 1) / kCombineWarps,
+                                                            (int64_t{kCombineCtasPerSm} * sms_ + batch - 1) / batch)),
+                    batch);
     by_output_type(c.dtype, "combine", [&](auto t) {
       if (c.head_dim <= 128) combine_kernel<decltype(t), 1><<<grid, kThreads, 0, cuda(stream)>>>(a);
       else combine_kernel<decltype(t), 2><<<grid, kThreads, 0, cuda(stream)>>>(a);
     });
     check(cudaGetLastError(), "combine launch");
   }
+
+ private:
+  int sms_ = 1;  // of the device the instance was made on
 };
 
 }  // namespace
