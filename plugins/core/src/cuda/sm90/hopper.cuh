@@ -177,7 +177,7 @@ __host__ __device__ constexpr int a_steps(int k_steps) { return k_steps > 0 ? k_
 
 // A fragments (the mma.sync A fragment of a warp's 16 rows, which wgmma takes from registers) of
 // the first kSteps k-steps (16 columns each) of rows row0 .. row0 + 15 of a [kRows][D] shared tile
-// as the copy engine lays it (column blocks of W, swizzled rows): the A pattern of device.cuh's
+// as the copy engine lays it (column blocks of W, swizzled rows): the A pattern of smem_tile.h's
 // SmemTile (lane_a) on that tile, lanes 0-15 addressing the rows at column 16 kk, lanes 16-31 at 16 kk + 8.
 template <int W, int kRows, int kSteps, class T>
 __device__ __forceinline__ void load_a_fragments(uint32_t (&a)[a_steps(kSteps)][4], const T* tile, int row0, int lane) {
