@@ -135,6 +135,9 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
   constexpr int kSlices = C::kWarps / C::kColSplit;
   const int ws = warp & (kSlices - 1), wc = warp >> (kSlices == 4 ? 2 : 1);
   constexpr int kDqSlices = C::kWarps / C::kDqColSplit;
+  // Where dQ splits as dK and dV do, its indices are theirs (ws, col0), not the same values written
+  // in dQ's own form: that form changed the other head dims' code and cost d96 3.5% (PERFORMANCE.md,
+  // session 22).
   constexpr bool kDqOwnSplit = C::kDqColSplit != C::kColSplit;
   const int grow0 = ws * C::kGradKeys, qrow0 = (kDqOwnSplit ? warp & (kDqSlices - 1) : ws) * C::kDqRows,
             col0 = wc * C::kOutCols, dq_col0 = kDqOwnSplit ? (warp / kDqSlices) * C::kDqCols : col0;
