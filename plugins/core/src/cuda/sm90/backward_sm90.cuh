@@ -5,8 +5,8 @@
 //     dV += P^T dO,  dK += scale dS^T Q,  dQ += scale dS K.
 //
 // A CTA of three warpgroups owns kBlockN = 128 keys of one (batch, kv head) (64 at d256) and walks
-// every (query head of the GQA group, 64-row query tile; 128 rows at d64 for long calls without a
-// block list) that sees them (QWalk, as the mma.sync kernel).
+// every (query head of the GQA group, 64-row query tile; 128 rows at d64 and 80 at d128 for long
+// calls without a block list) that sees them (QWalk, as the mma.sync kernel).
 //  - Warpgroup 0, warp 0: the producer. K and V once per key tile; per step, Q and dO into a ring of
 //    kStages buffers by the copy engine, and the step's record (query head, first row, block-list
 //    flags, the 64 rows' LSE and delta) written beside them by the warp's lanes. Rows of a tile past
@@ -42,7 +42,7 @@
 
 namespace attncore::cuda::sm90 {
 
-// kBlockM_: queries a step, 64; or 128 at d64 in calls without block lists (tall: launch_backward_sm90).
+// kBlockM_: queries a step, 64; or 128 at d64, 80 at d128, in long calls without block lists (launch_backward_sm90).
 template <class T, int D, int kBlockM_ = 64> struct BackwardConfig {
   static constexpr int kConsumers = 2;
   static constexpr int kThreads = (kConsumers + 1) * 128;
@@ -102,7 +102,13 @@ template <class T, int D, int kBlockM_ = 64> struct BackwardConfig {
   static constexpr int kProducerRegs = D <= 80 ? 40 : 24, kConsumerRegs = D <= 80 ? 232 : 240;
   static_assert(D % 16 == 0 && kGradCols <= 128, "a consumer's dK and dV (64 keys) stay in registers");
   static_assert(kKVBytes % 1024 == 0 && kQBytes % 1024 == 0 && kDsBytes % 1024 == 0, "1024-byte tiles");
-  static_assert(kBlockM == 64 || (kBlockM == 128 && !kSplitDq && !kDqByCopyEngine && !kSharedKeys),
+  // 80-query steps (d128, long full-mask rows: FlashAttention-3's tile there). dQ's 80 rows are not
+  // whole 64-row products, so dQ is made transposed, dQ^T = K^T dS^T (the consumer's 64 columns by
+  // the step's 80 queries), with dS stored query-major ([80 queries][64 keys] for each consumer) as
+  // its K-major B operand, and the part stored transposed into the copy engine's rows.
+  static constexpr bool kDqT = kBlockM == 80;
+  static_assert(kBlockM == 64 || (kBlockM == 128 && !kSplitDq && !kDqByCopyEngine && !kSharedKeys) ||
+                    (kDqT && kDsShared && kDqByCopyEngine),
                 "tall steps: each consumer's dQ part over its own keys, added by the atomic reducer");
 };
 
@@ -122,7 +128,7 @@ template <int kRows> struct StepRecord {
 // distinct banks).
 template <class C> __device__ __forceinline__ uint32_t dq_part_offset(int row, int col) {
   if constexpr (C::kDqByCopyEngine)
-    return uint32_t((col / 32) * 64 * 128 + row * 128 + ((((col % 32) / 4) ^ (row & 7)) << 4) + (col % 4) * 4);
+    return uint32_t((col / 32) * C::kBlockM * 128 + row * 128 + ((((col % 32) / 4) ^ (row & 7)) << 4) + (col % 4) * 4);
   else
     return uint32_t((row * C::kDqPitch + col) * 4);
 }
@@ -259,7 +265,8 @@ __global__ void __launch_bounds__(BackwardConfig<T, D, kBlockM>::kThreads, 1)
           const float* lse = a.lse.data + batch * a.lse.batch_stride + q.head * a.lse.head_stride;
           const float* dlt = a.delta.data + batch * a.delta.batch_stride + q.head * a.delta.head_stride;
 #pragma unroll
-          for (int h = 0; h < C::kBlockM / 32; ++h) {
+          for (int h = 0; h < (C::kBlockM + 31) / 32; ++h) {
+            if (32 * h + 32 > C::kBlockM && lane + 32 * h >= C::kBlockM) continue; // 80 rows: the last 16
             const int32_t r = q.r0 + lane + 32 * h;
             float lse2 = INFINITY, delta = 0.f;
             if (r < reg.row_end) {
@@ -293,7 +300,7 @@ __global__ void __launch_bounds__(BackwardConfig<T, D, kBlockM>::kThreads, 1)
           if (lane == 0) {
             for (int part = 0; part < C::kDqParts; ++part)
               for (int c = 0; c < D / 32; ++c)
-                tma_reduce_add_4d(&dq_map, reinterpret_cast<const unsigned char*>(sDq) + part * C::kDqBytes + c * 64 * 128,
+                tma_reduce_add_4d(&dq_map, reinterpret_cast<const unsigned char*>(sDq) + part * C::kDqBytes + c * C::kBlockM * 128,
                                   c * 32, rec.r0, rec.head, batch);
             bulk_commit();
             bulk_wait_read();
@@ -346,6 +353,7 @@ __global__ void __launch_bounds__(BackwardConfig<T, D, kBlockM>::kThreads, 1)
   const uint64_t qb_desc = desc_mn_major<W>(sQ, C::kBlockM) + half_of(C::kBlockM);   // Q as dK's B
   const uint64_t dob_desc = desc_mn_major<W>(sdO, C::kBlockM) + half_of(C::kBlockM); // dO as dV's B
   const uint64_t ds_desc = desc_mn_major<64>(sdS, 64); // dS (= (dS^T)^T) as dQ's A; + tile steps
+  const uint64_t dst_desc = desc_k_major<64>(sdS, C::kBlockM, 0); // kDqT: dS, query-major, as dQ^T's B
   constexpr uint32_t kDsTile = desc_offset(C::kDsBytes);
   constexpr uint32_t kQStage = desc_offset(C::kQBytes);
   // This warp's first row of dS^T, and this lane's first element of its dQ part (shared addresses).
@@ -358,12 +366,18 @@ __global__ void __launch_bounds__(BackwardConfig<T, D, kBlockM>::kThreads, 1)
   const uint32_t dq_part = smem_addr(sDq) + (C::kSplitDq ? 0u : uint32_t(wg) * C::kDqBytes);
   const uint32_t dq_lane0 =
       C::kDqByCopyEngine
-          ? dq_part + uint32_t((dq_c0 / 32) * 64 * 128 + (16 * warp_in_wg + (lane >> 2)) * 128 + (lane & 1) * 8)
+          ? dq_part + uint32_t((dq_c0 / 32) * C::kBlockM * 128 + (16 * warp_in_wg + (lane >> 2)) * 128 + (lane & 1) * 8)
           : dq_part + dq_part_offset<C>(16 * warp_in_wg + (lane >> 2), dq_c0 + (lane & 3) * 2);
   const int dq_rot = stage_rotation(lane);
   uint32_t dq_unit[4];
 #pragma unroll
   for (int q = 0; q < 4; ++q) dq_unit[q] = uint32_t(stage_unit(lane, q) << 4);
+  // kDqT: this lane's element e of dQ^T's n8 tile 0, (column dq_c0 + 16 w + lane / 4 + 8 (e / 2), query
+  // 2 (lane % 4) + e % 2), in the part (dq_part_offset).
+  uint32_t dqt_lane[4];
+#pragma unroll
+  for (int e = 0; e < 4; ++e)
+    dqt_lane[e] = smem_addr(sDq) + dq_part_offset<C>(2 * (lane & 3) + (e & 1), dq_c0 + 16 * warp_in_wg + (lane >> 2) + 8 * (e >> 1));
 
   float dk[C::kOTiles][4], dv[C::kOTiles][4];
   uint32_t step = 0, round = 0;
@@ -493,7 +507,16 @@ __global__ void __launch_bounds__(BackwardConfig<T, D, kBlockM>::kThreads, 1)
       // dS. Lane l addresses row l % 8 of matrix l / 8: keys + 8 for matrices 1 and 3, queries + 8
       // (the next 16-byte chunk) for matrices 2 and 3.
       const uint32_t ds_buf = C::kDsShared ? (round & 1) : 0;
-      {
+      if constexpr (C::kDqT) {
+        // Transposed (stmatrix .trans): dS, rows the step's queries, 128-byte rows of the consumer's
+        // 64 keys. Lane l addresses query row l % 8 (+ 8 for matrices 2 and 3) of matrix l / 8, whose
+        // 8 keys (+ 8 for matrices 1 and 3) are one 16-byte unit; the row's swizzle is l % 8 again.
+        const int mat = lane >> 3, row = lane & 7;
+        const uint32_t row_addr = smem_addr(sdS) + (ds_buf * C::kConsumers + wg) * C::kDsBytes +
+                                  uint32_t((row + 8 * (mat >> 1)) * 128 + (((2 * warp_in_wg + (mat & 1)) ^ row) << 4));
+#pragma unroll
+        for (int kk = 0; kk < C::kMTiles / 2; ++kk) stmatrix_x4_trans(row_addr + uint32_t(kk * 16 * 128), dsa[kk]);
+      } else {
         const int mat = lane >> 3, row = lane & 7;
         const uint32_t row_addr =
             ds_row0 + ds_buf * C::kConsumers * C::kDsBytes + uint32_t((row + 8 * (mat & 1)) * 128);
@@ -519,9 +542,20 @@ __global__ void __launch_bounds__(BackwardConfig<T, D, kBlockM>::kThreads, 1)
       // Tall steps: dq for the step's first 64 queries, dq_hi for the next 64. (Apart rather than
       // as one array over both: the d96-d128 kernels lost 2-4% when ptxas saw the general form.)
       constexpr bool kTall = C::kBlockM == 128;
-      float dq[C::kDqCols / 8][4], dq_hi[kTall ? C::kDqCols / 8 : 1][4];
+      // dq: [n8 tiles of the part's columns][4]; transposed (kDqT), [n8 tiles of the step's queries][4]
+      // over this consumer's 64 columns.
+      float dq[C::kDqT ? C::kBlockM / 8 : C::kDqCols / 8][4], dq_hi[kTall ? C::kDqCols / 8 : 1][4];
       wgmma_fence();
-      if constexpr (C::kDsShared) {
+      if constexpr (C::kDqT) {
+        // dQ^T = K^T dS^T: A is K's column block of this consumer (M-major), B the dS tiles of both
+        // consumers (K-major, 64 keys each).
+#pragma unroll
+        for (int kk = 0; kk < C::kBlockN / 16; ++kk)
+          Wgmma<T, C::kBlockM>::template ss<1, 0>(
+              dq, kb_desc + mn_major_step<W>(16 * kk),
+              dst_desc + (ds_buf * C::kConsumers + kk / 4) * kDsTile + k_major_step<64>(C::kBlockM, 16 * (kk % 4)),
+              kk > 0);
+      } else if constexpr (C::kDsShared) {
 #pragma unroll
         for (int kk = 0; kk < C::kBlockN / 16; ++kk)
           Wgmma<T, C::kDqCols>::template ss<1, 1>(
@@ -555,14 +589,26 @@ __global__ void __launch_bounds__(BackwardConfig<T, D, kBlockM>::kThreads, 1)
 
       // The part, times the softmax scale, to the reducer once it is done with the last parts.
       barrier_wait(dq_empty, (round & 1) ^ 1);
-      if constexpr (C::kDqByCopyEngine) rotate_tiles(dq, dq_rot); // slot j: the tile dq_unit[j % 4] holds
+      if constexpr (C::kDqT) {
+        // Element (column c of the part, query 8 j + 2 (lane % 4) + e), column dq_c0 + 16 w + lane / 4
+        // + 8 hh: one float a store, a lane's four (e, hh) addresses plus 8 j rows (conflict-free: the
+        // eight columns of a store span two 16-byte units, which the four rows' swizzles spread over
+        // all 32 banks).
 #pragma unroll
-      for (int j = 0; j < C::kDqCols / 8; ++j)
+        for (int j = 0; j < C::kBlockM / 8; ++j)
 #pragma unroll
-        for (int hh = 0; hh < 2; ++hh)
-          st_shared_v2(dq_lane0 + (C::kDqByCopyEngine ? dq_unit[j % 4] + uint32_t((j / 4) * 64 * 128 + hh * 8 * 128)
-                                                      : uint32_t((8 * hh * C::kDqPitch + j * 8) * 4)),
-                       a.scale * dq[j][2 * hh], a.scale * dq[j][2 * hh + 1]);
+          for (int e = 0; e < 4; ++e)
+            st_shared_b32(dqt_lane[e] + uint32_t(j * 8 * 128), __float_as_uint(a.scale * dq[j][e]));
+      } else {
+        if constexpr (C::kDqByCopyEngine) rotate_tiles(dq, dq_rot); // slot j: the tile dq_unit[j % 4] holds
+#pragma unroll
+        for (int j = 0; j < C::kDqCols / 8; ++j)
+#pragma unroll
+          for (int hh = 0; hh < 2; ++hh)
+            st_shared_v2(dq_lane0 + (C::kDqByCopyEngine ? dq_unit[j % 4] + uint32_t((j / 4) * 64 * 128 + hh * 8 * 128)
+                                                        : uint32_t((8 * hh * C::kDqPitch + j * 8) * 4)),
+                         a.scale * dq[j][2 * hh], a.scale * dq[j][2 * hh + 1]);
+      }
       if constexpr (kTall) { // (the atomic reducer's padded rows)
 #pragma unroll
         for (int j = 0; j < C::kDqCols / 8; ++j)
@@ -635,9 +681,19 @@ void launch_backward_config(const BackwardParams& p, cudaStream_t stream) {
 // exchange, the dQ part's handoff) are paid once for twice the work. Measured (PERFORMANCE.md,
 // session 21): +3% at 8192 rows, +1-2% at 4096, -3% at 1024 (fewer steps a key tile to fill and
 // drain the pipeline). A call with segments qualifies by its total length, as for the forward's pair.
+// 80-query steps at d128 (FlashAttention-3's tile for full masks), plain calls without a window, of at
+// least 1024 rows (4096 causal), where the dQ part can be added by the copy engine: measured
+// (PERFORMANCE.md, session 26) +5% at the reference shape full and +4% causal, +5-14% at 4096-8192 rows
+// full, +1-2.5% causal there; causal at 1024 rows -1.5%, 2048 mixed. Segments keep 64-row steps (untried).
 template <class T, int D> void launch_backward_sm90(const BackwardParams& p, cudaStream_t stream) {
   if constexpr (D == 64) {
     if (!p.blocks && p.seqlen_q >= 4096) return launch_backward_config<T, D, 128>(p, stream);
+  }
+  if constexpr (D == 128) {
+    const bool no_window = p.mask.window_left < 0 && p.mask.window_right < 0;
+    const int64_t min_rows = p.mask.causal ? 4096 : 1024;
+    if (no_window && !p.blocks && p.num_segments == 0 && p.seqlen_q >= min_rows && tma_readable(p.dq, 4))
+      return launch_backward_config<T, D, 80>(p, stream);
   }
   launch_backward_config<T, D, 64>(p, stream);
 }

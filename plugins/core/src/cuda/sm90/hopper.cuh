@@ -157,6 +157,13 @@ __device__ __forceinline__ void stmatrix_x4(uint32_t addr, const uint32_t (&r)[4
                "r"(r[1]), "r"(r[2]), "r"(r[3])
                : "memory");
 }
+// The same, each matrix stored transposed: lanes 8i..8i+7 give the addresses of its rows as stored
+// (the fragment's columns).
+__device__ __forceinline__ void stmatrix_x4_trans(uint32_t addr, const uint32_t (&r)[4]) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r[0]),
+               "r"(r[1]), "r"(r[2]), "r"(r[3])
+               : "memory");
+}
 __device__ __forceinline__ void st_shared_b32(uint32_t addr, uint32_t x) {
   asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(x) : "memory");
 }
