@@ -9,7 +9,7 @@
 // calls without a block list) that sees them (QWalk, as the mma.sync kernel).
 //  - Warpgroup 0, warp 0: the producer. K and V once per key tile; per step, Q and dO into a ring of
 //    kStages buffers by the copy engine, and the step's record (query head, first row, block-list
-//    flags, the 64 rows' LSE and delta) written beside them by the warp's lanes. Rows of a tile past
+//    flags, the rows' LSE and delta) written beside them by the warp's lanes. Rows of a tile past
 //    a segment's end inside the tensor are zeroed by the consumers before they read it.
 //  - Warpgroups 1 and 2: the consumers, 64 keys each (at d256 the same 64 keys, each consumer
 //    with half of dK's and dV's columns, see BackwardConfig). Per step:
@@ -72,7 +72,8 @@ template <class T, int D, int kBlockM_ = 64> struct BackwardConfig {
   static constexpr int kDqCols = kSplitDq ? D / 2 : D;
   static constexpr int kDsBuffers = kDsShared ? 2 : 1;
   static constexpr int kDqParts = kSplitDq ? 1 : kConsumers;
-  static constexpr uint32_t kDsBytes = 64 * kBlockM * sizeof(T); // one consumer's dS^T, [kBlockM / 64][64 keys][64 queries]
+  // One consumer's dS^T, [kBlockM / 64][64 keys][64 queries]; with 80-query steps dS, [80 queries][64 keys].
+  static constexpr uint32_t kDsBytes = 64 * kBlockM * sizeof(T);
   // Who adds a dQ part into the accumulator, and so its layout (dq_part_offset). The copy engine
   // at d96, d128, d256 (measured faster than vector atomics): D / 32 chunks of [64 rows][32 fp32]
   // as it lays out such a box (tma_reduce_add_4d). Else the atomic reducer, on padded rows
@@ -102,14 +103,16 @@ template <class T, int D, int kBlockM_ = 64> struct BackwardConfig {
   static constexpr int kProducerRegs = D <= 80 ? 40 : 24, kConsumerRegs = D <= 80 ? 232 : 240;
   static_assert(D % 16 == 0 && kGradCols <= 128, "a consumer's dK and dV (64 keys) stay in registers");
   static_assert(kKVBytes % 1024 == 0 && kQBytes % 1024 == 0 && kDsBytes % 1024 == 0, "1024-byte tiles");
-  // 80-query steps (d128, long full-mask rows: FlashAttention-3's tile there). dQ's 80 rows are not
-  // whole 64-row products, so dQ is made transposed, dQ^T = K^T dS^T (the consumer's 64 columns by
-  // the step's 80 queries), with dS stored query-major ([80 queries][64 keys] for each consumer) as
-  // its K-major B operand, and the part stored transposed into the copy engine's rows.
+  // 80-query steps (d128, long rows without a block list: FlashAttention-3's tile for full masks).
+  // dQ's 80 rows are not whole 64-row products, so dQ is made transposed, dQ^T = K^T dS^T (the
+  // consumer's 64 columns by the step's 80 queries), with dS stored query-major ([80 queries][64
+  // keys] for each consumer) as its K-major B operand, and the part stored transposed into the copy
+  // engine's rows.
   static constexpr bool kDqT = kBlockM == 80;
   static_assert(kBlockM == 64 || (kBlockM == 128 && !kSplitDq && !kDqByCopyEngine && !kSharedKeys) ||
                     (kDqT && kDsShared && kDqByCopyEngine),
-                "tall steps: each consumer's dQ part over its own keys, added by the atomic reducer");
+                "128-query steps: each consumer's dQ part over its own keys, added by the atomic reducer; 80-query "
+                "steps: dQ made transposed, split by columns, added by the copy engine");
 };
 
 // What the producer tells the consumers about a step, beside its Q and dO. head < 0: the key tile
@@ -299,9 +302,10 @@ __global__ void __launch_bounds__(BackwardConfig<T, D, kBlockM>::kThreads, 1)
           // the tensor are dropped. One thread: each lane's instruction would be a reduction.
           if (lane == 0) {
             for (int part = 0; part < C::kDqParts; ++part)
-              for (int c = 0; c < D / 32; ++c)
-                tma_reduce_add_4d(&dq_map, reinterpret_cast<const unsigned char*>(sDq) + part * C::kDqBytes + c * C::kBlockM * 128,
-                                  c * 32, rec.r0, rec.head, batch);
+              for (int c = 0; c < D / 32; ++c) {
+                const unsigned char* chunk = reinterpret_cast<const unsigned char*>(sDq) + part * C::kDqBytes;
+                tma_reduce_add_4d(&dq_map, chunk + c * C::kBlockM * 128, c * 32, rec.r0, rec.head, batch);
+              }
             bulk_commit();
             bulk_wait_read();
           }
@@ -377,7 +381,8 @@ __global__ void __launch_bounds__(BackwardConfig<T, D, kBlockM>::kThreads, 1)
   uint32_t dqt_lane[4];
 #pragma unroll
   for (int e = 0; e < 4; ++e)
-    dqt_lane[e] = smem_addr(sDq) + dq_part_offset<C>(2 * (lane & 3) + (e & 1), dq_c0 + 16 * warp_in_wg + (lane >> 2) + 8 * (e >> 1));
+    dqt_lane[e] = smem_addr(sDq) +
+                  dq_part_offset<C>(2 * (lane & 3) + (e & 1), dq_c0 + 16 * warp_in_wg + (lane >> 2) + 8 * (e >> 1));
 
   float dk[C::kOTiles][4], dv[C::kOTiles][4];
   uint32_t step = 0, round = 0;
@@ -515,7 +520,8 @@ __global__ void __launch_bounds__(BackwardConfig<T, D, kBlockM>::kThreads, 1)
         const uint32_t row_addr = smem_addr(sdS) + (ds_buf * C::kConsumers + wg) * C::kDsBytes +
                                   uint32_t((row + 8 * (mat >> 1)) * 128 + (((2 * warp_in_wg + (mat & 1)) ^ row) << 4));
 #pragma unroll
-        for (int kk = 0; kk < C::kMTiles / 2; ++kk) stmatrix_x4_trans(row_addr + uint32_t(kk * 16 * 128), dsa[kk]);
+        for (int kk = 0; kk < C::kMTiles / 2; ++kk)
+          stmatrix_x4_trans(row_addr + uint32_t(kk * 16 * 128), dsa[kk]);
       } else {
         const int mat = lane >> 3, row = lane & 7;
         const uint32_t row_addr =
@@ -590,8 +596,8 @@ __global__ void __launch_bounds__(BackwardConfig<T, D, kBlockM>::kThreads, 1)
       // The part, times the softmax scale, to the reducer once it is done with the last parts.
       barrier_wait(dq_empty, (round & 1) ^ 1);
       if constexpr (C::kDqT) {
-        // Element (column c of the part, query 8 j + 2 (lane % 4) + e), column dq_c0 + 16 w + lane / 4
-        // + 8 hh: one float a store, a lane's four (e, hh) addresses plus 8 j rows (conflict-free: the
+        // Element e of dQ^T's n8 tile j is (column dq_c0 + 16 w + lane / 4 + 8 (e / 2), query 8 j +
+        // 2 (lane % 4) + e % 2): one float a store, at dqt_lane[e] plus 8 j rows (conflict-free: the
         // eight columns of a store span two 16-byte units, which the four rows' swizzles spread over
         // all 32 banks).
 #pragma unroll
