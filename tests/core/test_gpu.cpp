@@ -385,12 +385,12 @@ TEST_CASE("gpu: the d64 backward's 128-query steps (4096 rows and more), causal,
   check_all(p);
 }
 
-// On Hopper the d128 backward takes 80-query steps, dQ made transposed, in calls without segments,
-// a block list or a window of at least 1024 query rows (4096 causal; sm90 launch_backward_sm90). Rows:
+// On Hopper the d128 backward takes 80-query steps, dQ made transposed, in calls of at least 1024 query
+// rows (4096 causal) without segments, a block list or a window (sm90 launch_backward_sm90). Rows:
 // whole steps and a last one of 61 or 13; keys: two whole tiles and one of 44, so the last tile's
 // products mask its missing keys; GQA 2:1. Causal: first with the rows' end 3 keys before the keys'
-// (rows before 3876 see no key; the diagonal runs through the last four steps, off their boundaries),
-// then from position 0 (rows 0 .. 299 see a causal edge, the rest every key).
+// (rows before 3876 see no key; the diagonal runs through steps 48 to 52, off their boundaries),
+// then from position 0 (rows 0 .. 298 see a causal edge, the rest every key).
 TEST_CASE("gpu: the d128 backward's 80-query steps (1024 rows and more; causal, 4096)") {
   REQUIRE(device_count() > 0);
   std::mt19937_64 rng(80);

@@ -5,8 +5,8 @@
 //     dV += P^T dO,  dK += scale dS^T Q,  dQ += scale dS K.
 //
 // A CTA of three warpgroups owns kBlockN = 128 keys of one (batch, kv head) (64 at d256) and walks
-// every (query head of the GQA group, 64-row query tile; 128 rows at d64 and 80 at d128 for long
-// calls without a block list) that sees them (QWalk, as the mma.sync kernel).
+// every (query head of the GQA group, 64-row query tile; 128 rows at d64 and 80 at d128 for the
+// long calls launch_backward_sm90 names) that sees them (QWalk, as the mma.sync kernel).
 //  - Warpgroup 0, warp 0: the producer. K and V once per key tile; per step, Q and dO into a ring of
 //    kStages buffers by the copy engine, and the step's record (query head, first row, block-list
 //    flags, the rows' LSE and delta) written beside them by the warp's lanes. Rows of a tile past
@@ -19,7 +19,8 @@
 //        dV += P^T dO, dK += dS^T Q           (wgmma, P^T and dS^T straight from registers)
 //        dQ part = dS K (dS^T through shared memory): by columns between the consumers at d128,
 //        else over each consumer's keys; issued before dK's product (up to d128), so that the
-//        part is stored while the tensor cores run dK
+//        part is stored while the tensor cores run dK. With 80-query steps, dQ^T = K^T dS^T (dS
+//        through shared memory, query-major), the part stored transposed
 //    and dK, dV are added into the fp32 accumulators once, at the end of the key tile.
 //  - Warpgroup 0, warps 1-3: the dQ reducer, off the consumers' path. Per step the step's dQ goes
 //    into the fp32 dQ accumulator: 32-column chunks added in L2 by the copy engine, issued by warp 1
@@ -42,7 +43,7 @@
 
 namespace attncore::cuda::sm90 {
 
-// kBlockM_: queries a step, 64; or 128 at d64, 80 at d128, in long calls without block lists (launch_backward_sm90).
+// kBlockM_: queries a step, 64; or 128 at d64, 80 at d128, in the long calls launch_backward_sm90 names.
 template <class T, int D, int kBlockM_ = 64> struct BackwardConfig {
   static constexpr int kConsumers = 2;
   static constexpr int kThreads = (kConsumers + 1) * 128;
@@ -75,7 +76,7 @@ template <class T, int D, int kBlockM_ = 64> struct BackwardConfig {
   // One consumer's dS^T, [kBlockM / 64][64 keys][64 queries]; with 80-query steps dS, [80 queries][64 keys].
   static constexpr uint32_t kDsBytes = 64 * kBlockM * sizeof(T);
   // Who adds a dQ part into the accumulator, and so its layout (dq_part_offset). The copy engine
-  // at d96, d128, d256 (measured faster than vector atomics): D / 32 chunks of [64 rows][32 fp32]
+  // at d96, d128, d256 (measured faster than vector atomics): D / 32 chunks of [kBlockM rows][32 fp32]
   // as it lays out such a box (tma_reduce_add_4d). Else the atomic reducer, on padded rows
   // (kDqPitch floats: 8 words apart, a half warp's 8-byte stores hit distinct banks), which keeps
   // its address arithmetic short: at d64 the two parts each reduced in L2 measured slower than
@@ -93,7 +94,8 @@ template <class T, int D, int kBlockM_ = 64> struct BackwardConfig {
   // many as fit beside dK and dV without spills and measured fastest (PERFORMANCE.md, session 18):
   // all of K and V at d64 and d80, one step of each at d96, two steps of K at d128 (three or more
   // spilled in the step loop; all of K serialized the products); none at d256 (two steps measured
-  // no faster), nor with tall steps (S^T and dP^T of 128 queries take 128 registers).
+  // no faster), nor with 128- or 80-query steps (S^T and dP^T take 128 or 80 registers; at 80 one
+  // step of K spilled 28 bytes, PERFORMANCE.md session 26).
   static constexpr int kKeyRegSteps = kSharedKeys || kBlockM > 64 ? 0 : D <= 80 ? D / 16 : D == 96 ? 1 : 2;
   static constexpr int kValueRegSteps = kSharedKeys || kBlockM > 64 ? 0 : D <= 80 ? D / 16 : D == 96 ? 1 : 0;
   // Registers of warpgroup 0 (producer and dQ reducer) and of each consumer: 24 + 2 x 240 = 3 x 168.
@@ -127,8 +129,8 @@ template <int kRows> struct StepRecord {
 
 // Byte offset of (row, col) in a dQ part. For the copy engine: 128-byte rows of 32 columns, 16-byte
 // unit u of row r at u ^ (r % 8) (its 128-byte swizzle; the consumers store into it in the order of
-// stage_rotation). Else padded rows (8 words apart: a half warp's 8-byte stores of 4 rows land in
-// distinct banks).
+// stage_rotation, or, with 80-query steps, a float at a time down the columns). Else padded rows (8
+// words apart: a half warp's 8-byte stores of 4 rows land in distinct banks).
 template <class C> __device__ __forceinline__ uint32_t dq_part_offset(int row, int col) {
   if constexpr (C::kDqByCopyEngine)
     return uint32_t((col / 32) * C::kBlockM * 128 + row * 128 + ((((col % 32) / 4) ^ (row & 7)) << 4) + (col % 4) * 4);
@@ -180,7 +182,8 @@ __global__ void __launch_bounds__(BackwardConfig<T, D, kBlockM>::kThreads, 1)
   T* sV = reinterpret_cast<T*>(smem + L::kV);
   T* sQ = reinterpret_cast<T*>(smem + L::kQ);   // kStages tiles
   T* sdO = reinterpret_cast<T*>(smem + L::kDO); // kStages tiles
-  T* sdS = reinterpret_cast<T*>(smem + L::kDS); // [buffer][consumer]: [64 keys][kBlockM queries] tiles
+  // [buffer][consumer]: [64 keys][kBlockM queries] tiles; with 80-query steps [80 queries][64 keys]
+  T* sdS = reinterpret_cast<T*>(smem + L::kDS);
   float* sDq = reinterpret_cast<float*>(smem + L::kDQ);
   Record* steps = reinterpret_cast<Record*>(smem + L::kSteps);
   DqRecord* dq_rec = reinterpret_cast<DqRecord*>(smem + L::kDqRec);
@@ -298,8 +301,8 @@ __global__ void __launch_bounds__(BackwardConfig<T, D, kBlockM>::kThreads, 1)
         if (rec.head < 0) break;
         float* dq = static_cast<float*>(a.dq.data) + batch * a.dq.batch_stride + rec.head * a.dq.head_stride;
         if (dq_add == DqAdd::copy_engine) {
-          // Whole 64-row chunks: rows past the region add zeros (their P and dS are 0), rows past
-          // the tensor are dropped. One thread: each lane's instruction would be a reduction.
+          // Whole chunks of the step's rows: rows past the region add zeros (their P and dS are 0),
+          // rows past the tensor are dropped. One thread: each lane's instruction would be a reduction.
           if (lane == 0) {
             for (int part = 0; part < C::kDqParts; ++part)
               for (int c = 0; c < D / 32; ++c) {
@@ -357,10 +360,11 @@ __global__ void __launch_bounds__(BackwardConfig<T, D, kBlockM>::kThreads, 1)
   const uint64_t qb_desc = desc_mn_major<W>(sQ, C::kBlockM) + half_of(C::kBlockM);   // Q as dK's B
   const uint64_t dob_desc = desc_mn_major<W>(sdO, C::kBlockM) + half_of(C::kBlockM); // dO as dV's B
   const uint64_t ds_desc = desc_mn_major<64>(sdS, 64); // dS (= (dS^T)^T) as dQ's A; + tile steps
-  const uint64_t dst_desc = desc_k_major<64>(sdS, C::kBlockM, 0); // kDqT: dS, query-major, as dQ^T's B
+  const uint64_t ds_qmajor_desc = desc_k_major<64>(sdS, C::kBlockM, 0); // kDqT: dS, query-major, as dQ^T's B
   constexpr uint32_t kDsTile = desc_offset(C::kDsBytes);
   constexpr uint32_t kQStage = desc_offset(C::kQBytes);
-  // This warp's first row of dS^T, and this lane's first element of its dQ part (shared addresses).
+  // This warp's first row of dS^T, and this lane's first element of its dQ part (shared addresses;
+  // ds_row0 to dq_unit serve the 64- and 128-query steps, dqt_lane the 80-query ones).
   const uint32_t ds_row0 = smem_addr(sdS) + uint32_t(wg * C::kDsBytes + 16 * warp_in_wg * 128);
   // This lane's element (row 16 w + lane / 4, column c0 + 2 (lane % 4)) of its dQ part, and the
   // swizzled 16-byte unit of the n8 tile it stores q-th of each four, in the order of
@@ -381,7 +385,7 @@ __global__ void __launch_bounds__(BackwardConfig<T, D, kBlockM>::kThreads, 1)
   uint32_t dqt_lane[4];
 #pragma unroll
   for (int e = 0; e < 4; ++e)
-    dqt_lane[e] = smem_addr(sDq) +
+    dqt_lane[e] = dq_part +
                   dq_part_offset<C>(2 * (lane & 3) + (e & 1), dq_c0 + 16 * warp_in_wg + (lane >> 2) + 8 * (e >> 1));
 
   float dk[C::kOTiles][4], dv[C::kOTiles][4];
@@ -507,10 +511,7 @@ __global__ void __launch_bounds__(BackwardConfig<T, D, kBlockM>::kThreads, 1)
       if constexpr (!C::kDkAfterDq) dk_product();
       wgmma_commit();
 
-      // dS^T into shared memory (rows: the consumer's keys, swizzled 128-byte rows of 64 queries; a
-      // block of 64 such rows for each 64 queries of the step) for dQ's product, whose A operand is
-      // dS. Lane l addresses row l % 8 of matrix l / 8: keys + 8 for matrices 1 and 3, queries + 8
-      // (the next 16-byte chunk) for matrices 2 and 3.
+      // dS^T (or, with 80-query steps, dS) into shared memory for dQ's product.
       const uint32_t ds_buf = C::kDsShared ? (round & 1) : 0;
       if constexpr (C::kDqT) {
         // Transposed (stmatrix .trans): dS, rows the step's queries, 128-byte rows of the consumer's
@@ -523,6 +524,10 @@ __global__ void __launch_bounds__(BackwardConfig<T, D, kBlockM>::kThreads, 1)
         for (int kk = 0; kk < C::kMTiles / 2; ++kk)
           stmatrix_x4_trans(row_addr + uint32_t(kk * 16 * 128), dsa[kk]);
       } else {
+        // dS^T (rows: the consumer's keys, swizzled 128-byte rows of 64 queries; a block of 64 such
+        // rows for each 64 queries of the step), as dQ's A operand dS. Lane l addresses row l % 8 of
+        // matrix l / 8: keys + 8 for matrices 1 and 3, queries + 8 (the next 16-byte chunk) for
+        // matrices 2 and 3.
         const int mat = lane >> 3, row = lane & 7;
         const uint32_t row_addr =
             ds_row0 + ds_buf * C::kConsumers * C::kDsBytes + uint32_t((row + 8 * (mat & 1)) * 128);
@@ -544,7 +549,8 @@ __global__ void __launch_bounds__(BackwardConfig<T, D, kBlockM>::kThreads, 1)
         release_stage();
       }
 
-      // dQ part = dS K: over this consumer's keys, or over every key for this consumer's columns.
+      // dQ part = dS K: over this consumer's keys, or over every key for this consumer's columns; with
+      // 80-query steps its transpose, for this consumer's columns.
       // Tall steps: dq for the step's first 64 queries, dq_hi for the next 64. (Apart rather than
       // as one array over both: the d96-d128 kernels lost 2-4% when ptxas saw the general form.)
       constexpr bool kTall = C::kBlockM == 128;
@@ -559,7 +565,8 @@ __global__ void __launch_bounds__(BackwardConfig<T, D, kBlockM>::kThreads, 1)
         for (int kk = 0; kk < C::kBlockN / 16; ++kk)
           Wgmma<T, C::kBlockM>::template ss<1, 0>(
               dq, kb_desc + mn_major_step<W>(16 * kk),
-              dst_desc + (ds_buf * C::kConsumers + kk / 4) * kDsTile + k_major_step<64>(C::kBlockM, 16 * (kk % 4)),
+              ds_qmajor_desc + (ds_buf * C::kConsumers + kk / 4) * kDsTile +
+                  k_major_step<64>(C::kBlockM, 16 * (kk % 4)),
               kk > 0);
       } else if constexpr (C::kDsShared) {
 #pragma unroll
@@ -611,8 +618,9 @@ __global__ void __launch_bounds__(BackwardConfig<T, D, kBlockM>::kThreads, 1)
         for (int j = 0; j < C::kDqCols / 8; ++j)
 #pragma unroll
           for (int hh = 0; hh < 2; ++hh)
-            st_shared_v2(dq_lane0 + (C::kDqByCopyEngine ? dq_unit[j % 4] + uint32_t((j / 4) * 64 * 128 + hh * 8 * 128)
-                                                        : uint32_t((8 * hh * C::kDqPitch + j * 8) * 4)),
+            st_shared_v2(dq_lane0 + (C::kDqByCopyEngine
+                                         ? dq_unit[j % 4] + uint32_t((j / 4) * C::kBlockM * 128 + hh * 8 * 128)
+                                         : uint32_t((8 * hh * C::kDqPitch + j * 8) * 4)),
                          a.scale * dq[j][2 * hh], a.scale * dq[j][2 * hh + 1]);
       }
       if constexpr (kTall) { // (the atomic reducer's padded rows)
