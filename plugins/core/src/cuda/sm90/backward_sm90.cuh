@@ -304,11 +304,11 @@ __global__ void __launch_bounds__(BackwardConfig<T, D, kBlockM>::kThreads, 1)
           // Whole chunks of the step's rows: rows past the region add zeros (their P and dS are 0),
           // rows past the tensor are dropped. One thread: each lane's instruction would be a reduction.
           if (lane == 0) {
-            for (int part = 0; part < C::kDqParts; ++part)
-              for (int c = 0; c < D / 32; ++c) {
-                const unsigned char* chunk = reinterpret_cast<const unsigned char*>(sDq) + part * C::kDqBytes;
-                tma_reduce_add_4d(&dq_map, chunk + c * C::kBlockM * 128, c * 32, rec.r0, rec.head, batch);
-              }
+            for (int part = 0; part < C::kDqParts; ++part) {
+              const unsigned char* chunks = reinterpret_cast<const unsigned char*>(sDq) + part * C::kDqBytes;
+              for (int c = 0; c < D / 32; ++c)
+                tma_reduce_add_4d(&dq_map, chunks + c * C::kBlockM * 128, c * 32, rec.r0, rec.head, batch);
+            }
             bulk_commit();
             bulk_wait_read();
           }
