@@ -190,7 +190,10 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
 
   // acc = A B^T over the head dim for this warp's keys (A's rows at a_frag: K or V) and queries (B's
   // at b_frag: Q or dO): S^T or dP^T. The first k-step starts from zero.
-  const auto transposed_product = [&](float (&acc)[C::kMTiles][C::kQTiles][4], uint32_t a_frag, uint32_t b_frag) {
+  // between(i), where given, runs after k-step i with the k-loop unrolled fully: independent work
+  // (P^T's exponentials) that the tensor cores then run under.
+  const auto transposed_product = [&](float (&acc)[C::kMTiles][C::kQTiles][4], uint32_t a_frag, uint32_t b_frag,
+                                      auto between) {
     const auto k_step = [&](int k0, auto first) {
       uint32_t ak[C::kMTiles][4];
 #pragma unroll
@@ -207,12 +210,22 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
       }
     };
     k_step(0, std::true_type{});
-    // Two k-steps an iteration at D = 128 and 256 (unrolled fully, D = 128 spilled 892 bytes in
-    // session 12, and lost 0.5% without spills in session 17). Unrolled fully: +3% at D = 80
-    // (session 12), +1% at D = 64 with its 128-query steps (session 13), +1% at D = 96 (session 22;
-    // equal in session 12).
-#pragma unroll(D <= 96 ? 8 : 2)
-    for (int k0 = 16; k0 < D; k0 += 16) k_step(k0, std::false_type{});
+    if constexpr (std::is_same_v<decltype(between), NoOp>) {
+      // Two k-steps an iteration at D = 128 (unrolled fully, it spilled 892 bytes in session 12,
+      // lost 0.5% without spills in session 17, and 0.6% with P^T's exponentials under dP^T in
+      // session 27). Unrolled fully elsewhere: +3% at D = 80 (session 12), +1% at D = 64 with its
+      // 128-query steps (session 13), +1% at D = 96 (session 22; equal in session 12), +1.5-1.8% at
+      // D = 256 (session 27).
+#pragma unroll(D == 128 ? 2 : 16)
+      for (int k0 = 16; k0 < D; k0 += 16) k_step(k0, std::false_type{});
+    } else {
+      between(0);
+#pragma unroll
+      for (int k0 = 16; k0 < D; k0 += 16) {
+        k_step(k0, std::false_type{});
+        between(k0 / 16);
+      }
+    }
   };
 
   float dk[C::kGradMTiles][C::kOutTiles][4], dv[C::kGradMTiles][C::kOutTiles][4];
@@ -261,7 +274,7 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
     const int32_t base = reg.diff(cur.r0, n0); // (row r0 + m, key n0 + n) has diff base + n - m
     const bool check = !active || masked || n0 + C::kBlockN > reg.col_end;
     float p[C::kMTiles][C::kQTiles][4];
-    transposed_product(p, k_rows, q_cols + stage);
+    transposed_product(p, k_rows, q_cols + stage, NoOp{});
     // The next step's copies, their address arithmetic under S^T's products rather than between
     // the barrier and them (+0.4-1.5%, level at D = 96; after dP^T's, D = 128 lost 7%: session 22).
     if (stages == 2) {
@@ -274,52 +287,71 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
     for (int j = 0; j < C::kQTiles; ++j)
 #pragma unroll
       for (int e = 0; e < 2; ++e) lse2[j][e] = lse2[j][e] == -INFINITY ? INFINITY : lse2[j][e] * kLog2e;
-    // Two uniform cases, so that the common one (every pair visible) is the exponentials alone:
-    // with the test beside each exponential, nvcc branched around every one (two branches and a
-    // convergence barrier a pair, ~20% of the step's instructions; ncu, session 12).
-    if (!check) {
+    // P^T's fragment (mt, j) into shared memory; exp_p: its exponentials first, every pair visible.
+    const auto store_p = [&](int mt, int j) {
 #pragma unroll
-      for (int mt = 0; mt < C::kMTiles; ++mt)
+      for (int hh = 0; hh < 2; ++hh) {
+        const int n = wrow0 + 16 * mt + (lane >> 2) + hh * 8;
+        const int m = C::kWarpM * wh + j * 8 + (lane & 3) * 2;
+        *reinterpret_cast<uint32_t*>(sP + n * PTile::kPitch + m) = pack2<T>(p[mt][j][2 * hh], p[mt][j][2 * hh + 1]);
+      }
+    };
+    const auto exp_p = [&](int mt, int j) {
 #pragma unroll
-        for (int j = 0; j < C::kQTiles; ++j)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) p[mt][j][e] = fast_exp2(fmaf(p[mt][j][e], a.scale_log2, -lse2[j][e & 1]));
-    } else {
-      // Per key n of the lane, a band of query offsets (tiles.cuh): element (n, m = kWarpM wh + 8 j +
-      // 2 (lane % 4) + e % 2) is visible iff -(8 j + e % 2) lies in its key's band.
-      Band band[C::kMTiles][2];
-#pragma unroll
-      for (int mt = 0; mt < C::kMTiles; ++mt)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int n = wrow0 + 16 * mt + (lane >> 2) + 8 * h;
-          const Band b = masked ? band_from(a.mask, base + n - C::kWarpM * wh - (lane & 3) * 2) : full_band();
-          band[mt][h] = active && n0 + n < reg.col_end ? b : empty_band();
-        }
-#pragma unroll
-      for (int mt = 0; mt < C::kMTiles; ++mt)
-#pragma unroll
-        for (int j = 0; j < C::kQTiles; ++j)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const bool ok = in_band(band[mt][e >> 1], -(j * 8 + (e & 1)));
-            p[mt][j][e] = ok ? fast_exp2(fmaf(p[mt][j][e], a.scale_log2, -lse2[j][e & 1])) : 0.f;
-          }
-    }
-#pragma unroll
-    for (int mt = 0; mt < C::kMTiles; ++mt)
-#pragma unroll
-      for (int j = 0; j < C::kQTiles; ++j)
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-          const int n = wrow0 + 16 * mt + (lane >> 2) + hh * 8;
-          const int m = C::kWarpM * wh + j * 8 + (lane & 3) * 2;
-          *reinterpret_cast<uint32_t*>(sP + n * PTile::kPitch + m) = pack2<T>(p[mt][j][2 * hh], p[mt][j][2 * hh + 1]);
-        }
-
-    // 2. dP^T = V dO^T, then dS^T = P^T (dP^T - delta) into shared memory (P is 0 where masked).
+      for (int e = 0; e < 4; ++e) p[mt][j][e] = fast_exp2(fmaf(p[mt][j][e], a.scale_log2, -lse2[j][e & 1]));
+      store_p(mt, j);
+    };
+    // 2. dP^T = V dO^T. Two uniform cases, so that the common one (every pair visible) is the
+    //    exponentials alone: with the test beside each exponential, nvcc branched around every one
+    //    (two branches and a convergence barrier a pair, ~20% of the step's instructions; ncu,
+    //    session 12). Up to D = 128 that case runs P^T's exponentials and stores between dP^T's
+    //    k-steps, a share of the fragments after each, so that the tensor cores work under them
+    //    (+1.5% at D = 128, +3-6% at D = 64-96; 3.5% slower at D = 256: session 27).
     float dp[C::kMTiles][C::kQTiles][4];
-    transposed_product(dp, k_rows + C::kV, q_cols + stage + C::kDo);
+    constexpr bool kExpUnderDp = D <= 128;
+    if (kExpUnderDp && !check) {
+      constexpr int kFrags = C::kMTiles * C::kQTiles, kSteps = D / 16;
+      transposed_product(dp, k_rows + C::kV, q_cols + stage + C::kDo, [&](int i) {
+#pragma unroll
+        for (int f = i * kFrags / kSteps; f < (i + 1) * kFrags / kSteps; ++f) exp_p(f / C::kQTiles, f % C::kQTiles);
+      });
+    } else {
+      if (!check) {
+#pragma unroll
+        for (int mt = 0; mt < C::kMTiles; ++mt)
+#pragma unroll
+          for (int j = 0; j < C::kQTiles; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) p[mt][j][e] = fast_exp2(fmaf(p[mt][j][e], a.scale_log2, -lse2[j][e & 1]));
+      } else {
+        // Per key n of the lane, a band of query offsets (tiles.cuh): element (n, m = kWarpM wh +
+        // 8 j + 2 (lane % 4) + e % 2) is visible iff -(8 j + e % 2) lies in its key's band.
+        Band band[C::kMTiles][2];
+#pragma unroll
+        for (int mt = 0; mt < C::kMTiles; ++mt)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int n = wrow0 + 16 * mt + (lane >> 2) + 8 * h;
+            const Band b = masked ? band_from(a.mask, base + n - C::kWarpM * wh - (lane & 3) * 2) : full_band();
+            band[mt][h] = active && n0 + n < reg.col_end ? b : empty_band();
+          }
+#pragma unroll
+        for (int mt = 0; mt < C::kMTiles; ++mt)
+#pragma unroll
+          for (int j = 0; j < C::kQTiles; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const bool ok = in_band(band[mt][e >> 1], -(j * 8 + (e & 1)));
+              p[mt][j][e] = ok ? fast_exp2(fmaf(p[mt][j][e], a.scale_log2, -lse2[j][e & 1])) : 0.f;
+            }
+      }
+#pragma unroll
+      for (int mt = 0; mt < C::kMTiles; ++mt)
+#pragma unroll
+        for (int j = 0; j < C::kQTiles; ++j) store_p(mt, j);
+      transposed_product(dp, k_rows + C::kV, q_cols + stage + C::kDo, NoOp{});
+    }
+    // dS^T = P^T (dP^T - delta) into shared memory (P is 0 where masked).
     float delta[C::kQTiles][2];
     column_stats(1, delta);
 #pragma unroll
