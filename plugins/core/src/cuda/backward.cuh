@@ -306,7 +306,7 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
     //    (two branches and a convergence barrier a pair, ~20% of the step's instructions; ncu,
     //    session 12). Up to D = 128 that case runs P^T's exponentials and stores between dP^T's
     //    k-steps, a share of the fragments after each, so that the tensor cores work under them
-    //    (+1.5% at D = 128, +3-6% at D = 64-96; 3.5% slower at D = 256: session 27).
+    //    (+1-1.5% at D = 128, +3-7% at D = 64-96; 3.5% slower at D = 256: session 27).
     float dp[C::kMTiles][C::kQTiles][4];
     constexpr bool kExpUnderDp = D <= 128;
     if (kExpUnderDp && !check) {
