@@ -390,7 +390,8 @@ TEST_CASE("gpu: the d64 backward's 128-query steps (4096 rows and more), causal,
 // whole steps and a last one of 61 or 13; keys: two whole tiles and one of 44, so the last tile's
 // products mask its missing keys; GQA 2:1. Causal: first with the rows' end 3 keys before the keys'
 // (rows before 3876 see no key; the diagonal runs through steps 48 to 52, off their boundaries),
-// then from position 0 (rows 0 .. 298 see a causal edge, the rest every key).
+// then from position 0 (rows 0 .. 298 see a causal edge, the rest every key). Last, two batches of
+// two kv heads with padded token rows.
 TEST_CASE("gpu: the d128 backward's 80-query steps (1024 rows and more; causal, 4096)") {
   REQUIRE(device_count() > 0);
   std::mt19937_64 rng(80);
@@ -406,6 +407,15 @@ TEST_CASE("gpu: the d128 backward's 80-query steps (1024 rows and more; causal, 
     check_all(c);
     c.mask.q_pos0 = 0;
     check_all(c);
+    // Two batches of two kv heads (a step's dQ part lands in its own batch and head), token rows
+    // padded by 8 elements.
+    Problem g = two_heads_problem(rng, dt, 128, 12 * 80 + 77, 200);
+    g.B = 2;
+    g.Hq = 4;
+    g.Hkv = 2;
+    std::mt19937_64 data(rng());
+    g.randomize(data, /*pad=*/8);
+    check_all(g);
   }
 }
 
