@@ -320,9 +320,7 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
 #pragma unroll
         for (int mt = 0; mt < C::kMTiles; ++mt)
 #pragma unroll
-          for (int j = 0; j < C::kQTiles; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) p[mt][j][e] = fast_exp2(fmaf(p[mt][j][e], a.scale_log2, -lse2[j][e & 1]));
+          for (int j = 0; j < C::kQTiles; ++j) exp_p(mt, j);
       } else {
         // Per key n of the lane, a band of query offsets (tiles.cuh): element (n, m = kWarpM wh +
         // 8 j + 2 (lane % 4) + e % 2) is visible iff -(8 j + e % 2) lies in its key's band.
@@ -344,11 +342,11 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
               const bool ok = in_band(band[mt][e >> 1], -(j * 8 + (e & 1)));
               p[mt][j][e] = ok ? fast_exp2(fmaf(p[mt][j][e], a.scale_log2, -lse2[j][e & 1])) : 0.f;
             }
+#pragma unroll
+        for (int mt = 0; mt < C::kMTiles; ++mt)
+#pragma unroll
+          for (int j = 0; j < C::kQTiles; ++j) store_p(mt, j);
       }
-#pragma unroll
-      for (int mt = 0; mt < C::kMTiles; ++mt)
-#pragma unroll
-        for (int j = 0; j < C::kQTiles; ++j) store_p(mt, j);
       transposed_product(dp, k_rows + C::kV, q_cols + stage + C::kDo, NoOp{});
     }
     // dS^T = P^T (dP^T - delta) into shared memory (P is 0 where masked).
