@@ -14,10 +14,18 @@
 // recomputes S and dP per query tile and owns its rows: two more products, no atomics.
 #pragma once
 
+#include <cuda.h>
+
+#include <cstring>
+
 #include "args.h"
 #include "device.cuh"
 #include "launch.h"
 #include "tiles.cuh"
+#if ATTNCORE_HAVE_SM90
+#include "sm90/hopper.cuh"
+#include "sm90/tensor_map.h"
+#endif
 
 namespace attncore::cuda {
 
@@ -65,6 +73,21 @@ template <class T, int D, int kMTiles_, int kBlockM_ = 64> struct BackwardConfig
   static_assert(2 * kBlockM <= kThreads, "a thread a row statistic");
   static_assert(kGradKeys % 16 == 0 && kDqRows % 16 == 0 && kOutCols % 8 == 0, "whole m16 and n8 tiles");
   static_assert(smem_bytes(2) <= 227 * 1024, "two stages must fit an sm_90 CTA");
+  // dQ by the copy engine (sm_90a, two stages): where a warp's dQ is one group of rows (all but
+  // D = 256, whose boxes would not fit), the warp stores it into a box of its own after the stages,
+  // and one bulk reduce adds the box into the fp32 accumulator in L2, in place of kDqRows x kDqCols
+  // / 64 vector atomics a thread, whose late operand reads held the step (ncu, session 27). Rows of
+  // 32 columns (128 bytes, D = 64 and 128) are stored in the copy engine's 128-byte swizzle, which
+  // a half warp's 8-byte stores of four rows hit without a bank conflict; rows of 40 or 48 columns
+  // (D = 80, 96) are plain, 8 or 16 words apart.
+  static constexpr int kDqGroup = D == 256 ? 1 : kDqRows / 16; // dQ's m16 tiles made together
+  static constexpr bool kDqBoxes = kDqGroup * 16 == kDqRows && kDqCols * 4 % 16 == 0;
+  static constexpr bool kDqSwizzled = kDqCols == 32;
+  static constexpr uint32_t kDqBoxBytes = kDqRows * kDqCols * sizeof(float);
+  static constexpr uint32_t kDqBox0 = kStage0 + 2 * kStageBytes; // then rounded up to 1024 bytes
+  static constexpr size_t smem_bytes_dq_boxes() { return smem_bytes(2) + 1024 + kWarps * kDqBoxBytes; }
+  static_assert(!kDqSwizzled || kDqBoxBytes % 1024 == 0, "swizzled boxes on 1024-byte lines");
+  static_assert(kDqBoxBytes % 128 == 0, "boxes on 128-byte lines");
 };
 
 // out[mt][j] += a[mt] B for every n8 tile j, B the 16 x (8 kNT) block at rows k0.. of a k-major tile
@@ -92,6 +115,36 @@ __device__ __forceinline__ void mma_k_step(float (&out)[kMT][kNT][4], const uint
   }
 }
 
+#if ATTNCORE_SM90_DEVICE
+// A warp's dQ (scaled) into its box, then added by the copy engine into the accumulator at column
+// col0, row row0 of the map's (head, batch). The box the warp handed over a step ago has been read
+// by then. Rows past the tensor are dropped; rows past a segment add their dQ, exactly 0 (their dO,
+// delta and so dS are 0).
+template <class C>
+__device__ __forceinline__ void add_dq_box(const float (&dq)[C::kDqGroup][C::kDqTiles][4], unsigned char* box,
+                                           const CUtensorMap* map, int col0, int row0, int head, int batch, int lane) {
+  if (lane == 0) sm90::bulk_wait_read();
+  __syncwarp();
+#pragma unroll
+  for (int mt = 0; mt < C::kDqGroup; ++mt)
+#pragma unroll
+    for (int j = 0; j < C::kDqTiles; ++j)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int row = 16 * mt + (lane >> 2) + 8 * hh, col = 8 * j + (lane & 3) * 2;
+        const uint32_t at = C::kDqSwizzled ? sm90::swizzled_offset<64>(row, col / 4) + (col % 4) * 4
+                                           : uint32_t((row * C::kDqCols + col) * 4);
+        sm90::st_shared_v2(smem_addr(box) + at, dq[mt][j][2 * hh], dq[mt][j][2 * hh + 1]);
+      }
+  sm90::fence_async_shared();
+  __syncwarp();
+  if (lane == 0) {
+    sm90::tma_reduce_add_4d(map, box, col0, row0, head, batch);
+    sm90::bulk_commit();
+  }
+}
+#endif
+
 struct NoOp {
   __device__ void operator()(int) const {}
 };
@@ -114,9 +167,10 @@ __device__ __forceinline__ void accumulate_grad(float (&out)[C::kGradMTiles][C::
 
 // dK and dV of the key tile [n0, n0 + kBlockN) of `reg` (one kv head), over every query tile that
 // sees it. `stages`: 2 overlaps the next step's loads with this step's products.
+// dq_map: where given (sm_90a, BackwardConfig::kDqBoxes), dQ goes to the copy engine through it.
 template <class T, int D, int kMTiles, int kBlockM>
 __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, const Region& reg, int32_t n0,
-                          int kv_head, int batch) {
+                          int kv_head, int batch, const CUtensorMap* dq_map) {
   using C = BackwardConfig<T, D, kMTiles, kBlockM>;
   using Tile = typename C::Tile;
   using PTile = typename C::PTile;
@@ -367,25 +421,33 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
     __syncthreads();
 
     // 3. dV += P^T dO, dK += dS^T Q on this warp's keys and columns (rows of P^T and dS^T that this
-    //    step does not visit are zero), and dQ (4). Their order, per head dim (session 22): an atomic
-    //    reads its operands late, so dQ's atomics issued together held the instructions after them
-    //    that rewrote their registers (7.5% of the stall samples at D = 64, ncu). Up to D = 96: dV,
-    //    dQ, then dK with dQ's atomics after its first k-steps, a row each (+1.5% at D = 64, +2.7% at
-    //    D = 96, +5.5% at D = 80; 0.5-0.8% slower at D = 128). D = 128: dV, dK, dQ. D = 256: dV, dQ,
-    //    dK (+1.5-2% there; 1-2% slower at D = 80-128).
+    //    step does not visit are zero), and dQ (4). Their order: dV, dQ, dK, where dQ goes to the copy
+    //    engine (sm_90a code, up to D = 128): its stores and bulk reduce then run under dK's products
+    //    (at D = 128, +5.5% against dK before dQ; session 28). With atomics, per head dim (session
+    //    22): an atomic reads its operands late, so dQ's atomics issued together held the
+    //    instructions after them that rewrote their registers (7.5% of the stall samples at D = 64,
+    //    ncu). Up to D = 96: dV, dQ, then dK with dQ's atomics after its first k-steps, a row each
+    //    (+1.5% at D = 64, +2.7% at D = 96, +5.5% at D = 80; 0.5-0.8% slower at D = 128). D = 128:
+    //    dV, dK, dQ. D = 256: dV, dQ, dK (+1.5-2% there; 1-2% slower at D = 80-128).
+#if ATTNCORE_SM90_DEVICE
+    constexpr bool kDqBoxCode = C::kDqBoxes;
+#else
+    constexpr bool kDqBoxCode = false;
+#endif
     constexpr bool kAtomicsInDk = D <= 96;
-    constexpr bool kDkBeforeDq = D == 128;
+    constexpr bool kDkBeforeDq = D == 128 && !kDqBoxCode;
     const auto accumulate_dk = [&](auto after) {
       accumulate_grad<T, D, kMTiles, kBlockM>(dk, p_rows + C::kPBytes, do_cols + stage - C::kDo, after);
     };
     accumulate_grad<T, D, kMTiles, kBlockM>(dv, p_rows, do_cols + stage);
     if constexpr (kDkBeforeDq) accumulate_dk(NoOp{});
 
-    // 4. dQ += scale dS K for this warp's rows and columns, added atomically, kDqGroup m16 tiles of
-    //    rows at a time: all of them (one B fragment for both, +1% at D = 64 and 128), but one at
-    //    D = 256, where two hold 64 more registers and spill 108 bytes.
+    // 4. dQ += scale dS K for this warp's rows and columns, by the copy engine (dq_map) or
+    //    atomically, kDqGroup m16 tiles of rows at a time: all of them (one B fragment for both, +1%
+    //    at D = 64 and 128), but one at D = 256, where two hold 64 more registers and spill 108 bytes.
+    bool dk_done = kDkBeforeDq;
     if (a.accumulate_dq) {
-      constexpr int kDqGroup = D == 256 ? 1 : C::kDqRows / 16;
+      constexpr int kDqGroup = C::kDqGroup;
       float* const dq_g = static_cast<float*>(a.dq.data) + batch * a.dq.batch_stride + cur.head * a.dq.head_stride;
       const auto dq_row = [&](int32_t r) { return dq_g + int64_t(r) * a.dq.token_stride + dq_col0 + (lane & 3) * 2; };
 #pragma unroll
@@ -421,6 +483,15 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
           for (int j = 0; j < C::kDqTiles; ++j)
 #pragma unroll
             for (int e = 0; e < 4; ++e) dq[mt][j][e] *= a.scale;
+#if ATTNCORE_SM90_DEVICE
+        if constexpr (kDqBoxCode) {
+          if (dq_map) {
+            add_dq_box<C>(dq, align_smem<1024>(smem + C::kDqBox0) + warp * C::kDqBoxBytes, dq_map, dq_col0,
+                          cur.r0 + qrow0, cur.head, batch, lane);
+            continue;
+          }
+        }
+#endif
         const auto put_row = [&](int mt, int hh, float* row) {
 #pragma unroll
           for (int j = 0; j < C::kDqTiles; ++j) atomic_add2(row + j * 8, dq[mt][j][2 * hh], dq[mt][j][2 * hh + 1]);
@@ -433,6 +504,7 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
           accumulate_dk([&](int i) {
             if (i < 2 * kDqGroup) put_row(i / 2, i % 2, dq_row(min(row_of(i / 2, i % 2), reg.row_end - 1)));
           });
+          dk_done = true;
         } else {
 #pragma unroll
           for (int mt = 0; mt < kDqGroup; ++mt)
@@ -444,7 +516,7 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
         }
       }
     }
-    if (!kDkBeforeDq && !(kAtomicsInDk && a.accumulate_dq)) accumulate_dk(NoOp{});
+    if (!dk_done) accumulate_dk(NoOp{});
     if (stages == 1) {
       __syncthreads(); // the only stage is free again
       if (have_next) load_step(0, nxt);
@@ -455,6 +527,9 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
     st ^= stages - 1;
   }
   cp_async_wait<0>();
+#if ATTNCORE_SM90_DEVICE
+  if (C::kDqBoxes && dq_map && lane == 0) sm90::bulk_wait_read(); // the box is read before the CTA goes
+#endif
 
   // dK (times scale) and dV into the fp32 accumulators, or written (write_dkdv: segments that do
   // not share keys). Without segments this CTA is the only writer of these keys; with segments
@@ -475,7 +550,8 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
 
 template <class T, int D, int kMTiles, int kBlockM>
 __global__ void __launch_bounds__(BackwardConfig<T, D, kMTiles, kBlockM>::kThreads, 1)
-    flash_backward_dkdv_kernel(const __grid_constant__ AttnArgs a, int stages) {
+    flash_backward_dkdv_kernel(const __grid_constant__ AttnArgs a, int stages, const __grid_constant__ CUtensorMap dq_map,
+                               bool dq_boxes) {
   using C = BackwardConfig<T, D, kMTiles, kBlockM>;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   unsigned char* smem = align_smem(smem_raw);
@@ -484,7 +560,7 @@ __global__ void __launch_bounds__(BackwardConfig<T, D, kMTiles, kBlockM>::kThrea
     const int32_t n0 = int32_t(blockIdx.x) * C::kBlockN;
     if (n0 < a.seqlen_kv)
       dkdv_tile<T, D, kMTiles, kBlockM>(a, smem, stages, whole_call(a.mask, a.seqlen_q, a.seqlen_kv), n0, kv_head,
-                                        batch);
+                                        batch, dq_boxes ? &dq_map : nullptr);
     return;
   }
   // Segments may share keys, so their key tiles can outnumber the grid: stride over them.
@@ -492,7 +568,8 @@ __global__ void __launch_bounds__(BackwardConfig<T, D, kMTiles, kBlockM>::kThrea
     int32_t seg, tile;
     if (!locate_tile(a.segs, a.nseg, x, C::kBlockN, false, seg, tile)) return;
     const Region reg = segment_region(a.segs[seg]);
-    dkdv_tile<T, D, kMTiles, kBlockM>(a, smem, stages, reg, reg.col_begin + tile * C::kBlockN, kv_head, batch);
+    dkdv_tile<T, D, kMTiles, kBlockM>(a, smem, stages, reg, reg.col_begin + tile * C::kBlockN, kv_head, batch,
+                                      dq_boxes ? &dq_map : nullptr);
     __syncthreads(); // the next tile reuses shared memory
   }
 }
@@ -721,11 +798,23 @@ void launch_dkdv(const BackwardParams& p, const AttnArgs& a, size_t smem_allowed
   using C = BackwardConfig<T, D, kMTiles, kBlockM>;
   const auto kernel = flash_backward_dkdv_kernel<T, D, kMTiles, kBlockM>;
   const int stages = smem_allowed >= C::smem_bytes(2) ? 2 : 1;
-  const size_t smem = C::smem_bytes(stages);
+  size_t smem = C::smem_bytes(stages);
+  CUtensorMap dq_map;
+  std::memset(&dq_map, 0, sizeof dq_map);
+  bool dq_boxes = false;
+#if ATTNCORE_HAVE_SM90
+  if (C::kDqBoxes && a.accumulate_dq && stages == 2 && smem_allowed >= C::smem_bytes_dq_boxes() &&
+      sm90::sm90a_device() && sm90::tma_readable(p.dq, sizeof(float))) {
+    dq_map = sm90::make_tile_map(p.dq, DType::fp32, p.batch, p.seqlen_q, p.heads_q, D, C::kDqRows, C::kDqCols,
+                                 C::kDqSwizzled ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE);
+    dq_boxes = true;
+    smem = C::smem_bytes_dq_boxes();
+  }
+#endif
   cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
   const dim3 grid(unsigned(tile_grid(p.seqlen_kv, C::kBlockN, p.num_segments)), unsigned(p.heads_kv),
                   unsigned(p.batch));
-  kernel<<<grid, C::kThreads, smem, stream>>>(a, stages);
+  kernel<<<grid, C::kThreads, smem, stream>>>(a, stages, dq_map, dq_boxes);
   check_launch("flash backward dK/dV");
 }
 

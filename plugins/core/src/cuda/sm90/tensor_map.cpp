@@ -31,26 +31,30 @@ constexpr uint64_t kMaxStride = uint64_t(1) << 40;
 
 } // namespace
 
-bool hopper_path_enabled() {
+bool sm90a_device() {
 #if ATTNCORE_HAVE_SM90
-  // Read on every call, so that a test can switch paths; the device's capability once.
-  if (const char* force = std::getenv("ATTNCORE_KERNELS"); force && std::strcmp(force, "mma") == 0) return false;
   constexpr int kMaxDevices = 64;
-  static std::array<int8_t, kMaxDevices> hopper{}; // 0 unknown, 1 yes, -1 no
+  static std::array<int8_t, kMaxDevices> sm90a{}; // 0 unknown, 1 yes, -1 no
   static std::mutex mu;
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) return false;
   std::lock_guard<std::mutex> lock(mu);
-  if (hopper[dev] == 0) {
+  if (sm90a[dev] == 0) {
     int major = 0, minor = 0;
     cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
     cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
-    hopper[dev] = (major == 9 && minor == 0 && encoder()) ? 1 : -1;
+    sm90a[dev] = (major == 9 && minor == 0 && encoder()) ? 1 : -1;
   }
-  return hopper[dev] > 0;
+  return sm90a[dev] > 0;
 #else
   return false;
 #endif
+}
+
+bool hopper_path_enabled() {
+  // Read on every call, so that a test can switch paths; the device's capability once.
+  if (const char* force = std::getenv("ATTNCORE_KERNELS"); force && std::strcmp(force, "mma") == 0) return false;
+  return sm90a_device();
 }
 
 bool tma_readable(const TensorRef& t, int elem_bytes) {

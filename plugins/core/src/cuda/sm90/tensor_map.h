@@ -15,6 +15,11 @@ namespace attncore::cuda::sm90 {
 // mma.sync kernels: the GPU tests run both paths on one machine).
 bool hopper_path_enabled();
 
+// True when this build carries sm_90a code and the current device is compute capability 9.0 with a
+// driver that makes tensor maps, whatever ATTNCORE_KERNELS says: the mma.sync kernels' sm_90a code
+// hands its dQ to the copy engine there (backward.cuh).
+bool sm90a_device();
+
 // Whether a [batch, token, head, dim] tensor of `elem_bytes`-byte elements can be read (or reduced
 // into) by the copy engine: base 16-byte aligned, strides non-negative multiples of 16 bytes below 2^40.
 bool tma_readable(const TensorRef& t, int elem_bytes = 2);
