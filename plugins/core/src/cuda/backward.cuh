@@ -116,26 +116,29 @@ __device__ __forceinline__ void mma_k_step(float (&out)[kMT][kNT][4], const uint
 }
 
 #if ATTNCORE_SM90_DEVICE
-// A warp's dQ (scaled) into its box, then added by the copy engine into the accumulator at column
-// col0, row row0 of the map's (head, batch). The box the warp handed over a step ago has been read
-// by then. Rows past the tensor are dropped; rows past a segment add their dQ, exactly 0 (their dO,
-// delta and so dS are 0).
+// A warp's dQ (scaled) into its box (BackwardConfig::kDqBoxes), then added by the copy engine into
+// the accumulator at column col0, row row0 of the map's (head, batch). The caller has waited until
+// the copy engine read what the warp handed it a step ago. Rows past the tensor are dropped; rows
+// past a segment add their dQ, exactly 0 (their dO, delta and so dS are 0).
 template <class C>
 __device__ __forceinline__ void add_dq_box(const float (&dq)[C::kDqGroup][C::kDqTiles][4], unsigned char* box,
                                            const CUtensorMap* map, int col0, int row0, int head, int batch, int lane) {
-  if (lane == 0) sm90::bulk_wait_read();
-  __syncwarp();
+  // The lane's rows are lane / 4 + 8 h: in the swizzle, row % 8 is lane / 4 for all of them, and n8
+  // tile j's chunks are those of tile 0 XOR 2 j, so one offset a lane serves every store.
+  const uint32_t lane_off = sm90::swizzled_offset<64>(lane >> 2, (lane & 3) >> 1) + (lane & 1) * 8;
 #pragma unroll
   for (int mt = 0; mt < C::kDqGroup; ++mt)
 #pragma unroll
     for (int j = 0; j < C::kDqTiles; ++j)
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
-        const int row = 16 * mt + (lane >> 2) + 8 * hh, col = 8 * j + (lane & 3) * 2;
-        const uint32_t at = C::kDqSwizzled ? sm90::swizzled_offset<64>(row, col / 4) + (col % 4) * 4
-                                           : uint32_t((row * C::kDqCols + col) * 4);
+        const int row = 16 * mt + 8 * hh; // of the lane's group of 8
+        const uint32_t at = C::kDqSwizzled ? row * 128 + (lane_off ^ (32 * j))
+                                           : uint32_t(((row + (lane >> 2)) * C::kDqCols + 8 * j + (lane & 3) * 2) * 4);
         sm90::st_shared_v2(smem_addr(box) + at, dq[mt][j][2 * hh], dq[mt][j][2 * hh + 1]);
       }
+  // Sent at once: after dK's product instead, the fence (which waits until the stores are done)
+  // held each warp just before the step's barrier: 3-6% slower (session 28).
   sm90::fence_async_shared();
   __syncwarp();
   if (lane == 0) {
@@ -213,6 +216,7 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
   load_tile_async<C::kBlockN, Tile, C::kThreads>(sV, v + int64_t(n0) * a.v.token_stride, a.v.token_stride,
                                                  reg.col_end - n0, tid);
 
+  unsigned char* const dq_box = align_smem<1024>(smem + C::kDqBox0) + warp * C::kDqBoxBytes; // where dq_map
   QWalk<C::kBlockM, C::kBlockN> walk;
   walk.init(a.mask, reg, a.blocks, kv_head * a.group, a.group, n0);
   // With a block list of 64-key blocks, the two halves of a 128-key tile follow their own columns.
@@ -303,6 +307,11 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
     // copies are issued in this step (below, after S^T's products), and no barrier closes a step
     // (+0.3-2.6%, PERFORMANCE.md session 22).
     cp_async_wait<0>();
+#if ATTNCORE_SM90_DEVICE
+    // The dQ box the copy engine read last step is free for this step's stores (the same wait as
+    // the copies' in the machine code: the barrier orders it before every lane's stores).
+    if (C::kDqBoxes && dq_map) sm90::bulk_wait_read();
+#endif
     __syncthreads();
     const uint32_t stage = st * C::kStageBytes;
     // This lane's 8 query columns' statistics are read into registers just before their use: read
@@ -486,8 +495,7 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
 #if ATTNCORE_SM90_DEVICE
         if constexpr (kDqBoxCode) {
           if (dq_map) {
-            add_dq_box<C>(dq, align_smem<1024>(smem + C::kDqBox0) + warp * C::kDqBoxBytes, dq_map, dq_col0,
-                          cur.r0 + qrow0, cur.head, batch, lane);
+            add_dq_box<C>(dq, dq_box, dq_map, dq_col0, cur.r0 + qrow0, cur.head, batch, lane);
             continue;
           }
         }
@@ -528,7 +536,7 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
   }
   cp_async_wait<0>();
 #if ATTNCORE_SM90_DEVICE
-  if (C::kDqBoxes && dq_map && lane == 0) sm90::bulk_wait_read(); // the box is read before the CTA goes
+  if (C::kDqBoxes && dq_map) sm90::bulk_wait_read(); // the box is read before the CTA goes
 #endif
 
   // dK (times scale) and dV into the fp32 accumulators, or written (write_dkdv: segments that do
