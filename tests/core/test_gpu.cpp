@@ -718,9 +718,10 @@ TEST_CASE("gpu: write_dkdv in fp32 with segments writes every key of a segment a
   }
 }
 
-// The Hopper backward hands dQ to the copy engine where the accumulator's rows are 16-byte aligned
-// (every other test); rows 8 bytes apart from 16 take the atomic reducer instead. dK and dV with
-// such rows: the consumers' float2 atomics, only 8-byte aligned.
+// The Hopper backward, and on sm_90a the mma.sync backward up to D = 128, hand dQ to the copy engine
+// where the accumulator's rows are 16-byte aligned (every other test); rows 8 bytes apart from 16
+// take atomics instead (the Hopper path's reducer warps; the mma.sync step's own, in its dV, dQ, dK
+// order). dK and dV with such rows: float2 atomics, only 8-byte aligned.
 TEST_CASE("gpu: accumulators the copy engine cannot address (token stride 2 floats past 16 bytes)") {
   REQUIRE(device_count() > 0);
   std::mt19937_64 rng(43);
