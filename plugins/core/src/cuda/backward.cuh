@@ -9,8 +9,9 @@
 // for the r-th quarter of the keys (32 of 128: two m16 tiles, so every Q/dO fragment loaded feeds
 // two products) and the h-th half of the step's queries. P^T and dS^T go through shared memory to
 // become the A operands of dV and dK, which the warps tile their own way (BackwardConfig::
-// kColSplit). With accumulate_dq it also adds dQ = scale dS K into the fp32 accumulator
-// atomically (the default path). Deterministic mode leaves dQ to the dQ kernel below, which
+// kColSplit). With accumulate_dq it also adds dQ = scale dS K into the fp32 accumulator (the
+// default path): on sm_90a through the copy engine (a warp's dQ in a box of shared memory, one bulk
+// reduce a step; D = 64-128), else atomically. Deterministic mode leaves dQ to the dQ kernel below, which
 // recomputes S and dP per query tile and owns its rows: two more products, no atomics.
 #pragma once
 
