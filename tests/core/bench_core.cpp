@@ -12,7 +12,10 @@
 //   BENCH_SEGMENTS=L                native: each sequence as segments of L rows (a device list, as
 //                                   varlen and dilated call the core), not L-row batches
 //   bench_core --probe [B H S D...] which cuDNN graphs build for each shape (no timing)
-// Native backward = zeroing the fp32 accumulators (dQ's in the delta pass) + compute_delta + backward.
+// Native backward = zeroing the fp32 accumulators (dQ's in the delta pass) + compute_delta + backward: the
+// core's contract (gradients added into fp32), what a ring step costs. "bwd write" is what frameworks do and
+// what PyTorch's line times: dQ's accumulator cleared in the delta pass, dK and dV written in bf16
+// (write_dkdv), dQ converted to bf16 after.
 // cuDNN: "bwd write" writes bf16 gradients (what frameworks do); "bwd add" is the core's contract (zeroing the fp32
 // accumulators + cuDNN into scratch + the add kernels), what a ring step costs.
 #include <cuda_runtime_api.h>
@@ -250,10 +253,29 @@ void bench_native(Bench& x) {
   const float t_bwd = median_ms([&] { backward(false); }, 2, runs);
   const float t_det = median_ms([&] { backward(true); }, 1, std::max(3, runs / 2));
   x.g.deterministic = false;
+  // bf16 dK, dV and dQ into the (larger) fp32 buffers' memory, same element strides: dK and dV over
+  // their accumulators, dQ over the fp32 O of the partial forward, unused here.
+  BackwardParams w = x.g;
+  w.write_dkdv = true;
+  ConvertParams dq_out;
+  dq_out.dtype = DType::bf16;
+  dq_out.batch = x.s.B;
+  dq_out.heads = x.s.Hq;
+  dq_out.head_dim = x.s.D;
+  dq_out.seqlen = x.s.S;
+  dq_out.src = x.g.dq;
+  dq_out.dst = TensorRef{x.o32, x.g.dq.batch_stride, x.g.dq.token_stride, x.g.dq.head_stride};
+  const float t_write = median_ms(
+      [&] {
+        compute_delta_cuda(delta_clearing_dq, nullptr);
+        backward_cuda(w, nullptr);
+        convert_cuda(dq_out, nullptr);
+      },
+      2, runs);
   CUDA_CHECK(cudaDeviceSynchronize());
-  std::printf("native %s | fwd %s | bwd %s | bwd deterministic %s\n", x.name().c_str(),
+  std::printf("native %s | fwd %s | bwd %s | bwd deterministic %s | bwd write %s\n", x.name().c_str(),
               x.figure(t_fwd, x.flops()).c_str(), x.figure(t_bwd, 2.5 * x.flops()).c_str(),
-              x.figure(t_det, 2.5 * x.flops()).c_str());
+              x.figure(t_det, 2.5 * x.flops()).c_str(), x.figure(t_write, 2.5 * x.flops()).c_str());
   if (const char* e = std::getenv("BENCH_DELTA"); e && e[0] == '1') { // the row pass before the backward
     const float t_delta = median_ms([&] { compute_delta_cuda(x.dp, nullptr); }, 3, runs);
     const float t_zero = median_ms([&] { CUDA_CHECK(cudaMemsetAsync(x.dq, 0, x.nq * 4)); }, 3, runs);
