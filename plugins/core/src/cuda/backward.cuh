@@ -11,8 +11,8 @@
 // become the A operands of dV and dK, which the warps tile their own way (BackwardConfig::
 // kColSplit). With accumulate_dq it also adds dQ = scale dS K into the fp32 accumulator (the
 // default path): on sm_90a through the copy engine (a warp's dQ in a box of shared memory, one bulk
-// reduce a step; D = 64-128), else atomically. Deterministic mode leaves dQ to the dQ kernel below, which
-// recomputes S and dP per query tile and owns its rows: two more products, no atomics.
+// reduce a step; D = 64-128), else atomically. Deterministic mode leaves dQ to the dQ kernel below,
+// which recomputes S and dP per query tile and owns its rows: two more products, no atomics.
 #pragma once
 
 #include <cuda.h>
@@ -139,7 +139,7 @@ __device__ __forceinline__ void add_dq_box(const float (&dq)[C::kDqGroup][C::kDq
         sm90::st_shared_v2(smem_addr(box) + at, dq[mt][j][2 * hh], dq[mt][j][2 * hh + 1]);
       }
   // Sent at once: after dK's product instead, the fence (which waits until the stores are done)
-  // held each warp just before the step's barrier: 3-6% slower (session 28).
+  // held each warp just before the step's barrier: 3-7% slower (session 28).
   sm90::fence_async_shared();
   __syncwarp();
   if (lane == 0) {
@@ -497,7 +497,7 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
         if constexpr (kDqBoxCode) {
           if (dq_map) {
             add_dq_box<C>(dq, dq_box, dq_map, dq_col0, cur.r0 + qrow0, cur.head, batch, lane);
-            continue;
+            continue; // boxes hold all of a warp's rows: this is the loop's only pass
           }
         }
 #endif
