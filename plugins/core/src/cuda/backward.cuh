@@ -217,7 +217,13 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
   load_tile_async<C::kBlockN, Tile, C::kThreads>(sV, v + int64_t(n0) * a.v.token_stride, a.v.token_stride,
                                                  reg.col_end - n0, tid);
 
-  unsigned char* const dq_box = align_smem<1024>(smem + C::kDqBox0) + warp * C::kDqBoxBytes; // where dq_map
+  // dQ's box (where dq_map is given), in the sm_90a code only.
+#if ATTNCORE_SM90_DEVICE
+  constexpr bool kDqBoxCode = C::kDqBoxes;
+#else
+  constexpr bool kDqBoxCode = false;
+#endif
+  unsigned char* const dq_box = align_smem<1024>(smem + C::kDqBox0) + warp * C::kDqBoxBytes;
   QWalk<C::kBlockM, C::kBlockN> walk;
   walk.init(a.mask, reg, a.blocks, kv_head * a.group, a.group, n0);
   // With a block list of 64-key blocks, the two halves of a 128-key tile follow their own columns.
@@ -311,7 +317,7 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
 #if ATTNCORE_SM90_DEVICE
     // The dQ box the copy engine read last step is free for this step's stores (the same wait as
     // the copies' in the machine code: the barrier orders it before every lane's stores).
-    if (C::kDqBoxes && dq_map) sm90::bulk_wait_read();
+    if (kDqBoxCode && dq_map) sm90::bulk_wait_read();
 #endif
     __syncthreads();
     const uint32_t stage = st * C::kStageBytes;
@@ -439,11 +445,6 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
     //    ncu). Up to D = 96: dV, dQ, then dK with dQ's atomics after its first k-steps, a row each
     //    (+1.5% at D = 64, +2.7% at D = 96, +5.5% at D = 80; 0.5-0.8% slower at D = 128). D = 128:
     //    dV, dK, dQ. D = 256: dV, dQ, dK (+1.5-2% there; 1-2% slower at D = 80-128).
-#if ATTNCORE_SM90_DEVICE
-    constexpr bool kDqBoxCode = C::kDqBoxes;
-#else
-    constexpr bool kDqBoxCode = false;
-#endif
     constexpr bool kAtomicsInDk = D <= 96;
     constexpr bool kDkBeforeDq = D == 128 && !kDqBoxCode;
     const auto accumulate_dk = [&](auto after) {
@@ -537,7 +538,7 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
   }
   cp_async_wait<0>();
 #if ATTNCORE_SM90_DEVICE
-  if (C::kDqBoxes && dq_map) sm90::bulk_wait_read(); // the box is read before the CTA goes
+  if (kDqBoxCode && dq_map) sm90::bulk_wait_read(); // the box is read before the CTA goes
 #endif
 
   // dK (times scale) and dV into the fp32 accumulators, or written (write_dkdv: segments that do
