@@ -427,7 +427,8 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
     // dS^T = P^T (dP^T - delta) into shared memory (P is 0 where masked). Up to D = 128 the softmax
     // scale is folded in, as P^T (scale dP^T - scale delta), so that dK and dQ get it through dS and
     // dQ is not scaled after each step's product (32 multiplies a lane at D = 128): +2-3% at D = 128
-    // and 64, +0.5% at D = 80 and 96, but 6% slower at D = 256, whose dQ goes by atomics (session 29).
+    // and 64, level to +0.7% at D = 80 and 96, but 6% slower at D = 256, whose dQ goes by atomics
+    // (session 29).
     const float ds_scale = kScaleInDs ? a.scale : 1.f;
     float delta[C::kQTiles][2];
     column_stats(1, delta);
