@@ -224,7 +224,7 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
   constexpr bool kDqBoxCode = false;
 #endif
   // Whether dS carries the softmax scale to dK and dQ (at dS^T's stores below, the reason).
-  constexpr bool kScaleInDs = D <= 128;
+  constexpr bool kScaleInDs = D == 64 || D == 128;
   unsigned char* const dq_box = align_smem<1024>(smem + C::kDqBox0) + warp * C::kDqBoxBytes;
   QWalk<C::kBlockM, C::kBlockN> walk;
   walk.init(a.mask, reg, a.blocks, kv_head * a.group, a.group, n0);
@@ -424,11 +424,11 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
       }
       transposed_product(dp, k_rows + C::kV, q_cols + stage + C::kDo, NoOp{});
     }
-    // dS^T = P^T (dP^T - delta) into shared memory (P is 0 where masked). Up to D = 128 the softmax
-    // scale is folded in, as P^T (scale dP^T - scale delta), so that dK and dQ get it through dS and
-    // dQ is not scaled after each step's product (32 multiplies a lane at D = 128): +2-3% at D = 128
-    // and 64, level to +0.7% at D = 80 and 96, but 6% slower at D = 256, whose dQ goes by atomics
-    // (session 29).
+    // dS^T = P^T (dP^T - delta) into shared memory (P is 0 where masked). At D = 64 and 128 the
+    // softmax scale is folded in, as P^T (scale dP^T - scale delta), so that dK and dQ get it through
+    // dS and dQ is not scaled after each step's product (32 multiplies a lane at D = 128): +2-3.7%
+    // there with dQ's boxes, +1.5% (D = 128) and level (D = 64) with its atomics. Not at D = 80 and
+    // 96 (level with boxes, 1.5-2.5% slower with atomics) nor D = 256 (atomics, 6% slower): session 29.
     const float ds_scale = kScaleInDs ? a.scale : 1.f;
     float delta[C::kQTiles][2];
     column_stats(1, delta);
