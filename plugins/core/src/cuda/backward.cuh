@@ -558,10 +558,10 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
   if (kDqBoxCode && dq_map) sm90::bulk_wait_read(); // the box is read before the CTA goes
 #endif
 
-  // dK (scaled, through dS) and dV into the fp32 accumulators, or written (write_dkdv: segments that do
-  // not share keys). Without segments this CTA is the only writer of these keys; with segments
-  // whose key ranges overlap it is not, hence the atomic adds (one add per element and call: the
-  // result does not depend on their order when keys are owned).
+  // dK (scaled: here, or through dS) and dV into the fp32 accumulators, or written (write_dkdv:
+  // segments that do not share keys). Without segments this CTA is the only writer of these keys;
+  // with segments whose key ranges overlap it is not, hence the atomic adds (one add per element and
+  // call: the result does not depend on their order when keys are owned).
 #pragma unroll
   for (int mt = 0; mt < C::kGradMTiles; ++mt) {
     if constexpr (!kScaleInDs) {
