@@ -19,6 +19,7 @@ struct RankEnv {
   Device& device;
   Communicator& comm;
   RankGroup& group;
+  int local_rank = 0, local_size = 1;  // among the ranks of this world on this rank's machine
 };
 
 class Backend {

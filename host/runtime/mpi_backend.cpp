@@ -11,6 +11,7 @@
 
 #include <mpi.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <map>
@@ -186,7 +187,12 @@ class MpiBackend final : public Backend {
     MPI_Comm local;
     MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &local);
     MPI_Comm_rank(local, &local_rank_);
+    // Each process's machine, named by the world rank of its machine's first process.
+    int leader = rank_;
+    MPI_Bcast(&leader, 1, MPI_INT, 0, local);
     MPI_Comm_free(&local);
+    machine_of_.resize(size_);
+    MPI_Allgather(&leader, 1, MPI_INT, machine_of_.data(), 1, MPI_INT, MPI_COMM_WORLD);
     log::set_prefix("attnhost[rank " + std::to_string(rank_) + "]");
   }
   ~MpiBackend() override {
@@ -216,6 +222,9 @@ class MpiBackend final : public Backend {
       std::unique_ptr<Communicator> comm = make_comm(sub, ws);
       MpiGroup group(sub);
       RankEnv env{rank_, ws, *device, *comm, group};
+      // This world is ranks 0..ws-1: count those on this machine, and those of them before this rank.
+      env.local_rank = static_cast<int>(std::count(machine_of_.begin(), machine_of_.begin() + rank_, machine_of_[rank_]));
+      env.local_size = static_cast<int>(std::count(machine_of_.begin(), machine_of_.begin() + ws, machine_of_[rank_]));
       result = body(env);
     } catch (const std::exception& e) {
       result.status = "ERROR";
@@ -253,6 +262,7 @@ class MpiBackend final : public Backend {
   DeviceKind kind_;
   std::chrono::milliseconds timeout_;
   int rank_ = 0, size_ = 1, local_rank_ = 0;
+  std::vector<int> machine_of_;  // per world rank: its machine's first rank
   std::map<int, void*> nccl_;
 };
 

@@ -62,7 +62,7 @@ suite::ParamValue parse_default(const ParamSpec& spec, const std::string& plugin
 
 ProblemBinding::ProblemBinding(const suite::Case& c, const PluginDescription& plugin, int32_t device_type) {
   const suite::Problem& p = c.problem;
-  problem_.struct_size = ATTNHOST_STRUCT_SIZE(attnhost_problem, params);
+  problem_.struct_size = ATTNHOST_STRUCT_SIZE(attnhost_problem, local_size);
   problem_.batch = p.batch;
   problem_.seqlen_q = p.seqlen_q;
   problem_.seqlen_kv = p.seqlen_kv > 0 ? p.seqlen_kv : p.seqlen_q;
@@ -121,10 +121,12 @@ ProblemBinding::ProblemBinding(const suite::Case& c, const PluginDescription& pl
   problem_.params = values_.data();
 }
 
-attnhost_problem ProblemBinding::at(int rank, int world_size) const {
+attnhost_problem ProblemBinding::at(int rank, int world_size, int local_rank, int local_size) const {
   attnhost_problem p = problem_;
   p.rank = rank;
   p.world_size = world_size;
+  p.local_rank = local_size > 0 ? local_rank : rank;
+  p.local_size = local_size > 0 ? local_size : world_size;
   return p;
 }
 

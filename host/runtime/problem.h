@@ -19,7 +19,8 @@ class ProblemBinding {
 
   // The problem as rank `rank` of `world_size` sees it; its pointers stay valid while this
   // binding lives (rank threads each take their own copy).
-  attnhost_problem at(int rank, int world_size) const;
+  // The problem as rank `rank` of `world_size` sees it; local_size 0: every rank on one machine.
+  attnhost_problem at(int rank, int world_size, int local_rank = 0, int local_size = 0) const;
 
   int32_t dtype() const { return problem_.dtype; }
   int64_t tokens_q() const { return problem_.batch * problem_.seqlen_q; }  // global query tokens

@@ -108,7 +108,7 @@ class RankRun {
  public:
   RankRun(const suite::Case& c, const Plugin& plugin, const ProblemBinding& binding, RankEnv& env,
           const RunnerOptions& options)
-      : c_(c), plugin_(plugin), env_(env), options_(options), problem_(binding.at(env.rank, env.world_size)),
+      : c_(c), plugin_(plugin), env_(env), options_(options), problem_(binding.at(env.rank, env.world_size, env.local_rank, env.local_size)),
         tracer_(env.device, env.rank), services_(env.device, env.comm, tracer_, env.rank), buffers_(env.device) {
     data_.seed = c.data.seed;
     data_.distribution = c.data.distribution == "uniform" ? data::kUniform : data::kNormal;

@@ -43,7 +43,7 @@ class ThreadBackend final : public Backend {
       device->rank = r;
       std::unique_ptr<Communicator> comm = comms ? comms->create(r) : world.communicator(r);
       std::unique_ptr<RankGroup> group = world.group(r);
-      RankEnv env{r, ws, *device, *comm, *group};
+      RankEnv env{r, ws, *device, *comm, *group, r, ws};  // one process: every rank on this machine
       return body(env);
     } catch (const std::exception& e) {
       RunResult failed;

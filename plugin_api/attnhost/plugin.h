@@ -36,7 +36,7 @@ extern "C" {
  * Versions
  * ------------------------------------------------------------------------------------------- */
 #define ATTNHOST_ABI_MAJOR 1
-#define ATTNHOST_ABI_MINOR 0
+#define ATTNHOST_ABI_MINOR 1
 
 /* Size of a struct up to and including its last known field (PJRT's STRUCT_SIZE). Use it to fill
  * struct_size so that a struct compiled against an older header reports its older, smaller size. */
@@ -198,6 +198,12 @@ typedef struct attnhost_problem {
   int32_t device_type;      /* attnhost_device_type the instance runs on */
   int32_t num_params;       /* plugin parameters, already checked against the plugin's schema and */
   const attnhost_param_value* params; /* completed with defaults: every schema entry is present */
+  /* Appended in ABI 1.1. The ranks of this problem that share this rank's machine (node): this
+   * rank is the local_rank-th of local_size of them, counted in rank order. Ranks of one node are
+   * where a plugin puts its heaviest traffic (usp keeps its all-to-alls inside a node). Absent
+   * (a 1.0 host): read local_size as world_size and local_rank as rank. */
+  int32_t local_rank;
+  int32_t local_size;
 } attnhost_problem;
 
 /* ---------------------------------------------------------------------------------------------

@@ -97,7 +97,13 @@ struct PairCount {
 // An owning copy of the problem: what the host passed is only valid during the call.
 class Problem {
  public:
-  explicit Problem(const attnhost_problem& p) : raw_(p) {
+  explicit Problem(const attnhost_problem& p) : raw_{} {
+    // Only the fields the host's struct has: an older host's problem is smaller than ours.
+    std::memcpy(&raw_, &p, p.struct_size < sizeof(raw_) ? p.struct_size : sizeof(raw_));
+    if (!ATTNHOST_HAS_FIELD(&raw_, attnhost_problem, local_size) || raw_.local_size <= 0) {
+      raw_.local_rank = raw_.rank;
+      raw_.local_size = raw_.world_size;
+    }
     raw_.struct_size = sizeof(attnhost_problem);
     if (p.num_seqs > 0) {
       if (p.cu_seqlens_q) cu_q_.assign(p.cu_seqlens_q, p.cu_seqlens_q + p.num_seqs + 1);

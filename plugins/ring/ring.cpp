@@ -1,12 +1,12 @@
 // ring: contiguous sharding, K/V passed around a ring (VARIANTS.md). Rank r holds tokens
 // [r*n, (r+1)*n) with n = ceil(S / P) (the last rank's tail is padding). Causal: blocks from later
 // ranks are skipped, so rank P-1 works P times as much as rank 0 — the imbalance zigzag removes.
+#include "attncore/plugin/dense_plans.h"
 #include "attncore/plugin/ring_plugin.h"
 
 namespace {
 
 using attncore::plugin::BlockCall;
-using attncore::plugin::DenseMask;
 
 class Ring {
  public:
@@ -29,28 +29,16 @@ class Ring {
 
   static void validate(const attnhost::Problem&) {}  // the dense checks are all ring needs
 
-  explicit Ring(const attnhost::Problem& p)
-      : seqlen_(p->seqlen_q), chunk_((p->seqlen_q + p->world_size - 1) / p->world_size),
-        mask_(attncore::plugin::dense_mask(p)) {
-    layout_.add(begin(p->rank), real(p->rank));
-    layout_.pad(chunk_ - real(p->rank));
+  explicit Ring(const attnhost::Problem& p) : plan_(attncore::plugin::dense_mask(p), p->world_size) {
+    plan_.add_block(layout_, p->rank);
+    layout_.pad(plan_.block_tokens() - layout_.local_tokens());
   }
 
   const attnhost::Layout& layout() const { return layout_; }
-
-  std::vector<BlockCall> calls(int rank, int source) const {
-    const int64_t q0 = begin(rank), k0 = begin(source);
-    auto block = mask_.block(q0, q0 + real(rank), k0, k0 + real(source));
-    if (block == DenseMask::Block::empty) return {};  // e.g. causal, a later rank's block
-    return {{0, real(rank), 0, real(source), q0, k0, block == DenseMask::Block::partial}};
-  }
+  std::vector<BlockCall> calls(int rank, int source) const { return plan_.calls(rank, source); }
 
  private:
-  int64_t begin(int rank) const { return std::min(seqlen_, rank * chunk_); }
-  int64_t real(int rank) const { return std::min(seqlen_, (rank + 1) * chunk_) - begin(rank); }
-
-  int64_t seqlen_, chunk_;
-  DenseMask mask_;
+  attncore::plugin::ContiguousPlan plan_;
   attnhost::Layout layout_;
 };
 

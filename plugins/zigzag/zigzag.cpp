@@ -1,12 +1,7 @@
-// zigzag: the balanced causal ring (VARIANTS.md). The sequence is cut into 2P chunks of
-// c = S / (2P); rank r holds chunks r and 2P-1-r, so every rank has one early and one late chunk
-// and does the same work at every step:
-//   step 0 (its own block): each local chunk attends itself causally, the late one also the early one;
-//     the early chunk comes first locally as in the sequence, so that is causal attention over the
-//     local order: one call (positions 0..2c-1 stand for the global ones: a causal mask compares
-//     positions only by their order, and zigzag takes no window);
-//   a block from an earlier rank: both local chunks attend its first chunk, in full;
-//   a block from a later rank: the late local chunk attends both of its chunks, in full.
+// zigzag: the balanced causal ring (docs/VARIANTS.md). The sequence is cut into 2P chunks; rank r
+// holds chunks r and 2P-1-r, so every rank has one early and one late chunk and does the same work
+// at every step (attncore/plugin/dense_plans.h, ZigzagPlan, says which calls).
+#include "attncore/plugin/dense_plans.h"
 #include "attncore/plugin/ring_plugin.h"
 
 namespace {
@@ -41,26 +36,13 @@ class Zigzag {
                                          " is not divisible by 2 x world size (" + std::to_string(2 * p->world_size) + ")");
   }
 
-  explicit Zigzag(const attnhost::Problem& p) : chunk_(p->seqlen_q / (2 * p->world_size)), world_(p->world_size) {
-    layout_.add(early(p->rank), chunk_);
-    layout_.add(late(p->rank), chunk_);
-  }
+  explicit Zigzag(const attnhost::Problem& p) : plan_(p->seqlen_q, p->world_size) { plan_.add_block(layout_, p->rank); }
 
   const attnhost::Layout& layout() const { return layout_; }
-
-  std::vector<BlockCall> calls(int rank, int source) const {
-    const int64_t c = chunk_;
-    if (source == rank) return {{0, 2 * c, 0, 2 * c, 0, 0, true}};
-    if (source < rank) return {{0, 2 * c, 0, c, early(rank), early(source), false}};
-    return {{c, 2 * c, 0, 2 * c, late(rank), early(source), false}};
-  }
+  std::vector<BlockCall> calls(int rank, int source) const { return plan_.calls(rank, source); }
 
  private:
-  int64_t early(int rank) const { return rank * chunk_; }
-  int64_t late(int rank) const { return (2 * int64_t{world_} - 1 - rank) * chunk_; }
-
-  int64_t chunk_;
-  int world_;
+  attncore::plugin::ZigzagPlan plan_;
   attnhost::Layout layout_;
 };
 

@@ -80,9 +80,10 @@ size_t RingAttention::workspace_bytes(const RingShape& shape, int world_size) {
   return receive + work_bytes(s, world_size) + packed;
 }
 
-RingAttention::RingAttention(const RingShape& shape, RingPlan plan, attnhost::Host host, int rank, int world_size,
+RingAttention::RingAttention(const RingShape& shape, RingPlan plan, attnhost::Host host, RingMembers members,
                              bool cuda, bool cpu_fp64, bool overlap)
-    : s_(shape), plan_(std::move(plan)), host_(host), rank_(rank), world_(world_size), overlap_(overlap),
+    : s_(shape), plan_(std::move(plan)), host_(host), members_(members), rank_(members.position),
+      world_(members.size), overlap_(overlap),
       engine_(Engine::make(cuda, cpu_fp64, EngineOptions{shape.engine, host, shape.dtype_partials})) {
   const RingShape s = largest_slice(s_);
   const size_t kv_block = align_up(local_sizes(s).kv * attnhost::dtype_size(s.dtype));
@@ -146,7 +147,7 @@ void RingAttention::unpack(const Slice& slice, const std::vector<Swap>& swaps, v
 
 void RingAttention::exchange(const void* send_k, const void* send_v, void* recv_k, void* recv_v, int32_t dtype,
                              size_t count, void* stream, const char* what, int step) {
-  const int next = (rank_ + 1) % world_, prev = (rank_ + world_ - 1) % world_;
+  const int next = members_.rank_of((rank_ + 1) % world_), prev = members_.rank_of((rank_ + world_ - 1) % world_);
   std::string name = std::string(what) + " step " + std::to_string(step);
   int32_t range = host_.range_begin(name.c_str(), ATTNHOST_RANGE_COMMUNICATION, stream);
   host_.group_start();

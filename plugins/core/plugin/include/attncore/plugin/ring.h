@@ -18,6 +18,7 @@
 
 #include <functional>
 #include <memory>
+#include <utility>
 #include <vector>
 
 namespace attncore::plugin {
@@ -66,12 +67,24 @@ struct RingShape {
   int32_t head_slices = 1;
 };
 
+// The ranks a ring runs over: member i (0 <= i < size) is world rank first + i * stride. A plan's
+// `rank` and `source` are members. Every rank of the world is one ring (first 0, stride 1), or one
+// of several rings side by side (usp: a ring of the ranks with the same place in their Ulysses group).
+struct RingMembers {
+  int position = 0, size = 1;
+  int first = 0, stride = 1;
+  int rank_of(int member) const { return first + member * stride; }
+};
+
 class RingAttention {
  public:
   // `overlap`: communication on its own stream under the compute (false: on the compute stream,
   // for measuring what overlap buys).
   RingAttention(const RingShape& shape, RingPlan plan, attnhost::Host host, int rank, int world_size,
-                bool cuda, bool cpu_fp64, bool overlap);
+                bool cuda, bool cpu_fp64, bool overlap)
+      : RingAttention(shape, std::move(plan), host, RingMembers{rank, world_size, 0, 1}, cuda, cpu_fp64, overlap) {}
+  RingAttention(const RingShape& shape, RingPlan plan, attnhost::Host host, RingMembers members, bool cuda,
+                bool cpu_fp64, bool overlap);
 
   void forward(const attnhost_forward_args& a);
   void backward(const attnhost_backward_args& a);
@@ -120,7 +133,8 @@ class RingAttention {
   RingShape s_;
   RingPlan plan_;
   attnhost::Host host_;
-  int rank_, world_;
+  RingMembers members_;
+  int rank_, world_;  // this rank's place in the ring, and the ring's size
   bool overlap_;
   std::unique_ptr<Engine> engine_;
   // One arena: the two K/V receive buffers, then the forward's or the backward's workspace

@@ -67,33 +67,16 @@ DenseMask dense_mask(const attnhost::Problem& p);
 // blocks), or as many as there are when none does.
 void choose_slices(RingShape& s, int world_size);
 
-template <class Variant>
-class RingPlugin {
+// What every dense plugin tells the host's check, whatever its sharding: the pairs of the whole
+// problem, and the keys of a query and the queries of a key under the problem's mask.
+class DenseReference {
  public:
-  static const attnhost_plugin_info& info() { return Variant::info(); }
-  static void validate(const attnhost::Problem& p) {
-    validate_dense(p);
-    for (const char* name : {"batch_slices", "head_slices"})
-      if (p.get_int(name) < 0) attnhost::fail(ATTNHOST_ERR_INVALID_ARGUMENT, std::string(name) + " must be 0 (auto) or more");
-    Variant::validate(p);
-  }
-
-  RingPlugin(const attnhost::Problem& p, attnhost::Host host)
-      : problem_(p), variant_(p), mask_(dense_mask(p)),
-        ring_(shape(p), [this](int rank, int source) { return variant_.calls(rank, source); }, host, p->rank,
-              p->world_size, p->device_type == ATTNHOST_DEVICE_CUDA, p.get_string("cpu_accumulate") == "fp64",
-              p.get_bool("overlap")) {}
-
-  attnhost_layout layout(int32_t) { return variant_.layout().view(); }
-  void forward(const attnhost_forward_args& a) { ring_.forward(a); }
-  void backward(const attnhost_backward_args& a) { ring_.backward(a); }
-
-  attnhost::PairCount count_pairs() {
-    attnhost::PairCount c;
-    c.rank_pairs = ring_.rank_pairs();
-    for (int64_t i = 0; i < problem_->seqlen_q; ++i) c.total_pairs += mask_.keys_of(i).size();
-    c.total_pairs *= problem_->batch * problem_->heads_q;
-    return c;
+  explicit DenseReference(const attnhost::Problem& p) : problem_(p), mask_(dense_mask(p)) {}
+  const DenseMask& mask() const { return mask_; }
+  int64_t total_pairs() const {
+    int64_t pairs = 0;
+    for (int64_t i = 0; i < problem_->seqlen_q; ++i) pairs += mask_.keys_of(i).size();
+    return pairs * problem_->batch * problem_->heads_q;
   }
   attnhost_span_list enumerate_keys(int64_t, int32_t, int64_t q) {
     spans_.clear();
@@ -110,6 +93,39 @@ class RingPlugin {
   }
 
  private:
+  attnhost::Problem problem_;
+  DenseMask mask_;
+  attnhost::SpanList spans_;
+};
+
+template <class Variant>
+class RingPlugin {
+ public:
+  static const attnhost_plugin_info& info() { return Variant::info(); }
+  static void validate(const attnhost::Problem& p) {
+    validate_dense(p);
+    for (const char* name : {"batch_slices", "head_slices"})
+      if (p.get_int(name) < 0) attnhost::fail(ATTNHOST_ERR_INVALID_ARGUMENT, std::string(name) + " must be 0 (auto) or more");
+    Variant::validate(p);
+  }
+
+  RingPlugin(const attnhost::Problem& p, attnhost::Host host)
+      : reference_(p), variant_(p),
+        ring_(shape(p), [this](int rank, int source) { return variant_.calls(rank, source); }, host, p->rank,
+              p->world_size, p->device_type == ATTNHOST_DEVICE_CUDA, p.get_string("cpu_accumulate") == "fp64",
+              p.get_bool("overlap")) {}
+
+  attnhost_layout layout(int32_t) { return variant_.layout().view(); }
+  void forward(const attnhost_forward_args& a) { ring_.forward(a); }
+  void backward(const attnhost_backward_args& a) { ring_.backward(a); }
+
+  attnhost::PairCount count_pairs() { return {ring_.rank_pairs(), reference_.total_pairs()}; }
+  attnhost_span_list enumerate_keys(int64_t b, int32_t h, int64_t q) { return reference_.enumerate_keys(b, h, q); }
+  attnhost_span_list enumerate_queries(int64_t b, int32_t kv_head, int64_t key) {
+    return reference_.enumerate_queries(b, kv_head, key);
+  }
+
+ private:
   RingShape shape(const attnhost::Problem& p) const {
     RingShape s;
     s.dtype = p->dtype;
@@ -119,7 +135,7 @@ class RingPlugin {
     s.head_dim = p->head_dim;
     s.local_q = s.local_kv = variant_.layout().local_tokens();
     s.softmax_scale = static_cast<float>(p->softmax_scale);
-    s.mask = mask_;
+    s.mask = reference_.mask();
     s.deterministic = p->deterministic != 0;
     s.engine = engine_choice(p.get_string("engine"));
     s.dtype_partials = p.get_string("partials") == "dtype";
@@ -129,11 +145,9 @@ class RingPlugin {
     return s;
   }
 
-  attnhost::Problem problem_;
+  DenseReference reference_;
   Variant variant_;
-  DenseMask mask_;
   RingAttention ring_;
-  attnhost::SpanList spans_;
 };
 
 }  // namespace attncore::plugin

@@ -1,0 +1,96 @@
+// Context parallelism by all-to-alls between sequence and head sharding (docs/VARIANTS.md, ulysses
+// and usp), around the ring of ring.h.
+//
+// The world is r Ulysses groups of u consecutive ranks (P = u x r). A group holds one ring member's
+// block of tokens (dense_plans.h), cut into u pieces of n tokens, one a rank. An all-to-all inside
+// the group gives each of its ranks the whole block for 1/u of the heads; the r ranks with the same
+// place in their groups then run a RingAttention over those heads; an all-to-all returns O and LSE
+// to sequence sharding. ulysses is u = P (a ring of one: one call over the whole sequence); usp is
+// any u that divides P (u = 1 is the ring alone).
+//
+// The heads go in groups through a pipeline: while group g computes on stream 0, the all-to-all of
+// group g + 1 runs on stream 2 (the ring's own transfers use stream 1). The forward's head-sharded
+// Q, K, V, O and LSE stay for the backward, as a framework's autograd keeps them: a backward on the
+// forward's tensors sends only dO in and dQ, dK, dV out; one on other tensors exchanges those too.
+//
+// Key/value heads are cut among the u ranks when u divides them, and otherwise (u a multiple of
+// them) each rank takes the one kv head its query heads read: a kv head is then replicated on u / Hkv
+// ranks and its gradients are summed in fp32 on the way home.
+#pragma once
+
+#include "attncore/plugin/engine.h"
+#include "attncore/plugin/ring.h"
+
+#include <attnhost/plugin.hpp>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace attncore::plugin {
+
+struct UlyssesShape {
+  RingShape ring;             // the whole problem: local_q = local_kv = n, this rank's tokens
+  int32_t ulysses = 1;        // u: ranks of a Ulysses group (consecutive world ranks)
+  int32_t head_groups = 0;    // groups of the pipeline; 0: the most, up to 4, that cut the kv heads evenly
+};
+
+// Empty when `heads_q` query heads and `heads_kv` kv heads can be cut among `u` ranks, else one
+// line naming the numbers.
+std::string check_ulysses_heads(int32_t heads_q, int32_t heads_kv, int32_t u);
+// Whether each of the kv heads is replicated on several ranks (fewer kv heads than u).
+inline bool kv_heads_replicated(int32_t heads_kv, int32_t u) { return heads_kv < u; }
+
+class UlyssesAttention {
+ public:
+  // `plan` is the ring's, over the r ring members' blocks of `block_tokens` tokens (the head-sharded
+  // tensors hold u * n >= block_tokens tokens; the rows past the block are padding).
+  UlyssesAttention(const UlyssesShape& shape, RingPlan plan, attnhost::Host host, int rank, int world_size, bool cuda,
+                   bool cpu_fp64, bool overlap);
+  ~UlyssesAttention();
+
+  void forward(const attnhost_forward_args& a);
+  void backward(const attnhost_backward_args& a);
+  int64_t rank_pairs() const;
+  int32_t head_groups() const { return groups_; }
+
+ private:
+  // One tensor of an all-to-all: `tokens` [B, n, heads, D] local and [B, u*n, count, D] head-sharded;
+  // else row statistics [B, heads, n] and [B, count, u*n], fp32.
+  struct Piece {
+    void* local;
+    void* sharded;
+    int32_t heads;      // of the local tensor
+    int32_t count;      // heads a rank takes
+    bool kv;            // which heads a rank takes: its kv heads, else its query heads
+    int32_t group;      // of the pipeline: the heads of that group
+    bool tokens = true;
+    bool sum = false;   // to sequence sharding only: add into an fp32 local tensor (replicated kv gradients)
+  };
+  struct Copy;
+  struct Route;
+  int32_t first_head(int member, const Piece& p) const;
+  void to_heads(const std::vector<Piece>& pieces, void* stream, const char* what, int group);
+  void to_tokens(const std::vector<Piece>& pieces, void* stream, const char* what, int group);
+  void exchange(const std::vector<Piece>& pieces, bool to_heads, void* stream, const char* what, int group);
+  attnhost_tensor sharded(void* data, bool kv, bool fp32) const;  // one group's head-sharded tensor
+  attnhost_tensor stats(void* data) const;
+
+  UlyssesShape s_;
+  RingShape group_shape_;       // of one head group's ring
+  attnhost::Host host_;
+  int u_, member_, base_;       // group size, place in the group, the group's first world rank
+  int64_t n_;                   // tokens a rank holds
+  int32_t heads_, kv_heads_;    // a rank's query and kv heads
+  int32_t groups_;
+  bool overlap_;
+  std::unique_ptr<Engine> engine_;
+  std::unique_ptr<RingAttention> ring_;
+  // Head-sharded tensors, group after group: Q, K, V, O, LSE (kept from the forward), dO, dQ, dK, dV;
+  // the staging of one all-to-all; the fp32 sums of replicated kv gradients.
+  attnhost::HostBuffer arena_;
+  char *q_, *k_, *v_, *o_, *lse_, *d_o_, *dq_, *dk_, *dv_, *staging_, *dkv_sum_;
+  const void* kept_[5] = {};    // the forward's q, k, v, o, lse: what q_ ... lse_ hold
+};
+
+}  // namespace attncore::plugin

@@ -1,0 +1,130 @@
+// An all-to-all plugin (ulysses, usp): the attnhost table around UlyssesAttention. A variant brings
+// its self-description and the size of its Ulysses groups; the layout, the ring plan across the
+// groups and the reference enumeration are here.
+//
+//   struct Variant {
+//     static const attnhost_plugin_info& info();             // name, capabilities, kUlyssesParams
+//     static int32_t ulysses_degree(const attnhost::Problem&); // u, a divisor of the world size
+//   };
+#pragma once
+
+#include "attncore/plugin/dense_plans.h"
+#include "attncore/plugin/ring_plugin.h"
+#include "attncore/plugin/ulysses.h"
+
+#include <array>
+#include <variant>
+
+namespace attncore::plugin {
+
+// The ring's parameters that apply across Ulysses groups (overlap, cpu_accumulate, engine,
+// partials), then the pipeline's, then usp's group size (last, so ulysses can leave it out).
+inline constexpr std::array<attnhost_param_spec, kNumPackedRingParams + 2> kUlyssesParams = [] {
+  std::array<attnhost_param_spec, kNumPackedRingParams + 2> params{};
+  for (int32_t i = 0; i < kNumPackedRingParams; ++i) params[i] = kRingParams[i];
+  params[kNumPackedRingParams] = {
+      ATTNHOST_STRUCT_SIZE(attnhost_param_spec, choices), "head_groups", ATTNHOST_PARAM_INT, "0",
+      "heads go through the all-to-alls in this many groups, each group's exchange under the previous group's "
+      "attention; 0: the most, up to 4, that cut a rank's kv heads evenly",
+      nullptr};
+  params[kNumPackedRingParams + 1] = {
+      ATTNHOST_STRUCT_SIZE(attnhost_param_spec, choices), "ulysses_degree", ATTNHOST_PARAM_INT, "0",
+      "ranks of a Ulysses group (all-to-all inside it, a zigzag ring across the groups); it divides the world "
+      "size; 0: the ranks on one machine",
+      nullptr};
+  return params;
+}();
+inline constexpr int32_t kNumUlyssesParams = kNumPackedRingParams + 1;  // ulysses: all but ulysses_degree
+inline constexpr int32_t kNumUspParams = kNumPackedRingParams + 2;
+
+template <class Variant>
+class UlyssesPlugin {
+ public:
+  static const attnhost_plugin_info& info() { return Variant::info(); }
+
+  static void validate(const attnhost::Problem& p) {
+    using attnhost::fail;
+    validate_dense(p);
+    if (p.get_int("head_groups") < 0) fail(ATTNHOST_ERR_INVALID_ARGUMENT, "head_groups must be 0 (auto) or more");
+    const int32_t u = Variant::ulysses_degree(p), r = p->world_size / u;
+    if (u < 1 || p->world_size % u != 0)
+      fail(ATTNHOST_ERR_INVALID_ARGUMENT, "a Ulysses group of " + std::to_string(u) + " ranks does not divide world size " +
+                                              std::to_string(p->world_size));
+    if (std::string why = check_ulysses_heads(p->heads_q, p->heads_kv, u); !why.empty())
+      fail(ATTNHOST_ERR_UNSUPPORTED, why);
+    if (zigzag(p, r) && p->seqlen_q % (2 * r) != 0)
+      fail(ATTNHOST_ERR_UNSUPPORTED, "sequence length " + std::to_string(p->seqlen_q) + " is not divisible by 2 x " +
+                                         std::to_string(r) + " (the zigzag ring across the Ulysses groups)");
+  }
+
+  UlyssesPlugin(const attnhost::Problem& p, attnhost::Host host)
+      : reference_(p), u_(Variant::ulysses_degree(p)), plan_(make_plan(p, reference_.mask(), p->world_size / u_)),
+        attention_(shape_of(p), [this](int member, int source) { return calls(member, source); }, host, p->rank,
+                   p->world_size, p->device_type == ATTNHOST_DEVICE_CUDA, p.get_string("cpu_accumulate") == "fp64",
+                   p.get_bool("overlap")) {}
+
+  attnhost_layout layout(int32_t) { return layout_.view(); }
+  void forward(const attnhost_forward_args& a) { attention_.forward(a); }
+  void backward(const attnhost_backward_args& a) { attention_.backward(a); }
+  attnhost::PairCount count_pairs() { return {attention_.rank_pairs(), reference_.total_pairs()}; }
+  attnhost_span_list enumerate_keys(int64_t b, int32_t h, int64_t q) { return reference_.enumerate_keys(b, h, q); }
+  attnhost_span_list enumerate_queries(int64_t b, int32_t kv_head, int64_t key) {
+    return reference_.enumerate_queries(b, kv_head, key);
+  }
+
+ private:
+  using Plan = std::variant<ContiguousPlan, ZigzagPlan>;
+  // A causal ring of several groups without a window is balanced by zigzag; anything else is contiguous.
+  static bool zigzag(const attnhost::Problem& p, int32_t r) {
+    return r > 1 && p->causal && p->window_left < 0 && p->window_right < 0;
+  }
+  static Plan make_plan(const attnhost::Problem& p, const DenseMask& mask, int32_t r) {
+    if (zigzag(p, r)) return ZigzagPlan(p->seqlen_q, r);
+    return ContiguousPlan(mask, r);
+  }
+  std::vector<BlockCall> calls(int member, int source) const {
+    return std::visit([&](const auto& plan) { return plan.calls(member, source); }, plan_);
+  }
+
+  // This rank's tokens: piece rank % u (n tokens) of its group's block; the last pieces' tails are padding.
+  RingShape shape(const attnhost::Problem& p) {
+    attnhost::Layout block;
+    const int64_t block_tokens = std::visit([&](const auto& plan) {
+      plan.add_block(block, p->rank / u_);
+      return plan.block_tokens();
+    }, plan_);
+    const int64_t n = (block_tokens + u_ - 1) / u_, begin = (p->rank % u_) * n;
+    const attnhost_layout view = block.view();
+    for (int32_t i = 0; i < view.num_ranges; ++i) {
+      const attnhost_token_range& range = view.ranges[i];
+      const int64_t lo = std::max(begin, range.local_begin), hi = std::min(begin + n, range.local_begin + range.length);
+      if (hi > lo) layout_.add(range.global_begin + (lo - range.local_begin), hi - lo);
+    }
+    layout_.pad(n - layout_.local_tokens());
+
+    RingShape s;
+    s.dtype = p->dtype;
+    s.batch = static_cast<int32_t>(p->batch);
+    s.heads_q = p->heads_q;
+    s.heads_kv = p->heads_kv;
+    s.head_dim = p->head_dim;
+    s.local_q = s.local_kv = n;
+    s.softmax_scale = static_cast<float>(p->softmax_scale);
+    s.mask = reference_.mask();
+    s.deterministic = p->deterministic != 0;
+    s.engine = engine_choice(p.get_string("engine"));
+    s.dtype_partials = p.get_string("partials") == "dtype";
+    return s;
+  }
+  UlyssesShape shape_of(const attnhost::Problem& p) {
+    return {shape(p), u_, static_cast<int32_t>(p.get_int("head_groups"))};
+  }
+
+  DenseReference reference_;
+  int32_t u_;
+  Plan plan_;
+  attnhost::Layout layout_;
+  UlyssesAttention attention_;
+};
+
+}  // namespace attncore::plugin

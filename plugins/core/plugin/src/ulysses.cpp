@@ -1,0 +1,340 @@
+#include "attncore/plugin/ulysses.h"
+
+#include "calls.h"
+
+#include <algorithm>
+#include <utility>
+
+namespace attncore::plugin {
+
+namespace {
+
+// The pipeline's groups: the most, up to 4, that cut a rank's kv heads evenly (one when it has one,
+// or when nothing is exchanged).
+int32_t choose_groups(int32_t asked, int32_t kv_heads, int u) {
+  if (u == 1) return 1;
+  if (asked > 0) return kv_heads % asked == 0 ? asked : 1;
+  for (int32_t g = std::min(4, kv_heads); g > 1; --g)
+    if (kv_heads % g == 0) return g;
+  return 1;
+}
+
+}  // namespace
+
+std::string check_ulysses_heads(int32_t heads_q, int32_t heads_kv, int32_t u) {
+  if (heads_q % u != 0)
+    return std::to_string(heads_q) + " query heads do not divide among " + std::to_string(u) +
+           " ranks of a Ulysses group (heads_q must be a multiple of the group size)";
+  if (heads_kv % u != 0 && u % heads_kv != 0)
+    return std::to_string(heads_kv) + " kv heads cannot be cut among " + std::to_string(u) +
+           " ranks of a Ulysses group, nor replicated evenly (one must divide the other)";
+  return {};
+}
+
+struct UlyssesAttention::Copy {
+  void* dst;
+  size_t dst_pitch;
+  const void* src;
+  size_t src_pitch, width, rows;
+};
+
+UlyssesAttention::UlyssesAttention(const UlyssesShape& shape, RingPlan plan, attnhost::Host host, int rank,
+                                   int world_size, bool cuda, bool cpu_fp64, bool overlap)
+    : s_(shape), host_(host), u_(shape.ulysses), member_(rank % shape.ulysses), base_(rank - rank % shape.ulysses),
+      n_(shape.ring.local_q), overlap_(overlap), engine_(Engine::make(cuda, cpu_fp64)) {
+  const RingShape& r = s_.ring;
+  heads_ = r.heads_q / u_;
+  kv_heads_ = kv_heads_replicated(r.heads_kv, u_) ? 1 : r.heads_kv / u_;
+  groups_ = choose_groups(s_.head_groups, kv_heads_, u_);
+  group_shape_ = r;
+  group_shape_.heads_q = heads_ / groups_;
+  group_shape_.heads_kv = kv_heads_ / groups_;
+  group_shape_.local_q = group_shape_.local_kv = u_ * n_;
+  group_shape_.batch_slices = group_shape_.head_slices = 1;
+  const RingMembers members{rank / u_, world_size / u_, member_, u_};
+  ring_ = std::make_unique<RingAttention>(group_shape_, std::move(plan), host_, members, cuda, cpu_fp64, overlap);
+  if (u_ == 1) return;  // the ring runs on the problem's own tensors
+
+  const size_t el = attnhost::dtype_size(r.dtype);
+  const LocalSizes g = local_sizes(group_shape_);  // one group's head-sharded tensors
+  const size_t per_peer = align_up(static_cast<size_t>(r.batch) * n_ * r.head_dim * el *
+                                       (3 * group_shape_.heads_q + 2 * group_shape_.heads_kv) +
+                                   static_cast<size_t>(r.batch) * group_shape_.heads_q * n_ * 4 + 6 * 256);
+  const size_t q_bytes = align_up(groups_ * g.q * el), kv_bytes = align_up(groups_ * g.kv * el);
+  const size_t lse_bytes = align_up(groups_ * g.rows * 4);
+  const size_t sum_bytes = kv_heads_replicated(r.heads_kv, u_) ? 2 * align_up(static_cast<size_t>(r.batch) * n_ * r.heads_kv * r.head_dim * 4) : 0;
+  arena_ = attnhost::HostBuffer(host_, 4 * q_bytes + 4 * kv_bytes + lse_bytes + (u_ - 1) * per_peer + sum_bytes);
+  char* at = arena_.as<char>();
+  for (char** b : {&q_, &o_, &d_o_, &dq_}) *b = std::exchange(at, at + q_bytes);
+  for (char** b : {&k_, &v_, &dk_, &dv_}) *b = std::exchange(at, at + kv_bytes);
+  lse_ = std::exchange(at, at + lse_bytes);
+  staging_ = std::exchange(at, at + (u_ - 1) * per_peer);
+  dkv_sum_ = at;
+  if (kv_heads_replicated(r.heads_kv, u_) && rank == 0)
+    host_.log(ATTNHOST_LOG_WARNING, "each of the " + std::to_string(r.heads_kv) + " kv heads is replicated on " +
+                                        std::to_string(u_ / r.heads_kv) + " ranks of a Ulysses group of " +
+                                        std::to_string(u_) + " (fewer kv heads than ranks); their gradients are summed in fp32");
+}
+
+UlyssesAttention::~UlyssesAttention() = default;
+
+int32_t UlyssesAttention::first_head(int member, const Piece& p) const {
+  if (!p.kv) return member * heads_ + p.group * p.count;
+  if (kv_heads_replicated(s_.ring.heads_kv, u_)) return member * heads_ / (s_.ring.heads_q / s_.ring.heads_kv);
+  return member * kv_heads_ + p.group * p.count;
+}
+
+attnhost_tensor UlyssesAttention::sharded(void* data, bool kv, bool fp32) const {
+  const RingShape& g = group_shape_;
+  const int64_t heads = kv ? g.heads_kv : g.heads_q;
+  attnhost_tensor t{};
+  t.struct_size = ATTNHOST_STRUCT_SIZE(attnhost_tensor, strides);
+  t.data = data;
+  t.dtype = fp32 ? ATTNHOST_DTYPE_FP32 : g.dtype;
+  t.ndim = 4;
+  const int64_t shape[4] = {g.batch, g.local_q, heads, g.head_dim};
+  const int64_t strides[4] = {g.local_q * heads * g.head_dim, heads * g.head_dim, g.head_dim, 1};
+  std::copy(shape, shape + 4, t.shape);
+  std::copy(strides, strides + 4, t.strides);
+  return t;
+}
+
+attnhost_tensor UlyssesAttention::stats(void* data) const {
+  const RingShape& g = group_shape_;
+  attnhost_tensor t{};
+  t.struct_size = ATTNHOST_STRUCT_SIZE(attnhost_tensor, strides);
+  t.data = data;
+  t.dtype = ATTNHOST_DTYPE_FP32;
+  t.ndim = 3;
+  const int64_t shape[3] = {g.batch, g.heads_q, g.local_q};
+  const int64_t strides[3] = {g.heads_q * g.local_q, g.local_q, 1};
+  std::copy(shape, shape + 3, t.shape);
+  std::copy(strides, strides + 3, t.strides);
+  return t;
+}
+
+void UlyssesAttention::to_heads(const std::vector<Piece>& pieces, void* stream, const char* what, int group) {
+  exchange(pieces, true, stream, what, group);
+}
+
+void UlyssesAttention::to_tokens(const std::vector<Piece>& pieces, void* stream, const char* what, int group) {
+  exchange(pieces, false, stream, what, group);
+}
+
+// One all-to-all inside the Ulysses group. A message is one batch entry's rows of one tensor between
+// two members, so that a piece lands where it belongs on one side; on the other it is packed before
+// (or unpacked after) into the staging buffer. Members issue their messages in one order (pieces, then
+// peers, then batch entries), so every send meets its receive.
+void UlyssesAttention::exchange(const std::vector<Piece>& pieces, bool heads_out, void* stream, const char* what,
+                                int group) {
+  const RingShape& r = s_.ring;
+  const size_t el = attnhost::dtype_size(r.dtype), D = r.head_dim;
+  const int64_t un = u_ * n_;
+  struct Msg {
+    void* buf;
+    size_t count;
+    int32_t dtype;
+    int peer;
+  };
+  std::vector<Msg> sends, recvs;
+  std::vector<Copy> before, after;
+  struct Sum {
+    const void* src;  // [B, n, count, D] with token stride src_token (elements)
+    int64_t src_token, src_batch;
+    float* dst;
+    int32_t count;
+  };
+  std::vector<Sum> sums;
+  char* bump = staging_;
+  const auto stage = [&](size_t bytes) { return std::exchange(bump, bump + align_up(bytes)); };
+  for (const Piece& p : pieces) {
+    const size_t c = p.count;
+    for (int i = 0; i < u_; ++i) {
+      const int32_t h0 = first_head(i, p);
+      const int peer = base_ + i;
+      const bool self = i == member_;
+      if (p.tokens) {
+        const size_t lel = p.sum ? 4 : el;
+        const size_t row = c * D * el, lrow = p.heads * D * lel, piece = n_ * row;
+        char* local = static_cast<char*>(p.local) + h0 * D * lel;
+        const auto sharded_rows = [&](int64_t b) { return static_cast<char*>(p.sharded) + (b * un + i * n_) * row; };
+        if (p.sum) {  // i's kv gradients of my tokens, added into the fp32 sums
+          char* from = self ? sharded_rows(0) : stage(r.batch * piece);
+          if (!self)
+            for (int64_t b = 0; b < r.batch; ++b) recvs.push_back({from + b * piece, n_ * c * D, r.dtype, peer});
+          sums.push_back({from, static_cast<int64_t>(c * D), self ? un * static_cast<int64_t>(c * D) : n_ * static_cast<int64_t>(c * D),
+                          reinterpret_cast<float*>(local), p.count});
+          if (!self)
+            for (int64_t b = 0; b < r.batch; ++b) sends.push_back({sharded_rows(b), n_ * c * D, r.dtype, peer});
+          continue;
+        }
+        if (self) {
+          for (int64_t b = 0; b < r.batch; ++b) {
+            char* l = local + b * n_ * lrow;
+            if (heads_out) before.push_back({sharded_rows(b), row, l, lrow, row, static_cast<size_t>(n_)});
+            else after.push_back({l, lrow, sharded_rows(b), row, row, static_cast<size_t>(n_)});
+          }
+          continue;
+        }
+        char* staged = stage(r.batch * piece);
+        if (heads_out) before.push_back({staged, row, local, lrow, row, static_cast<size_t>(r.batch * n_)});
+        else after.push_back({local, lrow, staged, row, row, static_cast<size_t>(r.batch * n_)});
+        for (int64_t b = 0; b < r.batch; ++b) {
+          Msg packed{staged + b * piece, n_ * c * D, r.dtype, peer}, direct{sharded_rows(b), n_ * c * D, r.dtype, peer};
+          sends.push_back(heads_out ? packed : direct);
+          recvs.push_back(heads_out ? direct : packed);
+        }
+      } else {  // row statistics: local [B, heads, n], sharded [B, c, u*n], fp32
+        const size_t run = n_ * 4;
+        const auto local = [&](int64_t b) { return static_cast<char*>(p.local) + (b * p.heads + h0) * run; };
+        char* cols = static_cast<char*>(p.sharded) + i * run;  // i's tokens in every sharded row
+        const size_t sharded_batch = c * un * 4, pitch = un * 4;
+        if (self) {
+          for (int64_t b = 0; b < r.batch; ++b) {
+            if (heads_out) before.push_back({cols + b * sharded_batch, pitch, local(b), run, run, c});
+            else after.push_back({local(b), run, cols + b * sharded_batch, pitch, run, c});
+          }
+          continue;
+        }
+        char* staged = stage(r.batch * c * run);
+        if (heads_out) after.push_back({cols, pitch, staged, run, run, r.batch * c});
+        else before.push_back({staged, run, cols, pitch, run, r.batch * c});
+        for (int64_t b = 0; b < r.batch; ++b) {
+          Msg packed{staged + b * c * run, c * n_, ATTNHOST_DTYPE_FP32, peer}, direct{local(b), c * n_, ATTNHOST_DTYPE_FP32, peer};
+          sends.push_back(heads_out ? direct : packed);
+          recvs.push_back(heads_out ? packed : direct);
+        }
+      }
+    }
+  }
+  const std::string name = std::string(what) + " group " + std::to_string(group);
+  const int32_t range = host_.range_begin(name.c_str(), ATTNHOST_RANGE_COMMUNICATION, stream);
+  for (const Copy& c : before) engine_->copy_rows(c.dst, c.dst_pitch, c.src, c.src_pitch, c.width, c.rows, stream);
+  host_.group_start();
+  for (const Msg& m : sends) host_.send(m.buf, m.count, m.dtype, m.peer, stream);
+  for (const Msg& m : recvs) host_.recv(m.buf, m.count, m.dtype, m.peer, stream);
+  host_.group_end();
+  for (const Copy& c : after) engine_->copy_rows(c.dst, c.dst_pitch, c.src, c.src_pitch, c.width, c.rows, stream);
+  for (const Sum& m : sums) {
+    WidenParams w;
+    w.dtype = core_dtype(r.dtype);
+    w.batch = r.batch;
+    w.heads = m.count;
+    w.head_dim = r.head_dim;
+    w.seqlen = n_;
+    w.src = {const_cast<void*>(m.src), m.src_batch, m.src_token, r.head_dim};
+    w.dst = {m.dst, n_ * r.heads_kv * r.head_dim, int64_t{r.heads_kv} * r.head_dim, r.head_dim};
+    w.add = true;
+    engine_->widen(w, stream);
+  }
+  host_.range_end(range, stream);
+}
+
+void UlyssesAttention::forward(const attnhost_forward_args& a) {
+  if (u_ == 1) return ring_->forward(a);
+  const LocalSizes g = local_sizes(group_shape_);
+  const size_t el = attnhost::dtype_size(s_.ring.dtype);
+  void* compute = host_.stream(0);
+  void* xs = overlap_ ? host_.stream(2) : compute;
+  const auto at = [&](char* base, size_t elems, int group, size_t bytes) { return base + group * elems * bytes; };
+  std::vector<Engine::Event> arrived(groups_);
+  const auto bring = [&](int group) {
+    to_heads({{a.q.data, at(q_, g.q, group, el), s_.ring.heads_q, group_shape_.heads_q, false, group},
+              {a.k.data, at(k_, g.kv, group, el), s_.ring.heads_kv, group_shape_.heads_kv, true, group},
+              {a.v.data, at(v_, g.kv, group, el), s_.ring.heads_kv, group_shape_.heads_kv, true, group}},
+             xs, "Q K V to heads", group);
+    arrived[group] = engine_->record(xs);
+  };
+  engine_->wait(xs, compute);  // the inputs are ready
+  bring(0);
+  for (int group = 0; group < groups_; ++group) {
+    if (group + 1 < groups_) bring(group + 1);
+    engine_->wait(compute, arrived[group]);
+    attnhost_forward_args x = a;
+    x.q = sharded(at(q_, g.q, group, el), false, false);
+    x.k = sharded(at(k_, g.kv, group, el), true, false);
+    x.v = sharded(at(v_, g.kv, group, el), true, false);
+    x.o = sharded(at(o_, g.q, group, el), false, false);
+    x.lse = stats(at(lse_, g.rows, group, 4));
+    ring_->forward(x);
+    engine_->wait(xs, compute);
+    to_tokens({{a.o.data, x.o.data, s_.ring.heads_q, group_shape_.heads_q, false, group},
+               {a.lse.data, x.lse.data, s_.ring.heads_q, group_shape_.heads_q, false, group, false}},
+              xs, "O LSE to tokens", group);
+  }
+  engine_->wait(compute, xs);
+  const void* given[5] = {a.q.data, a.k.data, a.v.data, a.o.data, a.lse.data};
+  std::copy_n(given, 5, kept_);
+}
+
+void UlyssesAttention::backward(const attnhost_backward_args& a) {
+  if (u_ == 1) return ring_->backward(a);
+  const RingShape& r = s_.ring;
+  const LocalSizes g = local_sizes(group_shape_);
+  const size_t el = attnhost::dtype_size(r.dtype);
+  void* compute = host_.stream(0);
+  void* xs = overlap_ ? host_.stream(2) : compute;
+  const auto at = [&](char* base, size_t elems, int group, size_t bytes) { return base + group * elems * bytes; };
+  const void* given[5] = {a.q.data, a.k.data, a.v.data, a.o.data, a.lse.data};
+  const bool kept = std::equal(given, given + 5, kept_);
+  const bool replicated = kv_heads_replicated(r.heads_kv, u_);
+  const size_t sum_elems = static_cast<size_t>(r.batch) * n_ * r.heads_kv * r.head_dim;
+  float* dk_sum = reinterpret_cast<float*>(dkv_sum_);
+  float* dv_sum = reinterpret_cast<float*>(dkv_sum_ + align_up(sum_elems * 4));
+  std::vector<Engine::Event> arrived(groups_);
+  const auto bring = [&](int group) {
+    std::vector<Piece> in = {{a.d_o.data, at(d_o_, g.q, group, el), r.heads_q, group_shape_.heads_q, false, group}};
+    if (!kept) {
+      in.push_back({a.q.data, at(q_, g.q, group, el), r.heads_q, group_shape_.heads_q, false, group});
+      in.push_back({a.o.data, at(o_, g.q, group, el), r.heads_q, group_shape_.heads_q, false, group});
+      in.push_back({a.k.data, at(k_, g.kv, group, el), r.heads_kv, group_shape_.heads_kv, true, group});
+      in.push_back({a.v.data, at(v_, g.kv, group, el), r.heads_kv, group_shape_.heads_kv, true, group});
+      in.push_back({a.lse.data, at(lse_, g.rows, group, 4), r.heads_q, group_shape_.heads_q, false, group, false});
+    }
+    to_heads(in, xs, kept ? "dO to heads" : "Q K V O dO LSE to heads", group);
+    arrived[group] = engine_->record(xs);
+  };
+  engine_->wait(xs, compute);
+  if (replicated) {
+    engine_->zero(dk_sum, sum_elems * 4, xs);
+    engine_->zero(dv_sum, sum_elems * 4, xs);
+  }
+  bring(0);
+  for (int group = 0; group < groups_; ++group) {
+    if (group + 1 < groups_) bring(group + 1);
+    engine_->wait(compute, arrived[group]);
+    attnhost_backward_args x = a;
+    x.q = sharded(at(q_, g.q, group, el), false, false);
+    x.k = sharded(at(k_, g.kv, group, el), true, false);
+    x.v = sharded(at(v_, g.kv, group, el), true, false);
+    x.o = sharded(at(o_, g.q, group, el), false, false);
+    x.lse = stats(at(lse_, g.rows, group, 4));
+    x.d_o = sharded(at(d_o_, g.q, group, el), false, false);
+    x.dq = sharded(at(dq_, g.q, group, el), false, false);
+    x.dk = sharded(at(dk_, g.kv, group, el), true, false);
+    x.dv = sharded(at(dv_, g.kv, group, el), true, false);
+    ring_->backward(x);
+    engine_->wait(xs, compute);
+    Piece dk{a.dk.data, x.dk.data, r.heads_kv, group_shape_.heads_kv, true, group};
+    Piece dv{a.dv.data, x.dv.data, r.heads_kv, group_shape_.heads_kv, true, group};
+    if (replicated) {
+      dk.local = dk_sum;
+      dv.local = dv_sum;
+      dk.sum = dv.sum = true;
+    }
+    to_tokens({{a.dq.data, x.dq.data, r.heads_q, group_shape_.heads_q, false, group}, dk, dv}, xs, "dQ dK dV to tokens",
+              group);
+  }
+  if (replicated) {
+    RingShape local = r;
+    local.local_q = local.local_kv = n_;
+    convert_out(local, *engine_, dk_sum, a.dk.data, true, xs);
+    convert_out(local, *engine_, dv_sum, a.dv.data, true, xs);
+  }
+  engine_->wait(compute, xs);
+  std::copy_n(given, 5, kept_);
+}
+
+int64_t UlyssesAttention::rank_pairs() const { return ring_->rank_pairs() * groups_; }
+
+}  // namespace attncore::plugin
