@@ -76,6 +76,5 @@ class OutputAccumulator {
   std::vector<std::pair<int64_t, int64_t>> rows_;  // row ranges written so far
 };
 
-inline size_t align_up(size_t n) { return (n + 255) / 256 * 256; }
 
 }  // namespace attncore::plugin

@@ -23,6 +23,9 @@
 
 namespace attncore::plugin {
 
+// Buffers carved from one allocation start on 256-byte boundaries.
+inline size_t align_up(size_t n) { return (n + 255) / 256 * 256; }
+
 // One attention call of a step: local query rows [q_begin, q_end) against columns
 // [kv_begin, kv_end) of the block in hand, whose first row and column sit at global positions
 // q_pos0 and kv_pos0. `masked` is false when every pair in the call is visible (the dense mask's

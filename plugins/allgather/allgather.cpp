@@ -1,0 +1,413 @@
+// allgather: context parallelism by gathered K/V (docs/VARIANTS.md; Llama 3's). Q stays sharded
+// (zigzag chunks when causal, contiguous otherwise); every rank gathers all K/V in global order,
+// and each of its query chunks attends the keys its mask reaches in one call of the core: no
+// partial outputs, no merges. The backward gathers K/V again, adds dQ locally and returns each
+// rank's fp32 dK/dV partials to their owner, which sums them.
+//
+// The kv heads go in groups through a pipeline: group g + 1 is gathered (stream 2) while group g
+// computes, into the other of two buffers. Each buffer holds one group's K/V for the whole sequence
+// (and, in the backward, its fp32 dK/dV), so the group count sets the memory: head_groups = 0 takes
+// the fewest groups with which a rank's memory stays within 1.5x of its working set (Q, K, V, O, dO,
+// dQ, dK, dV) plus one gathered group.
+#include "attncore/plugin/dense_plans.h"
+#include "attncore/plugin/ring_plugin.h"
+
+#include <algorithm>
+#include <utility>
+#include <vector>
+
+namespace {
+
+using namespace attncore;
+using namespace attncore::plugin;
+
+inline constexpr attnhost_param_spec kParams[] = {
+    kRingParams[0],  // overlap
+    kRingParams[1],  // cpu_accumulate
+    {ATTNHOST_STRUCT_SIZE(attnhost_param_spec, choices), "head_groups", ATTNHOST_PARAM_INT, "0",
+     "gather K/V in this many groups of kv heads, each under the previous group's attention; 0: the fewest "
+     "that keep a rank's memory within 1.5x of its working set plus one gathered group",
+     nullptr},
+};
+
+class Allgather {
+ public:
+  static const attnhost_plugin_info& info() {
+    static const attnhost_plugin_info info = {
+        ATTNHOST_STRUCT_SIZE(attnhost_plugin_info, params),
+        "allgather",
+        "1.0.0",
+        "all-gathered K/V: each rank's query chunks attend the gathered keys in one call each; dK/dV summed home",
+        {ATTNHOST_STRUCT_SIZE(attnhost_capabilities, head_dims), kRingDevices, kRingDtypes,
+         ATTNHOST_FEATURE_CAUSAL | ATTNHOST_FEATURE_NONCAUSAL | ATTNHOST_FEATURE_WINDOW | ATTNHOST_FEATURE_GQA |
+             ATTNHOST_FEATURE_BACKWARD | ATTNHOST_FEATURE_DETERMINISTIC,
+         1, 0, 0, nullptr},
+        3,
+        kParams,
+    };
+    return info;
+  }
+
+  static void validate(const attnhost::Problem& p) {
+    validate_dense(p);
+    if (p.get_int("head_groups") < 0 || (p.get_int("head_groups") > 0 && p->heads_kv % p.get_int("head_groups") != 0))
+      attnhost::fail(ATTNHOST_ERR_INVALID_ARGUMENT, "head_groups must be 0 (auto) or divide the " +
+                                                        std::to_string(p->heads_kv) + " kv heads");
+  }
+
+  Allgather(const attnhost::Problem& p, attnhost::Host host)
+      : reference_(p), host_(host), rank_(p->rank), world_(p->world_size), seqlen_(p->seqlen_q),
+        batch_(static_cast<int32_t>(p->batch)), heads_(p->heads_q), kv_heads_(p->heads_kv), dim_(p->head_dim),
+        dtype_(p->dtype), el_(attnhost::dtype_size(p->dtype)), scale_(static_cast<float>(p->softmax_scale)),
+        deterministic_(p->deterministic != 0), overlap_(p.get_bool("overlap")),
+        engine_(Engine::make(p->device_type == ATTNHOST_DEVICE_CUDA, p.get_string("cpu_accumulate") == "fp64")) {
+    // Zigzag chunks balance a causal mask (when the sequence cuts into 2P of them); else contiguous.
+    const bool zigzag = world_ > 1 && p->causal && seqlen_ % (2 * world_) == 0;
+    for (int member = 0; member < world_; ++member) {
+      attnhost::Layout l;
+      if (zigzag) ZigzagPlan(seqlen_, world_).add_block(l, member);
+      else ContiguousPlan(reference_.mask(), world_).add_block(l, member);
+      const attnhost_layout v = l.view();
+      ranges_.emplace_back(v.ranges, v.ranges + v.num_ranges);
+    }
+    local_ = zigzag ? ZigzagPlan(seqlen_, world_).block_tokens() : ContiguousPlan(reference_.mask(), world_).block_tokens();
+    for (const attnhost_token_range& r : ranges_[rank_]) layout_.add(r.global_begin, r.length);
+    layout_.pad(local_ - layout_.local_tokens());
+    groups_ = choose_groups(p.get_int("head_groups"));
+    allocate();
+  }
+
+  attnhost_layout layout(int32_t) { return layout_.view(); }
+
+  void forward(const attnhost_forward_args& a) {
+    void* compute = host_.stream(0);
+    void* xs = overlap_ ? host_.stream(2) : compute;
+    std::vector<Engine::Event> gathered(groups_), done(groups_);
+    engine_->wait(xs, compute);  // the inputs are ready
+    gather(a.k.data, a.v.data, 0, xs);
+    gathered[0] = engine_->record(xs);
+    for (int g = 0; g < groups_; ++g) {
+      if (g + 1 < groups_) {
+        if (g > 0) engine_->wait(xs, done[g - 1]);  // its buffer was read by group g - 1
+        gather(a.k.data, a.v.data, g + 1, xs);
+        gathered[g + 1] = engine_->record(xs);
+      }
+      engine_->wait(compute, gathered[g]);
+      const int32_t range = host_.range_begin(("attention group " + std::to_string(g)).c_str(), ATTNHOST_RANGE_COMPUTE, compute);
+      for (const attnhost_token_range& r : ranges_[rank_]) engine_->forward(forward_call(a, r, g), compute);
+      host_.range_end(range, compute);
+      done[g] = engine_->record(compute);
+    }
+    engine_->wait(compute, xs);
+  }
+
+  void backward(const attnhost_backward_args& a) {
+    void* compute = host_.stream(0);
+    void* xs = overlap_ ? host_.stream(2) : compute;
+    DeltaParams dp;
+    dp.dtype = core_dtype(dtype_);
+    dp.batch = batch_;
+    dp.heads = heads_;
+    dp.head_dim = dim_;
+    dp.seqlen = local_;
+    dp.o = q_like(a.o.data, 0, 0, false);
+    dp.d_o = q_like(a.d_o.data, 0, 0, false);
+    dp.delta = {delta_, int64_t{heads_} * local_, local_};
+    dp.zero = dq_;
+    dp.zero_bytes = q_elems() * 4;
+    engine_->compute_delta(dp, compute);
+    std::vector<Engine::Event> gathered(groups_), done(groups_), summed(groups_);
+    engine_->wait(xs, compute);
+    gather(a.k.data, a.v.data, 0, xs);
+    gathered[0] = engine_->record(xs);
+    for (int g = 0; g < groups_; ++g) {
+      if (g + 1 < groups_) {
+        if (g > 0) engine_->wait(xs, done[g - 1]);
+        gather(a.k.data, a.v.data, g + 1, xs);
+        gathered[g + 1] = engine_->record(xs);
+      }
+      if (g >= 2) engine_->wait(compute, summed[g - 2]);  // its gradient buffer went home
+      engine_->zero(slot(g).dk, 2 * gathered_elems() * 4, compute);  // dK and dV are adjacent
+      engine_->wait(compute, gathered[g]);
+      const int32_t range = host_.range_begin(("attention backward group " + std::to_string(g)).c_str(),
+                                              ATTNHOST_RANGE_COMPUTE, compute);
+      for (const attnhost_token_range& r : ranges_[rank_]) engine_->backward(backward_call(a, r, g), compute);
+      host_.range_end(range, compute);
+      done[g] = engine_->record(compute);
+      engine_->wait(xs, done[g]);
+      send_home(a, g, xs);
+      summed[g] = engine_->record(xs);
+    }
+    ConvertParams cv;  // dQ, every head at once
+    cv.dtype = core_dtype(dtype_);
+    cv.batch = batch_;
+    cv.heads = heads_;
+    cv.head_dim = dim_;
+    cv.seqlen = local_;
+    cv.src = q_like(dq_, 0, 0, true);
+    cv.dst = q_like(a.dq.data, 0, 0, false);
+    engine_->convert(cv, compute);
+    engine_->wait(compute, xs);
+  }
+
+  attnhost::PairCount count_pairs() {
+    const DenseMask& m = reference_.mask();
+    int64_t pairs = 0;
+    for (const attnhost_token_range& r : ranges_[rank_]) pairs += m.pairs(r.global_begin, r.global_begin + r.length, 0, seqlen_);
+    return {pairs * batch_ * heads_, reference_.total_pairs()};
+  }
+  attnhost_span_list enumerate_keys(int64_t b, int32_t h, int64_t q) { return reference_.enumerate_keys(b, h, q); }
+  attnhost_span_list enumerate_queries(int64_t b, int32_t kv_head, int64_t key) {
+    return reference_.enumerate_queries(b, kv_head, key);
+  }
+
+ private:
+  struct Slot {
+    char *k, *v;     // one group's K/V, [B, S, kv heads of the group, D]
+    float *dk, *dv;  // and their fp32 gradients, adjacent
+  };
+
+  int32_t group_kv() const { return kv_heads_ / groups_; }
+  size_t gathered_elems() const { return size_t(batch_) * seqlen_ * group_kv() * dim_; }
+  size_t q_elems() const { return size_t(batch_) * local_ * heads_ * dim_; }
+  size_t local_kv_elems(int32_t kv) const { return size_t(batch_) * local_ * kv * dim_; }
+
+  // The fewest groups (dividing the kv heads) within the memory rule above, or the one asked for.
+  int32_t choose_groups(int64_t asked) const {
+    if (asked > 0) return static_cast<int32_t>(asked);
+    if (world_ == 1) return 1;
+    const double q = double(q_elems()) * el_, kv = double(local_kv_elems(kv_heads_)) * el_;
+    const double working_set = 4 * q + 4 * kv;
+    for (int32_t g = 1; g <= kv_heads_; ++g) {
+      if (kv_heads_ % g != 0) continue;
+      const double per_group = double(batch_) * seqlen_ * (kv_heads_ / g) * dim_;
+      const double chunk = 2 * per_group * el_;  // one gathered group's K and V
+      const double extra = 2 * (chunk + 2 * per_group * 4) + double(q_elems()) * 4 + double(batch_) * heads_ * local_ * 4 +
+                           staging_bytes(kv_heads_ / g);
+      if (working_set + extra <= 1.5 * working_set + chunk) return g;
+    }
+    return kv_heads_;
+  }
+  // What comes home from the other ranks (fp32 dK and dV of this rank's tokens), and a group's K/V
+  // packed when a group is not every head.
+  double staging_bytes(int32_t kv) const {
+    return double(world_ - 1) * 2 * local_kv_elems(kv) * 4 + (kv < kv_heads_ ? 2.0 * local_kv_elems(kv) * el_ : 0);
+  }
+
+  void allocate() {
+    const size_t kv_bytes = align_up(gathered_elems() * el_), grad_bytes = align_up(gathered_elems() * 4);
+    const size_t slot_bytes = 2 * kv_bytes + 2 * grad_bytes;
+    const size_t home = align_up(size_t(world_ - 1) * 2 * local_kv_elems(group_kv()) * 4);
+    const size_t packed = groups_ > 1 ? 2 * align_up(local_kv_elems(group_kv()) * el_) : 0;
+    arena_ = attnhost::HostBuffer(host_, 2 * slot_bytes + align_up(q_elems() * 4) +
+                                             align_up(size_t(batch_) * heads_ * local_ * 4) + home + packed);
+    char* at = arena_.as<char>();
+    for (Slot& s : slots_) {
+      s.k = std::exchange(at, at + kv_bytes);
+      s.v = std::exchange(at, at + kv_bytes);
+      s.dk = reinterpret_cast<float*>(at);
+      s.dv = reinterpret_cast<float*>(at + gathered_elems() * 4);  // adjacent: zeroed together
+      at += 2 * grad_bytes;
+    }
+    dq_ = reinterpret_cast<float*>(std::exchange(at, at + align_up(q_elems() * 4)));
+    delta_ = reinterpret_cast<float*>(std::exchange(at, at + align_up(size_t(batch_) * heads_ * local_ * 4)));
+    home_ = reinterpret_cast<float*>(std::exchange(at, at + home));
+    packed_ = at;
+  }
+  const Slot& slot(int g) const { return slots_[g % 2]; }
+
+  // [B, local tokens, heads, D] views of a Q-like tensor from local row `row0` and head `head0`.
+  TensorRef q_like(void* base, int64_t row0, int32_t head0, bool fp32) const {
+    const int64_t token = int64_t{heads_} * dim_;
+    const size_t el = fp32 ? 4 : el_;
+    return {static_cast<char*>(base) + (row0 * token + int64_t{head0} * dim_) * el, local_ * token, token, dim_};
+  }
+  TensorRef kv_like(void* base, int64_t row0, int32_t head0, bool fp32) const {
+    const int64_t token = int64_t{kv_heads_} * dim_;
+    const size_t el = fp32 ? 4 : el_;
+    return {static_cast<char*>(base) + (row0 * token + int64_t{head0} * dim_) * el, local_ * token, token, dim_};
+  }
+  TensorRef gathered(void* base, int64_t key0, bool fp32) const {
+    const int64_t token = int64_t{group_kv()} * dim_;
+    return {static_cast<char*>(base) + key0 * token * (fp32 ? 4 : el_), seqlen_ * token, token, dim_};
+  }
+  RowStatsRef rows(float* base, int64_t row0, int32_t head0) const {
+    return {base + int64_t{head0} * local_ + row0, int64_t{heads_} * local_, local_};
+  }
+
+  // The keys rows [r.global_begin, + r.length) reach under the mask: one interval (its ends never
+  // decrease with the row).
+  Interval keys_of(const attnhost_token_range& r) const {
+    const DenseMask& m = reference_.mask();
+    return {m.keys_of(r.global_begin).lo, m.keys_of(r.global_begin + r.length - 1).hi};
+  }
+  Mask mask_at(int64_t q_pos0, int64_t kv_pos0) const {
+    const DenseMask& m = reference_.mask();
+    Mask mask;
+    mask.causal = m.causal;
+    mask.window_left = m.window_left;
+    mask.window_right = m.window_right;
+    mask.q_pos0 = q_pos0;
+    mask.kv_pos0 = kv_pos0;
+    return mask;
+  }
+
+  ForwardParams forward_call(const attnhost_forward_args& a, const attnhost_token_range& r, int g) const {
+    const Interval keys = keys_of(r);
+    const int32_t q_heads = group_kv() * (heads_ / kv_heads_), head0 = g * q_heads;
+    ForwardParams p;
+    p.dtype = core_dtype(dtype_);
+    p.batch = batch_;
+    p.heads_q = q_heads;
+    p.heads_kv = group_kv();
+    p.head_dim = dim_;
+    p.seqlen_q = r.length;
+    p.seqlen_kv = keys.size();
+    p.softmax_scale = scale_;
+    p.q = q_like(a.q.data, r.local_begin, head0, false);
+    p.k = gathered(slot(g).k, keys.lo, false);
+    p.v = gathered(slot(g).v, keys.lo, false);
+    p.o = q_like(a.o.data, r.local_begin, head0, false);
+    p.lse = rows(static_cast<float*>(a.lse.data), r.local_begin, head0);
+    p.mask = mask_at(r.global_begin, keys.lo);
+    return p;
+  }
+
+  BackwardParams backward_call(const attnhost_backward_args& a, const attnhost_token_range& r, int g) const {
+    const Interval keys = keys_of(r);
+    const int32_t q_heads = group_kv() * (heads_ / kv_heads_), head0 = g * q_heads;
+    BackwardParams p;
+    p.dtype = core_dtype(dtype_);
+    p.batch = batch_;
+    p.heads_q = q_heads;
+    p.heads_kv = group_kv();
+    p.head_dim = dim_;
+    p.seqlen_q = r.length;
+    p.seqlen_kv = keys.size();
+    p.softmax_scale = scale_;
+    p.q = q_like(a.q.data, r.local_begin, head0, false);
+    p.k = gathered(slot(g).k, keys.lo, false);
+    p.v = gathered(slot(g).v, keys.lo, false);
+    p.d_o = q_like(a.d_o.data, r.local_begin, head0, false);
+    p.o = q_like(a.o.data, r.local_begin, head0, false);
+    p.lse = rows(static_cast<float*>(a.lse.data), r.local_begin, head0);
+    p.delta = rows(delta_, r.local_begin, head0);
+    p.dq = q_like(dq_, r.local_begin, head0, true);
+    p.dk = gathered(slot(g).dk, keys.lo, true);
+    p.dv = gathered(slot(g).dv, keys.lo, true);
+    p.mask = mask_at(r.global_begin, keys.lo);
+    p.deterministic = deterministic_;
+    return p;
+  }
+
+  // Group g's K and V from every rank into slot g % 2, each range at its global position: a message
+  // is one batch entry's range, so it lands in place. Every rank issues its messages in one order.
+  void gather(void* k, void* v, int g, void* stream) {
+    const int32_t kv = group_kv();
+    const size_t row = size_t(kv) * dim_ * el_, local_batch = local_ * row, global_batch = seqlen_ * row;
+    const size_t count = size_t(kv) * dim_;
+    char* mine[2] = {static_cast<char*>(k), static_cast<char*>(v)};
+    char* into[2] = {slot(g).k, slot(g).v};
+    const int32_t range = host_.range_begin(("K V gather group " + std::to_string(g)).c_str(), ATTNHOST_RANGE_COMMUNICATION, stream);
+    if (groups_ > 1)  // the group's heads, packed: a message must be contiguous
+      for (int t = 0; t < 2; ++t) {
+        char* packed = packed_ + t * align_up(local_kv_elems(kv) * el_);
+        engine_->copy_rows(packed, row, mine[t] + size_t(g) * kv * dim_ * el_, size_t(kv_heads_) * dim_ * el_, row,
+                           size_t(batch_) * local_, stream);
+        mine[t] = packed;
+      }
+    for (int t = 0; t < 2; ++t)
+      for (const attnhost_token_range& r : ranges_[rank_])
+        engine_->copy_rows(into[t] + r.global_begin * row, global_batch, mine[t] + r.local_begin * row, local_batch,
+                           r.length * row, batch_, stream);
+    if (world_ > 1) {
+      host_.group_start();
+      for (int peer = 0; peer < world_; ++peer) {
+        if (peer == rank_) continue;
+        for (int t = 0; t < 2; ++t)
+          for (int32_t b = 0; b < batch_; ++b)
+            for (const attnhost_token_range& r : ranges_[rank_])
+              host_.send(mine[t] + b * local_batch + r.local_begin * row, r.length * count, dtype_, peer, stream);
+        for (int t = 0; t < 2; ++t)
+          for (int32_t b = 0; b < batch_; ++b)
+            for (const attnhost_token_range& r : ranges_[peer])
+              host_.recv(into[t] + b * global_batch + r.global_begin * row, r.length * count, dtype_, peer, stream);
+      }
+      host_.group_end();
+    }
+    host_.range_end(range, stream);
+  }
+
+  // Group g's fp32 dK/dV partials to their owners; this rank sums what comes home into its own and
+  // writes its kv heads of dK and dV in the problem dtype.
+  void send_home(const attnhost_backward_args& a, int g, void* stream) {
+    const int32_t kv = group_kv();
+    const size_t count = size_t(kv) * dim_, global_batch = seqlen_ * count;
+    float* grads[2] = {slot(g).dk, slot(g).dv};
+    void* out[2] = {a.dk.data, a.dv.data};
+    const int32_t range = host_.range_begin(("dK dV home group " + std::to_string(g)).c_str(), ATTNHOST_RANGE_COMMUNICATION, stream);
+    if (world_ > 1) {
+      host_.group_start();
+      float* at = home_;
+      for (int peer = 0; peer < world_; ++peer) {
+        if (peer == rank_) continue;
+        for (int t = 0; t < 2; ++t)
+          for (int32_t b = 0; b < batch_; ++b)
+            for (const attnhost_token_range& r : ranges_[peer])
+              host_.send(grads[t] + b * global_batch + r.global_begin * count, r.length * count, ATTNHOST_DTYPE_FP32, peer, stream);
+        for (int t = 0; t < 2; ++t)
+          for (int32_t b = 0; b < batch_; ++b)
+            for (const attnhost_token_range& r : ranges_[rank_]) {
+              host_.recv(at, r.length * count, ATTNHOST_DTYPE_FP32, peer, stream);
+              at += r.length * count;
+            }
+      }
+      host_.group_end();
+      at = home_;  // the same order: add each received piece into this rank's own
+      for (int peer = 0; peer < world_; ++peer) {
+        if (peer == rank_) continue;
+        for (int t = 0; t < 2; ++t)
+          for (int32_t b = 0; b < batch_; ++b)
+            for (const attnhost_token_range& r : ranges_[rank_]) {
+              engine_->add(grads[t] + b * global_batch + r.global_begin * count, at, r.length * count, stream);
+              at += r.length * count;
+            }
+      }
+    }
+    for (int t = 0; t < 2; ++t)
+      for (const attnhost_token_range& r : ranges_[rank_]) {
+        ConvertParams cv;
+        cv.dtype = core_dtype(dtype_);
+        cv.batch = batch_;
+        cv.heads = kv;
+        cv.head_dim = dim_;
+        cv.seqlen = r.length;
+        cv.src = gathered(grads[t], r.global_begin, true);
+        cv.dst = kv_like(out[t], r.local_begin, g * kv, false);
+        engine_->convert(cv, stream);
+      }
+    host_.range_end(range, stream);
+  }
+
+  DenseReference reference_;
+  attnhost::Host host_;
+  int rank_, world_;
+  int64_t seqlen_;
+  int32_t batch_, heads_, kv_heads_, dim_, dtype_;
+  size_t el_;
+  float scale_;
+  bool deterministic_, overlap_;
+  std::unique_ptr<Engine> engine_;
+  std::vector<std::vector<attnhost_token_range>> ranges_;  // each rank's tokens
+  int64_t local_ = 0;
+  attnhost::Layout layout_;
+  int32_t groups_ = 1;
+  attnhost::HostBuffer arena_;
+  Slot slots_[2]{};
+  float *dq_ = nullptr, *delta_ = nullptr, *home_ = nullptr;
+  char* packed_ = nullptr;
+};
+
+}  // namespace
+
+ATTNHOST_EXPORT_PLUGIN(Allgather)
