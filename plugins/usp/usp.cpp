@@ -4,6 +4,7 @@
 // u = 1 is zigzag (or ring, without a causal mask).
 #include "attncore/plugin/ulysses_plugin.h"
 
+#include <algorithm>
 #include <numeric>
 
 namespace {
@@ -26,9 +27,11 @@ class Usp {
     };
     return info;
   }
-  // Asked for, or the ranks of one machine, as far as they divide the world and the query heads.
+  // Asked for (the whole world when it is smaller), or the ranks of one machine, as far as they
+  // divide the world and cut the heads.
   static int32_t ulysses_degree(const attnhost::Problem& p) {
-    if (const int64_t asked = p.get_int("ulysses_degree"); asked != 0) return static_cast<int32_t>(asked);
+    if (const int64_t asked = p.get_int("ulysses_degree"); asked != 0)
+      return static_cast<int32_t>(std::min<int64_t>(asked, p->world_size));
     int32_t u = std::gcd(p->local_size, p->world_size);
     while (u > 1 && (p->heads_q % u != 0 || (p->heads_kv % u != 0 && u % p->heads_kv != 0))) --u;
     while (p->world_size % u != 0) --u;

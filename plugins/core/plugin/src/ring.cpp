@@ -274,13 +274,18 @@ void RingAttention::backward_slice(const RingShape& s, const attnhost_backward_a
                                          static_cast<float*>(grad.v));
       if (sole) write_dkdv_into(p, s, c, a);
       else p.write_dkdv = p.write_dkdv_fp32 = writes;
+      if (sole && s.kv_grads_fp32) {
+        p.dk = LocalViews{s}.kv(a.dk.data, c.kv_begin, true);
+        p.dv = LocalViews{s}.kv(a.dv.data, c.kv_begin, true);
+        p.write_dkdv_fp32 = true;
+      }
       engine_->backward(p, compute);
       host_.range_end(range, compute);
     }
     if (world_ == 1) {
       if (!sole) {
-        convert_out(s, *engine_, static_cast<float*>(grad.k), a.dk.data, true, compute);
-        convert_out(s, *engine_, static_cast<float*>(grad.v), a.dv.data, true, compute);
+        finish_kv_grad(s, static_cast<float*>(grad.k), a.dk.data, compute);
+        finish_kv_grad(s, static_cast<float*>(grad.v), a.dv.data, compute);
       }
     } else if (step + 1 < world_) {
       const KV arriving = pair(2);
@@ -296,14 +301,17 @@ void RingAttention::backward_slice(const RingShape& s, const attnhost_backward_a
       // The last hop takes finished sums home, so they are rounded to the problem dtype before it
       // rather than after (the same values): half the bytes of the one hop nothing can hide, and
       // they land in dK and dV. The K/V buffer of step P - 2 is free to stage them.
-      const KV arriving = pair(2), staged = kv_[world_ % 2];
+      const KV arriving = pair(2), staged = s.kv_grads_fp32 ? grad : kv_[world_ % 2];
       engine_->wait(compute, grads_ready);
       engine_->add(static_cast<float*>(grad.k), static_cast<float*>(arriving.k), kv_elems, compute);
       engine_->add(static_cast<float*>(grad.v), static_cast<float*>(arriving.v), kv_elems, compute);
-      convert_out(s, *engine_, static_cast<float*>(grad.k), staged.k, true, compute);
-      convert_out(s, *engine_, static_cast<float*>(grad.v), staged.v, true, compute);
+      if (!s.kv_grads_fp32) {
+        convert_out(s, *engine_, static_cast<float*>(grad.k), staged.k, true, compute);
+        convert_out(s, *engine_, static_cast<float*>(grad.v), staged.v, true, compute);
+      }
       engine_->wait(comm, compute);
-      exchange(staged.k, staged.v, a.dk.data, a.dv.data, s.dtype, kv_elems, comm, "dK dV", step);
+      exchange(staged.k, staged.v, a.dk.data, a.dv.data, s.kv_grads_fp32 ? ATTNHOST_DTYPE_FP32 : s.dtype, kv_elems, comm,
+               "dK dV", step);
       grads_ready = engine_->record(comm);
     }
   }
@@ -311,6 +319,12 @@ void RingAttention::backward_slice(const RingShape& s, const attnhost_backward_a
   // dK and dV are home (every slice's: the hops are in order). A slice before the last leaves its
   // hop under the next slice's first step.
   if (last) engine_->wait(compute, grads_ready);
+}
+
+void RingAttention::finish_kv_grad(const RingShape& s, const float* grad, void* out, void* stream) {
+  if (!s.kv_grads_fp32) return convert_out(s, *engine_, grad, out, true, stream);
+  const size_t bytes = local_sizes(s).kv * 4;
+  engine_->copy_rows(out, bytes, grad, bytes, bytes, 1, stream);
 }
 
 int64_t RingAttention::rank_pairs() const {

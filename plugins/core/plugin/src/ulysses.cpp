@@ -51,22 +51,25 @@ UlyssesAttention::UlyssesAttention(const UlyssesShape& shape, RingPlan plan, att
   group_shape_.heads_kv = kv_heads_ / groups_;
   group_shape_.local_q = group_shape_.local_kv = u_ * n_;
   group_shape_.batch_slices = group_shape_.head_slices = 1;
+  group_shape_.kv_grads_fp32 = kv_heads_replicated(r.heads_kv, u_);
   const RingMembers members{rank / u_, world_size / u_, member_, u_};
   ring_ = std::make_unique<RingAttention>(group_shape_, std::move(plan), host_, members, cuda, cpu_fp64, overlap);
   if (u_ == 1) return;  // the ring runs on the problem's own tensors
 
   const size_t el = attnhost::dtype_size(r.dtype);
   const LocalSizes g = local_sizes(group_shape_);  // one group's head-sharded tensors
-  const size_t per_peer = align_up(static_cast<size_t>(r.batch) * n_ * r.head_dim * el *
+  const size_t per_peer = align_up(static_cast<size_t>(r.batch) * n_ * r.head_dim * 4 *
                                        (3 * group_shape_.heads_q + 2 * group_shape_.heads_kv) +
                                    static_cast<size_t>(r.batch) * group_shape_.heads_q * n_ * 4 + 6 * 256);
   const size_t q_bytes = align_up(groups_ * g.q * el), kv_bytes = align_up(groups_ * g.kv * el);
+  const size_t dkv_bytes = group_shape_.kv_grads_fp32 ? align_up(groups_ * g.kv * 4) : kv_bytes;
   const size_t lse_bytes = align_up(groups_ * g.rows * 4);
   const size_t sum_bytes = kv_heads_replicated(r.heads_kv, u_) ? 2 * align_up(static_cast<size_t>(r.batch) * n_ * r.heads_kv * r.head_dim * 4) : 0;
-  arena_ = attnhost::HostBuffer(host_, 4 * q_bytes + 4 * kv_bytes + lse_bytes + (u_ - 1) * per_peer + sum_bytes);
+  arena_ = attnhost::HostBuffer(host_, 4 * q_bytes + 2 * kv_bytes + 2 * dkv_bytes + lse_bytes + (u_ - 1) * per_peer + sum_bytes);
   char* at = arena_.as<char>();
   for (char** b : {&q_, &o_, &d_o_, &dq_}) *b = std::exchange(at, at + q_bytes);
-  for (char** b : {&k_, &v_, &dk_, &dv_}) *b = std::exchange(at, at + kv_bytes);
+  for (char** b : {&k_, &v_}) *b = std::exchange(at, at + kv_bytes);
+  for (char** b : {&dk_, &dv_}) *b = std::exchange(at, at + dkv_bytes);
   lse_ = std::exchange(at, at + lse_bytes);
   staging_ = std::exchange(at, at + (u_ - 1) * per_peer);
   dkv_sum_ = at;
@@ -139,10 +142,9 @@ void UlyssesAttention::exchange(const std::vector<Piece>& pieces, bool heads_out
   std::vector<Msg> sends, recvs;
   std::vector<Copy> before, after;
   struct Sum {
-    const void* src;  // [B, n, count, D] with token stride src_token (elements)
-    int64_t src_token, src_batch;
     float* dst;
-    int32_t count;
+    const float* src;
+    size_t count;
   };
   std::vector<Sum> sums;
   char* bump = staging_;
@@ -158,14 +160,17 @@ void UlyssesAttention::exchange(const std::vector<Piece>& pieces, bool heads_out
         const size_t row = c * D * el, lrow = p.heads * D * lel, piece = n_ * row;
         char* local = static_cast<char*>(p.local) + h0 * D * lel;
         const auto sharded_rows = [&](int64_t b) { return static_cast<char*>(p.sharded) + (b * un + i * n_) * row; };
-        if (p.sum) {  // i's kv gradients of my tokens, added into the fp32 sums
-          char* from = self ? sharded_rows(0) : stage(r.batch * piece);
-          if (!self)
-            for (int64_t b = 0; b < r.batch; ++b) recvs.push_back({from + b * piece, n_ * c * D, r.dtype, peer});
-          sums.push_back({from, static_cast<int64_t>(c * D), self ? un * static_cast<int64_t>(c * D) : n_ * static_cast<int64_t>(c * D),
-                          reinterpret_cast<float*>(local), p.count});
-          if (!self)
-            for (int64_t b = 0; b < r.batch; ++b) sends.push_back({sharded_rows(b), n_ * c * D, r.dtype, peer});
+        if (p.sum) {  // i's fp32 kv gradients of my tokens (one kv head), added into the sums [B, Hkv, n, D]
+          const size_t frow = c * D * 4, fpiece = n_ * frow;
+          char* sharded = static_cast<char*>(p.sharded);
+          char* from = self ? sharded + member_ * fpiece : stage(r.batch * fpiece);
+          const size_t from_batch = self ? un * frow : fpiece;
+          for (int64_t b = 0; b < r.batch; ++b) {
+            if (!self) recvs.push_back({from + b * fpiece, n_ * c * D, ATTNHOST_DTYPE_FP32, peer});
+            sums.push_back({reinterpret_cast<float*>(static_cast<char*>(p.local) + ((b * p.heads + h0) * fpiece)),
+                            reinterpret_cast<const float*>(from + b * from_batch), n_ * c * D});
+            if (!self) sends.push_back({sharded + (b * un + i * n_) * frow, n_ * c * D, ATTNHOST_DTYPE_FP32, peer});
+          }
           continue;
         }
         if (self) {
@@ -215,18 +220,7 @@ void UlyssesAttention::exchange(const std::vector<Piece>& pieces, bool heads_out
   for (const Msg& m : recvs) host_.recv(m.buf, m.count, m.dtype, m.peer, stream);
   host_.group_end();
   for (const Copy& c : after) engine_->copy_rows(c.dst, c.dst_pitch, c.src, c.src_pitch, c.width, c.rows, stream);
-  for (const Sum& m : sums) {
-    WidenParams w;
-    w.dtype = core_dtype(r.dtype);
-    w.batch = r.batch;
-    w.heads = m.count;
-    w.head_dim = r.head_dim;
-    w.seqlen = n_;
-    w.src = {const_cast<void*>(m.src), m.src_batch, m.src_token, r.head_dim};
-    w.dst = {m.dst, n_ * r.heads_kv * r.head_dim, int64_t{r.heads_kv} * r.head_dim, r.head_dim};
-    w.add = true;
-    engine_->widen(w, stream);
-  }
+  for (const Sum& m : sums) engine_->add(m.dst, m.src, m.count, stream);
   host_.range_end(range, stream);
 }
 
@@ -311,8 +305,9 @@ void UlyssesAttention::backward(const attnhost_backward_args& a) {
     x.lse = stats(at(lse_, g.rows, group, 4));
     x.d_o = sharded(at(d_o_, g.q, group, el), false, false);
     x.dq = sharded(at(dq_, g.q, group, el), false, false);
-    x.dk = sharded(at(dk_, g.kv, group, el), true, false);
-    x.dv = sharded(at(dv_, g.kv, group, el), true, false);
+    const size_t dkv_el = replicated ? 4 : el;
+    x.dk = sharded(at(dk_, g.kv, group, dkv_el), true, replicated);
+    x.dv = sharded(at(dv_, g.kv, group, dkv_el), true, replicated);
     ring_->backward(x);
     engine_->wait(xs, compute);
     Piece dk{a.dk.data, x.dk.data, r.heads_kv, group_shape_.heads_kv, true, group};
@@ -325,12 +320,18 @@ void UlyssesAttention::backward(const attnhost_backward_args& a) {
     to_tokens({{a.dq.data, x.dq.data, r.heads_q, group_shape_.heads_q, false, group}, dk, dv}, xs, "dQ dK dV to tokens",
               group);
   }
-  if (replicated) {
-    RingShape local = r;
-    local.local_q = local.local_kv = n_;
-    convert_out(local, *engine_, dk_sum, a.dk.data, true, xs);
-    convert_out(local, *engine_, dv_sum, a.dv.data, true, xs);
-  }
+  if (replicated)
+    for (auto [sum, out] : {std::pair{dk_sum, a.dk.data}, std::pair{dv_sum, a.dv.data}}) {
+      ConvertParams cv;  // [B, Hkv, n, D] sums into [B, n, Hkv, D]
+      cv.dtype = core_dtype(r.dtype);
+      cv.batch = r.batch;
+      cv.heads = r.heads_kv;
+      cv.head_dim = r.head_dim;
+      cv.seqlen = n_;
+      cv.src = {sum, r.heads_kv * n_ * r.head_dim, r.head_dim, n_ * r.head_dim};
+      cv.dst = {out, n_ * r.heads_kv * r.head_dim, int64_t{r.heads_kv} * r.head_dim, r.head_dim};
+      engine_->convert(cv, xs);
+    }
   engine_->wait(compute, xs);
   std::copy_n(given, 5, kept_);
 }

@@ -68,6 +68,9 @@ struct RingShape {
   // slice, for a batch too small to slice: a slice's inputs are packed into buffers of their own
   // and its outputs unpacked, since a message must be one contiguous block. 1: no slicing.
   int32_t head_slices = 1;
+  // dK and dV come out in fp32 (the backward's dk and dv tensors are fp32): gradients that are summed
+  // further (ulysses's replicated kv heads) are rounded once, after the sum.
+  bool kv_grads_fp32 = false;
 };
 
 // The ranks a ring runs over: member i (0 <= i < size) is world rank first + i * stride. A plan's
@@ -130,6 +133,8 @@ class RingAttention {
   // step; the last one waits for it.
   void forward_slice(const RingShape& s, const attnhost_forward_args& a);
   void backward_slice(const RingShape& s, const attnhost_backward_args& a, bool last);
+  // A finished fp32 dK or dV of a ring of one into the output: rounded, or copied (kv_grads_fp32).
+  void finish_kv_grad(const RingShape& s, const float* grad, void* out, void* stream);
   void exchange(const void* send_k, const void* send_v, void* recv_k, void* recv_v, int32_t dtype, size_t count,
                 void* stream, const char* what, int step);
 

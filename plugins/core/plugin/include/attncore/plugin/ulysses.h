@@ -65,7 +65,7 @@ class UlyssesAttention {
     bool kv;            // which heads a rank takes: its kv heads, else its query heads
     int32_t group;      // of the pipeline: the heads of that group
     bool tokens = true;
-    bool sum = false;   // to sequence sharding only: add into an fp32 local tensor (replicated kv gradients)
+    bool sum = false;   // to sequence sharding only: fp32 replicated kv gradients, added into sums [B, Hkv, n, D]
   };
   struct Copy;
   struct Route;

@@ -30,7 +30,7 @@ inline constexpr std::array<attnhost_param_spec, kNumPackedRingParams + 2> kUlys
   params[kNumPackedRingParams + 1] = {
       ATTNHOST_STRUCT_SIZE(attnhost_param_spec, choices), "ulysses_degree", ATTNHOST_PARAM_INT, "0",
       "ranks of a Ulysses group (all-to-all inside it, a zigzag ring across the groups); it divides the world "
-      "size; 0: the ranks on one machine",
+      "size (a smaller world is one group); 0: the ranks on one machine",
       nullptr};
   return params;
 }();

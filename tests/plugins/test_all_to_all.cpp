@@ -1,0 +1,129 @@
+// ulysses, usp and allgather: the float64 check at world sizes 1 to 4, errors that do not grow,
+// the messages that refuse a problem, and the bytes each strategy moves.
+#include "harness.h"
+
+using attnhost::DeviceKind;
+using test::dense_case;
+using test::run_on;
+
+TEST_CASE("ulysses: causal, full, a window, GQA and lengths that do not divide, at world sizes 1, 2 and 4") {
+  for (bool causal : {true, false}) {
+    attnhost::CaseResult r = run_on(DeviceKind::cpu, dense_case("ulysses", {1, 2, 4}, 250, 8, 4, 32, causal));
+    test::all_pass(r);
+    test::error_does_not_grow(r);
+  }
+  auto window = dense_case("ulysses", {1, 3}, 255, 6, 3, 16, true);
+  window.problem.window_left = 40;
+  window.problem.window_right = 0;
+  test::all_pass(run_on(DeviceKind::cpu, window));
+  test::all_pass(run_on(DeviceKind::cpu, dense_case("ulysses", {1, 2}, 128, 4, 4, 24, true, "fp16")));
+  auto one_group = dense_case("ulysses", {2, 4}, 128, 8, 8, 16, true);  // the pipeline of one group, and of four
+  one_group.params["head_groups"] = int64_t{1};
+  test::all_pass(run_on(DeviceKind::cpu, one_group));
+  auto serial = dense_case("ulysses", {2}, 128, 8, 8, 16, true);
+  serial.params["overlap"] = false;
+  test::all_pass(run_on(DeviceKind::cpu, serial));
+}
+
+TEST_CASE("ulysses: fewer kv heads than ranks are replicated, their gradients summed") {
+  attnhost::CaseResult mqa = run_on(DeviceKind::cpu, dense_case("ulysses", {1, 2, 4}, 128, 8, 1, 16, true));
+  test::all_pass(mqa);
+  test::error_does_not_grow(mqa);
+  test::all_pass(run_on(DeviceKind::cpu, dense_case("ulysses", {4}, 128, 8, 2, 16, false)));
+}
+
+TEST_CASE("ulysses and usp refuse heads that do not cut, in one line naming the numbers") {
+  auto heads = run_on(DeviceKind::cpu, dense_case("ulysses", {3}, 96, 8, 8, 16, true));
+  CHECK(heads.runs[0].status == "UNSUPPORTED");
+  CHECK(heads.runs[0].error == "plugin 'ulysses' refused the problem: 8 query heads do not divide among 3 ranks of a "
+                               "Ulysses group (heads_q must be a multiple of the group size)");
+  auto kv = run_on(DeviceKind::cpu, dense_case("ulysses", {4}, 96, 12, 6, 16, true));
+  CHECK(kv.runs[0].error == "plugin 'ulysses' refused the problem: 6 kv heads cannot be cut among 4 ranks of a Ulysses "
+                            "group, nor replicated evenly (one must divide the other)");
+  auto degree = dense_case("usp", {4}, 96, 8, 8, 16, true);
+  degree.params["ulysses_degree"] = int64_t{3};
+  CHECK(run_on(DeviceKind::cpu, degree).runs[0].error ==
+        "plugin 'usp' refused the problem: a Ulysses group of 3 ranks does not divide world size 4");
+}
+
+TEST_CASE("usp: a Ulysses group inside a zigzag ring (2 x 2), a ring of groups, and a group of one") {
+  for (int64_t u : {1, 2, 4}) {
+    auto c = dense_case("usp", {1, 2, 4}, 256, 8, 4, 32, true);
+    c.params["ulysses_degree"] = u;
+    attnhost::CaseResult r = run_on(DeviceKind::cpu, c);
+    test::all_pass(r);
+    test::error_does_not_grow(r);
+  }
+  auto full = dense_case("usp", {1, 4}, 250, 4, 2, 16, false);  // a contiguous ring of groups, padding
+  full.params["ulysses_degree"] = int64_t{2};
+  attnhost::CaseResult r = run_on(DeviceKind::cpu, full);
+  test::all_pass(r);
+  test::error_does_not_grow(r);
+  auto window = dense_case("usp", {4}, 256, 4, 4, 16, true);
+  window.problem.window_left = 30;
+  window.params["ulysses_degree"] = int64_t{2};
+  test::all_pass(run_on(DeviceKind::cpu, window));
+}
+
+TEST_CASE("allgather: causal (zigzag chunks), full, a window, GQA, groups of heads, at world sizes 1 to 4") {
+  for (bool causal : {true, false}) {
+    attnhost::CaseResult r = run_on(DeviceKind::cpu, dense_case("allgather", {1, 2, 3, 4}, 240, 8, 4, 32, causal));
+    test::all_pass(r);
+    test::error_does_not_grow(r);
+    for (const auto& run : r.runs)  // zigzag chunks balance the causal work, as contiguous ones the full
+      CHECK(static_cast<double>(run.max_rank_pairs) * run.world_size / run.total_pairs < 1.02);
+  }
+  auto window = dense_case("allgather", {1, 2, 3}, 250, 4, 2, 16, true);
+  window.problem.window_left = 33;
+  test::all_pass(run_on(DeviceKind::cpu, window));
+  auto groups = dense_case("allgather", {2, 4}, 128, 8, 4, 16, true);
+  groups.params["head_groups"] = int64_t{4};
+  test::all_pass(run_on(DeviceKind::cpu, groups));
+  test::all_pass(run_on(DeviceKind::cpu, dense_case("allgather", {1, 2}, 128, 4, 4, 24, true, "fp16")));
+}
+
+TEST_CASE("bytes sent: ulysses moves Q, K, V and O once each way, allgather every K/V block to every rank") {
+  const uint64_t el = 2, B = 2, n = 48, D = 16;  // world size 2, 96 tokens, bf16
+  auto u = dense_case("ulysses", {2}, 96, 4, 2, 16, true);
+  u.timing.passes = {"fwd", "bwd"};
+  attnhost::CaseResult r = run_on(DeviceKind::cpu, u);
+  test::all_pass(r);
+  for (int rank = 0; rank < 2; ++rank) {
+    // forward: half of Q (2 of 4 heads), K, V (1 of 2) out; half of O and LSE back
+    CHECK(r.runs[0].sent_bytes_fwd[rank] == B * n * D * el * (2 + 1 + 1 + 2) + B * 2 * n * 4);
+    // backward (on the forward's tensors): dO in, dQ, dK, dV back
+    CHECK(r.runs[0].sent_bytes_bwd[rank] == B * n * D * el * (2 + 2 + 1 + 1));
+  }
+  auto a = dense_case("allgather", {2}, 96, 4, 2, 16, true);
+  a.timing.passes = {"fwd", "bwd"};
+  attnhost::CaseResult g = run_on(DeviceKind::cpu, a);
+  test::all_pass(g);
+  for (int rank = 0; rank < 2; ++rank) {
+    CHECK(g.runs[0].sent_bytes_fwd[rank] == 2 * B * n * 2 * D * el);                      // its K and V, to one peer
+    CHECK(g.runs[0].sent_bytes_bwd[rank] == 2 * B * n * 2 * D * el + 2 * B * n * 2 * D * 4);  // again, and fp32 dK, dV
+  }
+}
+
+#if ATTNHOST_HAVE_CUDA
+TEST_CASE("gpu: ulysses, usp and allgather on the GPUs against the float64 reference" * doctest::test_suite("gpu")) {
+  const int gpus = attnhost::cuda_device_count();
+  REQUIRE_MESSAGE(gpus > 0, "no GPU visible");
+  std::vector<int> sizes = {1};
+  if (gpus > 1) sizes.push_back(2);
+  for (const char* plugin : {"ulysses", "usp", "allgather"})
+    for (bool causal : {true, false}) {
+      auto r = run_on(DeviceKind::cuda, dense_case(plugin, sizes, 1000, 8, 2, 128, causal));
+      test::all_pass(r);
+      test::error_does_not_grow(r);
+    }
+  for (int d : {64, 80, 96, 256})
+    for (const char* plugin : {"ulysses", "allgather"})
+      test::all_pass(run_on(DeviceKind::cuda, dense_case(plugin, sizes, 512, 4, 4, d, true, "fp16")));
+  for (const char* plugin : {"ulysses", "allgather"}) {
+    auto window = dense_case(plugin, sizes, 1024, 4, 4, 128, true);
+    window.problem.window_left = 300;
+    test::all_pass(run_on(DeviceKind::cuda, window));
+  }
+  test::all_pass(run_on(DeviceKind::cuda, dense_case("ulysses", sizes, 1024, 8, 1, 128, true)));  // replicated kv
+}
+#endif
