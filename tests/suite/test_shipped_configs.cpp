@@ -117,7 +117,7 @@ TEST_CASE("suites: every shipped suite is named after its file") {
   std::set<std::string> names;
   for (const auto& entry : std::filesystem::directory_iterator(std::filesystem::path(ATTNHOST_TEST_CONFIGS_DIR) / "suites"))
     names.insert(entry.path().stem().string());
-  CHECK(names == std::set<std::string>{"quick", "ring_vs_zigzag", "gqa", "scaling", "varlen", "dilated", "blocksparse", "scaling_gpus", "core_speed"});
+  CHECK(names == std::set<std::string>{"quick", "ring_vs_zigzag", "gqa", "scaling", "varlen", "dilated", "blocksparse", "scaling_gpus", "core_speed", "cp_strategies"});
 }
 
 TEST_CASE("suites: quick runs small problems with the example plugin, at world sizes 1 and 2") {
