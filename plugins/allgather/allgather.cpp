@@ -24,6 +24,8 @@ using namespace attncore::plugin;
 inline constexpr attnhost_param_spec kParams[] = {
     kRingParams[0],  // overlap
     kRingParams[1],  // cpu_accumulate
+    kRingParams[2],  // engine
+    kRingParams[3],  // partials
     {ATTNHOST_STRUCT_SIZE(attnhost_param_spec, choices), "head_groups", ATTNHOST_PARAM_INT, "0",
      "gather K/V in this many groups of kv heads, each under the previous group's attention; 0: the fewest "
      "that keep a rank's memory within 1.5x of its working set plus one gathered group",
@@ -42,7 +44,7 @@ class Allgather {
          ATTNHOST_FEATURE_CAUSAL | ATTNHOST_FEATURE_NONCAUSAL | ATTNHOST_FEATURE_WINDOW | ATTNHOST_FEATURE_GQA |
              ATTNHOST_FEATURE_BACKWARD | ATTNHOST_FEATURE_DETERMINISTIC,
          1, 0, 0, nullptr},
-        3,
+        5,
         kParams,
     };
     return info;
@@ -60,7 +62,8 @@ class Allgather {
         batch_(static_cast<int32_t>(p->batch)), heads_(p->heads_q), kv_heads_(p->heads_kv), dim_(p->head_dim),
         dtype_(p->dtype), el_(attnhost::dtype_size(p->dtype)), scale_(static_cast<float>(p->softmax_scale)),
         deterministic_(p->deterministic != 0), overlap_(p.get_bool("overlap")),
-        engine_(Engine::make(p->device_type == ATTNHOST_DEVICE_CUDA, p.get_string("cpu_accumulate") == "fp64")) {
+        engine_(Engine::make(p->device_type == ATTNHOST_DEVICE_CUDA, p.get_string("cpu_accumulate") == "fp64",
+                             EngineOptions{engine_choice(p.get_string("engine")), host, p.get_string("partials") == "dtype"})) {
     // Zigzag chunks balance a causal mask (when the sequence cuts into 2P of them); else contiguous.
     const bool zigzag = world_ > 1 && p->causal && seqlen_ % (2 * world_) == 0;
     for (int member = 0; member < world_; ++member) {
@@ -113,8 +116,6 @@ class Allgather {
     dp.o = q_like(a.o.data, 0, 0, false);
     dp.d_o = q_like(a.d_o.data, 0, 0, false);
     dp.delta = {delta_, int64_t{heads_} * local_, local_};
-    dp.zero = dq_;
-    dp.zero_bytes = q_elems() * 4;
     engine_->compute_delta(dp, compute);
     std::vector<Engine::Event> gathered(groups_), done(groups_), summed(groups_);
     engine_->wait(xs, compute);
@@ -128,25 +129,18 @@ class Allgather {
       }
       if (g >= 2) engine_->wait(compute, summed[g - 2]);  // its gradient buffer went home
       engine_->zero(slot(g).dk, 2 * gathered_elems() * 4, compute);  // dK and dV are adjacent
+      engine_->zero(dq_, group_q_elems() * 4, compute);
       engine_->wait(compute, gathered[g]);
       const int32_t range = host_.range_begin(("attention backward group " + std::to_string(g)).c_str(),
                                               ATTNHOST_RANGE_COMPUTE, compute);
       for (const attnhost_token_range& r : ranges_[rank_]) engine_->backward(backward_call(a, r, g), compute);
+      convert_dq(a, g, compute);  // this group's dQ is whole: its fp32 buffer serves the next group
       host_.range_end(range, compute);
       done[g] = engine_->record(compute);
       engine_->wait(xs, done[g]);
       send_home(a, g, xs);
       summed[g] = engine_->record(xs);
     }
-    ConvertParams cv;  // dQ, every head at once
-    cv.dtype = core_dtype(dtype_);
-    cv.batch = batch_;
-    cv.heads = heads_;
-    cv.head_dim = dim_;
-    cv.seqlen = local_;
-    cv.src = q_like(dq_, 0, 0, true);
-    cv.dst = q_like(a.dq.data, 0, 0, false);
-    engine_->convert(cv, compute);
     engine_->wait(compute, xs);
   }
 
@@ -168,6 +162,8 @@ class Allgather {
   };
 
   int32_t group_kv() const { return kv_heads_ / groups_; }
+  int32_t group_q() const { return group_kv() * (heads_ / kv_heads_); }
+  size_t group_q_elems() const { return size_t(batch_) * local_ * group_q() * dim_; }
   size_t gathered_elems() const { return size_t(batch_) * seqlen_ * group_kv() * dim_; }
   size_t q_elems() const { return size_t(batch_) * local_ * heads_ * dim_; }
   size_t local_kv_elems(int32_t kv) const { return size_t(batch_) * local_ * kv * dim_; }
@@ -182,7 +178,7 @@ class Allgather {
       if (kv_heads_ % g != 0) continue;
       const double per_group = double(batch_) * seqlen_ * (kv_heads_ / g) * dim_;
       const double chunk = 2 * per_group * el_;  // one gathered group's K and V
-      const double extra = 2 * (chunk + 2 * per_group * 4) + double(q_elems()) * 4 + double(batch_) * heads_ * local_ * 4 +
+      const double extra = 2 * (chunk + 2 * per_group * 4) + double(q_elems()) * 4 / g + double(batch_) * heads_ * local_ * 4 +
                            staging_bytes(kv_heads_ / g);
       if (working_set + extra <= 1.5 * working_set + chunk) return g;
     }
@@ -199,7 +195,7 @@ class Allgather {
     const size_t slot_bytes = 2 * kv_bytes + 2 * grad_bytes;
     const size_t home = align_up(size_t(world_ - 1) * 2 * local_kv_elems(group_kv()) * 4);
     const size_t packed = groups_ > 1 ? 2 * align_up(local_kv_elems(group_kv()) * el_) : 0;
-    arena_ = attnhost::HostBuffer(host_, 2 * slot_bytes + align_up(q_elems() * 4) +
+    arena_ = attnhost::HostBuffer(host_, 2 * slot_bytes + align_up(group_q_elems() * 4) +
                                              align_up(size_t(batch_) * heads_ * local_ * 4) + home + packed);
     char* at = arena_.as<char>();
     for (Slot& s : slots_) {
@@ -209,7 +205,7 @@ class Allgather {
       s.dv = reinterpret_cast<float*>(at + gathered_elems() * 4);  // adjacent: zeroed together
       at += 2 * grad_bytes;
     }
-    dq_ = reinterpret_cast<float*>(std::exchange(at, at + align_up(q_elems() * 4)));
+    dq_ = reinterpret_cast<float*>(std::exchange(at, at + align_up(group_q_elems() * 4)));
     delta_ = reinterpret_cast<float*>(std::exchange(at, at + align_up(size_t(batch_) * heads_ * local_ * 4)));
     home_ = reinterpret_cast<float*>(std::exchange(at, at + home));
     packed_ = at;
@@ -230,6 +226,21 @@ class Allgather {
   TensorRef gathered(void* base, int64_t key0, bool fp32) const {
     const int64_t token = int64_t{group_kv()} * dim_;
     return {static_cast<char*>(base) + key0 * token * (fp32 ? 4 : el_), seqlen_ * token, token, dim_};
+  }
+  TensorRef group_dq(int64_t row0) const {  // [B, local tokens, the group's query heads, D], fp32
+    const int64_t token = int64_t{group_q()} * dim_;
+    return {dq_ + row0 * token, local_ * token, token, dim_};
+  }
+  void convert_dq(const attnhost_backward_args& a, int g, void* stream) {
+    ConvertParams cv;
+    cv.dtype = core_dtype(dtype_);
+    cv.batch = batch_;
+    cv.heads = group_q();
+    cv.head_dim = dim_;
+    cv.seqlen = local_;
+    cv.src = group_dq(0);
+    cv.dst = q_like(a.dq.data, 0, g * group_q(), false);
+    engine_->convert(cv, stream);
   }
   RowStatsRef rows(float* base, int64_t row0, int32_t head0) const {
     return {base + int64_t{head0} * local_ + row0, int64_t{heads_} * local_, local_};
@@ -254,7 +265,7 @@ class Allgather {
 
   ForwardParams forward_call(const attnhost_forward_args& a, const attnhost_token_range& r, int g) const {
     const Interval keys = keys_of(r);
-    const int32_t q_heads = group_kv() * (heads_ / kv_heads_), head0 = g * q_heads;
+    const int32_t q_heads = group_q(), head0 = g * q_heads;
     ForwardParams p;
     p.dtype = core_dtype(dtype_);
     p.batch = batch_;
@@ -275,7 +286,7 @@ class Allgather {
 
   BackwardParams backward_call(const attnhost_backward_args& a, const attnhost_token_range& r, int g) const {
     const Interval keys = keys_of(r);
-    const int32_t q_heads = group_kv() * (heads_ / kv_heads_), head0 = g * q_heads;
+    const int32_t q_heads = group_q(), head0 = g * q_heads;
     BackwardParams p;
     p.dtype = core_dtype(dtype_);
     p.batch = batch_;
@@ -292,7 +303,7 @@ class Allgather {
     p.o = q_like(a.o.data, r.local_begin, head0, false);
     p.lse = rows(static_cast<float*>(a.lse.data), r.local_begin, head0);
     p.delta = rows(delta_, r.local_begin, head0);
-    p.dq = q_like(dq_, r.local_begin, head0, true);
+    p.dq = group_dq(r.local_begin);
     p.dk = gathered(slot(g).dk, keys.lo, true);
     p.dv = gathered(slot(g).dv, keys.lo, true);
     p.mask = mask_at(r.global_begin, keys.lo);

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine (device tool), in the repository's copy, with .gpu.tar.xz carried:
-#   scripts/device/checks.sh SECTION...   sections: info tests verify mpi perf peers
+#   scripts/device/checks.sh SECTION...   sections: info tests plugins verify mpi quick perf scaling suite cp peers
 # Every command has its own time limit so one hang cannot eat the call; logs go to $OUT.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -46,6 +46,17 @@ for section in "$@"; do
         run 200 python3 -m torch.distributed.run --nproc_per_node=$gpus .gpu/peers/torch_cp.py --out "$OUT/torch_cp$gpus.json" \
           4,24,32768,128,1 1,32,131072,128,1
       fi ;;
+    plugins)
+      step "the plugins' GPU tests"
+      run 300 .gpu/tests/attnhost_plugin_tests -ts=gpu ${PLUGIN_TESTS:+-tc="$PLUGIN_TESTS"} ;;
+    cp)
+      ws=${CP_WS:-1,2}; n=${ws##*,}
+      step "context-parallel strategies at world sizes $ws"
+      run ${CP_LIMIT:-400} "$A" run .gpu/share/attnhost/configs/suites/cp_strategies.toml --world-sizes "$ws" ${CP_ARGS:-} \
+        --out "$OUT/cp$n" --format console,json,csv,markdown --quiet
+      step "PyTorch context parallel ($n GPUs), the same problems"
+      run 300 python3 -m torch.distributed.run --nproc_per_node="$n" .gpu/peers/torch_cp.py --out "$OUT/torch_cp$n.json" \
+        4,24,8192,128,1 4,32,16384,128,1 4,24,32768,128,1 4,32,16384,128,0 ;;
     suite)
       step "suite ${SUITE}"
       run ${SUITE_LIMIT:-300} "$A" run .gpu/share/attnhost/configs/suites/${SUITE}.toml ${SUITE_ARGS:-} --out "$OUT/${SUITE}" --format console,json,csv,markdown ;;

@@ -5,6 +5,8 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <cstdint>
+
 namespace attncore::plugin {
 
 namespace {
@@ -19,6 +21,18 @@ __global__ void fill_kernel(float* dst, float value, size_t n) {
 
 __global__ void add_kernel(float* dst, const float* src, size_t n) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) dst[i] += src[i];
+}
+
+// Rows of 16-byte words: a warp moves a row's words side by side, so rows of a few hundred bytes
+// (one head group's slice of a token) still go at the memory's rate, where cudaMemcpy2DAsync moves
+// narrow rows one by one (docs/KERNELS.md, "Packing head slices").
+__global__ void copy_rows_kernel(uint4* dst, size_t dst_pitch, const uint4* src, size_t src_pitch, size_t words,
+                                 size_t rows) {
+  const size_t total = words * rows;
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < total; i += size_t(gridDim.x) * blockDim.x) {
+    const size_t row = i / words, word = i % words;
+    dst[row * dst_pitch + word] = src[row * src_pitch + word];
+  }
 }
 
 __device__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
@@ -54,8 +68,20 @@ class CudaEngine final : public Engine {
   void copy_rows(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width, size_t rows,
                  void* s) override {
     if (rows == 0 || width == 0) return;
-    check(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width, rows, cudaMemcpyDeviceToDevice, cuda(s)),
-          "cudaMemcpy2DAsync");
+    const auto aligned = [](size_t x) { return x % sizeof(uint4) == 0; };
+    const bool words = aligned(reinterpret_cast<uintptr_t>(dst)) && aligned(reinterpret_cast<uintptr_t>(src)) &&
+                       aligned(dst_pitch) && aligned(src_pitch) && aligned(width);
+    if (rows == 1 || !words) {
+      check(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width, rows, cudaMemcpyDeviceToDevice, cuda(s)),
+            "cudaMemcpy2DAsync");
+      return;
+    }
+    const size_t n = width / sizeof(uint4) * rows;
+    const unsigned blocks = static_cast<unsigned>(std::min<size_t>((n + 255) / 256, 8192));
+    copy_rows_kernel<<<blocks, 256, 0, cuda(s)>>>(static_cast<uint4*>(dst), dst_pitch / sizeof(uint4),
+                                                  static_cast<const uint4*>(src), src_pitch / sizeof(uint4),
+                                                  width / sizeof(uint4), rows);
+    check(cudaGetLastError(), "copy_rows kernel");
   }
   void fill(float* dst, float value, size_t n, void* s) override {
     if (n == 0) return;
