@@ -1,4 +1,4 @@
-// The float64 reference of VARIANTS.md ("Reference semantics for the host's check"), computed
+// The float64 reference of docs/VARIANTS.md ("Reference semantics for the host's check"), computed
 // from the plugin's key enumeration and the deterministic data, one row or column at a time:
 //   s_k = scale * q.k,  LSE = log sum_k m_k exp(s_k),  O = sum_k m_k exp(s_k - LSE) v_k
 //   dQ = scale * sum_k m_k p_k (dO.v_k - D) k_k,  D = dO.O

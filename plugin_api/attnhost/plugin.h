@@ -250,7 +250,7 @@ typedef struct attnhost_layout {
 } attnhost_layout;
 
 /* ---------------------------------------------------------------------------------------------
- * What attends what, for the host's float64 reference check (see VARIANTS.md):
+ * What attends what, for the host's float64 reference check (see docs/VARIANTS.md):
  *   LSE = log sum_k m_k exp(s_k),  O = sum_k m_k exp(s_k - LSE) v_k.
  * A span is the arithmetic progression begin, begin + step, ... (< end) of global tokens,
  * each with multiplicity m. In a row (keys of one query) `head` is -1; in a column (queries

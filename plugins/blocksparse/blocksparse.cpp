@@ -1,4 +1,4 @@
-// blocksparse: block-sparse attention with named patterns (VARIANTS.md; README.md here).
+// blocksparse: block-sparse attention with named patterns (docs/VARIANTS.md; README.md here).
 //
 // The mask (pattern.h) is built once per shape on the host and shared by the ranks; each rank
 // turns its rows into block lists for the core (routes.h), uploads them once, and runs them on

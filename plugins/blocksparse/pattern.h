@@ -1,4 +1,4 @@
-// Named block-sparse patterns (VARIANTS.md, blocksparse). Query block i attends key block j when
+// Named block-sparse patterns (docs/VARIANTS.md, blocksparse). Query block i attends key block j when
 // the pattern keeps (i, j) and the problem's causal/window mask leaves some pair of it; all counts
 // are in blocks of `block_size` tokens.
 //

@@ -1,4 +1,4 @@
-// dilated: LongNet dilated attention (arXiv 2307.02486; VARIANTS.md). Patterns (w, r): in every
+// dilated: LongNet dilated attention (arXiv 2307.02486; docs/VARIANTS.md). Patterns (w, r): in every
 // segment of w tokens each head attends every r-th row from its own offset; the patterns are
 // combined by LSE, so a key two patterns select counts twice. Contiguous sharding: rank k holds
 // tokens [k*n, (k+1)*n), n = ceil(S / P) (the last rank's tail is padding); a segment wider than a

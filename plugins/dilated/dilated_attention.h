@@ -26,7 +26,7 @@
 //    added there (the reduce-scatter of the gathered K/V).
 // Forward: combine(O_i, LSE_i) over the patterns -> O, LSE. Backward: delta = rowsum(dO * O) of
 // the final output, and each pattern's flash backward with the final LSE and that delta (exact,
-// VARIANTS.md); strided patterns and returned partials add into fp32 accumulators, and one pass
+// docs/VARIANTS.md); strided patterns and returned partials add into fp32 accumulators, and one pass
 // per gradient sums each local row's accumulator and gathered partials and rounds it once. A
 // gathered pattern's segments share no keys, so its call writes its fp32 dK/dV partials
 // (write_dkdv) rather than adding into zeroed buffers; so does the first strided pattern when its

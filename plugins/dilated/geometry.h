@@ -1,4 +1,4 @@
-// LongNet dilated attention (arXiv 2307.02486, VARIANTS.md): which rows each pattern selects, how
+// LongNet dilated attention (arXiv 2307.02486, docs/VARIANTS.md): which rows each pattern selects, how
 // the sequence is sharded, and what one rank computes for one pattern. Host code only; every
 // device table of the schedule (dilated_attention.h) is built from what this file answers, and
 // so are the pair counts and the reference enumeration.

@@ -1,4 +1,4 @@
-// ring: contiguous sharding, K/V passed around a ring (VARIANTS.md). Rank r holds tokens
+// ring: contiguous sharding, K/V passed around a ring (docs/VARIANTS.md). Rank r holds tokens
 // [r*n, (r+1)*n) with n = ceil(S / P) (the last rank's tail is padding). Causal: blocks from later
 // ranks are skipped, so rank P-1 works P times as much as rank 0 — the imbalance zigzag removes.
 #include "attncore/plugin/dense_plans.h"

@@ -1,4 +1,4 @@
-// How varlen splits packed sequences over the ranks (VARIANTS.md, varlen).
+// How varlen splits packed sequences over the ranks (docs/VARIANTS.md, varlen).
 //
 // Every sequence is split over all P ranks on its own, so every rank holds a piece of every
 // sequence and the same share of the work:

@@ -1,4 +1,4 @@
-// varlen: packed variable-length sequences on the ring (VARIANTS.md). Every sequence is split
+// varlen: packed variable-length sequences on the ring (docs/VARIANTS.md). Every sequence is split
 // over all ranks (zigzag within it when causal, sharding.h); K/V blocks go round the ring of
 // plugins/core/plugin (RingAttention: double-buffered, overlapped, fp32 merges, dK/dV travelling
 // home), and each step attends only pairs of one sequence (schedule.h). The segment lists of every

@@ -2,7 +2,7 @@
 // the float64 reference (and on GPUs, label gpu), lengths that are not multiples of w, both head
 // offset modes, GQA, segments wider than a rank (dilated K/V exchanged), errors that do not grow.
 // The runtime's check trusts the plugin's enumeration, so the enumeration and the pair counts are
-// also held against VARIANTS.md's definition written out here by brute force, and multiplicity
+// also held against docs/VARIANTS.md's definition written out here by brute force, and multiplicity
 // against the outputs themselves (a pattern given twice doubles the LSE's sum, not O).
 #include "harness.h"
 
@@ -38,7 +38,7 @@ attnhost::suite::Case dilated_case(std::vector<int> world_sizes, int64_t seqlen,
   return c;
 }
 
-// VARIANTS.md's dilated attention, written out: how many times query q of head h attends key k.
+// docs/VARIANTS.md's dilated attention, written out: how many times query q of head h attends key k.
 struct Definition {
   int64_t seqlen;
   int32_t heads;
@@ -166,7 +166,7 @@ void enumeration_is_the_definition(const attnhost::suite::Case& c) {
 
 }  // namespace
 
-TEST_CASE("dilated: the enumeration and the pair counts are VARIANTS.md's definition") {
+TEST_CASE("dilated: the enumeration and the pair counts are docs/VARIANTS.md's definition") {
   const Patterns mixed = {{64, 96, 256, 40}, {1, 5, 4, 8}};  // 96 % 5 != 0; 40 < the offsets 0..7 of r = 8
   for (const char* mode : {"paper", "torchscale"})
     for (bool causal : {false, true}) {

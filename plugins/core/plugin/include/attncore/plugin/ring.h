@@ -1,4 +1,4 @@
-// Context parallelism by a ring of K/V blocks (VARIANTS.md, ring and zigzag).
+// Context parallelism by a ring of K/V blocks (docs/VARIANTS.md, ring and zigzag).
 //
 // Each rank keeps its queries; the K/V blocks travel. At step i rank r holds the block that
 // started on rank (r - i) mod P, attends its queries to it while that block moves on to r + 1 on
