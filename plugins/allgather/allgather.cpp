@@ -184,19 +184,19 @@ class Allgather {
     }
     return kv_heads_;
   }
-  // What comes home from the other ranks (fp32 dK and dV of this rank's tokens), and a group's K/V
-  // packed when a group is not every head.
+  // The messages to and from every peer (fp32 dK and dV of a rank's tokens, each way) and this
+  // rank's K and V of a group, packed.
   double staging_bytes(int32_t kv) const {
-    return double(world_ - 1) * 2 * local_kv_elems(kv) * 4 + (kv < kv_heads_ ? 2.0 * local_kv_elems(kv) * el_ : 0);
+    return double(world_) * 4 * local_kv_elems(kv) * 4 + 2.0 * local_kv_elems(kv) * el_;
   }
 
   void allocate() {
     const size_t kv_bytes = align_up(gathered_elems() * el_), grad_bytes = align_up(gathered_elems() * 4);
     const size_t slot_bytes = 2 * kv_bytes + 2 * grad_bytes;
-    const size_t home = align_up(size_t(world_ - 1) * 2 * local_kv_elems(group_kv()) * 4);
-    const size_t packed = groups_ > 1 ? 2 * align_up(local_kv_elems(group_kv()) * el_) : 0;
+    const size_t messages = world_ > 1 ? size_t(world_) * 2 * message_bytes() : 0;
+    const size_t packed = 2 * align_up(local_kv_elems(group_kv()) * el_);
     arena_ = attnhost::HostBuffer(host_, 2 * slot_bytes + align_up(group_q_elems() * 4) +
-                                             align_up(size_t(batch_) * heads_ * local_ * 4) + home + packed);
+                                             align_up(size_t(batch_) * heads_ * local_ * 4) + messages + packed);
     char* at = arena_.as<char>();
     for (Slot& s : slots_) {
       s.k = std::exchange(at, at + kv_bytes);
@@ -207,7 +207,7 @@ class Allgather {
     }
     dq_ = reinterpret_cast<float*>(std::exchange(at, at + align_up(group_q_elems() * 4)));
     delta_ = reinterpret_cast<float*>(std::exchange(at, at + align_up(size_t(batch_) * heads_ * local_ * 4)));
-    home_ = reinterpret_cast<float*>(std::exchange(at, at + home));
+    home_ = std::exchange(at, at + messages);
     packed_ = at;
   }
   const Slot& slot(int g) const { return slots_[g % 2]; }
@@ -311,79 +311,72 @@ class Allgather {
     return p;
   }
 
-  // Group g's K and V from every rank into slot g % 2, each range at its global position: a message
-  // is one batch entry's range, so it lands in place. Every rank issues its messages in one order.
+  // Group g's K and V from every rank into slot g % 2, each range at its global position. One message
+  // each way between every two ranks: this rank's K and V slices packed side by side, a peer's
+  // unpacked range by range (docs/KERNELS.md, "All-to-all messages").
   void gather(void* k, void* v, int g, void* stream) {
     const int32_t kv = group_kv();
     const size_t row = size_t(kv) * dim_ * el_, local_batch = local_ * row, global_batch = seqlen_ * row;
-    const size_t count = size_t(kv) * dim_;
-    char* mine[2] = {static_cast<char*>(k), static_cast<char*>(v)};
+    const size_t half = align_up(batch_ * local_batch);  // one tensor in a message
+    const char* mine[2] = {static_cast<char*>(k) + size_t(g) * kv * dim_ * el_, static_cast<char*>(v) + size_t(g) * kv * dim_ * el_};
     char* into[2] = {slot(g).k, slot(g).v};
     const int32_t range = host_.range_begin(("K V gather group " + std::to_string(g)).c_str(), ATTNHOST_RANGE_COMMUNICATION, stream);
-    if (groups_ > 1)  // the group's heads, packed: a message must be contiguous
-      for (int t = 0; t < 2; ++t) {
-        char* packed = packed_ + t * align_up(local_kv_elems(kv) * el_);
-        engine_->copy_rows(packed, row, mine[t] + size_t(g) * kv * dim_ * el_, size_t(kv_heads_) * dim_ * el_, row,
-                           size_t(batch_) * local_, stream);
-        mine[t] = packed;
-      }
-    for (int t = 0; t < 2; ++t)
+    for (int t = 0; t < 2; ++t) {
+      engine_->copy_rows(packed_ + t * half, row, mine[t], size_t(kv_heads_) * dim_ * el_, row, size_t(batch_) * local_, stream);
       for (const attnhost_token_range& r : ranges_[rank_])
-        engine_->copy_rows(into[t] + r.global_begin * row, global_batch, mine[t] + r.local_begin * row, local_batch,
+        engine_->copy_rows(into[t] + r.global_begin * row, global_batch, packed_ + t * half + r.local_begin * row, local_batch,
                            r.length * row, batch_, stream);
+    }
     if (world_ > 1) {
       host_.group_start();
-      for (int peer = 0; peer < world_; ++peer) {
-        if (peer == rank_) continue;
-        for (int t = 0; t < 2; ++t)
-          for (int32_t b = 0; b < batch_; ++b)
-            for (const attnhost_token_range& r : ranges_[rank_])
-              host_.send(mine[t] + b * local_batch + r.local_begin * row, r.length * count, dtype_, peer, stream);
-        for (int t = 0; t < 2; ++t)
-          for (int32_t b = 0; b < batch_; ++b)
-            for (const attnhost_token_range& r : ranges_[peer])
-              host_.recv(into[t] + b * global_batch + r.global_begin * row, r.length * count, dtype_, peer, stream);
-      }
+      for (int peer = 0; peer < world_; ++peer)
+        if (peer != rank_) {
+          host_.send(packed_, 2 * half, ATTNHOST_DTYPE_UINT8, peer, stream);
+          host_.recv(incoming(peer), 2 * half, ATTNHOST_DTYPE_UINT8, peer, stream);
+        }
       host_.group_end();
+      for (int peer = 0; peer < world_; ++peer)
+        if (peer != rank_)
+          for (int t = 0; t < 2; ++t)
+            for (const attnhost_token_range& r : ranges_[peer])
+              engine_->copy_rows(into[t] + r.global_begin * row, global_batch, incoming(peer) + t * half + r.local_begin * row,
+                                 local_batch, r.length * row, batch_, stream);
     }
     host_.range_end(range, stream);
   }
 
-  // Group g's fp32 dK/dV partials to their owners; this rank sums what comes home into its own and
-  // writes its kv heads of dK and dV in the problem dtype.
+  // Group g's fp32 dK/dV partials to their owners, one message a peer ([dK | dV] of the peer's
+  // tokens in its local order); this rank adds what comes home into its own and writes its kv heads
+  // of dK and dV in the problem dtype.
   void send_home(const attnhost_backward_args& a, int g, void* stream) {
     const int32_t kv = group_kv();
-    const size_t count = size_t(kv) * dim_, global_batch = seqlen_ * count;
+    const size_t count = size_t(kv) * dim_, frow = count * 4, global_batch = seqlen_ * count;
+    const size_t half = align_up(batch_ * local_ * frow);
     float* grads[2] = {slot(g).dk, slot(g).dv};
     void* out[2] = {a.dk.data, a.dv.data};
     const int32_t range = host_.range_begin(("dK dV home group " + std::to_string(g)).c_str(), ATTNHOST_RANGE_COMMUNICATION, stream);
     if (world_ > 1) {
-      host_.group_start();
-      float* at = home_;
-      for (int peer = 0; peer < world_; ++peer) {
-        if (peer == rank_) continue;
-        for (int t = 0; t < 2; ++t)
-          for (int32_t b = 0; b < batch_; ++b)
+      for (int peer = 0; peer < world_; ++peer)
+        if (peer != rank_)
+          for (int t = 0; t < 2; ++t)
             for (const attnhost_token_range& r : ranges_[peer])
-              host_.send(grads[t] + b * global_batch + r.global_begin * count, r.length * count, ATTNHOST_DTYPE_FP32, peer, stream);
-        for (int t = 0; t < 2; ++t)
-          for (int32_t b = 0; b < batch_; ++b)
-            for (const attnhost_token_range& r : ranges_[rank_]) {
-              host_.recv(at, r.length * count, ATTNHOST_DTYPE_FP32, peer, stream);
-              at += r.length * count;
-            }
-      }
+              engine_->copy_rows(outgoing(peer) + t * half + r.local_begin * frow, local_ * frow,
+                                 grads[t] + r.global_begin * count, global_batch * 4, r.length * frow, batch_, stream);
+      host_.group_start();
+      for (int peer = 0; peer < world_; ++peer)
+        if (peer != rank_) {
+          host_.send(outgoing(peer), 2 * half, ATTNHOST_DTYPE_UINT8, peer, stream);
+          host_.recv(incoming(peer), 2 * half, ATTNHOST_DTYPE_UINT8, peer, stream);
+        }
       host_.group_end();
-      at = home_;  // the same order: add each received piece into this rank's own
-      for (int peer = 0; peer < world_; ++peer) {
-        if (peer == rank_) continue;
-        for (int t = 0; t < 2; ++t)
-          for (int32_t b = 0; b < batch_; ++b)
-            for (const attnhost_token_range& r : ranges_[rank_]) {
-              engine_->add(grads[t] + b * global_batch + r.global_begin * count, at, r.length * count, stream);
-              at += r.length * count;
-            }
-      }
+      for (int peer = 0; peer < world_; ++peer)
+        if (peer != rank_)
+          for (int t = 0; t < 2; ++t)
+            for (int32_t b = 0; b < batch_; ++b)
+              for (const attnhost_token_range& r : ranges_[rank_])
+                engine_->add(grads[t] + b * global_batch + r.global_begin * count,
+                             reinterpret_cast<const float*>(incoming(peer) + t * half + (b * local_ + r.local_begin) * frow),
+                             r.length * count, stream);
     }
     for (int t = 0; t < 2; ++t)
       for (const attnhost_token_range& r : ranges_[rank_]) {
@@ -400,6 +393,11 @@ class Allgather {
     host_.range_end(range, stream);
   }
 
+  // Per peer, a message out and a message in: [K | V] of a group (dtype), or [dK | dV] (fp32).
+  size_t message_bytes() const { return 2 * align_up(local_kv_elems(group_kv()) * 4); }
+  char* outgoing(int peer) const { return home_ + size_t(peer) * 2 * message_bytes(); }
+  char* incoming(int peer) const { return home_ + (size_t(peer) * 2 + 1) * message_bytes(); }
+
   DenseReference reference_;
   attnhost::Host host_;
   int rank_, world_;
@@ -415,8 +413,9 @@ class Allgather {
   int32_t groups_ = 1;
   attnhost::HostBuffer arena_;
   Slot slots_[2]{};
-  float *dq_ = nullptr, *delta_ = nullptr, *home_ = nullptr;
-  char* packed_ = nullptr;
+  float *dq_ = nullptr, *delta_ = nullptr;
+  char* home_ = nullptr;    // the messages to and from every peer
+  char* packed_ = nullptr;  // this rank's K and V of a group, side by side
 };
 
 }  // namespace

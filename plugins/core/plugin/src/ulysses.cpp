@@ -58,20 +58,22 @@ UlyssesAttention::UlyssesAttention(const UlyssesShape& shape, RingPlan plan, att
 
   const size_t el = attnhost::dtype_size(r.dtype);
   const LocalSizes g = local_sizes(group_shape_);  // one group's head-sharded tensors
-  const size_t per_peer = align_up(static_cast<size_t>(r.batch) * n_ * r.head_dim * 4 *
-                                       (3 * group_shape_.heads_q + 2 * group_shape_.heads_kv) +
-                                   static_cast<size_t>(r.batch) * group_shape_.heads_q * n_ * 4 + 6 * 256);
+  // The largest message (a backward that exchanges Q, O, dO, K, V and LSE; fp32 kv gradients), out
+  // and in, for every member.
+  const size_t message = static_cast<size_t>(r.batch) * n_ * r.head_dim *
+                             (3 * group_shape_.heads_q * el + 2 * group_shape_.heads_kv * 4) +
+                         static_cast<size_t>(r.batch) * group_shape_.heads_q * n_ * 4 + 6 * 256;
   const size_t q_bytes = align_up(groups_ * g.q * el), kv_bytes = align_up(groups_ * g.kv * el);
   const size_t dkv_bytes = group_shape_.kv_grads_fp32 ? align_up(groups_ * g.kv * 4) : kv_bytes;
   const size_t lse_bytes = align_up(groups_ * g.rows * 4);
   const size_t sum_bytes = kv_heads_replicated(r.heads_kv, u_) ? 2 * align_up(static_cast<size_t>(r.batch) * n_ * r.heads_kv * r.head_dim * 4) : 0;
-  arena_ = attnhost::HostBuffer(host_, 4 * q_bytes + 2 * kv_bytes + 2 * dkv_bytes + lse_bytes + (u_ - 1) * per_peer + sum_bytes);
+  arena_ = attnhost::HostBuffer(host_, 4 * q_bytes + 2 * kv_bytes + 2 * dkv_bytes + lse_bytes + 2 * u_ * message + sum_bytes);
   char* at = arena_.as<char>();
   for (char** b : {&q_, &o_, &d_o_, &dq_}) *b = std::exchange(at, at + q_bytes);
   for (char** b : {&k_, &v_}) *b = std::exchange(at, at + kv_bytes);
   for (char** b : {&dk_, &dv_}) *b = std::exchange(at, at + dkv_bytes);
   lse_ = std::exchange(at, at + lse_bytes);
-  staging_ = std::exchange(at, at + (u_ - 1) * per_peer);
+  staging_ = std::exchange(at, at + 2 * u_ * message);
   dkv_sum_ = at;
   if (kv_heads_replicated(r.heads_kv, u_) && rank == 0)
     host_.log(ATTNHOST_LOG_WARNING, "each of the " + std::to_string(r.heads_kv) + " kv heads is replicated on " +
@@ -124,22 +126,15 @@ void UlyssesAttention::to_tokens(const std::vector<Piece>& pieces, void* stream,
   exchange(pieces, false, stream, what, group);
 }
 
-// One all-to-all inside the Ulysses group. A message is one batch entry's rows of one tensor between
-// two members, so that a piece lands where it belongs on one side; on the other it is packed before
-// (or unpacked after) into the staging buffer. Members issue their messages in one order (pieces, then
-// peers, then batch entries), so every send meets its receive.
+// One all-to-all inside the Ulysses group: one message each way between every two members, the
+// pieces for a peer packed side by side before it and unpacked after (narrow rows by the copy
+// kernel). Many small messages, one a batch entry and tensor, moved 2-3x slower over NVLink
+// (docs/KERNELS.md, "All-to-all messages"). Both ends lay a message out alike: every member's pieces
+// have the same sizes.
 void UlyssesAttention::exchange(const std::vector<Piece>& pieces, bool heads_out, void* stream, const char* what,
                                 int group) {
   const RingShape& r = s_.ring;
-  const size_t el = attnhost::dtype_size(r.dtype), D = r.head_dim;
-  const int64_t un = u_ * n_;
-  struct Msg {
-    void* buf;
-    size_t count;
-    int32_t dtype;
-    int peer;
-  };
-  std::vector<Msg> sends, recvs;
+  const size_t el = attnhost::dtype_size(r.dtype), D = r.head_dim, B = r.batch, n = n_, un = u_ * n_;
   std::vector<Copy> before, after;
   struct Sum {
     float* dst;
@@ -147,77 +142,77 @@ void UlyssesAttention::exchange(const std::vector<Piece>& pieces, bool heads_out
     size_t count;
   };
   std::vector<Sum> sums;
-  char* bump = staging_;
-  const auto stage = [&](size_t bytes) { return std::exchange(bump, bump + align_up(bytes)); };
+  // Bytes of a piece in one message, and where the pieces of peer i's messages start.
+  const auto piece_bytes = [&](const Piece& p) {
+    return align_up(p.tokens ? B * n * p.count * D * (p.sum ? 4 : el) : B * p.count * n * 4);
+  };
+  size_t message = 0;
+  for (const Piece& p : pieces) message += piece_bytes(p);
+  const auto outgoing = [&](int i) { return staging_ + size_t(i) * 2 * message; };
+  const auto incoming = [&](int i) { return staging_ + (size_t(i) * 2 + 1) * message; };
+  size_t offset = 0;
   for (const Piece& p : pieces) {
     const size_t c = p.count;
     for (int i = 0; i < u_; ++i) {
       const int32_t h0 = first_head(i, p);
-      const int peer = base_ + i;
+      char* out = outgoing(i) + offset;
+      char* in = incoming(i) + offset;
       const bool self = i == member_;
-      if (p.tokens) {
-        const size_t lel = p.sum ? 4 : el;
-        const size_t row = c * D * el, lrow = p.heads * D * lel, piece = n_ * row;
+      if (p.tokens) {  // local [B, n, heads, D]; sharded [B, u*n, c, D], member i's tokens at rows i*n
+        const size_t lel = p.sum ? 4 : el, row = c * D * lel, lrow = p.heads * D * lel;
         char* local = static_cast<char*>(p.local) + h0 * D * lel;
-        const auto sharded_rows = [&](int64_t b) { return static_cast<char*>(p.sharded) + (b * un + i * n_) * row; };
-        if (p.sum) {  // i's fp32 kv gradients of my tokens (one kv head), added into the sums [B, Hkv, n, D]
-          const size_t frow = c * D * 4, fpiece = n_ * frow;
-          char* sharded = static_cast<char*>(p.sharded);
-          char* from = self ? sharded + member_ * fpiece : stage(r.batch * fpiece);
-          const size_t from_batch = self ? un * frow : fpiece;
-          for (int64_t b = 0; b < r.batch; ++b) {
-            if (!self) recvs.push_back({from + b * fpiece, n_ * c * D, ATTNHOST_DTYPE_FP32, peer});
-            sums.push_back({reinterpret_cast<float*>(static_cast<char*>(p.local) + ((b * p.heads + h0) * fpiece)),
-                            reinterpret_cast<const float*>(from + b * from_batch), n_ * c * D});
-            if (!self) sends.push_back({sharded + (b * un + i * n_) * frow, n_ * c * D, ATTNHOST_DTYPE_FP32, peer});
+        char* rows_of_i = static_cast<char*>(p.sharded) + i * n * row;
+        if (p.sum) {  // i's fp32 gradients of my tokens (one kv head), added into the sums [B, Hkv, n, D]
+          const char* from = self ? rows_of_i : in;
+          if (!self) before.push_back({out, n * row, rows_of_i, un * row, n * row, B});
+          for (size_t b = 0; b < B; ++b)
+            sums.push_back({reinterpret_cast<float*>(static_cast<char*>(p.local) + (b * p.heads + h0) * n * row),
+                            reinterpret_cast<const float*>(from + b * (self ? un : n) * row), n * c * D});
+        } else if (self) {
+          for (size_t b = 0; b < B; ++b) {
+            char* l = local + b * n * lrow;
+            char* sh = rows_of_i + b * un * row;
+            if (heads_out) before.push_back({sh, row, l, lrow, row, n});
+            else after.push_back({l, lrow, sh, row, row, n});
           }
-          continue;
-        }
-        if (self) {
-          for (int64_t b = 0; b < r.batch; ++b) {
-            char* l = local + b * n_ * lrow;
-            if (heads_out) before.push_back({sharded_rows(b), row, l, lrow, row, static_cast<size_t>(n_)});
-            else after.push_back({l, lrow, sharded_rows(b), row, row, static_cast<size_t>(n_)});
-          }
-          continue;
-        }
-        char* staged = stage(r.batch * piece);
-        if (heads_out) before.push_back({staged, row, local, lrow, row, static_cast<size_t>(r.batch * n_)});
-        else after.push_back({local, lrow, staged, row, row, static_cast<size_t>(r.batch * n_)});
-        for (int64_t b = 0; b < r.batch; ++b) {
-          Msg packed{staged + b * piece, n_ * c * D, r.dtype, peer}, direct{sharded_rows(b), n_ * c * D, r.dtype, peer};
-          sends.push_back(heads_out ? packed : direct);
-          recvs.push_back(heads_out ? direct : packed);
+        } else if (heads_out) {
+          before.push_back({out, row, local, lrow, row, B * n});
+          after.push_back({rows_of_i, un * row, in, n * row, n * row, B});
+        } else {
+          before.push_back({out, n * row, rows_of_i, un * row, n * row, B});
+          after.push_back({local, lrow, in, row, row, B * n});
         }
       } else {  // row statistics: local [B, heads, n], sharded [B, c, u*n], fp32
-        const size_t run = n_ * 4;
-        const auto local = [&](int64_t b) { return static_cast<char*>(p.local) + (b * p.heads + h0) * run; };
-        char* cols = static_cast<char*>(p.sharded) + i * run;  // i's tokens in every sharded row
-        const size_t sharded_batch = c * un * 4, pitch = un * 4;
+        const size_t run = n * 4;
+        char* local = static_cast<char*>(p.local) + h0 * run;
+        char* cols = static_cast<char*>(p.sharded) + i * run;
         if (self) {
-          for (int64_t b = 0; b < r.batch; ++b) {
-            if (heads_out) before.push_back({cols + b * sharded_batch, pitch, local(b), run, run, c});
-            else after.push_back({local(b), run, cols + b * sharded_batch, pitch, run, c});
+          for (size_t b = 0; b < B; ++b) {
+            char* l = local + b * p.heads * run;
+            char* sh = cols + b * c * un * 4;
+            if (heads_out) before.push_back({sh, un * 4, l, run, run, c});
+            else after.push_back({l, run, sh, un * 4, run, c});
           }
-          continue;
-        }
-        char* staged = stage(r.batch * c * run);
-        if (heads_out) after.push_back({cols, pitch, staged, run, run, r.batch * c});
-        else before.push_back({staged, run, cols, pitch, run, r.batch * c});
-        for (int64_t b = 0; b < r.batch; ++b) {
-          Msg packed{staged + b * c * run, c * n_, ATTNHOST_DTYPE_FP32, peer}, direct{local(b), c * n_, ATTNHOST_DTYPE_FP32, peer};
-          sends.push_back(heads_out ? direct : packed);
-          recvs.push_back(heads_out ? packed : direct);
+        } else if (heads_out) {
+          before.push_back({out, c * run, local, p.heads * run, c * run, B});
+          after.push_back({cols, un * 4, in, run, run, B * c});
+        } else {
+          before.push_back({out, run, cols, un * 4, run, B * c});
+          after.push_back({local, p.heads * run, in, c * run, c * run, B});
         }
       }
     }
+    offset += piece_bytes(p);
   }
   const std::string name = std::string(what) + " group " + std::to_string(group);
   const int32_t range = host_.range_begin(name.c_str(), ATTNHOST_RANGE_COMMUNICATION, stream);
   for (const Copy& c : before) engine_->copy_rows(c.dst, c.dst_pitch, c.src, c.src_pitch, c.width, c.rows, stream);
   host_.group_start();
-  for (const Msg& m : sends) host_.send(m.buf, m.count, m.dtype, m.peer, stream);
-  for (const Msg& m : recvs) host_.recv(m.buf, m.count, m.dtype, m.peer, stream);
+  for (int i = 0; i < u_; ++i)
+    if (i != member_) {
+      host_.send(outgoing(i), message, ATTNHOST_DTYPE_UINT8, base_ + i, stream);
+      host_.recv(incoming(i), message, ATTNHOST_DTYPE_UINT8, base_ + i, stream);
+    }
   host_.group_end();
   for (const Copy& c : after) engine_->copy_rows(c.dst, c.dst_pitch, c.src, c.src_pitch, c.width, c.rows, stream);
   for (const Sum& m : sums) engine_->add(m.dst, m.src, m.count, stream);
