@@ -101,13 +101,24 @@ CaseResult run_one(Context& ctx, const suite::Case& c, Backend& backend, const E
   return r;
 }
 
+// World size 1 and every rank the machine offers: the GPUs of --gpus, MPI's processes, or two
+// threads on the CPU (enough to show a schedule's communication without a long run).
+std::vector<int> machine_world_sizes(const Backend& backend) {
+  const int most = backend.device_kind() == DeviceKind::cpu ? std::min(2, backend.max_world_size()) : backend.max_world_size();
+  return most > 1 ? std::vector<int>{1, most} : std::vector<int>{1};
+}
+
 }  // namespace
 
 int execute_suite(Context& ctx, const suite::Suite& s, const ExecuteOptions& options) {
+  std::unique_ptr<Backend> backend = make_backend(ctx.options.backend);
   const std::set<std::string> done = finished_ids(options.resume_dir);
   std::vector<suite::Case> todo;
   for (const suite::Case& c : s.cases)
-    if (!done.count(c.id)) todo.push_back(c);
+    if (!done.count(c.id)) {
+      todo.push_back(c);
+      if (c.machine_world_sizes) todo.back().world_sizes = machine_world_sizes(*backend);
+    }
   if (options.dry_run) {
     std::cout << todo.size() << " cases in " << (s.name.empty() ? s.path.string() : s.name);
     if (!options.resume_dir.empty()) std::cout << " (" << s.cases.size() - todo.size() << " already in " << options.resume_dir << ")";
@@ -127,7 +138,6 @@ int execute_suite(Context& ctx, const suite::Suite& s, const ExecuteOptions& opt
     if (!fs::is_directory(parent)) throw UsageError("--history " + options.history + ": folder " + parent.string() + " does not exist");
   }
 
-  std::unique_ptr<Backend> backend = make_backend(ctx.options.backend);
   const bool leader = backend->process_rank() == 0;
   Environment env = probe_environment(*backend);
   env.argv = ctx.argv;

@@ -27,7 +27,7 @@ struct Scope {
   std::optional<SeqlenSpec> varlen;
   SourceLocation varlen_where;
   PluginParams params;
-  std::vector<int> world_sizes = {1};
+  std::vector<int> world_sizes;  // empty: not written (the machine's, Case::machine_world_sizes)
   Timing timing;
   Check check;
   Data data;

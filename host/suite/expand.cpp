@@ -185,7 +185,8 @@ Case make_case(const CaseSpec& spec, const Base& base, const ProblemPoint& probl
   out.id = plugin + "/" + base.label + problem.id_suffix + params_id_suffix(params, param_point);
   out.problem = problem.problem;
   out.tokens = problem.tokens;
-  out.world_sizes = spec.scope.world_sizes;
+  out.machine_world_sizes = spec.scope.world_sizes.empty();
+  if (!out.machine_world_sizes) out.world_sizes = spec.scope.world_sizes;
   out.params = param_point;
   out.timing = spec.scope.timing;
   out.check = spec.scope.check;

@@ -108,7 +108,10 @@ void override_problem(Case& c, const FieldValues& values) {
 }
 
 void override_run(Case& c, const Overrides& o) {
-  if (o.world_sizes) c.world_sizes = *o.world_sizes;
+  if (o.world_sizes) {
+    c.world_sizes = *o.world_sizes;
+    c.machine_world_sizes = false;
+  }
   if (o.timing_method) c.timing.method = *o.timing_method;
   if (o.warmup_runs) c.timing.warmup_runs = *o.warmup_runs;
   if (o.timing_runs) c.timing.timing_runs = *o.timing_runs;

@@ -98,6 +98,9 @@ struct Case {
   std::string plugin;
   Problem problem;
   std::vector<int> world_sizes = {1};
+  // No suite, default or flag named the world sizes: the command runs the machine's (world size 1
+  // and every GPU of --gpus; 1 and 2 on the CPU) in place of `world_sizes`.
+  bool machine_world_sizes = false;
   std::map<std::string, ParamValue> params; // as written; defaults are added when the case runs
   Timing timing;
   Check check;

@@ -155,3 +155,18 @@ TEST_CASE("cli: under --isolate a segfault, an abort and a hang cost only their 
   fs::remove_all(out);
   fs::remove(suite);
 }
+
+TEST_CASE("cli: compare and run show world size 1 and the machine's ranks unless told otherwise") {
+  // A comparison at world size 1 alone hid what a schedule is for (ring and zigzag both read 1.00x).
+  Outcome compared = attnhost("compare naive_attention --config tiny --dry-run --device cpu");
+  CHECK(compared.code == 0);
+  CHECK(compared.out.find("world sizes 1 2  timing") != std::string::npos);
+  Outcome told = attnhost("compare naive_attention --config tiny --dry-run --device cpu --world-sizes 1");
+  CHECK(told.out.find("world sizes 1  timing") != std::string::npos);
+  const fs::path unwritten = write_suite("unwritten", "name = \"unwritten\"\n[[case]]\nplugins = [\"naive_attention\"]\npresets = [\"tiny\"]\n");
+  const fs::path written = write_suite("written", "name = \"written\"\n[defaults]\nworld_sizes = [1]\n[[case]]\nplugins = [\"naive_attention\"]\npresets = [\"tiny\"]\n");
+  CHECK(attnhost("run " + unwritten.string() + " --dry-run --device cpu").out.find("world sizes 1 2  timing") != std::string::npos);
+  CHECK(attnhost("run " + written.string() + " --dry-run --device cpu").out.find("world sizes 1  timing") != std::string::npos);
+  fs::remove(unwritten);
+  fs::remove(written);
+}

@@ -1,7 +1,10 @@
 // The loader: what it accepts, and one clear line for each file it rejects.
 #include "plugins/loader.h"
 
+#include <attnhost/plugin.hpp>
 #include <doctest/doctest.h>
+
+#include <cstring>
 
 #include <filesystem>
 #include <fstream>
@@ -10,6 +13,10 @@ using namespace attnhost;
 namespace fs = std::filesystem;
 
 namespace {
+
+// This host's ABI, as the loader writes it ("1.1"), and a plugin's of the next major.
+const std::string kHostAbi = std::to_string(ATTNHOST_ABI_MAJOR) + "." + std::to_string(ATTNHOST_ABI_MINOR);
+const std::string kNextMajorAbi = std::to_string(ATTNHOST_ABI_MAJOR + 1) + "." + std::to_string(ATTNHOST_ABI_MINOR);
 
 fs::path variant(const std::string& name) {
   return fs::path(TEST_PLUGIN_DIR) / name / ("libabi_" + name + ".so");
@@ -76,19 +83,19 @@ TEST_CASE("a different ABI major is rejected with both versions") {
   Loaded l = load_files({variant("abi_major_2")});
   REQUIRE(l.warnings.size() == 1);
   CHECK(l.warnings[0] == "plugin " + variant("abi_major_2").string() +
-                             ": built for plugin ABI 2.0; this host speaks ABI 1.0; skipped");
+                             ": built for plugin ABI " + kNextMajorAbi + "; this host speaks ABI " + kHostAbi + "; skipped");
 }
 
 TEST_CASE("a plugin that refuses the host's version is rejected") {
   Loaded l = load_files({variant("refuses")});
   REQUIRE(l.warnings.size() == 1);
-  CHECK(l.warnings[0] == "plugin " + variant("refuses").string() + ": refused the host's ABI 1.0; skipped");
+  CHECK(l.warnings[0] == "plugin " + variant("refuses").string() + ": refused the host's ABI " + kHostAbi + "; skipped");
 }
 
 TEST_CASE("a table smaller than the ABI requires is rejected") {
   Loaded l = load_files({variant("small_table")});
   REQUIRE(l.warnings.size() == 1);
-  CHECK(l.warnings[0] == "plugin " + variant("small_table").string() + ": function table smaller than ABI 1.0 requires; skipped");
+  CHECK(l.warnings[0] == "plugin " + variant("small_table").string() + ": function table smaller than ABI " + kHostAbi + " requires; skipped");
 }
 
 TEST_CASE("describe that fails or throws is rejected") {
@@ -171,4 +178,23 @@ TEST_CASE("a library stays loaded while an object it made is alive") {
   attnhost_problem p{};
   p.struct_size = sizeof p;
   CHECK(plugin->validate(p) == "this test plugin computes nothing");
+}
+
+TEST_CASE("a plugin reads a 1.0 host's problem without the fields appended since") {
+  // The C++ helper once copied a whole attnhost_problem from the host's pointer: from a host whose
+  // struct ends at `params`, the appended local_rank and local_size were whatever lay beyond it.
+  struct {
+    attnhost_problem problem;
+    unsigned char beyond[64];
+  } old_host;
+  std::memset(&old_host, 0x7f, sizeof(old_host));
+  old_host.problem.struct_size = ATTNHOST_STRUCT_SIZE(attnhost_problem, params);
+  old_host.problem.num_seqs = 0;
+  old_host.problem.num_params = 0;
+  old_host.problem.params = nullptr;
+  old_host.problem.rank = 3;
+  old_host.problem.world_size = 4;
+  const attnhost::Problem p(old_host.problem);
+  CHECK(p->local_rank == 3);
+  CHECK(p->local_size == 4);
 }
