@@ -175,7 +175,7 @@ int execute_suite(Context& ctx, const suite::Suite& s, const ExecuteOptions& opt
     backend->sync_processes();
     if (!leader) continue;
     progress.clear();
-    if (console && !quiet && !options.comparison && !options.summary_only) report::print_case(std::cout, r);
+    if (console && !quiet && !options.comparison && !options.verification) report::print_case(std::cout, r);
     if (folder) folder->append(r);
     results.push_back(std::move(r));
   }
@@ -201,6 +201,7 @@ int execute_suite(Context& ctx, const suite::Suite& s, const ExecuteOptions& opt
   }
   if (console) {
     if (options.comparison) report::print_comparison(std::cout, all.cases);
+    else if (options.verification) report::print_verification(std::cout, all.cases);
     else report::print_summary(std::cout, all.cases);
   }
   if (all.gate) {

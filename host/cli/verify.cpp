@@ -121,7 +121,7 @@ int verify_command(Context& ctx, const std::vector<std::string>& args) {
   params.params = overrides_from(vm).params;
   suite::apply_overrides(s, params, ctx.catalog());
   ExecuteOptions ex;
-  ex.summary_only = true;
+  ex.verification = true;
   ex.formats = {"console"};
   return execute_suite(ctx, s, ex);
 }

@@ -4,6 +4,7 @@
 #include "report/format.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <sstream>
 
 namespace attnhost::report {
@@ -156,6 +157,36 @@ void print_summary(std::ostream& out, const std::vector<CaseResult>& cases) {
   size_t failed = std::count_if(cases.begin(), cases.end(), [](const CaseResult& c) { return c.failed(); });
   out << cases.size() << " cases, " << failed << " failed"
       << "  (TFLOP/s/GPU, speedup and eff. of fwd+bwd; speedup and efficiency against world size 1)\n";
+}
+
+// What verify checked, without timings (first calls, which say nothing of speed): each tensor's
+// relative L2 error against float64 beside its tolerance, per world size.
+void print_verification(std::ostream& out, const std::vector<CaseResult>& cases) {
+  const auto error = [](double v) {  // 3 significant digits; small ones as 3.65e-08 rather than 0.0000000365
+    if (v == 0 || v >= 1e-3) return fmt::sig(v);
+    char text[32];
+    std::snprintf(text, sizeof(text), "%.2e", v);
+    return std::string(text);
+  };
+  const std::vector<std::string> tensors = {"O", "LSE", "dQ", "dK", "dV"};
+  std::vector<std::string> head = {"case", "ws", "status"};
+  for (const std::string& t : tensors) head.push_back(t + " err / tol");
+  fmt::Table t(head, 3);
+  for (const CaseResult& c : cases)
+    for (const RunResult& r : c.runs) {
+      std::vector<std::string> row = {c.spec.id, std::to_string(r.world_size), r.status};
+      for (const std::string& name : tensors) {
+        const auto found = std::find_if(r.check.tensors.begin(), r.check.tensors.end(),
+                                        [&](const TensorCheck& x) { return x.tensor == name; });
+        row.push_back(found == r.check.tensors.end() ? "-"
+                                                     : error(found->rel_l2_err) + " / " + error(found->tol_rel_l2) +
+                                                           (found->ok ? "" : " FAIL"));
+      }
+      t.row(row);
+    }
+  out << "\n" << t.str();
+  size_t failed = std::count_if(cases.begin(), cases.end(), [](const CaseResult& c) { return c.failed(); });
+  out << cases.size() << " cases, " << failed << " failed  (relative L2 error against float64 / its tolerance)\n";
 }
 
 }  // namespace attnhost::report

@@ -11,6 +11,7 @@ namespace attnhost::report {
 
 void print_case(std::ostream& out, const CaseResult& c);
 void print_summary(std::ostream& out, const std::vector<CaseResult>& cases);
+void print_verification(std::ostream& out, const std::vector<CaseResult>& cases);
 // Plugins side by side at each world size; every figure with its ratio to the first plugin.
 void print_comparison(std::ostream& out, const std::vector<CaseResult>& cases);
 

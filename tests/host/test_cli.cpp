@@ -170,3 +170,13 @@ TEST_CASE("cli: compare and run show world size 1 and the machine's ranks unless
   fs::remove(unwritten);
   fs::remove(written);
 }
+
+TEST_CASE("cli: verify prints each tensor's error against float64 and its tolerance, and no timings") {
+  // Timings of first calls once read "609.40x speedup, 30470.0% efficiency" in verify's table.
+  Outcome o = attnhost("verify naive_attention --device cpu --world-sizes 1,2 --set correctness --quiet");
+  CHECK(o.code == 0);
+  CHECK(o.out.find("O err / tol") != std::string::npos);
+  CHECK(o.out.find("dV err / tol") != std::string::npos);
+  CHECK(o.out.find("TFLOP/s") == std::string::npos);
+  CHECK(o.out.find("speedup") == std::string::npos);
+}
