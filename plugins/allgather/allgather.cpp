@@ -263,50 +263,46 @@ class Allgather {
     return mask;
   }
 
-  ForwardParams forward_call(const attnhost_forward_args& a, const attnhost_token_range& r, int g) const {
+  // What a forward and a backward call of query range r in group g share: the shape, Q, the
+  // gathered K and V from the first key the range reaches, and the mask at those positions.
+  template <class Params>
+  Params call(const TensorRef& q, const attnhost_token_range& r, int g) const {
     const Interval keys = keys_of(r);
-    const int32_t q_heads = group_q(), head0 = g * q_heads;
-    ForwardParams p;
+    Params p;
     p.dtype = core_dtype(dtype_);
     p.batch = batch_;
-    p.heads_q = q_heads;
+    p.heads_q = group_q();
     p.heads_kv = group_kv();
     p.head_dim = dim_;
     p.seqlen_q = r.length;
     p.seqlen_kv = keys.size();
     p.softmax_scale = scale_;
-    p.q = q_like(a.q.data, r.local_begin, head0, false);
+    p.q = q;
     p.k = gathered(slot(g).k, keys.lo, false);
     p.v = gathered(slot(g).v, keys.lo, false);
-    p.o = q_like(a.o.data, r.local_begin, head0, false);
-    p.lse = rows(static_cast<float*>(a.lse.data), r.local_begin, head0);
     p.mask = mask_at(r.global_begin, keys.lo);
     return p;
   }
 
+  ForwardParams forward_call(const attnhost_forward_args& a, const attnhost_token_range& r, int g) const {
+    const int32_t head0 = g * group_q();
+    ForwardParams p = call<ForwardParams>(q_like(a.q.data, r.local_begin, head0, false), r, g);
+    p.o = q_like(a.o.data, r.local_begin, head0, false);
+    p.lse = rows(static_cast<float*>(a.lse.data), r.local_begin, head0);
+    return p;
+  }
+
   BackwardParams backward_call(const attnhost_backward_args& a, const attnhost_token_range& r, int g) const {
-    const Interval keys = keys_of(r);
-    const int32_t q_heads = group_q(), head0 = g * q_heads;
-    BackwardParams p;
-    p.dtype = core_dtype(dtype_);
-    p.batch = batch_;
-    p.heads_q = q_heads;
-    p.heads_kv = group_kv();
-    p.head_dim = dim_;
-    p.seqlen_q = r.length;
-    p.seqlen_kv = keys.size();
-    p.softmax_scale = scale_;
-    p.q = q_like(a.q.data, r.local_begin, head0, false);
-    p.k = gathered(slot(g).k, keys.lo, false);
-    p.v = gathered(slot(g).v, keys.lo, false);
+    const int32_t head0 = g * group_q();
+    BackwardParams p = call<BackwardParams>(q_like(a.q.data, r.local_begin, head0, false), r, g);
     p.d_o = q_like(a.d_o.data, r.local_begin, head0, false);
     p.o = q_like(a.o.data, r.local_begin, head0, false);
     p.lse = rows(static_cast<float*>(a.lse.data), r.local_begin, head0);
     p.delta = rows(delta_, r.local_begin, head0);
     p.dq = group_dq(r.local_begin);
-    p.dk = gathered(slot(g).dk, keys.lo, true);
-    p.dv = gathered(slot(g).dv, keys.lo, true);
-    p.mask = mask_at(r.global_begin, keys.lo);
+    const int64_t key0 = keys_of(r).lo;
+    p.dk = gathered(slot(g).dk, key0, true);
+    p.dv = gathered(slot(g).dv, key0, true);
     p.deterministic = deterministic_;
     return p;
   }

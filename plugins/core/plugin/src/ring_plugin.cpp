@@ -27,6 +27,22 @@ DenseMask dense_mask(const attnhost::Problem& p) {
   return m;
 }
 
+RingShape dense_shape(const attnhost::Problem& p, int64_t local_tokens) {
+  RingShape s;
+  s.dtype = p->dtype;
+  s.batch = static_cast<int32_t>(p->batch);
+  s.heads_q = p->heads_q;
+  s.heads_kv = p->heads_kv;
+  s.head_dim = p->head_dim;
+  s.local_q = s.local_kv = local_tokens;
+  s.softmax_scale = static_cast<float>(p->softmax_scale);
+  s.mask = dense_mask(p);
+  s.deterministic = p->deterministic != 0;
+  s.engine = engine_choice(p.get_string("engine"));
+  s.dtype_partials = p.get_string("partials") == "dtype";
+  return s;
+}
+
 void choose_slices(RingShape& s, int world_size) {
   const bool auto_batch = s.batch_slices <= 0, auto_heads = s.head_slices <= 0;
   if (auto_batch) s.batch_slices = 1;

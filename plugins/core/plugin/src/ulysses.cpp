@@ -104,6 +104,17 @@ attnhost_tensor UlyssesAttention::sharded(void* data, bool kv, bool fp32) const 
   return t;
 }
 
+void UlyssesAttention::kept_tensors(int group, attnhost_tensor& q, attnhost_tensor& k, attnhost_tensor& v,
+                                    attnhost_tensor& o, attnhost_tensor& lse) const {
+  const LocalSizes g = local_sizes(group_shape_);
+  const size_t el = attnhost::dtype_size(s_.ring.dtype);
+  q = sharded(q_ + group * g.q * el, false, false);
+  k = sharded(k_ + group * g.kv * el, true, false);
+  v = sharded(v_ + group * g.kv * el, true, false);
+  o = sharded(o_ + group * g.q * el, false, false);
+  lse = stats(lse_ + group * g.rows * 4);
+}
+
 attnhost_tensor UlyssesAttention::stats(void* data) const {
   const RingShape& g = group_shape_;
   attnhost_tensor t{};
@@ -240,11 +251,7 @@ void UlyssesAttention::forward(const attnhost_forward_args& a) {
     if (group + 1 < groups_) bring(group + 1);
     engine_->wait(compute, arrived[group]);
     attnhost_forward_args x = a;
-    x.q = sharded(at(q_, g.q, group, el), false, false);
-    x.k = sharded(at(k_, g.kv, group, el), true, false);
-    x.v = sharded(at(v_, g.kv, group, el), true, false);
-    x.o = sharded(at(o_, g.q, group, el), false, false);
-    x.lse = stats(at(lse_, g.rows, group, 4));
+    kept_tensors(group, x.q, x.k, x.v, x.o, x.lse);
     ring_->forward(x);
     engine_->wait(xs, compute);
     to_tokens({{a.o.data, x.o.data, s_.ring.heads_q, group_shape_.heads_q, false, group},
@@ -293,11 +300,7 @@ void UlyssesAttention::backward(const attnhost_backward_args& a) {
     if (group + 1 < groups_) bring(group + 1);
     engine_->wait(compute, arrived[group]);
     attnhost_backward_args x = a;
-    x.q = sharded(at(q_, g.q, group, el), false, false);
-    x.k = sharded(at(k_, g.kv, group, el), true, false);
-    x.v = sharded(at(v_, g.kv, group, el), true, false);
-    x.o = sharded(at(o_, g.q, group, el), false, false);
-    x.lse = stats(at(lse_, g.rows, group, 4));
+    kept_tensors(group, x.q, x.k, x.v, x.o, x.lse);
     x.d_o = sharded(at(d_o_, g.q, group, el), false, false);
     x.dq = sharded(at(dq_, g.q, group, el), false, false);
     const size_t dkv_el = replicated ? 4 : el;

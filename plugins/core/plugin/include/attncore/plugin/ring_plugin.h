@@ -66,6 +66,9 @@ DenseMask dense_mask(const attnhost::Problem& p);
 // ring's workspace stay within 1.3x of its working set (Q, K, V, O, dO, dQ, dK, dV and two K/V
 // blocks), or as many as there are when none does.
 void choose_slices(RingShape& s, int world_size);
+// The ring's shape of a dense problem whose ranks hold `local_tokens` tokens each, with the
+// engine and partials parameters; one slice of each kind.
+RingShape dense_shape(const attnhost::Problem& p, int64_t local_tokens);
 
 // What every dense plugin tells the host's check, whatever its sharding: the pairs of the whole
 // problem, and the keys of a query and the queries of a key under the problem's mask.
@@ -127,18 +130,7 @@ class RingPlugin {
 
  private:
   RingShape shape(const attnhost::Problem& p) const {
-    RingShape s;
-    s.dtype = p->dtype;
-    s.batch = static_cast<int32_t>(p->batch);
-    s.heads_q = p->heads_q;
-    s.heads_kv = p->heads_kv;
-    s.head_dim = p->head_dim;
-    s.local_q = s.local_kv = variant_.layout().local_tokens();
-    s.softmax_scale = static_cast<float>(p->softmax_scale);
-    s.mask = reference_.mask();
-    s.deterministic = p->deterministic != 0;
-    s.engine = engine_choice(p.get_string("engine"));
-    s.dtype_partials = p.get_string("partials") == "dtype";
+    RingShape s = dense_shape(p, variant_.layout().local_tokens());
     s.batch_slices = static_cast<int32_t>(std::min<int64_t>(p.get_int("batch_slices"), s.batch));
     s.head_slices = static_cast<int32_t>(std::min<int64_t>(p.get_int("head_slices"), s.heads_kv));
     choose_slices(s, p->world_size);

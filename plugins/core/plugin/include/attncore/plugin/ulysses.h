@@ -75,6 +75,9 @@ class UlyssesAttention {
   void exchange(const std::vector<Piece>& pieces, bool to_heads, void* stream, const char* what, int group);
   attnhost_tensor sharded(void* data, bool kv, bool fp32) const;  // one group's head-sharded tensor
   attnhost_tensor stats(void* data) const;
+  // Group `group`'s head-sharded Q, K, V, O and LSE, which the forward fills and keeps.
+  void kept_tensors(int group, attnhost_tensor& q, attnhost_tensor& k, attnhost_tensor& v, attnhost_tensor& o,
+                    attnhost_tensor& lse) const;
 
   UlyssesShape s_;
   RingShape group_shape_;       // of one head group's ring

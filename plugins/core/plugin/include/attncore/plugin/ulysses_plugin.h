@@ -86,7 +86,8 @@ class UlyssesPlugin {
     return std::visit([&](const auto& plan) { return plan.calls(member, source); }, plan_);
   }
 
-  // This rank's tokens: piece rank % u (n tokens) of its group's block; the last pieces' tails are padding.
+  // This rank's tokens: piece rank % u (n tokens) of its group's block; the last pieces' tails are
+  // padding. The layout is made here, before the attention that needs its size.
   RingShape shape(const attnhost::Problem& p) {
     attnhost::Layout block;
     const int64_t block_tokens = std::visit([&](const auto& plan) {
@@ -101,20 +102,7 @@ class UlyssesPlugin {
       if (hi > lo) layout_.add(range.global_begin + (lo - range.local_begin), hi - lo);
     }
     layout_.pad(n - layout_.local_tokens());
-
-    RingShape s;
-    s.dtype = p->dtype;
-    s.batch = static_cast<int32_t>(p->batch);
-    s.heads_q = p->heads_q;
-    s.heads_kv = p->heads_kv;
-    s.head_dim = p->head_dim;
-    s.local_q = s.local_kv = n;
-    s.softmax_scale = static_cast<float>(p->softmax_scale);
-    s.mask = reference_.mask();
-    s.deterministic = p->deterministic != 0;
-    s.engine = engine_choice(p.get_string("engine"));
-    s.dtype_partials = p.get_string("partials") == "dtype";
-    return s;
+    return dense_shape(p, n);
   }
   UlyssesShape shape_of(const attnhost::Problem& p) {
     return {shape(p), u_, static_cast<int32_t>(p.get_int("head_groups"))};
