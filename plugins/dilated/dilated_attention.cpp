@@ -267,7 +267,7 @@ bool DilatedAttention::plan_views(PatternState& st, int64_t a0) const {
   // a pattern runs strided only when its views average kMinViewTiles query tiles of 128 rows,
   // unless the patterns share the GPU (lanes(), whenever overlap is on), where the other
   // lanes' CTAs fill a launch's last wave: there every pattern that can runs strided (S = 32768
-  // and 131072 causal 3-4% faster at world size 1, 3% at 2, PERFORMANCE.md, session 19).
+  // and 131072 causal 3-4% faster at world size 1, 3% at 2, docs/KERNELS.md, "Lanes").
   // (The CPU has no waves.)
   constexpr int64_t kMinViewTiles = 512;
   int64_t tiles = 0;
@@ -728,7 +728,7 @@ void DilatedAttention::backward(const attnhost_backward_args& a) {
   const std::vector<void*> lanes = this->lanes();
   // The strided patterns' final LSE and delta rows, all in one launch: on a pattern's lane each
   // small copy waited for SMs that the other lanes' CTAs held (1.7 ms of copies in the profile of
-  // S = 32768 causal, PERFORMANCE.md, session 19).
+  // S = 32768 causal, docs/KERNELS.md, "Lanes").
   std::vector<RowCopy> stats;
   for (size_t p = 0; p < patterns_.size(); ++p) {
     const PatternState& st = patterns_[p];

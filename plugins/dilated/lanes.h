@@ -1,5 +1,5 @@
 // Which stream (lane) each pattern's calls go to in each pass. The patterns run on several streams
-// at once so that one launch's last wave fills with the others' CTAs (PERFORMANCE.md, session 19):
+// at once so that one launch's last wave fills with the others' CTAs (docs/KERNELS.md, "Lanes"):
 // longest processing time first, each pattern, most pairs first, to the lane with the least work
 // so far. Lane 0 is the compute stream; with one rank the largest pattern lands there, and its low
 // priority lets its many CTAs fill the gaps. Pure planning, no streams: DilatedAttention::schedule

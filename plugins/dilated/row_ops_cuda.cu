@@ -176,7 +176,7 @@ static_assert(kMaxPatterns <= 32, "the combine gives each pattern's LSE one lane
 // row in float4s (kUnits a lane), and every pattern's loads are independent of the others' (a
 // sum, not a chain of dependent scalar loads). The first patterns' rows are loaded with their
 // LSE, before the weights are known: the LSE, its reductions and the rows no longer wait in
-// turn (-10% at S = 32768, PERFORMANCE.md, session 19).
+// turn (-10% at S = 32768, docs/KERNELS.md, "Combine and sums").
 template <class T, int kUnits>
 __device__ __forceinline__ void combine_row(const CombineArgs& a, int64_t b, int64_t j, int lane) {
   int32_t idx = -1;
@@ -247,7 +247,7 @@ __device__ __forceinline__ void combine_row(const CombineArgs& a, int64_t b, int
 // grid: x strides over the rows, a warp a row at a time, y the batch entries; kCombineCtasPerSm
 // CTAs an SM in all. A CTA for each 8 rows (400 thousand at S = 32768) took 695 us where this takes
 // 619, at B = 4 and at B = 1; 16 CTAs an SM for each entry gave 619 at B = 4 and 691-696 at B = 1
-// (PERFORMANCE.md, session 24). 32 registers (see the sum).
+// (docs/KERNELS.md, "Combine and sums"). 32 registers (see the sum).
 template <class T, int kUnits>
 __global__ void __launch_bounds__(kThreads, 8) combine_kernel(const __grid_constant__ CombineArgs a) {
   for (int64_t j = int64_t(blockIdx.x) * kCombineWarps + threadIdx.x / 32; j < a.tokens * a.heads;

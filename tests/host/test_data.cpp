@@ -112,7 +112,7 @@ TEST_CASE("gpu: the CUDA kernel generates bit-identical data to the CPU with zer
     }
 }
 // A transfer on an auxiliary stream at the default priority waited behind every block of the kernel
-// it should have hidden under (a 1.1 ms hop took 14 ms under a backward, PERFORMANCE.md 2026-11-24).
+// it should have hidden under (a 1.1 ms hop took 14 ms under a backward, docs/KERNELS.md, "Communication streams at the greatest priority").
 TEST_CASE("gpu: the auxiliary streams run at the device's greatest priority and stream 0 at its least" *
           doctest::test_suite("gpu")) {
   REQUIRE_MESSAGE(attnhost::cuda_device_count() > 0, "no GPU visible");

@@ -12,7 +12,7 @@
 //  - forward: O in dtype; LSE from cuDNN's softmax stats, which are max + log(sum exp) of the scaled
 //    scores in natural log: the core's convention as they come. O in fp32 (o_fp32, a partial to
 //    merge) is not served: cuDNN 9.14 and 9.19 build that graph and write wrong values (measured,
-//    docs/PERFORMANCE-core.md), and a bf16 O widened would carry its rounding into the merge;
+//    docs/KERNELS.md, "cuDNN engine"), and a bf16 O widened would carry its rounding into the merge;
 //  - backward: needs BackwardParams::o (cuDNN recomputes delta from dO and O in its graph) and reads
 //    LSE from p.lse. Gradients are written in dtype (write_grads, what frameworks do). Adding them
 //    into the fp32 accumulators (the core's contract) would need fp32 dQ/dK/dV outputs, landing in
@@ -22,7 +22,7 @@
 //    deterministic calls are not served.
 // Whether cuDNN builds a graph is a property of the loaded library and the GPU, so cudnn_check
 // builds (and caches) the execution plan of the call's shape the first time it sees it; its answer
-// is what this cuDNN on this device can do. docs/PERFORMANCE-core.md records what was seen.
+// is what this cuDNN on this device can do. docs/KERNELS.md, "cuDNN engine", records what was seen.
 //
 // Plans are cached per device and per shape (every dimension, stride, dtype and mask parameter);
 // a call with a cached plan only binds pointers and enqueues. Thread-safe. The library is linked
@@ -67,7 +67,7 @@ inline bool cudnn_supports(const BackwardParams& p, std::string* why = nullptr) 
 }
 
 // What serves a supported call: the graph kind, the heuristics' engine config, cuDNN's workspace
-// (for the logs and docs/PERFORMANCE-core.md); cudnn_check's reason otherwise.
+// (for the logs and docs/KERNELS.md, "cuDNN engine"); cudnn_check's reason otherwise.
 std::string cudnn_plan_info(const ForwardParams& p);
 std::string cudnn_plan_info(const BackwardParams& p);
 

@@ -49,7 +49,7 @@ std::vector<int64_t> shape_key(const BackwardParams& p) {
 }
 
 // The shape classes where cuDNN measured faster than the native kernels, for `auto`
-// (docs/PERFORMANCE-core.md, "cuDNN engine", H200, 2026-11-22): Hopper, head_dim 128, blocks of at
+// (docs/KERNELS.md, "cuDNN engine", H200): Hopper, head_dim 128, blocks of at
 // least 1024 x 1024 (the smallest measured: 2.4x the native forward, 2.2x the backward; 16384:
 // 2.0x and 2.5x). Other architectures, head dims and smaller blocks stay native until measured.
 bool measured_faster(int sm_major, int32_t head_dim, int64_t seqlen_q, int64_t seqlen_kv) {

@@ -169,7 +169,7 @@ __device__ void warp_row_offsets(const TensorRef& a, const TensorRef& b, int32_t
 }
 // The first of the kRows rows of this warp. (A grid capped at 4096 blocks striding over the rows
 // measured slower for delta, 2.1 against 2.55 TB/s on an H200, and faster for convert, 3.46
-// against 3.20: PERFORMANCE.md, session 16.)
+// against 3.20: docs/KERNELS.md, "Row kernels".)
 template <int kRows> __device__ int64_t warp_first_row() {
   return (int64_t(blockIdx.x) * kRowWarps + threadIdx.x / 32) * kRows;
 }
@@ -207,7 +207,7 @@ template <int kV> constexpr int kParts = 4 / kV;
 
 // delta = rowsum(dO * O) for kWarpRows rows a warp, every load of the rows issued before the first
 // product. With heads fastest and 32-bit row indices: 2.55 TB/s on an H200, against 2.25 for one
-// row a warp in scalar loads (PERFORMANCE.md, session 16); what holds it there is not known.
+// row a warp in scalar loads (docs/KERNELS.md, "Row kernels"); what holds it there is not known.
 template <class T, class TO, int kV>
 __global__ void __launch_bounds__(kRowWarps * 32, 4) delta_kernel(const __grid_constant__ DeltaParams p, int64_t rows) {
   constexpr int kP = kParts<kV>;

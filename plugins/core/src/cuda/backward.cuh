@@ -46,7 +46,7 @@ template <class T, int D, int kMTiles_, int kBlockM_ = 64> struct BackwardConfig
   using PTile = SmemTile<T, kBlockM, false>;    // P^T, dS^T: written a word at a time, padded
   // The products with D-wide outputs (dV, dK, dQ) split the head dim between kColSplit warps: two
   // halves, or four quarters at D = 256, where halves would give a warp 16 keys x 128 columns, each
-  // B fragment feeding two products (quarters: 32 x 64, +4-5%, PERFORMANCE.md session 13).
+  // B fragment feeding two products (quarters: 32 x 64, +4-5%, docs/KERNELS.md, "Tiles per head dim").
   static constexpr int kColSplit = D == 256 ? 4 : 2;
   static constexpr int kGradKeys = kBlockN * kColSplit / kWarps; // keys of a warp's dK and dV
   static constexpr int kGradMTiles = kGradKeys / 16;
@@ -194,8 +194,8 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
   const int ws = warp & (kSlices - 1), wc = warp >> (kSlices == 4 ? 2 : 1);
   constexpr int kDqSlices = C::kWarps / C::kDqColSplit;
   // Where dQ splits as dK and dV do, its indices are theirs (ws, col0), not the same values written
-  // in dQ's own form: that form changed the other head dims' code and cost d96 3.5% (PERFORMANCE.md,
-  // session 22).
+  // in dQ's own form: that form changed the other head dims' code and cost d96 3.5% (docs/KERNELS.md,
+  // "Tiles per head dim").
   constexpr bool kDqOwnSplit = C::kDqColSplit != C::kColSplit;
   const int grow0 = ws * C::kGradKeys, qrow0 = (kDqOwnSplit ? warp & (kDqSlices - 1) : ws) * C::kDqRows,
             col0 = wc * C::kOutCols, dq_col0 = kDqOwnSplit ? (warp / kDqSlices) * C::kDqCols : col0;
@@ -314,7 +314,7 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
     // One barrier opens a step: this stage's copies are in, and every warp is done with the last
     // step (its stage, which the next copies refill, and sP, sdS). With two stages the next step's
     // copies are issued in this step (below, after S^T's products), and no barrier closes a step
-    // (+0.3-2.6%, PERFORMANCE.md session 22).
+    // (+0.3-2.6%, docs/KERNELS.md, "Order of work in a step").
     cp_async_wait<0>();
 #if ATTNCORE_SM90_DEVICE
     // The dQ box the copy engine read last step is free for this step's stores (the same wait as

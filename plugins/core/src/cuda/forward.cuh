@@ -20,7 +20,7 @@ namespace attncore::cuda {
 //  - D <= 128: 4 warps, 64-key tiles (98,432 bytes at D = 128: within the 99 KB of an sm_86, sm_89
 //    or sm_120 since its rows are unpadded; the 32-key shape remains for a device with less);
 //  - D = 256: 8 warps of 16 rows and 64-key tiles where a CTA may hold 203 KB (sm_90),
-//    FlashAttention-2's shape there, 15-17% faster on an H200 (docs/PERFORMANCE.md, session 12)
+//    FlashAttention-2's shape there, 15-17% faster on an H200 (docs/KERNELS.md, "Shapes by shared-memory budget")
 //    than the 4 warps and 32-key tiles (exactly 99 KB) that every other device takes.
 template <class T, int D, int kBlockN_, int kWarps_ = 4> struct ForwardConfig {
   static constexpr int kWarps = kWarps_;
@@ -164,7 +164,7 @@ __global__ void __launch_bounds__(ForwardConfig<T, D, kBlockN, kWarps>::kThreads
   // Where the next tile's copies are issued: before the barrier that opens this tile (a barrier
   // closes each tile, so that no warp refills a buffer another still reads), or under this tile's
   // scores, which a barrier that opens the tile alone allows: +1-3.5% at D = 64, 96 and 256, but
-  // 10-17% slower at D = 80 and 128, where ptxas then spills (PERFORMANCE.md, session 22).
+  // 10-17% slower at D = 80 and 128, where ptxas then spills (docs/KERNELS.md, "Order of work in a step").
   constexpr bool kCopiesUnderScores = D == 64 || D == 96 || D == 256;
   while (have) {
     KvStep nxt;

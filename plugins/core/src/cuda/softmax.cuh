@@ -144,7 +144,7 @@ template <int kMTiles, int kOTiles> struct OnlineSoftmax {
 
   // What finish() does, into O itself (in T or fp32). Not written through finish(): with the
   // store in its callback, ptxas allocated the mma.sync forward's registers otherwise, and it lost
-  // 2-4% (PERFORMANCE-core.md, session 7).
+  // 2-4% (docs/KERNELS.md, "mma.sync experiments not kept").
   template <class T> __device__ void store(const AttnArgs& a, int b, int h, int32_t row0, int32_t row_end, int lane) {
     float* lse = a.lse.data + b * a.lse.batch_stride + h * a.lse.head_stride;
 #pragma unroll

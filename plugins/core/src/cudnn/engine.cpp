@@ -34,7 +34,7 @@ constexpr int kBackwardMinVersion = 90600;
 constexpr int kPaddingFixedVersion = 91600;
 
 // fp32 outputs (O of the forward, dQ/dK/dV of the backward) from bf16/fp16 inputs. On cuDNN 9.14.0
-// (H200, 2026-11-22, docs/PERFORMANCE-core.md) those graphs finalize and run, and the values are not
+// (H200, 2026-11-22, docs/KERNELS.md, "cuDNN engine") those graphs finalize and run, and the values are not
 // the fp32 results: half of each fp32 output stays unwritten, as if it were written in the input
 // type (the GQA backward does not even build). So they are served from no version until one is
 // measured right; ATTNCORE_CUDNN_FP32_OUTPUTS=force serves them anyway, to measure a new version.

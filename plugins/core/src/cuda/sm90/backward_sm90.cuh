@@ -88,20 +88,20 @@ template <class T, int D, int kBlockM_ = 64> struct BackwardConfig {
   // (FlashAttention-3's order): dS^T stays in registers through dQ's product, which at d256 (dQ's
   // 128 columns beside dK's and dV's) does not fit and serializes every product.
   static constexpr bool kDkAfterDq = !kSharedKeys;
-  // Shared-memory bandwidth bounds a step (PERFORMANCE-core.md). S^T = K Q^T and dP^T = V dO^T take
+  // Shared-memory bandwidth bounds a step (docs/KERNELS.md, "Shared memory bounds the backward step"). S^T = K Q^T and dP^T = V dO^T take
   // their first kKeyRegSteps / kValueRegSteps k-steps (16 columns each) of this consumer's K and V
   // from registers, A fragments loaded once a key tile, so those steps read only Q or dO there. As
-  // many as fit beside dK and dV without spills and measured fastest (PERFORMANCE.md, session 18):
+  // many as fit beside dK and dV without spills and measured fastest (docs/KERNELS.md, "K and V as register operands"):
   // all of K and V at d64 and d80, one step of each at d96, two steps of K at d128 (three or more
   // spilled in the step loop; all of K serialized the products); none at d256 (two steps measured
   // no faster), nor with 128- or 80-query steps (S^T and dP^T take 128 or 80 registers; at 80 one
-  // step of K spilled 28 bytes, PERFORMANCE.md session 26).
+  // step of K spilled 28 bytes, docs/KERNELS.md, "K and V as register operands").
   static constexpr int kKeyRegSteps = kSharedKeys || kBlockM > 64 ? 0 : D <= 80 ? D / 16 : D == 96 ? 1 : 2;
   static constexpr int kValueRegSteps = kSharedKeys || kBlockM > 64 ? 0 : D <= 80 ? D / 16 : D == 96 ? 1 : 0;
   // Registers of warpgroup 0 (producer and dQ reducer) and of each consumer: 24 + 2 x 240 = 3 x 168.
   // Where the reducer adds dQ by atomics (d64, d80) it spilled at 24 and held the consumers at their
-  // handoff: 40 + 2 x 232 there, +2-5% at d64 and d80 (the tall d64 steps equal; PERFORMANCE.md,
-  // session 21). At 24, two units of four floats in flight a reducer thread spilled and lost 25-30%.
+  // handoff: 40 + 2 x 232 there, +2-5% at d64 and d80 (the tall d64 steps equal; docs/KERNELS.md,
+  // "The dQ reducer's registers"). At 24, two units of four floats in flight a reducer thread spilled and lost 25-30%.
   static constexpr int kProducerRegs = D <= 80 ? 40 : 24, kConsumerRegs = D <= 80 ? 232 : 240;
   static_assert(D % 16 == 0 && kGradCols <= 128, "a consumer's dK and dV (64 keys) stay in registers");
   static_assert(kKVBytes % 1024 == 0 && kQBytes % 1024 == 0 && kDsBytes % 1024 == 0, "1024-byte tiles");
@@ -692,12 +692,12 @@ void launch_backward_config(const BackwardParams& p, cudaStream_t stream) {
 
 // Tall steps (128 queries) at d64, for rows of at least 4096 queries and without block lists (a
 // step would span two query blocks): a step's fixed costs (the waits between its products, the dS^T
-// exchange, the dQ part's handoff) are paid once for twice the work. Measured (PERFORMANCE.md,
-// session 21): +3% at 8192 rows, +1-2% at 4096, -3% at 1024 (fewer steps a key tile to fill and
+// exchange, the dQ part's handoff) are paid once for twice the work. Measured (docs/KERNELS.md,
+// "128-query steps at d64"): +3% at 8192 rows, +1-2% at 4096, -3% at 1024 (fewer steps a key tile to fill and
 // drain the pipeline). A call with segments qualifies by its total length, as for the forward's pair.
 // 80-query steps at d128 (FlashAttention-3's tile for full masks), plain calls without a window, of at
 // least 1024 rows (4096 causal), where the dQ part can be added by the copy engine: measured
-// (PERFORMANCE.md, session 26) +5% at the reference shape full and +4% causal, +5-14% at 4096-8192 rows
+// (docs/KERNELS.md, "80-query steps at d128") +5% at the reference shape full and +4% causal, +5-14% at 4096-8192 rows
 // full, +1-2.5% causal there; causal at 1024 rows -1.5%, 2048 mixed. Segments keep 64-row steps (untried).
 template <class T, int D> void launch_backward_sm90(const BackwardParams& p, cudaStream_t stream) {
   if constexpr (D == 64) {

@@ -74,7 +74,7 @@ template <class T, int D, Tiles kTiles = Tiles::standard> struct ForwardConfig {
   // Where O is rescaled by the new maxima. At d64 and d80, where the softmax rather than the
   // products bounds a tile, right after the next tile's scores are issued (FlashAttention-3's
   // place), so that it runs under that product rather than between P V and the next scores: d64
-  // +7% causal / +10% full at 8192 rows, d80 +3% (PERFORMANCE.md, session 21). Elsewhere once P V
+  // +7% causal / +10% full at 8192 rows, d80 +3% (docs/KERNELS.md, "O rescaled under the next scores"). Elsewhere once P V
   // is back: the pair configuration lost 2.5% at d64, the standard one at d96-d128 was equal, and
   // the wide one spilled and lost 1-3.5%.
   static constexpr bool kRescaleUnderScores = D <= 80 && !kPair;
@@ -484,8 +484,8 @@ template <class T, int D, Tiles kTiles> void launch_forward_config(const Forward
 
 // The pair configuration serves calls whose query tiles each see few key tiles, where a CTA's
 // start and its store of O weigh most: causal calls of at most 1024 rows and keys, 2048 at d64.
-// Measured: +24% at S=512 causal (PERFORMANCE-core.md, session 6); on an H200 (PERFORMANCE.md,
-// session 14) +6% at 1024 (d128), +10-13% at 1024 for d64 / d96 and at 768; at 1536 -7% (d128),
+// Measured (docs/KERNELS.md, "Two CTAs an SM for short causal rows"): +24% at S=512 causal; on an H200
+// +6% at 1024 (d128), +10-13% at 1024 for d64 / d96 and at 768; at 1536 -7% (d128),
 // +0-3% (d96), +6% (d64); at 2048 -11% (d128), -5% (d96), +1.6% (d64). Slower for the full mask,
 // where one CTA's 128-column tiles win. Segment lengths live on the device, and an
 // average would send a documents mix (many short, one long) to the slower tiles: a call with
@@ -502,7 +502,7 @@ inline bool plain_call(const ForwardParams& p) {
 }
 
 // The wide configuration serves long rows of keys, where its fewer rounds of per-tile work beat its
-// costlier start and its ragged last tile: measured at d128 (PERFORMANCE-core.md, session 7) +1.8%
+// costlier start and its ragged last tile: measured at d128 (docs/KERNELS.md, "Wide key tiles") +1.8%
 // at 8192 keys for the full mask, +3-4% from 16384 for both masks, slower below (-6% at 2048); at
 // d96 +3.6% at 8192 full, +3% / +5% at 16384, -4% at 4096 causal.
 inline bool wide_serves(const ForwardParams& p) {

@@ -18,7 +18,7 @@ namespace attncore::plugin {
 //   native: the core's mma.sync kernels (attncore/cuda.h).
 //   cudnn:  cuDNN (attncore/cudnn.h) for every call it serves, native for the rest.
 //   auto:   cuDNN for the calls it serves in the shape classes where it measured faster
-//           (docs/PERFORMANCE-core.md), native for the rest.
+//           (docs/KERNELS.md, "cuDNN engine"), native for the rest.
 // The choice is made per call and cached per shape; the CPU path ignores it.
 enum class EngineChoice : int32_t { native = 0, cudnn = 1, automatic = 2 };
 // "native", "cudnn", "auto"; anything else fails with ATTNHOST_ERR_INVALID_ARGUMENT.
@@ -31,7 +31,7 @@ struct EngineOptions {
   // served how many calls goes to the host's log (at INFO, once, when the engine is destroyed).
   attnhost::Host host;
   // A call whose outputs are fp32 partials (a forward's O to merge, a backward's gradients to add)
-  // is one cuDNN does not serve on the libraries measured (docs/PERFORMANCE-core.md). With this
+  // is one cuDNN does not serve on the libraries measured (docs/KERNELS.md, "cuDNN engine"). With this
   // set, the engine lets cuDNN write such a call's outputs in the problem's dtype into scratch and
   // widens them into the fp32 ones: every partial is rounded once, as PyTorch's context parallelism
   // does, in exchange for cuDNN's speed. Off: partials stay exact (native kernels).
