@@ -372,7 +372,7 @@ class RankRun {
     // on can pay CUPTI's start-up on the host (on an H200 a ring forward of 2048 tokens showed
     // kernels in 1% of the pass, a backward in 31%), and a later one now and then a stall of the
     // host in a launch (a ring forward of 0.87 ms of kernels measured 4.6 ms once in 15 runs on an
-    // H100, session 20): neither is the pass's own time. Every rank keeps the same round.
+    // H100): neither is the pass's own time. Every rank keeps the same round.
     for (int round = 0; round < 3; ++round) {
       env_.group.barrier();  // every rank's records cover the same pass
       attempt([&] { profiler.begin(); });

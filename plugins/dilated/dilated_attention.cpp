@@ -498,9 +498,10 @@ void DilatedAttention::add_gradients(const Work& w, void* compute, void* comm) {
 // The remote patterns wait for the K/V exchange on a lane of their own and go first there, so that
 // in the backward their dK/dV return early, under the local patterns (with the remote patterns
 // last, nothing hid that return: S=32768 causal on two H200s, 0.53 ms exposed of 10.45; behind the
-// dK/dV writer on the compute stream, the other rank waited 2.4 ms for it: session 19). On the
-// compute stream one local pattern runs first, under the exchange: the dK/dV writer if there is
-// one, which must precede every other strided pattern, else the first local one; then the others.
+// dK/dV writer on the compute stream, the other rank waited 2.4 ms for it; docs/KERNELS.md,
+// "Two GPUs: remote patterns first"). On the compute stream one local pattern runs first, under the
+// exchange: the dK/dV writer if there is one, which must precede every other strided pattern, else
+// the first local one; then the others.
 DilatedAttention::Schedule DilatedAttention::schedule() const {
   Schedule s;
   if (dkdv_writer_ >= 0) s.first.push_back(static_cast<size_t>(dkdv_writer_));

@@ -1,8 +1,8 @@
 // ulysses: DeepSpeed-Ulysses context parallelism (docs/VARIANTS.md). Rank r holds a contiguous
 // piece of the sequence; an all-to-all gives each rank every token of Hq / P query heads (and their
 // kv heads), which attend in one call of the core over the whole sequence, any mask; an all-to-all
-// returns O and LSE. The exchanges go head group by head group under the attention
-// (attncore/plugin/ulysses.h says how).
+// returns O and LSE. Packed documents are one call with a segment a document. The exchanges go
+// head group by head group under the attention (attncore/plugin/ulysses.h says how).
 #include "attncore/plugin/ulysses_plugin.h"
 
 namespace {
@@ -18,7 +18,7 @@ class Ulysses {
         {ATTNHOST_STRUCT_SIZE(attnhost_capabilities, head_dims), attncore::plugin::kRingDevices,
          attncore::plugin::kRingDtypes,
          ATTNHOST_FEATURE_CAUSAL | ATTNHOST_FEATURE_NONCAUSAL | ATTNHOST_FEATURE_WINDOW | ATTNHOST_FEATURE_GQA |
-             ATTNHOST_FEATURE_BACKWARD | ATTNHOST_FEATURE_DETERMINISTIC,
+             ATTNHOST_FEATURE_VARLEN | ATTNHOST_FEATURE_BACKWARD | ATTNHOST_FEATURE_DETERMINISTIC,
          1, 0, 0, nullptr},
         attncore::plugin::kNumUlyssesParams,
         attncore::plugin::kUlyssesParams.data(),

@@ -1,7 +1,8 @@
 // usp: the 2-D hybrid of Ulysses and ring attention (docs/VARIANTS.md; USP). The world is
 // P / u groups of u consecutive ranks: all-to-alls inside a group (one machine's links), a ring of
 // K/V across the groups (zigzag-balanced when causal) over the group's heads. u = P is ulysses,
-// u = 1 is zigzag (or ring, without a causal mask).
+// u = 1 is zigzag (or ring, without a causal mask). Packed documents run where one group holds
+// every rank (as ulysses).
 #include "attncore/plugin/ulysses_plugin.h"
 
 #include <algorithm>
@@ -20,7 +21,7 @@ class Usp {
         {ATTNHOST_STRUCT_SIZE(attnhost_capabilities, head_dims), attncore::plugin::kRingDevices,
          attncore::plugin::kRingDtypes,
          ATTNHOST_FEATURE_CAUSAL | ATTNHOST_FEATURE_NONCAUSAL | ATTNHOST_FEATURE_WINDOW | ATTNHOST_FEATURE_GQA |
-             ATTNHOST_FEATURE_BACKWARD | ATTNHOST_FEATURE_DETERMINISTIC,
+             ATTNHOST_FEATURE_VARLEN | ATTNHOST_FEATURE_BACKWARD | ATTNHOST_FEATURE_DETERMINISTIC,
          1, 0, 0, nullptr},
         attncore::plugin::kNumUspParams,
         attncore::plugin::kUlyssesParams.data(),

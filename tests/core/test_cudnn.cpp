@@ -276,7 +276,7 @@ TEST_CASE("cudnn: the dense blocks of a ring (unmasked and causal diagonal), bf1
     check_problem(problems[i], want[i], tally);
   }
   tally.print("dense blocks");
-  // The forward in dtype is what cuDNN's fused engines always served (issue 6): required.
+  // The forward in dtype is what cuDNN's fused engines always served: required.
   CHECK(tally.served("forward O dtype") == 2);
 }
 

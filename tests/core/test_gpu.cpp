@@ -185,9 +185,9 @@ TEST_CASE("gpu: every head dim and dtype, random shapes, causal and windows") {
       }
 }
 
-// Causal calls of 513-1024 rows (2048 at d64) take the Hopper forward's pair configuration since
-// session 14 (pair_serves); the random shapes above stay under 300 rows. Lengths that are not
-// multiples of a tile, a query offset, and GQA.
+// Causal calls of 513-1024 rows (2048 at d64) take the Hopper forward's pair configuration
+// (pair_serves); the random shapes above stay under 300 rows. Lengths that are not multiples of a
+// tile, a query offset, and GQA.
 TEST_CASE("gpu: causal calls of 513 to 2048 rows (the Hopper forward's pair configuration at its widest)") {
   REQUIRE(device_count() > 0);
   std::mt19937_64 rng(1024);

@@ -1,7 +1,7 @@
 // The mma.sync kernels' shared-tile layout (plugins/core/src/cuda/smem_tile.h), checked on the CPU:
 // every fragment address the kernels form from a lane's address made once equals the address of
 // the element the lane must read, ldmatrix's 8 rows never share a bank group, and copies fill whole
-// rows. (Session 23's first swizzled backward added a warp's column to a lane's swizzled chunk at
+// rows. (A swizzled backward once added a warp's column to a lane's swizzled chunk at
 // D = 64, which leaves the line: GPU tests caught it; this catches it without a GPU.)
 #include <doctest/doctest.h>
 

@@ -76,7 +76,7 @@ inline void all_pass(const attnhost::CaseResult& r) {
 }
 
 // Partial outputs merge in fp32 and gradients sum in fp32, so a sharded run is as accurate as one
-// device (issue 8's bound: at most 1.1x the error at world size 1).
+// device (the error bound: at most 1.1x the error at world size 1).
 inline void error_does_not_grow(const attnhost::CaseResult& r) {
   REQUIRE(r.runs.front().world_size == 1);
   for (const char* tensor : {"O", "dQ", "dK", "dV"}) {

@@ -2,6 +2,8 @@
 // the messages that refuse a problem, and the bytes each strategy moves.
 #include "harness.h"
 
+#include "suite/varlen.h"
+
 using attnhost::DeviceKind;
 using test::dense_case;
 using test::run_on;
@@ -30,6 +32,27 @@ TEST_CASE("ulysses: fewer kv heads than ranks are replicated, their gradients su
   test::all_pass(mqa);
   test::error_does_not_grow(mqa);
   test::all_pass(run_on(DeviceKind::cpu, dense_case("ulysses", {4}, 128, 8, 2, 16, false)));
+}
+
+TEST_CASE("ulysses: packed documents, one call with a segment a document, causal, full and a window") {
+  for (const auto& [causal, left] : {std::pair{true, int64_t{-1}}, std::pair{false, int64_t{-1}}, std::pair{true, int64_t{9}}}) {
+    auto c = dense_case("ulysses", {1, 2, 4}, 1, 8, 4, 32, causal);
+    attnhost::suite::SeqlenSpec lengths;
+    lengths.lengths = {37, 1, 0, 90, 5, 64};  // an empty document, one of one token, lengths no world size divides
+    attnhost::suite::detail::apply_varlen(c.problem, lengths);
+    c.problem.window_left = left;
+    attnhost::CaseResult r = run_on(DeviceKind::cpu, c);
+    test::all_pass(r);
+    test::error_does_not_grow(r);
+  }
+  auto usp = dense_case("usp", {4}, 1, 8, 4, 32, true);
+  attnhost::suite::SeqlenSpec lengths;
+  lengths.lengths = {100, 28};
+  attnhost::suite::detail::apply_varlen(usp.problem, lengths);
+  usp.params["ulysses_degree"] = int64_t{2};
+  CHECK(run_on(DeviceKind::cpu, usp).runs[0].error ==
+        "plugin 'usp' refused the problem: packed documents take one Ulysses group of every rank (ulysses_degree 2 "
+        "leaves a ring of 2 groups)");
 }
 
 TEST_CASE("ulysses and usp refuse heads that do not cut, in one line naming the numbers") {

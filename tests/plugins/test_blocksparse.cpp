@@ -183,7 +183,7 @@ TEST_CASE("blocksparse: partial last blocks, fewer blocks than ranks, block size
   two.causal = false;
   test::all_pass(run_on(DeviceKind::cpu, bs_case(spec, {1, 2, 3}, two)));
 
-  // Issue 11.6's shape in small: a causal window of tokens as a local pattern of 128-blocks. The
+  // The suite's long causal window in small: a window of tokens as a local pattern of 128-blocks. The
   // pattern keeps every block the window touches, so it computes exactly the window's pairs.
   spec.window = 2;
   Shape window;

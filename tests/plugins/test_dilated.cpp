@@ -347,7 +347,7 @@ TEST_CASE("gpu: dilated on the GPUs against the float64 reference" * doctest::te
                                                  "paper", "fp16")));
   // Head dim 256 (the combine loads two float4s of a row a lane), and rows no pattern selects
   // (no r = 1; head dim 80, fp16): the combine gives them O = 0 and LSE = -inf, with no warp
-  // diverging around its shuffles (a combine tried in session 9 did, and verify caught it).
+  // diverging around its shuffles (an earlier combine did, and verify caught it).
   test::all_pass(run_on(DeviceKind::cuda, dilated_case(sizes, 4000, 4, 4, 256, true, {{1000, 2000}, {1, 2}})));
   test::all_pass(run_on(DeviceKind::cuda, dilated_case(sizes, 2370, 12, 12, 80, false, {{500, 960, 2370}, {3, 5, 7}},
                                                  "paper", "fp16")));

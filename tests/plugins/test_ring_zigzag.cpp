@@ -71,7 +71,7 @@ TEST_CASE("ring and zigzag without overlap give the same answers") {
 }
 
 TEST_CASE("ring and zigzag in batch slices: the same answers, and a rank's memory within 1.3x of its working set") {
-  // Issue 8.3: at world size 2 a rank held 1.84x its working set (Q, K, V, O, dO, dQ, dK, dV and two
+  // Unsliced, at world size 2 a rank held 1.84x its working set (Q, K, V, O, dO, dQ, dK, dV and two
   // K/V blocks), since the ring's fp32 dQ and two travelling fp32 dK/dV pairs covered the batch.
   for (const std::string plugin : {"ring", "zigzag"}) {
     auto c = dense_case(plugin, {2}, 256, 4, 4, 32, true);
@@ -203,7 +203,7 @@ TEST_CASE("gpu: the profiler timing method lists the pass's kernels from CUPTI" 
       MESSAGE(p.pass, ": ", k.name, " x", k.launches, " ", k.total_ms, " ms, share ", k.share);
     }
     // Within the pass (one stream at world size 1). How much of it they fill is a time, not a
-    // property: it was asserted above 0.5 until a host stall in a launch left 0.19 (session 20).
+    // property: it was asserted above 0.5 until a host stall in a launch left 0.19.
     CHECK(share > 0);
     CHECK(share < 1.05);
   }

@@ -1,5 +1,5 @@
 // The configs the project ships: every preset of the ring-attention benchmark family with the
-// shape issue 2 gives it, the named sets and ranges, and every example suite loads and expands.
+// shape the family gives it, the named sets and ranges, and every example suite loads and expands.
 #include "suite_test_support.h"
 
 #include <filesystem>
@@ -20,7 +20,7 @@ struct Shape {
   int64_t window_left, window_right;
 };
 
-// Issue 2, part 5 (BxHxD = batch x heads x head dim), completed from the benchmark family.
+// The presets' BxHxD (batch x heads x head dim) and the rest of each shape, from the benchmark family.
 const Shape kShapes[] = {
     {"tiny", 2, 8, 8, 64, 1024, "bf16", true, -1, -1},
     {"small", 4, 12, 12, 128, 4096, "bf16", true, -1, -1},

@@ -1,6 +1,6 @@
 // blocksparse_mask_time: what building a mask costs on the host, the way the plugin's create
 // builds it — the whole mask (shared by the ranks, cached per shape), then one rank's block lists
-// and the pieces it exchanges — to set beside the attention time the mask serves (issue 11.2).
+// and the pieces it exchanges — to set beside the attention time the mask serves.
 //
 //   blocksparse_mask_time SEQLEN HEADS [key=value ...]
 //     keys: the plugin's parameters (pattern, block_size, window_blocks, stride_blocks, dilation,

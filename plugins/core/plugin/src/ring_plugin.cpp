@@ -5,6 +5,20 @@ namespace attncore::plugin {
 void validate_dense(const attnhost::Problem& p) {
   using attnhost::fail;
   if (p.packed()) fail(ATTNHOST_ERR_UNSUPPORTED, "packed variable-length input is the varlen plugin's");
+  validate_packed(p);
+}
+
+void validate_packed(const attnhost::Problem& p) {
+  using attnhost::fail;
+  if (p.packed()) {
+    const std::vector<int64_t>& cu = p.cu_seqlens_q();
+    if (cu.empty() || cu != p.cu_seqlens_kv())
+      fail(ATTNHOST_ERR_UNSUPPORTED, "packed documents need the same lengths for queries and keys");
+    for (size_t d = 1; d < cu.size(); ++d)
+      if (cu[d] < cu[d - 1]) fail(ATTNHOST_ERR_INVALID_ARGUMENT, "cu_seqlens must not decrease");
+    if (cu.front() != 0 || cu.back() != p->seqlen_q)
+      fail(ATTNHOST_ERR_INVALID_ARGUMENT, "cu_seqlens must run from 0 to seqlen (" + std::to_string(p->seqlen_q) + ")");
+  }
   if (p->seqlen_q != p->seqlen_kv)
     fail(ATTNHOST_ERR_UNSUPPORTED, "seqlen_kv (" + std::to_string(p->seqlen_kv) + ") must equal seqlen_q (" +
                                        std::to_string(p->seqlen_q) + "): self-attention only");

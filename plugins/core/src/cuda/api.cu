@@ -292,7 +292,7 @@ template <int kV> __global__ void merge_kernel(const __grid_constant__ MergePara
 
 // dst = src in TD, kWarpRows rows a warp, their loads issued together (as delta's). 78 registers
 // and three blocks an SM: capped at 64 registers (four blocks), the 16-bit outputs spilled 40
-// bytes and ran at 3.53 TB/s against 3.69 (a dense ring's fwd+bwd on an H200, session 16).
+// bytes and ran at 3.53 TB/s against 3.69 (a dense ring's fwd+bwd: docs/KERNELS.md, "Row kernels").
 template <class TD, int kV>
 __global__ void __launch_bounds__(kRowWarps * 32) convert_kernel(const __grid_constant__ ConvertParams p, int64_t rows) {
   constexpr int kP = kParts<kV>;

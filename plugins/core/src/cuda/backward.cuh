@@ -77,7 +77,7 @@ template <class T, int D, int kMTiles_, int kBlockM_ = 64> struct BackwardConfig
   // dQ by the copy engine (sm_90a, two stages): where a warp's dQ is one group of rows (all but
   // D = 256, whose boxes would not fit), the warp stores it into a box of its own after the stages,
   // and one bulk reduce adds the box into the fp32 accumulator in L2, in place of kDqRows x kDqCols
-  // / 64 vector atomics a thread, whose late operand reads held the step (ncu, session 27). Rows of
+  // / 64 vector atomics a thread, whose late operand reads held the step (ncu). Rows of
   // 32 columns (128 bytes, D = 64 and 128) are stored in the copy engine's 128-byte swizzle, which
   // a half warp's 8-byte stores of four rows hit without a bank conflict; rows of 40 or 48 columns
   // (D = 80, 96) are plain, 8 or 16 words apart.
@@ -138,8 +138,8 @@ __device__ __forceinline__ void add_dq_box(const float (&dq)[C::kDqGroup][C::kDq
                                            : uint32_t(((row + (lane >> 2)) * C::kDqCols + 8 * j + (lane & 3) * 2) * 4);
         sm90::st_shared_v2(smem_addr(box) + at, dq[mt][j][2 * hh], dq[mt][j][2 * hh + 1]);
       }
-  // Sent at once: after dK's product instead, the fence (which waits until the stores are done)
-  // held each warp just before the step's barrier: 3-7% slower (session 28).
+  // Sent at once: after dK's product, the fence (which waits until the stores are done) held each
+  // warp before the step's barrier: 3-7% slower (docs/KERNELS.md, "mma.sync experiments not kept").
   sm90::fence_async_shared();
   __syncwarp();
   if (lane == 0) {
@@ -243,7 +243,7 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
                                                    static_cast<const T*>(a.d_o.data) + ooff, a.d_o.token_stride,
                                                    reg.row_end - s.r0, tid);
     // The rows' LSE and delta come by copies too: loaded and stored by threads, the loads' latency
-    // held every warp at the next barrier (ncu, session 12). Past the region they are zero, which
+    // held every warp at the next barrier (ncu). Past the region they are zero, which
     // adds nothing: there Q and dO are zero, so P = 1 but dP = 0, dS = 0 and P^T dO = 0.
     if (tid < 2 * C::kBlockM) {
       const int row = tid % C::kBlockM;
@@ -278,11 +278,9 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
     };
     k_step(0, std::true_type{});
     if constexpr (std::is_same_v<decltype(between), NoOp>) {
-      // Two k-steps an iteration at D = 128 (unrolled fully, it spilled 892 bytes in session 12,
-      // lost 0.5% without spills in session 17, and 0.6% with P^T's exponentials under dP^T in
-      // session 27). Unrolled fully elsewhere: +3% at D = 80 (session 12), +1% at D = 64 with its
-      // 128-query steps (session 13), +1% at D = 96 (session 22; equal in session 12), +1.5-1.8% at
-      // D = 256 (session 27).
+      // Two k-steps an iteration at D = 128 (unrolled fully, it spilled 892 bytes, and without
+      // spills lost 0.5-0.6%). Unrolled fully elsewhere: +3% at D = 80, +1% at D = 64 with its
+      // 128-query steps, +1% at D = 96, +1.5-1.8% at D = 256 (docs/KERNELS.md, "Tiles per head dim").
 #pragma unroll(D == 128 ? 2 : 16)
       for (int k0 = 16; k0 < D; k0 += 16) k_step(k0, std::false_type{});
     } else {
@@ -342,13 +340,13 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
     //    zero for a warp whose keys this step does not visit), into shared memory. Such a warp (a
     //    block list's unlisted half of the tile) computes its products all the same and masks every
     //    pair: skipped on a branch, the products' registers were carried from step to step, which
-    //    cost every step 48 moves and clears (ncu, session 17).
+    //    cost every step 48 moves and clears (ncu).
     const int32_t base = reg.diff(cur.r0, n0); // (row r0 + m, key n0 + n) has diff base + n - m
     const bool check = !active || masked || n0 + C::kBlockN > reg.col_end;
     float p[C::kMTiles][C::kQTiles][4];
     transposed_product(p, k_rows, q_cols + stage, NoOp{});
     // The next step's copies, their address arithmetic under S^T's products rather than between
-    // the barrier and them (+0.4-1.5%, level at D = 96; after dP^T's, D = 128 lost 7%: session 22).
+    // the barrier and them (+0.4-1.5%, level at D = 96; after dP^T's, D = 128 lost 7%).
     if (stages == 2) {
       if (have_next) load_step(st ^ 1, nxt);
       cp_async_commit();
@@ -378,10 +376,10 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
     };
     // 2. dP^T = V dO^T. Two uniform cases, so that the common one (every pair visible) is the
     //    exponentials alone: with the test beside each exponential, nvcc branched around every one
-    //    (two branches and a convergence barrier a pair, ~20% of the step's instructions; ncu,
-    //    session 12). Up to D = 128 that case runs P^T's exponentials and stores between dP^T's
-    //    k-steps, a share of the fragments after each, so that the tensor cores work under them
-    //    (+1-1.5% at D = 128, +3-7% at D = 64-96; 3.5% slower at D = 256: session 27).
+    //    (two branches and a convergence barrier a pair, ~20% of the step's instructions; ncu). Up
+    //    to D = 128 that case runs P^T's exponentials and stores between dP^T's k-steps, a share of
+    //    the fragments after each, so that the tensor cores work under them (+1-1.5% at D = 128,
+    //    +3-7% at D = 64-96; 3.5% slower at D = 256: docs/KERNELS.md, "Order of work in a step").
     float dp[C::kMTiles][C::kQTiles][4];
     constexpr bool kExpUnderDp = D <= 128;
     if (kExpUnderDp && !check) {
@@ -428,7 +426,8 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
     // softmax scale is folded in, as P^T (scale dP^T - scale delta), so that dK and dQ get it through
     // dS and dQ is not scaled after each step's product (32 multiplies a lane at D = 128): +2-3.7%
     // there with dQ's boxes, +1.5% (D = 128) and level (D = 64) with its atomics. Not at D = 80 and
-    // 96 (level with boxes, 1.5-2.5% slower with atomics) nor D = 256 (atomics, 6% slower): session 29.
+    // 96 (level with boxes, 1.5-2.5% slower with atomics) nor D = 256 (atomics, 6% slower):
+    // docs/KERNELS.md, "The softmax scale in dS".
     const float ds_scale = kScaleInDs ? a.scale : 1.f;
     float delta[C::kQTiles][2];
     column_stats(1, delta);
@@ -453,12 +452,12 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
     // 3. dV += P^T dO, dK += dS^T Q on this warp's keys and columns (rows of P^T and dS^T that this
     //    step does not visit are zero), and dQ (4). Their order: dV, dQ, dK, where dQ goes to the copy
     //    engine (sm_90a code, up to D = 128): its stores and bulk reduce then run under dK's products
-    //    (at D = 128, +5.5% against dK before dQ; session 28). With atomics, per head dim (session
-    //    22): an atomic reads its operands late, so dQ's atomics issued together held the
-    //    instructions after them that rewrote their registers (7.5% of the stall samples at D = 64,
-    //    ncu). Up to D = 96: dV, dQ, then dK with dQ's atomics after its first k-steps, a row each
-    //    (+1.5% at D = 64, +2.7% at D = 96, +5.5% at D = 80; 0.5-0.8% slower at D = 128). D = 128:
-    //    dV, dK, dQ. D = 256: dV, dQ, dK (+1.5-2% there; 1-2% slower at D = 80-128).
+    //    (at D = 128, +5.5% against dK before dQ). With atomics, per head dim: an atomic reads its
+    //    operands late, so dQ's atomics issued together held the instructions after them that
+    //    rewrote their registers (7.5% of the stall samples at D = 64, ncu). Up to D = 96: dV, dQ,
+    //    then dK with dQ's atomics after its first k-steps, a row each (+1.5% at D = 64, +2.7% at
+    //    D = 96, +5.5% at D = 80; 0.5-0.8% slower at D = 128). D = 128: dV, dK, dQ. D = 256: dV, dQ,
+    //    dK (+1.5-2% there; 1-2% slower at D = 80-128). docs/KERNELS.md, "Order of work in a step".
     constexpr bool kAtomicsInDk = D <= 96;
     constexpr bool kDkBeforeDq = D == 128 && !kDqBoxCode;
     const auto accumulate_dk = [&](auto after) {
@@ -479,8 +478,8 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
       for (int m0 = 0; m0 < C::kDqRows; m0 += 16 * kDqGroup) {
         const auto row_of = [&](int mt, int hh) { return cur.r0 + qrow0 + m0 + 16 * mt + (lane >> 2) + hh * 8; };
         // At D = 256 the first k-step's products start from zero rather than from cleared
-        // registers: +2.3% there (session 13, call 10). Elsewhere equal or, written as a separate
-        // first step, 3% slower at D = 128 (calls 8, 9), so the flag folds into the unrolled loop.
+        // registers: +2.3% there (docs/KERNELS.md, "Tiles per head dim"). Elsewhere equal or, written
+        // as a separate first step, 3% slower at D = 128, so the flag folds into the unrolled loop.
         constexpr bool kZeroStart = D == 256;
         float dq[kDqGroup][C::kDqTiles][4];
         if constexpr (!kZeroStart) {
@@ -502,7 +501,7 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
         }
         // Where dS is not scaled: scaled in place, so that each atomic reads registers of its own (an
         // atomic reads its operands late, and a register it has not yet read cannot be written
-        // again: ncu, session 13).
+        // again: ncu).
         if constexpr (!kScaleInDs) {
 #pragma unroll
           for (int mt = 0; mt < kDqGroup; ++mt)

@@ -59,7 +59,7 @@ enum class GradOut : uint8_t { add_fp32, write_dtype, write_fp32 };
 // the accumulators themselves (scale them in place first). Decided at every pair, nvcc branched at
 // every pair and passed each through the same two registers, so each atomic waited for the one
 // before it to read its operands: 8.7% of the Hopper backward's stall samples on 2048-row causal
-// calls (ncu, session 15).
+// calls (ncu; docs/KERNELS.md, "dK and dV stores").
 template <class T, int kTiles>
 __device__ __forceinline__ void put_grad_tile(const TensorRef& g, int batch, int head, int32_t row,
                                               int32_t row_end, int col, const float (&x)[kTiles][4], GradOut out) {
@@ -203,7 +203,7 @@ template <int kRows, class Tile, int kThreads, class T>
 __device__ __forceinline__ void load_tile_async(T* smem, const T* gmem, int64_t row_stride, int valid, int tid) {
   // Each thread copies the same 16-byte column of every kPass-th row: one 64-bit step a chunk, and
   // no row tests on a full tile. (Chunk c = tid + i kThreads, divided per chunk, cost the mma.sync
-  // forward 10% of its issued instructions in address arithmetic: ncu, session 12.) Where the
+  // forward 10% of its issued instructions in address arithmetic: ncu.) Where the
   // chunks of a row do not divide the threads (D = 80, 96), the threads past the last whole row idle.
   // Swizzled, the row kPass further has its chunk XOR moved by kPass % 8 (0, or 4 at D = 256 with
   // 128 threads), so every pass is still the first one's offset plus constants.

@@ -52,7 +52,7 @@ struct ForwardWarp : OnlineSoftmax<C::kMTiles, C::kOTiles> {
     score_step<true>(s, q, k, 0);
     // Four k-steps per unrolled iteration: enough loads in flight without hoisting all of them
     // (ptxas, sm_90a, D = 128: full unroll spills 44 bytes, 4 spills 32). D = 256, one m16 tile a
-    // warp, unrolls fully without spills: +4% (session 12).
+    // warp, unrolls fully without spills: +4% (docs/KERNELS.md, "Tiles per head dim").
 #pragma unroll(D == 256 ? 16 : 4)
     for (int k0 = 16; k0 < D; k0 += 16) score_step<false>(s, q, k, k0);
   }

@@ -6,7 +6,7 @@
 // 16-byte copies.
 //  - padded (kSwizzled false): a row is kCols + 8 elements, so the 8 rows of an ldmatrix land in
 //    distinct banks. Rows are then 16 bytes off the 128-byte lines, and a warp's copy of whole rows
-//    touches 1.5 times the lines it fills (ncu, session 22).
+//    touches 1.5 times the lines it fills (ncu; docs/KERNELS.md, "Swizzled tiles").
 //  - swizzled, where a row is whole 128-byte lines (D = 64, 128, 256): unpadded, the 16-byte chunk c
 //    of row r stored at chunk c ^ (r % 8) of its line (FlashAttention-2's layout): the 8 rows of an
 //    ldmatrix still land in distinct banks, and a row fills its lines exactly.
@@ -16,7 +16,7 @@
 // takes as an immediate; swizzled, the chunk within the line is an XOR of the lane's address (the
 // lane's chunk is c ^ (r % 8) with c 0 or 1 and r its row, and col / 8 is even), then the lines a
 // constant. (Formed from rows and columns at every load, the addresses cost the dK/dV kernel about
-// 250 IMAD a warp a step where registers are short: ncu, session 13.)
+// 250 IMAD a warp a step where registers are short: ncu.)
 #pragma once
 
 #include <cstdint>

@@ -153,7 +153,7 @@ template <int kN> struct TileWalk {
 // need element masking (bit h of `listed` / `masked`: half h of the tile). Each of the lane's two
 // rows gets a band of column offsets per half, made once: element (row, 8 j + 2 (lane % 4) + e % 2)
 // is kept iff 8 j + e % 2 lies in its row's band for half j / 8. (Not row_band: built from it, two
-// calls a row, the Hopper forward measured 0.5-1.8% slower, session 16.)
+// calls a row, the Hopper forward measured 0.5-1.8% slower.)
 template <int kSTiles>
 __device__ void mask_tile(float (&s)[1][kSTiles][4], const MaskArgs& mask, const Region& reg, int32_t row0, int32_t c0,
                           uint32_t listed, uint32_t masked, int lane) {
@@ -509,8 +509,8 @@ inline bool wide_serves(const ForwardParams& p) {
   return plain_call(p) && p.seqlen_kv >= (p.mask.causal ? 16384 : 8192);
 }
 
-// Three consumers at d64 (session 7): full mask +4.7% at 2048 keys and +7-8% from 8192, -7% at 1024;
-// causal +4% from 8192, -6% at 2048.
+// Three consumers at d64: full mask +4.7% at 2048 keys and +7-8% from 8192, -7% at 1024; causal +4%
+// from 8192, -6% at 2048 (docs/KERNELS.md, "Three consumers at d64").
 inline bool three_serves(const ForwardParams& p) {
   return plain_call(p) && p.seqlen_kv >= (p.mask.causal ? 8192 : 2048);
 }

@@ -16,6 +16,7 @@
 #include <attnhost/plugin.hpp>
 
 #include <algorithm>
+#include <vector>
 
 namespace attncore::plugin {
 
@@ -60,6 +61,9 @@ inline constexpr uint32_t kRingDevices = ATTNHOST_CAP_DEVICE_CPU
 // Checks shared by the dense variants: self-attention in batch format, a dtype and head dim the
 // core runs on this device.
 void validate_dense(const attnhost::Problem& p);
+// The same for packed documents, where a plugin takes them: one sequence of cu_seqlens for queries
+// and keys alike.
+void validate_packed(const attnhost::Problem& p);
 DenseMask dense_mask(const attnhost::Problem& p);
 // Fills batch_slices and head_slices where they are 0 (auto): one each at world size 1; above, the
 // fewest batch slices, then the fewest head slices, with which the tensors a rank holds plus the
@@ -71,33 +75,55 @@ void choose_slices(RingShape& s, int world_size);
 RingShape dense_shape(const attnhost::Problem& p, int64_t local_tokens);
 
 // What every dense plugin tells the host's check, whatever its sharding: the pairs of the whole
-// problem, and the keys of a query and the queries of a key under the problem's mask.
+// problem, and the keys of a query and the queries of a key under the problem's mask. Packed
+// documents (cu_seqlens) are as many sequences side by side: the mask applies within each.
 class DenseReference {
  public:
-  explicit DenseReference(const attnhost::Problem& p) : problem_(p), mask_(dense_mask(p)) {}
+  explicit DenseReference(const attnhost::Problem& p)
+      : problem_(p), mask_(dense_mask(p)),
+        starts_(p.packed() ? p.cu_seqlens_q() : std::vector<int64_t>{0, p->seqlen_q}) {}
   const DenseMask& mask() const { return mask_; }
-  int64_t total_pairs() const {
+  // Document d: tokens [starts()[d], starts()[d + 1]).
+  const std::vector<int64_t>& starts() const { return starts_; }
+  // (query, key) pairs of one batch entry and head.
+  int64_t pairs_per_head() const {
     int64_t pairs = 0;
-    for (int64_t i = 0; i < problem_->seqlen_q; ++i) pairs += mask_.keys_of(i).size();
-    return pairs * problem_->batch * problem_->heads_q;
+    for (size_t d = 0; d + 1 < starts_.size(); ++d) {
+      const DenseMask m = within(d);
+      for (int64_t i = 0; i < m.seqlen; ++i) pairs += m.keys_of(i).size();
+    }
+    return pairs;
   }
+  int64_t total_pairs() const { return pairs_per_head() * problem_->batch * problem_->heads_q; }
   attnhost_span_list enumerate_keys(int64_t, int32_t, int64_t q) {
     spans_.clear();
-    Interval k = mask_.keys_of(q);
-    spans_.add(k.lo, k.hi);
+    const size_t d = document_of(q);
+    const Interval k = within(d).keys_of(q - starts_[d]);
+    spans_.add(starts_[d] + k.lo, starts_[d] + k.hi);
     return spans_.view();
   }
   attnhost_span_list enumerate_queries(int64_t, int32_t kv_head, int64_t key) {
     spans_.clear();
-    Interval q = mask_.queries_of(key);
+    const size_t d = document_of(key);
+    const Interval q = within(d).queries_of(key - starts_[d]);
     const int32_t group = problem_->heads_q / problem_->heads_kv;
-    for (int32_t h = kv_head * group; h < (kv_head + 1) * group; ++h) spans_.add(q.lo, q.hi, 1, h);
+    for (int32_t h = kv_head * group; h < (kv_head + 1) * group; ++h) spans_.add(starts_[d] + q.lo, starts_[d] + q.hi, 1, h);
     return spans_.view();
   }
 
  private:
+  size_t document_of(int64_t token) const {
+    return static_cast<size_t>(std::upper_bound(starts_.begin(), starts_.end(), token) - starts_.begin()) - 1;
+  }
+  DenseMask within(size_t d) const {
+    DenseMask m = mask_;
+    m.seqlen = starts_[d + 1] - starts_[d];
+    return m;
+  }
+
   attnhost::Problem problem_;
   DenseMask mask_;
+  std::vector<int64_t> starts_;
   attnhost::SpanList spans_;
 };
 

@@ -44,7 +44,8 @@ class UlyssesPlugin {
 
   static void validate(const attnhost::Problem& p) {
     using attnhost::fail;
-    validate_dense(p);
+    if (p.packed()) validate_packed(p);
+    else validate_dense(p);
     if (p.get_int("head_groups") < 0) fail(ATTNHOST_ERR_INVALID_ARGUMENT, "head_groups must be 0 (auto) or more");
     const int32_t u = Variant::ulysses_degree(p), r = p->world_size / u;
     if (u < 1 || p->world_size % u != 0)
@@ -52,6 +53,9 @@ class UlyssesPlugin {
                                               std::to_string(p->world_size));
     if (std::string why = check_ulysses_heads(p->heads_q, p->heads_kv, u); !why.empty())
       fail(ATTNHOST_ERR_UNSUPPORTED, why);
+    if (p.packed() && r > 1)
+      fail(ATTNHOST_ERR_UNSUPPORTED, "packed documents take one Ulysses group of every rank (ulysses_degree " +
+                                         std::to_string(u) + " leaves a ring of " + std::to_string(r) + " groups)");
     if (zigzag(p, r) && p->seqlen_q % (2 * r) != 0)
       fail(ATTNHOST_ERR_UNSUPPORTED, "sequence length " + std::to_string(p->seqlen_q) + " is not divisible by 2 x " +
                                          std::to_string(r) + " (the zigzag ring across the Ulysses groups)");
@@ -59,6 +63,7 @@ class UlyssesPlugin {
 
   UlyssesPlugin(const attnhost::Problem& p, attnhost::Host host)
       : reference_(p), u_(Variant::ulysses_degree(p)), plan_(make_plan(p, reference_.mask(), p->world_size / u_)),
+        packed_(p.packed()), documents_(document_call(p, host)),
         attention_(shape_of(p), [this](int member, int source) { return calls(member, source); }, host, p->rank,
                    p->world_size, p->device_type == ATTNHOST_DEVICE_CUDA, p.get_string("cpu_accumulate") == "fp64",
                    p.get_bool("overlap")) {}
@@ -83,7 +88,27 @@ class UlyssesPlugin {
     return ContiguousPlan(mask, r);
   }
   std::vector<BlockCall> calls(int member, int source) const {
+    if (packed_) return documents_.num_segments > 0 ? std::vector<BlockCall>{documents_} : std::vector<BlockCall>{};
     return std::visit([&](const auto& plan) { return plan.calls(member, source); }, plan_);
+  }
+  // Packed documents: one call over the whole gathered sequence, a segment a document (masks apply
+  // within each); its segments in one upload to the instance's device. (Unused for a dense problem.)
+  BlockCall document_call(const attnhost::Problem& p, attnhost::Host host) {
+    BlockCall c{0, p->seqlen_q, 0, p->seqlen_q, 0, 0, true};
+    if (!p.packed()) return c;
+    std::vector<Segment> segments;
+    const std::vector<int64_t>& cu = reference_.starts();
+    for (size_t d = 0; d + 1 < cu.size(); ++d)
+      if (cu[d + 1] > cu[d])
+        segments.push_back({static_cast<int32_t>(cu[d]), static_cast<int32_t>(cu[d + 1]), static_cast<int32_t>(cu[d]),
+                            static_cast<int32_t>(cu[d + 1]), cu[d], cu[d]});
+    c.pairs = reference_.pairs_per_head();
+    if (segments.empty()) return c;
+    segments_ = attnhost::HostBuffer(host, segments.size() * sizeof(Segment));
+    Engine::make(p->device_type == ATTNHOST_DEVICE_CUDA, false)->upload(segments_.get(), segments.data(), segments_.bytes());
+    c.segments = segments_.as<Segment>();
+    c.num_segments = static_cast<int32_t>(segments.size());
+    return c;
   }
 
   // This rank's tokens: piece rank % u (n tokens) of its group's block; the last pieces' tails are
@@ -111,6 +136,9 @@ class UlyssesPlugin {
   DenseReference reference_;
   int32_t u_;
   Plan plan_;
+  attnhost::HostBuffer segments_;  // packed documents' segments, on the instance's device
+  bool packed_;
+  BlockCall documents_;
   attnhost::Layout layout_;
   UlyssesAttention attention_;
 };
