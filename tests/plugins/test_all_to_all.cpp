@@ -148,5 +148,10 @@ TEST_CASE("gpu: ulysses, usp and allgather on the GPUs against the float64 refer
     test::all_pass(run_on(DeviceKind::cuda, window));
   }
   test::all_pass(run_on(DeviceKind::cuda, dense_case("ulysses", sizes, 1024, 8, 1, 128, true)));  // replicated kv
+  auto packed = dense_case("ulysses", sizes, 1, 8, 2, 128, true);  // documents: segments on the device
+  attnhost::suite::SeqlenSpec lengths;
+  lengths.lengths = {700, 1, 0, 300, 1000, 47};
+  attnhost::suite::detail::apply_varlen(packed.problem, lengths);
+  test::all_pass(run_on(DeviceKind::cuda, packed));
 }
 #endif
