@@ -84,6 +84,7 @@ void apply_output_options(const po::variables_map& vm, ExecuteOptions& ex) {
 // A suite given by name ("quick") is looked up among the shipped suites.
 fs::path resolve_suite(const Context& ctx, const std::string& arg) {
   fs::path p(arg);
+  if (fs::is_directory(p)) throw UsageError(arg + " is a folder; run takes a suite file (SUITE.toml) or a shipped suite's name");
   if (fs::exists(p)) return p;
   fs::path shipped = ctx.configs / "suites" / (arg + (p.extension() == ".toml" ? "" : ".toml"));
   if (fs::exists(shipped)) return shipped;

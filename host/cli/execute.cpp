@@ -112,6 +112,15 @@ std::vector<int> machine_world_sizes(const Backend& backend) {
 
 int execute_suite(Context& ctx, const suite::Suite& s, const ExecuteOptions& options) {
   std::unique_ptr<Backend> backend = make_backend(ctx.options.backend);
+  // Bad input ends the command before anything runs (a dry run too): a baseline is read now, not after an hour.
+  std::optional<report::ResultSet> baseline;
+  if (!options.baseline.empty()) baseline = report::load_results(options.baseline);
+  if (!options.history.empty()) {
+    if (fs::is_directory(options.history))
+      throw UsageError("--history " + options.history + " is a folder; give a file (each run appends a line to it)");
+    fs::path parent = fs::absolute(options.history).parent_path();
+    if (!fs::is_directory(parent)) throw UsageError("--history " + options.history + ": folder " + parent.string() + " does not exist");
+  }
   const std::set<std::string> done = finished_ids(options.resume_dir);
   std::vector<suite::Case> todo;
   for (const suite::Case& c : s.cases)
@@ -129,13 +138,6 @@ int execute_suite(Context& ctx, const suite::Suite& s, const ExecuteOptions& opt
       std::cout << "  timing " << c.timing.method << "\n";
     }
     return kExitOk;
-  }
-  // Bad input ends the command before anything runs: a baseline is read now, not after an hour.
-  std::optional<report::ResultSet> baseline;
-  if (!options.baseline.empty()) baseline = report::load_results(options.baseline);
-  if (!options.history.empty()) {
-    fs::path parent = fs::absolute(options.history).parent_path();
-    if (!fs::is_directory(parent)) throw UsageError("--history " + options.history + ": folder " + parent.string() + " does not exist");
   }
 
   const bool leader = backend->process_rank() == 0;

@@ -30,6 +30,8 @@ void apply_common(Context& ctx, const po::variables_map& vm) {
   log::set_verbose(ctx.options.debug);
   double seconds = vm["comm-timeout"].as<double>();
   if (seconds <= 0) throw UsageError("--comm-timeout must be positive");
+  if (ctx.options.backend.gpus < 0)
+    throw UsageError("--gpus must be 0 (every visible GPU) or more, not " + std::to_string(ctx.options.backend.gpus));
   ctx.options.backend.comm_timeout = std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
 }
 

@@ -180,3 +180,20 @@ TEST_CASE("cli: verify prints each tensor's error against float64 and its tolera
   CHECK(o.out.find("TFLOP/s") == std::string::npos);
   CHECK(o.out.find("speedup") == std::string::npos);
 }
+
+TEST_CASE("cli: bad input ends the command before anything runs, a dry run too") {
+  one_line_error(attnhost("compare naive_attention --config tiny --dry-run --gpus -1"),
+                 "--gpus must be 0 (every visible GPU) or more, not -1");
+  one_line_error(attnhost("compare naive_attention --config tiny --dry-run --device bogus"),
+                 "--device must be auto, cuda or cpu, not 'bogus'");
+  const fs::path folder = fs::temp_directory_path();
+  one_line_error(attnhost("run " + folder.string() + " --dry-run --device cpu"),
+                 folder.string() + " is a folder; run takes a suite file (SUITE.toml) or a shipped suite's name");
+  one_line_error(attnhost("compare naive_attention --config tiny --dry-run --device cpu --history " + folder.string()),
+                 "--history " + folder.string() + " is a folder; give a file (each run appends a line to it)");
+  const fs::path not_results = write_suite("not_results", "name = \"x\"\n");
+  const Outcome baseline = attnhost("compare naive_attention --config tiny --dry-run --device cpu --baseline " + not_results.string());
+  CHECK(baseline.code == 2);
+  CHECK(baseline.out.find("cases in compare") == std::string::npos);
+  fs::remove(not_results);
+}
