@@ -53,12 +53,17 @@ bool has(const std::vector<std::string>& v, const std::string& x) { return std::
 
 // The cases already in the folder being resumed (every process reads them: under MPI all ranks
 // must skip the same cases).
-std::set<std::string> finished_ids(const std::string& resume_dir) {
+// A folder of another suite is refused: its cases would mix with this one's.
+std::set<std::string> finished_ids(const std::string& resume_dir, const suite::Suite& s) {
   std::set<std::string> ids;
   if (resume_dir.empty()) return ids;
   const fs::path journal = fs::path(resume_dir) / "results.jsonl";
   if (!fs::exists(journal)) throw UsageError("--resume " + resume_dir + ": no results.jsonl in this folder");
-  for (const CaseResult& c : report::read_journal(journal).results.cases) ids.insert(c.spec.id);
+  const report::ResultSet done = report::read_journal(journal).results;
+  if (done.suite_name != s.name || (!done.suite_text.empty() && done.suite_text != s.text))
+    throw UsageError("--resume " + resume_dir + ": this folder holds suite '" + done.suite_name + "'" +
+                     (done.suite_name == s.name ? " as another text" : "") + ", not '" + s.name + "'");
+  for (const CaseResult& c : done.cases) ids.insert(c.spec.id);
   return ids;
 }
 
@@ -121,7 +126,7 @@ int execute_suite(Context& ctx, const suite::Suite& s, const ExecuteOptions& opt
     fs::path parent = fs::absolute(options.history).parent_path();
     if (!fs::is_directory(parent)) throw UsageError("--history " + options.history + ": folder " + parent.string() + " does not exist");
   }
-  const std::set<std::string> done = finished_ids(options.resume_dir);
+  const std::set<std::string> done = finished_ids(options.resume_dir, s);
   std::vector<suite::Case> todo;
   for (const suite::Case& c : s.cases)
     if (!done.count(c.id)) {

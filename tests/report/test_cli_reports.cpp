@@ -155,8 +155,16 @@ TEST_CASE("cli reports: a run killed in the middle and resumed ends with every c
   CHECK(again.out.find("attnhost: 0 cases") != std::string::npos);
   CHECK(case_lines(out / "results.jsonl") == 3);
   CHECK(report::load_results(out / "results.json").cases.size() == 3);
+
+  // Another suite's run into this folder is refused: its cases would mix with these.
+  fs::path other = write_file("other.toml", "name = \"other\"\n" + inline_case("first", 32, 2, 16));
+  Outcome mixed = run_attnhost("run " + other.string() + " --resume " + out.string() + kCommon);
+  CHECK(mixed.code == 2);
+  CHECK(mixed.out == "attnhost: error: --resume " + out.string() + ": this folder holds suite 'slow', not 'other'\n");
+  CHECK(case_lines(out / "results.jsonl") == 3);
   fs::remove_all(out);
   fs::remove(suite);
+  fs::remove(other);
 }
 
 TEST_CASE("cli reports: a baseline from a faster run fails the gate, one from the same run passes") {
