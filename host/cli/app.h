@@ -47,6 +47,7 @@ int history_command(Context& ctx, const std::vector<std::string>& args);  // att
 struct ExecuteOptions {
   bool dry_run = false;
   bool comparison = false;   // print the side-by-side table (compare)
+  bool force = false;        // --out may name an existing result folder
   bool verification = false; // verify: no per-case blocks; the summary is the check's, without timings
   bool isolate = false;      // each case in a child process
   double case_timeout = 600; // seconds, with isolate

@@ -63,8 +63,30 @@ std::vector<std::string> split_list(const std::string& s) {
   return out;
 }
 
+// What run and compare share beyond the output: how the cases run.
+po::options_description execution_options() {
+  po::options_description d("Execution");
+  d.add_options()("resume", po::value<std::string>(), "go on with the run in DIR: run only the cases missing from "
+                                                      "DIR/results.jsonl, then write every report over all of them")
+                 ("dry-run", "print the expanded case list and stop")
+                 ("no-check", "skip the correctness check")
+                 ("isolate", "run each case in its own process: a crash or hang costs that case only")
+                 ("case-timeout", po::value<double>()->default_value(600), "with --isolate: seconds a case may take");
+  return d;
+}
+
+void apply_execution_options(const po::variables_map& vm, suite::Suite& s, ExecuteOptions& ex) {
+  if (vm.count("no-check"))
+    for (suite::Case& c : s.cases) c.check.enabled = false;
+  ex.dry_run = vm.count("dry-run") > 0;
+  ex.isolate = vm.count("isolate") > 0;
+  ex.case_timeout = vm["case-timeout"].as<double>();
+  if (ex.case_timeout <= 0) throw UsageError("--case-timeout must be positive");
+}
+
 void apply_output_options(const po::variables_map& vm, ExecuteOptions& ex) {
   if (vm.count("out")) ex.out_dir = vm["out"].as<std::string>();
+  ex.force = vm.count("force") > 0;
   if (vm.count("baseline")) ex.baseline = vm["baseline"].as<std::string>();
   if (vm.count("threshold")) ex.threshold = parse_threshold(vm["threshold"].as<std::string>());
   if (vm.count("history")) ex.history = vm["history"].as<std::string>();
@@ -97,14 +119,8 @@ int run_command(Context& ctx, const std::vector<std::string>& args) {
   po::options_description desc;
   desc.add(common_options(ctx.options)).add(timing_options()).add(problem_options()).add(output_options()).add(gate_options());
   po::options_description own("Run");
-  own.add_options()("suite", po::value<std::string>(), "suite file, or the name of a shipped suite")
-                   ("resume", po::value<std::string>(), "go on with the run in DIR: run only the cases missing from "
-                                                        "DIR/results.jsonl, then write every report over all of them")
-                   ("dry-run", "print the expanded case list and stop")
-                   ("no-check", "skip the correctness check")
-                   ("isolate", "run each case in its own process: a crash or hang costs that case only")
-                   ("case-timeout", po::value<double>()->default_value(600), "with --isolate: seconds a case may take");
-  desc.add(own);
+  own.add_options()("suite", po::value<std::string>(), "suite file, or the name of a shipped suite");
+  desc.add(own).add(execution_options());
   po::positional_options_description pos;
   pos.add("suite", 1);
   po::variables_map vm;
@@ -115,13 +131,8 @@ int run_command(Context& ctx, const std::vector<std::string>& args) {
   ctx.load_plugins();
   suite::Suite s = suite::load_suite(resolve_suite(ctx, vm["suite"].as<std::string>()), ctx.presets, ctx.catalog());
   suite::apply_overrides(s, overrides_from(vm), ctx.catalog());
-  if (vm.count("no-check"))
-    for (suite::Case& c : s.cases) c.check.enabled = false;
   ExecuteOptions ex;
-  ex.dry_run = vm.count("dry-run") > 0;
-  ex.isolate = vm.count("isolate") > 0;
-  ex.case_timeout = vm["case-timeout"].as<double>();
-  if (ex.case_timeout <= 0) throw UsageError("--case-timeout must be positive");
+  apply_execution_options(vm, s, ex);
   apply_output_options(vm, ex);
   return execute_suite(ctx, s, ex);
 }
@@ -175,10 +186,8 @@ int compare_command(Context& ctx, const std::vector<std::string>& args) {
   desc.add(common_options(ctx.options)).add(timing_options()).add(problem_options()).add(output_options()).add(gate_options());
   po::options_description own("Compare");
   own.add_options()("plugins", po::value<std::vector<std::string>>()->multitoken(), "plugins to compare")
-                   ("config", po::value<std::string>(), "preset to run (attnhost list configs)")
-                   ("dry-run", "print the expanded case list and stop")
-                   ("no-check", "skip the correctness check");
-  desc.add(own);
+                   ("config", po::value<std::string>(), "preset to run (attnhost list configs)");
+  desc.add(own).add(execution_options());
   po::positional_options_description pos;
   pos.add("plugins", -1);
   po::variables_map vm;
@@ -191,13 +200,14 @@ int compare_command(Context& ctx, const std::vector<std::string>& args) {
   suite::Suite s = suite::make_compare_suite(vm["plugins"].as<std::vector<std::string>>(), vm["config"].as<std::string>(),
                                              ctx.presets, ctx.catalog());
   suite::apply_overrides(s, overrides_from(vm), ctx.catalog());
-  if (vm.count("no-check"))
-    for (suite::Case& c : s.cases) c.check.enabled = false;
   ExecuteOptions ex;
-  ex.dry_run = vm.count("dry-run") > 0;
+  apply_execution_options(vm, s, ex);
   ex.comparison = true;
   apply_output_options(vm, ex);
-  if (ex.formats.empty()) ex.formats = {"console"};
+  // The side-by-side table on the console; with a folder (--out, --resume), the files of a run too.
+  if (ex.formats.empty()) ex.formats = ex.out_dir.empty() && ex.resume_dir.empty()
+                                          ? std::vector<std::string>{"console"}
+                                          : std::vector<std::string>{"console", "json", "csv", "markdown"};
   return execute_suite(ctx, s, ex);
 }
 

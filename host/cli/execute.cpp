@@ -126,6 +126,12 @@ int execute_suite(Context& ctx, const suite::Suite& s, const ExecuteOptions& opt
     fs::path parent = fs::absolute(options.history).parent_path();
     if (!fs::is_directory(parent)) throw UsageError("--history " + options.history + ": folder " + parent.string() + " does not exist");
   }
+  if (options.resume_dir.empty() && !options.force && !options.dry_run) {
+    const fs::path dir = result_dir(s, options);
+    if (fs::exists(dir / "results.jsonl") || fs::exists(dir / "results.json"))
+      throw UsageError(dir.string() + " holds the results of a run already; --resume it, give another --out, or --force "
+                                      "to write over it");
+  }
   const std::set<std::string> done = finished_ids(options.resume_dir, s);
   std::vector<suite::Case> todo;
   for (const suite::Case& c : s.cases)

@@ -66,6 +66,7 @@ po::options_description output_options() {
   po::options_description d("Output");
   d.add_options()
     ("out", po::value<std::string>(), "result folder (default results/<date-time>)")
+    ("force", "write over a result folder that --out names, where one is already")
     ("format", po::value<std::string>(),
      "comma-separated: console,json,jsonl,csv,markdown,trace,charts (default: the suite's [outputs])");
   return d;

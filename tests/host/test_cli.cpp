@@ -197,3 +197,20 @@ TEST_CASE("cli: bad input ends the command before anything runs, a dry run too")
   CHECK(baseline.out.find("cases in compare") == std::string::npos);
   fs::remove(not_results);
 }
+
+TEST_CASE("cli: compare writes a result folder with --out, and takes --resume and --isolate as run does") {
+  const fs::path out = fs::temp_directory_path() / ("attnhost-cli-" + std::to_string(::getpid()) + "-compare-out");
+  fs::remove_all(out);
+  const std::string args = "compare naive_attention --config tiny --seqlen 64 --batch 1 --heads 2 --world-sizes 1 "
+                           "--timing-method simple --device cpu";
+  Outcome o = attnhost(args + " --out " + out.string());
+  CHECK(o.code == 0);
+  CHECK(fs::exists(out / "results.json"));  // files without --format: a folder was asked for
+  CHECK(fs::exists(out / "report.md"));
+  Outcome resumed = attnhost(args + " --resume " + out.string());
+  CHECK(resumed.code == 0);
+  CHECK(resumed.out.find("1 cases already there") != std::string::npos);
+  Outcome isolated = attnhost(args + " --isolate --out " + out.string() + " --force");
+  CHECK(isolated.code == 0);
+  fs::remove_all(out);
+}

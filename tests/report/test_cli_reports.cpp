@@ -188,8 +188,14 @@ TEST_CASE("cli reports: a baseline from a faster run fails the gate, one from th
   for (const report::GateRow& r : gated.gate->rows) CHECK(r.p_value.has_value());  // 9 samples on both sides
   CHECK(slurp(second / "report.md").find("## Regression gate") != std::string::npos);
 
-  // The same run as the baseline: a re-run is within noise of it.
-  Outcome same = run_attnhost("run " + suite.string() + kCommon + " --out " + second.string() + " --baseline " +
+  // The same run as the baseline: a re-run is within noise of it. (Into the same folder: refused,
+  // then written over with --force.)
+  Outcome refused = run_attnhost("run " + suite.string() + kCommon + " --out " + second.string());
+  CHECK(refused.code == 2);
+  CHECK(refused.out == "attnhost: error: " + second.string() +
+                           " holds the results of a run already; --resume it, give another --out, or --force to write "
+                           "over it\n");
+  Outcome same = run_attnhost("run " + suite.string() + kCommon + " --out " + second.string() + " --force --baseline " +
                           (first / "results.json").string() + " --threshold 1000");
   CHECK(same.code == 0);
   CHECK(same.out.find("8 SAME") != std::string::npos);
