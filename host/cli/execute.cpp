@@ -17,6 +17,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <csignal>
 #include <iostream>
 #include <optional>
 #include <set>
@@ -53,6 +55,40 @@ bool has(const std::vector<std::string>& v, const std::string& x) { return std::
 
 // The cases already in the folder being resumed (every process reads them: under MPI all ranks
 // must skip the same cases).
+// Ctrl-C during a run: the cases that finished are in the folder's results.jsonl already, so the
+// handler says how many and how to go on, then ends the process (exit 130, as a shell expects).
+// Only async-signal-safe calls there: the lines are made before, the count is an atomic.
+struct Interrupt {
+  std::string before, after;  // "attnhost: interrupted after " N " of M cases; ..."
+  std::atomic<int> finished{0};
+};
+Interrupt* g_interrupt = nullptr;
+
+void on_interrupt(int) {
+  if (g_interrupt) {
+    char digits[16];
+    int n = g_interrupt->finished.load(), len = 0;
+    do digits[len++] = static_cast<char>('0' + n % 10); while ((n /= 10) > 0 && len < 15);
+    for (int i = 0; i < len / 2; ++i) std::swap(digits[i], digits[len - 1 - i]);
+    [[maybe_unused]] ssize_t w = ::write(STDERR_FILENO, g_interrupt->before.data(), g_interrupt->before.size());
+    w = ::write(STDERR_FILENO, digits, len);
+    w = ::write(STDERR_FILENO, g_interrupt->after.data(), g_interrupt->after.size());
+  }
+  ::_exit(130);
+}
+
+// The command that goes on with an interrupted run: the same one, resuming its folder.
+std::string resume_command(const Context& ctx, const fs::path& dir) {
+  std::string command = "attnhost";
+  for (size_t i = 1; i < ctx.argv.size(); ++i) {
+    const std::string& a = ctx.argv[i];
+    if (a == "--out" || a == "--resume") { ++i; continue; }
+    if (a == "--force" || a.rfind("--out=", 0) == 0 || a.rfind("--resume=", 0) == 0) continue;
+    command += " " + a;
+  }
+  return command + " --resume " + dir.string();
+}
+
 // A folder of another suite is refused: its cases would mix with this one's.
 std::set<std::string> finished_ids(const std::string& resume_dir, const suite::Suite& s) {
   std::set<std::string> ids;
@@ -181,6 +217,14 @@ int execute_suite(Context& ctx, const suite::Suite& s, const ExecuteOptions& opt
   RunnerOptions ro;
   ro.progress = [&](const std::string& line) { progress.step(line); };
   std::vector<CaseResult> results;
+  Interrupt interrupt;
+  if (leader && folder) {
+    interrupt.before = "\nattnhost: interrupted after ";
+    interrupt.after = " of " + std::to_string(todo.size()) + " cases; their results are in " + folder->dir().string() +
+                      "/results.jsonl. To go on: " + resume_command(ctx, folder->dir()) + "\n";
+    g_interrupt = &interrupt;
+    std::signal(SIGINT, on_interrupt);
+  }
   for (size_t i = 0; i < todo.size(); ++i) {
     progress.start_case(i, todo[i].id);
     CaseResult r = run_one(ctx, todo[i], *backend, options, ro);
@@ -191,7 +235,10 @@ int execute_suite(Context& ctx, const suite::Suite& s, const ExecuteOptions& opt
     if (console && !quiet && !options.comparison && !options.verification) report::print_case(std::cout, r);
     if (folder) folder->append(r);
     results.push_back(std::move(r));
+    ++interrupt.finished;
   }
+  std::signal(SIGINT, SIG_DFL);
+  g_interrupt = nullptr;
   progress.clear();
   if (!leader) return kExitOk;
 

@@ -330,3 +330,38 @@ TEST_CASE("cli reports: every bad input is one line and exit 2") {
   fs::remove_all(empty);
   fs::remove(suite);
 }
+
+TEST_CASE("cli reports: Ctrl-C says which cases finished and how to go on") {
+  fs::path suite = write_file("interrupted.toml", "name = \"interrupted\"\n[defaults.timing]\nmethod = \"simple\"\n" +
+                                                      inline_case("first", 32, 2, 16) + inline_case("slow", 512, 4, 64) +
+                                                      inline_case("last", 48, 2, 16));
+  fs::path out = temp_path("interrupted");
+  fs::path said = temp_path("interrupted-stderr");
+  pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    int null = ::open("/dev/null", O_WRONLY);
+    int err = ::open(said.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ::dup2(null, 1);
+    ::dup2(err, 2);
+    ::execl(ATTNHOST_BINARY, ATTNHOST_BINARY, "run", suite.c_str(), "--device", "cpu", "--configs", CONFIGS_DIR, "--out",
+            out.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (case_lines(out / "results.jsonl") < 1 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  ::kill(pid, SIGINT);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 130);
+  const int finished = case_lines(out / "results.jsonl");
+  const std::string text = slurp(said);
+  CHECK(text.find("attnhost: interrupted after " + std::to_string(finished) + " of 3 cases; their results are in " +
+                  out.string() + "/results.jsonl. To go on: attnhost run " + suite.string()) != std::string::npos);
+  CHECK(text.find("--resume " + out.string()) != std::string::npos);
+  fs::remove_all(out);
+  fs::remove(said);
+  fs::remove(suite);
+}
