@@ -275,6 +275,14 @@ int execute_suite(Context& ctx, const suite::Suite& s, const ExecuteOptions& opt
   }
   if (!options.history.empty()) report::append_history(options.history, report::history_entry(all));
   const bool failed = std::any_of(all.cases.begin(), all.cases.end(), [](const CaseResult& r) { return r.failed(); });
+  // A run in which no world size of any case ran (every one UNSUPPORTED or SKIPPED) measured nothing.
+  const bool ran = std::any_of(all.cases.begin(), all.cases.end(), [](const CaseResult& c) {
+    return std::any_of(c.runs.begin(), c.runs.end(), [](const RunResult& r) { return r.status != "UNSUPPORTED" && r.status != "SKIPPED"; });
+  });
+  if (!ran && !all.cases.empty()) {
+    std::cout << "attnhost: nothing ran: every case was unsupported or skipped at every world size\n";
+    return kExitCheckFailed;
+  }
   return failed || (all.gate && all.gate->slower()) ? kExitCheckFailed : kExitOk;
 }
 

@@ -214,3 +214,11 @@ TEST_CASE("cli: compare writes a result folder with --out, and takes --resume an
   CHECK(isolated.code == 0);
   fs::remove_all(out);
 }
+
+TEST_CASE("cli: a run in which nothing ran says so and exits 1") {
+  // It once reported "0 failed" and exited 0.
+  Outcome o = attnhost("compare zigzag --config tiny --world-sizes 1 --no-causal --device cpu");  // zigzag is causal only
+  INFO(o.out);
+  CHECK(o.code == 1);
+  CHECK(o.out.find("attnhost: nothing ran: every case was unsupported or skipped at every world size") != std::string::npos);
+}
