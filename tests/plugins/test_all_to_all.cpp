@@ -128,7 +128,7 @@ TEST_CASE("bytes sent: ulysses moves Q, K, V and O once each way, allgather ever
 }
 
 #if ATTNHOST_HAVE_CUDA
-TEST_CASE("gpu: ulysses, usp and allgather on the GPUs against the float64 reference" * doctest::test_suite("gpu")) {
+TEST_CASE("gpu: ulysses and usp and allgather on the GPUs against the float64 reference" * doctest::test_suite("gpu")) {
   const int gpus = attnhost::cuda_device_count();
   REQUIRE_MESSAGE(gpus > 0, "no GPU visible");
   std::vector<int> sizes = {1};
