@@ -4,6 +4,7 @@
 #include "report/derived.h"
 #include "report/format.h"
 #include "report/progress.h"
+#include "report/render.h"
 #include "report_test_support.h"
 
 #include <doctest/doctest.h>
@@ -128,4 +129,21 @@ TEST_CASE("progress: work estimates follow the attended pairs") {
   CHECK(work_estimate(large) == doctest::Approx(4 * work_estimate(small)));
   large.problem.causal = true;
   CHECK(work_estimate(large) == doctest::Approx(2 * work_estimate(small)));
+}
+
+TEST_CASE("csv: numbers in six significant digits, not the seventeen of a double") {
+  // results.csv once held values like 12.345678901234567 ms: noise past a microsecond.
+  CaseResult c;
+  c.spec.id = "p/x";
+  RunResult r;
+  r.world_size = 1;
+  r.status = "PASSED";
+  PassResult p;
+  p.pass = "fwd";
+  p.time_ms.median = 12.345678901234567;
+  r.passes.push_back(p);
+  c.runs.push_back(r);
+  const std::string text = csv({c});
+  CHECK(text.find(",12.3457,") != std::string::npos);
+  CHECK(text.find("12.34567890") == std::string::npos);
 }
