@@ -103,30 +103,42 @@ fs::path scaled_results(const fs::path& results, double factor, const std::strin
   return out;
 }
 
-}  // namespace
+// A suite of three cases, the middle one slow enough to be running when the first has finished.
+std::string three_cases(const std::string& name) {
+  return "name = \"" + name + "\"\n[defaults.timing]\nmethod = \"simple\"\n" + inline_case("first", 32, 2, 16) +
+         inline_case("slow", 512, 4, 64) + inline_case("last", 48, 2, 16);
+}
 
-TEST_CASE("cli reports: a run killed in the middle and resumed ends with every case exactly once") {
-  fs::path suite = write_file("slow.toml", "name = \"slow\"\n[defaults.timing]\nmethod = \"simple\"\n" +
-                                               inline_case("first", 32, 2, 16) + inline_case("slow", 512, 4, 64) +
-                                               inline_case("last", 48, 2, 16));
-  fs::path out = temp_path("killed");
+// Runs `suite` into `out` in a child process and sends it `sig` once the first case is in the
+// journal (the slow case is then running); its stderr goes to `err` (nowhere when empty). Returns
+// the wait status.
+int run_and_signal_after_first_case(const fs::path& suite, const fs::path& out, int sig, const fs::path& err = {}) {
   pid_t pid = ::fork();
   REQUIRE(pid >= 0);
   if (pid == 0) {
     int null = ::open("/dev/null", O_WRONLY);
     ::dup2(null, 1);
-    ::dup2(null, 2);
+    ::dup2(err.empty() ? null : ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644), 2);
     ::execl(ATTNHOST_BINARY, ATTNHOST_BINARY, "run", suite.c_str(), "--device", "cpu", "--configs", CONFIGS_DIR, "--out",
             out.c_str(), static_cast<char*>(nullptr));
     ::_exit(127);
   }
-  // Kill it as soon as the first case is in the journal: the slow case is then running.
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
   while (case_lines(out / "results.jsonl") < 1 && std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  ::kill(pid, SIGKILL);
+  ::kill(pid, sig);
   int status = 0;
   ::waitpid(pid, &status, 0);
+  return status;
+}
+
+}  // namespace
+
+TEST_CASE("cli reports: a run killed in the middle and resumed ends with every case exactly once") {
+  fs::path suite = write_file("slow.toml", three_cases("slow"));
+  fs::path out = temp_path("killed");
+  // Killed as soon as the first case is in the journal: the slow case is then running.
+  const int status = run_and_signal_after_first_case(suite, out, SIGKILL);
   REQUIRE(WIFSIGNALED(status));
   const int before = case_lines(out / "results.jsonl");
   REQUIRE(before >= 1);
@@ -332,28 +344,10 @@ TEST_CASE("cli reports: every bad input is one line and exit 2") {
 }
 
 TEST_CASE("cli reports: Ctrl-C says which cases finished and how to go on") {
-  fs::path suite = write_file("interrupted.toml", "name = \"interrupted\"\n[defaults.timing]\nmethod = \"simple\"\n" +
-                                                      inline_case("first", 32, 2, 16) + inline_case("slow", 512, 4, 64) +
-                                                      inline_case("last", 48, 2, 16));
+  fs::path suite = write_file("interrupted.toml", three_cases("interrupted"));
   fs::path out = temp_path("interrupted");
   fs::path said = temp_path("interrupted-stderr");
-  pid_t pid = ::fork();
-  REQUIRE(pid >= 0);
-  if (pid == 0) {
-    int null = ::open("/dev/null", O_WRONLY);
-    int err = ::open(said.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    ::dup2(null, 1);
-    ::dup2(err, 2);
-    ::execl(ATTNHOST_BINARY, ATTNHOST_BINARY, "run", suite.c_str(), "--device", "cpu", "--configs", CONFIGS_DIR, "--out",
-            out.c_str(), static_cast<char*>(nullptr));
-    ::_exit(127);
-  }
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-  while (case_lines(out / "results.jsonl") < 1 && std::chrono::steady_clock::now() < deadline)
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  ::kill(pid, SIGINT);
-  int status = 0;
-  ::waitpid(pid, &status, 0);
+  const int status = run_and_signal_after_first_case(suite, out, SIGINT, said);
   REQUIRE(WIFEXITED(status));
   CHECK(WEXITSTATUS(status) == 130);
   const int finished = case_lines(out / "results.jsonl");

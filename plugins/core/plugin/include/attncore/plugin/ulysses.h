@@ -68,7 +68,6 @@ class UlyssesAttention {
     bool sum = false;   // to sequence sharding only: fp32 replicated kv gradients, added into sums [B, Hkv, n, D]
   };
   struct Copy;
-  struct Route;
   int32_t first_head(int member, const Piece& p) const;
   void to_heads(const std::vector<Piece>& pieces, void* stream, const char* what, int group);
   void to_tokens(const std::vector<Piece>& pieces, void* stream, const char* what, int group);
