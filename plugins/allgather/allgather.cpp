@@ -68,12 +68,12 @@ class Allgather {
     const bool zigzag = world_ > 1 && p->causal && seqlen_ % (2 * world_) == 0;
     for (int member = 0; member < world_; ++member) {
       attnhost::Layout l;
-      if (zigzag) ZigzagPlan(seqlen_, world_).add_block(l, member);
+      if (zigzag) ZigzagPlan(reference_.mask(), world_).add_block(l, member);
       else ContiguousPlan(reference_.mask(), world_).add_block(l, member);
       const attnhost_layout v = l.view();
       ranges_.emplace_back(v.ranges, v.ranges + v.num_ranges);
     }
-    local_ = zigzag ? ZigzagPlan(seqlen_, world_).block_tokens() : ContiguousPlan(reference_.mask(), world_).block_tokens();
+    local_ = zigzag ? ZigzagPlan(reference_.mask(), world_).block_tokens() : ContiguousPlan(reference_.mask(), world_).block_tokens();
     for (const attnhost_token_range& r : ranges_[rank_]) layout_.add(r.global_begin, r.length);
     layout_.pad(local_ - layout_.local_tokens());
     groups_ = choose_groups(p.get_int("head_groups"));

@@ -85,7 +85,7 @@ class Varlen {
   Varlen(const attnhost::Problem& p, attnhost::Host host)
       : problem_(p), mask_(sequence_mask(p)), sharding_(cu_seqlens(p), p->world_size, p->causal != 0),
         layout_(sharding_.layout(p->rank)),
-        ring_(shape(p), [this](int, int source) { return steps_[source]; }, host, p->rank, p->world_size,
+        ring_(shape(p), [this](int rank, int source) { return calls(rank, source); }, host, p->rank, p->world_size,
               p->device_type == ATTNHOST_DEVICE_CUDA, p.get_string("cpu_accumulate") == "fp64", p.get_bool("overlap")) {
     // Every step's calls, their segments in one upload to the instance's device.
     std::vector<std::vector<varlen::StepCall>> plans(p->world_size);
@@ -142,6 +142,15 @@ class Varlen {
   }
 
  private:
+  // This rank's calls as uploaded; another rank's only as far as the ring asks (which columns of the
+  // block it reaches: all of them when it makes any call).
+  std::vector<BlockCall> calls(int rank, int source) const {
+    if (rank == problem_->rank) return steps_[source];
+    if (varlen::plan_step(sharding_, mask_, rank, source, false).empty()) return {};
+    const int64_t n = sharding_.local_tokens();
+    return {BlockCall{0, n, 0, n, 0, 0, true}};
+  }
+
   attncore::plugin::RingShape shape(const attnhost::Problem& p) const {
     attncore::plugin::RingShape s;
     s.dtype = p->dtype;

@@ -48,6 +48,19 @@ TEST_CASE("zigzag: causal at world sizes 1 to 4, balanced, errors that do not gr
   test::all_pass(run_on(DeviceKind::cpu, dense_case("zigzag", {1, 2}, 128, 8, 1, 16, true, "fp16")));
 }
 
+TEST_CASE("zigzag takes a causal window: narrower and wider than a chunk, at world sizes 1 to 4") {
+  for (int64_t left : {20, 70}) {  // chunks of 30 tokens at world size 4
+    auto window = dense_case("zigzag", {1, 2, 3, 4}, 240, 4, 2, 32, true);
+    window.problem.window_left = left;
+    attnhost::CaseResult r = run_on(DeviceKind::cpu, window);
+    test::all_pass(r);
+    test::error_does_not_grow(r);
+  }
+  auto fp16 = dense_case("zigzag", {2}, 128, 8, 1, 16, true, "fp16");
+  fp16.problem.window_left = 0;  // each query sees itself alone
+  test::all_pass(run_on(DeviceKind::cpu, fp16));
+}
+
 TEST_CASE("zigzag refuses what it cannot balance, before any allocation") {
   auto odd = run_on(DeviceKind::cpu, dense_case("zigzag", {3}, 250, 2, 2, 16, true));
   CHECK(odd.runs[0].status == "UNSUPPORTED");
@@ -55,9 +68,6 @@ TEST_CASE("zigzag refuses what it cannot balance, before any allocation") {
         "plugin 'zigzag' refused the problem: sequence length 250 is not divisible by 2 x world size (6)");
   auto full = run_on(DeviceKind::cpu, dense_case("zigzag", {1}, 256, 2, 2, 16, false));
   CHECK(full.runs[0].error == "plugin 'zigzag' supports causal attention only");
-  auto window = dense_case("zigzag", {2}, 256, 2, 2, 16, true);
-  window.problem.window_left = 8;
-  CHECK(run_on(DeviceKind::cpu, window).runs[0].error == "plugin 'zigzag' does not support sliding windows");
   CHECK(run_on(DeviceKind::cpu, dense_case("ring", {2}, 256, 2, 2, 16, true)).runs[0].peak_bytes.size() == 2);
 }
 
@@ -172,15 +182,51 @@ TEST_CASE("gpu: ring and zigzag on the GPUs against the float64 reference" * doc
 
 TEST_CASE("bytes sent: a forward sends each K/V block on (P - 1 hops), a backward also its dK/dV (fp32, dtype home)") {
   // Measured per pass; fwd_bwd must not overwrite the forward's figure (it once did).
-  auto c = dense_case("ring", {3}, 96, 4, 2, 16, true);
+  auto c = dense_case("ring", {3}, 96, 4, 2, 16, false);
   c.timing.passes = {"fwd", "bwd", "fwd_bwd"};
   attnhost::CaseResult r = run_on(DeviceKind::cpu, c);
   test::all_pass(r);
   const uint64_t kv_block = 2ull * 32 * 2 * 16 * 2;  // B x local tokens x Hkv x D x bf16
+  const uint64_t grads = 2 * kv_block * 2 * 2 + 2 * kv_block;  // dK, dV: two hops in fp32, the last (home) in bf16
   for (int rank = 0; rank < 3; ++rank) {
-    CHECK(r.runs[0].sent_bytes_fwd[rank] == 2 * kv_block * 2);               // K and V, two hops
-    // + dK, dV: two hops in fp32, the last one (home, finished sums) in bf16
-    CHECK(r.runs[0].sent_bytes_bwd[rank] == 2 * kv_block * 2 + 2 * kv_block * 2 * 2 + 2 * kv_block);
+    CHECK(r.runs[0].sent_bytes_fwd[rank] == 2 * kv_block * 2);  // K and V, two hops
+    CHECK(r.runs[0].sent_bytes_bwd[rank] == 2 * kv_block * 2 + grads);
+  }
+  // Causal: a block travels only as far as the last rank that attends it. Rank 0's goes to ranks 1
+  // and 2, rank 1's to rank 2, rank 2's nowhere; the gradients still go round.
+  c.problem.causal = true;
+  attnhost::CaseResult causal = run_on(DeviceKind::cpu, c);
+  test::all_pass(causal);
+  const uint64_t blocks[] = {1, 2, 0};  // hops each rank makes: 0 -> 1; 1 -> 2 twice (its block, then rank 0's)
+  for (int rank = 0; rank < 3; ++rank) {
+    INFO("rank ", rank);
+    CHECK(causal.runs[0].sent_bytes_fwd[rank] == 2 * kv_block * blocks[rank]);
+    CHECK(causal.runs[0].sent_bytes_bwd[rank] == 2 * kv_block * blocks[rank] + grads);
+  }
+}
+
+TEST_CASE("bytes sent: a window sends only the keys it reaches, and their gradients go straight home") {
+  // 256 tokens on two ranks, a window of 16: rank 1's first queries reach rank 0's last 16 keys.
+  const uint64_t columns = 2ull * 16 * 2 * 16;  // B x 16 tokens x Hkv x D, per tensor
+  auto ring = dense_case("ring", {2}, 256, 4, 2, 16, true);
+  ring.problem.window_left = 16;
+  ring.timing.passes = {"fwd", "bwd"};
+  attnhost::CaseResult r = run_on(DeviceKind::cpu, ring);
+  test::all_pass(r);
+  CHECK(r.runs[0].sent_bytes_fwd[0] == 2 * columns * 2);  // K and V in bf16
+  CHECK(r.runs[0].sent_bytes_fwd[1] == 0);
+  CHECK(r.runs[0].sent_bytes_bwd[0] == 2 * columns * 2);
+  CHECK(r.runs[0].sent_bytes_bwd[1] == 2 * columns * 4);  // dK and dV of those keys in fp32, home
+  // Zigzag (chunks of 64): rank 0's late chunk reaches the last 16 keys of chunk 2 (rank 1's), rank
+  // 1's first chunk the last 16 of chunk 0 (rank 0's): 16 keys each way, in both passes.
+  auto zigzag = dense_case("zigzag", {2}, 256, 4, 2, 16, true);
+  zigzag.problem.window_left = 16;
+  zigzag.timing.passes = {"fwd", "bwd"};
+  attnhost::CaseResult z = run_on(DeviceKind::cpu, zigzag);
+  test::all_pass(z);
+  for (int rank = 0; rank < 2; ++rank) {
+    CHECK(z.runs[0].sent_bytes_fwd[rank] == 2 * columns * 2);
+    CHECK(z.runs[0].sent_bytes_bwd[rank] == 2 * columns * 2 + 2 * columns * 4);
   }
 }
 

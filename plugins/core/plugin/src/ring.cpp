@@ -71,6 +71,13 @@ Packed packed_at(char* at, const RingShape& s) {
   return p;
 }
 
+// The smallest interval holding both.
+Interval cover(Interval a, Interval b) {
+  if (a.size() == 0) return b;
+  if (b.size() == 0) return a;
+  return {std::min(a.lo, b.lo), std::max(a.hi, b.hi)};
+}
+
 }  // namespace
 
 size_t RingAttention::workspace_bytes(const RingShape& shape, int world_size) {
@@ -97,6 +104,58 @@ RingAttention::RingAttention(const RingShape& shape, RingPlan plan, attnhost::Ho
     }
   work_ = at;
   packed_ = work_ + work_bytes(s, world_);
+}
+
+void RingAttention::plan_reach() {
+  if (!carried_.empty() || world_ == 1) return;
+  const size_t p = world_;
+  reached_.assign(p * p, Interval{});
+  carried_.assign(p * p, Interval{});
+  for (int step = 1; step < world_; ++step)
+    for (int src = 0; src < world_; ++src)
+      for (const BlockCall& c : plan_((src + step) % world_, src))
+        reached_[step * p + src] = cover(reached_[step * p + src], {c.kv_begin, c.kv_end});
+  for (int step = world_ - 1; step >= 1; --step)
+    for (int src = 0; src < world_; ++src)
+      carried_[step * p + src] = cover(reached(step, src), step + 1 < world_ ? carried(step + 1, src) : Interval{});
+  for (int src = 0; src < world_; ++src) reach_ = std::max(reach_, carried(1, src).size());
+  // backward_home's buffers (its own block's fp32 pair, then three pairs of reach_ columns) within
+  // the travelling ring's three full pairs, and its fp32 messages no longer than the dtype hop home.
+  const RingShape largest = largest_slice(s_);
+  const size_t token = size_t(largest.heads_kv) * largest.head_dim * largest.batch;
+  const size_t full = align_up(token * largest.local_kv * 4), part = align_up(token * reach_ * 4);
+  grads_home_ = 3 * part <= 2 * full && 4 * reach_ <= int64_t(attnhost::dtype_size(s_.dtype)) * s_.local_kv;
+}
+
+void RingAttention::transfer(bool send, const Columns& b, Interval cols, int peer, const RingShape& s, void* stream) {
+  if (cols.size() == 0) return;
+  const size_t token = size_t(s.heads_kv) * s.head_dim, el = attnhost::dtype_size(b.dtype);
+  const int world_peer = members_.rank_of(peer);
+  const auto move = [&](char* at, size_t count) {
+    if (send) host_.send(at, count, b.dtype, world_peer, stream);
+    else host_.recv(at, count, b.dtype, world_peer, stream);
+  };
+  char* base = static_cast<char*>(b.data);
+  if (cols.lo == b.first && cols.hi == b.first + b.width) return move(base, size_t(s.batch) * b.width * token);
+  for (int32_t batch = 0; batch < s.batch; ++batch)
+    move(base + (size_t(batch) * b.width + (cols.lo - b.first)) * token * el, cols.size() * token);
+}
+
+bool RingAttention::pass_kv(const RingShape& s, KV in_hand, KV into, int step, void* stream) {
+  const Interval out = carried(step + 1, source(step)), in = carried(step + 1, source(step + 1));
+  if (out.size() == 0 && in.size() == 0) return false;
+  const int next = (rank_ + 1) % world_, prev = (rank_ + world_ - 1) % world_;
+  const std::string name = "K V step " + std::to_string(step);
+  const int32_t range = host_.range_begin(name.c_str(), ATTNHOST_RANGE_COMMUNICATION, stream);
+  const auto block = [&](void* data) { return Columns{data, s.local_kv, 0, s.dtype}; };
+  host_.group_start();
+  transfer(true, block(in_hand.k), out, next, s, stream);
+  transfer(true, block(in_hand.v), out, next, s, stream);
+  transfer(false, block(into.k), in, prev, s, stream);
+  transfer(false, block(into.v), in, prev, s, stream);
+  host_.group_end();
+  host_.range_end(range, stream);
+  return true;
 }
 
 std::vector<RingAttention::Slice> RingAttention::slices() const {
@@ -160,6 +219,7 @@ void RingAttention::exchange(const void* send_k, const void* send_v, void* recv_
 }
 
 void RingAttention::forward(const attnhost_forward_args& a) {
+  plan_reach();
   void* compute = host_.stream(0);
   for (const Slice& slice : slices()) {
     attnhost_forward_args x = a;
@@ -192,10 +252,10 @@ void RingAttention::forward_slice(const RingShape& s, const attnhost_forward_arg
 
   for (int step = 0; step < world_; ++step) {
     KV cur = step == 0 ? KV{a.k.data, a.v.data} : kv_[step % 2];
+    bool passed = false;
     if (step + 1 < world_) {
       engine_->wait(comm, compute);  // the receive buffer was read by the previous step
-      KV next = kv_[(step + 1) % 2];
-      exchange(cur.k, cur.v, next.k, next.v, s.dtype, kv_elems, comm, "K V", step);
+      passed = pass_kv(s, cur, kv_[(step + 1) % 2], step, comm);
     }
     for (const BlockCall& c : plans[step]) {
       std::string name = "attention step " + std::to_string(step);
@@ -203,12 +263,13 @@ void RingAttention::forward_slice(const RingShape& s, const attnhost_forward_arg
       out.run(forward_params(s, c, a.q.data, cur.k, cur.v), c, compute);  // first call on its rows, or merged
       host_.range_end(range, compute);
     }
-    if (step + 1 < world_) engine_->wait(compute, comm);  // the next block has arrived
+    if (passed) engine_->wait(compute, comm);  // the next block has arrived
   }
   out.finish(a.o.data, compute);  // rows no call reached: O = 0, LSE = -inf; O in the problem dtype
 }
 
 void RingAttention::backward(const attnhost_backward_args& a) {
+  plan_reach();
   void* compute = host_.stream(0);
   for (const Slice& slice : slices()) {
     attnhost_backward_args x = a;
@@ -231,6 +292,7 @@ void RingAttention::backward(const attnhost_backward_args& a) {
 }
 
 void RingAttention::backward_slice(const RingShape& s, const attnhost_backward_args& a, bool last) {
+  if (grads_home_ && world_ > 1) return backward_home(s, a);
   void* compute = host_.stream(0);
   void* comm = overlap_ ? host_.stream(1) : compute;
   const auto [q_elems, kv_elems, rows] = local_sizes(s);
@@ -252,8 +314,7 @@ void RingAttention::backward_slice(const RingShape& s, const attnhost_backward_a
     Engine::Event kv_ready;
     if (step + 1 < world_) {
       engine_->wait(comm, compute);  // the receive buffer was read by the previous step
-      const KV next = kv_[(step + 1) % 2];
-      exchange(cur.k, cur.v, next.k, next.v, s.dtype, kv_elems, comm, "K V", step);
+      pass_kv(s, cur, kv_[(step + 1) % 2], step, comm);
       kv_ready = engine_->record(comm);
     }
     // A step of one call over every key of the block writes its share rather than adding it into
@@ -319,6 +380,91 @@ void RingAttention::backward_slice(const RingShape& s, const attnhost_backward_a
   // dK and dV are home (every slice's: the hops are in order). A slice before the last leaves its
   // hop under the next slice's first step.
   if (last) engine_->wait(compute, grads_ready);
+}
+
+void RingAttention::backward_home(const RingShape& s, const attnhost_backward_args& a) {
+  void* compute = host_.stream(0);
+  void* comm = overlap_ ? host_.stream(1) : compute;
+  const auto [q_elems, kv_elems, rows] = local_sizes(s);
+  const int64_t token = int64_t{s.heads_kv} * s.head_dim;
+  float* delta = reinterpret_cast<float*>(work_);
+  float* dq = reinterpret_cast<float*>(work_ + align_up(rows * 4));
+  char* at = work_ + align_up(rows * 4) + align_up(q_elems * 4);
+  // This rank's block's gradients in fp32; then, in columns a remote member reaches, what this rank
+  // computes of another's block (two, alternating with their messages) and what arrives of its own.
+  const size_t full = align_up(kv_elems * 4), part = align_up(size_t(s.batch) * reach_ * token * 4);
+  const KV own{at, at + full};
+  at += 2 * full;
+  KV computed[2], arriving;
+  for (KV* g : {&computed[0], &computed[1], &arriving}) {
+    *g = KV{at, at + part};
+    at += 2 * part;
+  }
+  const Interval mine = carried(1, rank_);  // the columns of this rank's block that arrive
+  compute_local_delta(s, *engine_, a, delta, dq, compute);
+
+  Engine::Event sent[2];  // computed[i] has gone home
+  for (int step = 0; step < world_; ++step) {
+    const KV cur = step == 0 ? KV{a.k.data, a.v.data} : kv_[step % 2];
+    Engine::Event kv_ready;
+    bool passed = false;
+    if (step + 1 < world_) {
+      engine_->wait(comm, compute);  // the receive buffer was read by the previous step
+      passed = pass_kv(s, cur, kv_[(step + 1) % 2], step, comm);
+      kv_ready = engine_->record(comm);
+    }
+    const std::vector<BlockCall> calls = plan_(rank_, source(step));
+    const Interval cols = step == 0 ? Interval{0, s.local_kv} : carried(1, source(step));  // the buffer's
+    const KV grad = step == 0 ? own : computed[step % 2];
+    // One dense call writes its columns (the only ones that go home) rather than adding into zeros.
+    const bool dense = calls.size() == 1 && !calls[0].backward_segments && calls[0].num_segments == 0;
+    const bool writes = dense && !s.dtype_partials && (step > 0 || covers_all_keys(s, calls[0]));
+    if (step >= 2) engine_->wait(compute, sent[step % 2]);
+    if (!calls.empty() && !writes) {
+      const size_t bytes = step == 0 ? kv_elems * 4 : size_t(s.batch) * cols.size() * token * 4;
+      engine_->zero(grad.k, bytes, compute);
+      engine_->zero(grad.v, bytes, compute);
+    }
+    for (const BlockCall& c : calls) {
+      if (c.backward_segments && c.num_backward_segments == 0) continue;  // nothing attends: nothing to differentiate
+      const std::string name = "attention backward step " + std::to_string(step);
+      const int32_t range = host_.range_begin(name.c_str(), ATTNHOST_RANGE_COMPUTE, compute);
+      BackwardParams p = backward_params(s, c, a, cur.k, cur.v, delta, dq, static_cast<float*>(grad.k),
+                                         static_cast<float*>(grad.v));
+      if (step > 0)
+        for (auto [view, base] : {std::pair{&p.dk, grad.k}, std::pair{&p.dv, grad.v}})
+          *view = {static_cast<float*>(base) + (c.kv_begin - cols.lo) * token, cols.size() * token, token, s.head_dim};
+      p.write_dkdv = p.write_dkdv_fp32 = writes;
+      engine_->backward(p, compute);
+      host_.range_end(range, compute);
+    }
+    // What this rank computed of the block in hand goes to its owner; what the member holding this
+    // rank's block computed of it arrives and is added in.
+    const Interval out = step > 0 ? reached(step, source(step)) : Interval{};
+    const Interval in = step > 0 ? reached(step, rank_) : Interval{};
+    if (out.size() > 0 || in.size() > 0) {
+      engine_->wait(comm, compute);
+      const std::string name = "dK dV home step " + std::to_string(step);
+      const int32_t range = host_.range_begin(name.c_str(), ATTNHOST_RANGE_COMMUNICATION, comm);
+      host_.group_start();
+      for (void* g : {grad.k, grad.v}) transfer(true, {g, cols.size(), cols.lo, ATTNHOST_DTYPE_FP32}, out, source(step), s, comm);
+      for (void* g : {arriving.k, arriving.v})
+        transfer(false, {g, mine.size(), mine.lo, ATTNHOST_DTYPE_FP32}, in, member_at(step), s, comm);
+      host_.group_end();
+      sent[step % 2] = engine_->record(comm);
+      for (auto [sum, part_in] : {std::pair{own.k, arriving.k}, std::pair{own.v, arriving.v}})
+        for (int32_t b = 0; b < s.batch && in.size() > 0; ++b)
+          engine_->add(static_cast<float*>(sum) + (b * s.local_kv + in.lo) * token,
+                       static_cast<const float*>(part_in) + (b * mine.size() + in.lo - mine.lo) * token,
+                       in.size() * token, comm);
+      host_.range_end(range, comm);
+    }
+    if (passed) engine_->wait(compute, kv_ready);  // the next block has arrived
+  }
+  engine_->wait(compute, comm);  // every share of this rank's block is in
+  finish_kv_grad(s, static_cast<float*>(own.k), a.dk.data, compute);
+  finish_kv_grad(s, static_cast<float*>(own.v), a.dv.data, compute);
+  convert_out(s, *engine_, dq, a.dq.data, false, compute);
 }
 
 void RingAttention::finish_kv_grad(const RingShape& s, const float* grad, void* out, void* stream) {

@@ -43,6 +43,23 @@ struct DenseMask {
     return Block::partial;
   }
 
+  // The smallest rectangle of a block that holds all its visible pairs: the rows that see some key
+  // of [k_lo, k_hi) and the keys some query of [q_lo, q_hi) sees (empty intervals when none).
+  // Exact for the same reason as block(): the visible keys of a row, and the rows of a key, move
+  // monotonically.
+  struct Rect {
+    Interval rows, keys;
+  };
+  Rect visible(int64_t q_lo, int64_t q_hi, int64_t k_lo, int64_t k_hi) const {
+    if (block(q_lo, q_hi, k_lo, k_hi) == Block::empty) return {};
+    const Interval first_key = queries_of(k_lo), last_key = queries_of(k_hi - 1);
+    const Interval first_row = keys_of(q_lo), last_row = keys_of(q_hi - 1);
+    Rect r;
+    r.rows = {first_key.lo > q_lo ? first_key.lo : q_lo, last_key.hi < q_hi ? last_key.hi : q_hi};
+    r.keys = {first_row.lo > k_lo ? first_row.lo : k_lo, last_row.hi < k_hi ? last_row.hi : k_hi};
+    return r;
+  }
+
   // Visible (query, key) pairs with queries at positions [q_lo, q_hi) and keys at [k_lo, k_hi).
   int64_t pairs(int64_t q_lo, int64_t q_hi, int64_t k_lo, int64_t k_hi) const {
     int64_t n = 0;

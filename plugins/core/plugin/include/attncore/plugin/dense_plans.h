@@ -11,12 +11,28 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <optional>
+#include <utility>
 #include <vector>
 
 namespace attncore::plugin {
 
+// The call of local rows [q_local, + nq) at global positions from q_pos against the block's columns
+// [kv_local, + nk) at positions from kv_pos, cut to the rows and keys that see one another (a window
+// reaches a few of them); nothing when no pair is visible. Masked unless every pair is visible.
+inline std::optional<BlockCall> dense_call(const DenseMask& mask, int64_t q_local, int64_t q_pos, int64_t nq,
+                                           int64_t kv_local, int64_t kv_pos, int64_t nk) {
+  const DenseMask::Rect r = mask.visible(q_pos, q_pos + nq, kv_pos, kv_pos + nk);
+  if (r.rows.size() == 0 || r.keys.size() == 0) return std::nullopt;
+  const bool masked = mask.block(r.rows.lo, r.rows.hi, r.keys.lo, r.keys.hi) != DenseMask::Block::full;
+  return BlockCall{q_local + r.rows.lo - q_pos, q_local + r.rows.hi - q_pos,
+                   kv_local + r.keys.lo - kv_pos, kv_local + r.keys.hi - kv_pos,
+                   r.rows.lo, r.keys.lo, masked};
+}
+
 // Contiguous blocks: member m holds tokens [m*n, (m+1)*n) with n = ceil(S / members); the last
-// block's tail is padding. Any mask: a step whose block the mask hides is skipped, an edge block masked.
+// block's tail is padding. Any mask: a step whose block the mask hides is skipped, a block the mask
+// cuts is cut to the rows and keys that see one another.
 class ContiguousPlan {
  public:
   ContiguousPlan(const DenseMask& mask, int members)
@@ -26,10 +42,9 @@ class ContiguousPlan {
   void add_block(attnhost::Layout& layout, int member) const { layout.add(begin(member), real(member)); }
 
   std::vector<BlockCall> calls(int member, int source) const {
-    const int64_t q0 = begin(member), k0 = begin(source);
-    const DenseMask::Block block = mask_.block(q0, q0 + real(member), k0, k0 + real(source));
-    if (block == DenseMask::Block::empty) return {};  // e.g. causal, a later member's block
-    return {{0, real(member), 0, real(source), q0, k0, block == DenseMask::Block::partial}};
+    const std::optional<BlockCall> c = dense_call(mask_, 0, begin(member), real(member), 0, begin(source), real(source));
+    if (!c) return {};  // e.g. causal, a later member's block
+    return {*c};
   }
 
  private:
@@ -40,16 +55,19 @@ class ContiguousPlan {
   int64_t block_;
 };
 
-// Zigzag blocks, for a causal mask without a window: the sequence is cut into 2M chunks of
-// c = S / (2M) and member m holds chunks m and 2M-1-m, so every member does the same work at every step:
+// Zigzag blocks, for a causal mask: the sequence is cut into 2M chunks of c = S / (2M) and member m
+// holds chunks m and 2M-1-m, so every member does the same work at every step:
 //   its own block: each local chunk attends itself causally, the late one also the early one; the
 //     early chunk comes first locally as in the sequence, so that is causal attention over the local
 //     order (positions 0..2c-1 stand for the global ones: a causal mask compares positions by order);
 //   the block of an earlier member: both local chunks attend its first chunk, in full;
 //   the block of a later member: the late local chunk attends both of its chunks, in full.
+// With a sliding window, positions are compared by distance, so each pair of chunks that see one
+// another is a call at its true positions, cut to what the window reaches (dense_call).
 class ZigzagPlan {
  public:
-  ZigzagPlan(int64_t seqlen, int members) : chunk_(seqlen / (2 * members)), members_(members) {}
+  ZigzagPlan(const DenseMask& mask, int members)
+      : mask_(mask), chunk_(mask.seqlen / (2 * members)), members_(members) {}
 
   int64_t block_tokens() const { return 2 * chunk_; }
   void add_block(attnhost::Layout& layout, int member) const {
@@ -59,6 +77,16 @@ class ZigzagPlan {
 
   std::vector<BlockCall> calls(int member, int source) const {
     const int64_t c = chunk_;
+    if (mask_.window_left >= 0) {
+      std::vector<BlockCall> calls;
+      // Each chunk's rows meet their first call whole (a later call of a row is merged into it).
+      const std::pair<int64_t, int64_t> pairs[] = {{0, 0}, {c, c}, {c, 0}, {0, c}};  // (local row, local column)
+      for (auto [row, col] : pairs)
+        if (std::optional<BlockCall> call =
+                dense_call(mask_, row, position(member, row), c, col, position(source, col), c))
+          calls.push_back(*call);
+      return calls;
+    }
     if (source == member) return {{0, 2 * c, 0, 2 * c, 0, 0, true}};
     if (source < member) return {{0, 2 * c, 0, c, early(member), early(source), false}};
     return {{c, 2 * c, 0, 2 * c, late(member), early(source), false}};
@@ -67,7 +95,9 @@ class ZigzagPlan {
  private:
   int64_t early(int member) const { return member * chunk_; }
   int64_t late(int member) const { return (2 * int64_t{members_} - 1 - member) * chunk_; }
+  int64_t position(int member, int64_t local) const { return local < chunk_ ? early(member) + local : late(member) + local - chunk_; }
 
+  DenseMask mask_;
   int64_t chunk_;
   int members_;
 };

@@ -2,10 +2,15 @@
 //
 // Each rank keeps its queries; the K/V blocks travel. At step i rank r holds the block that
 // started on rank (r - i) mod P, attends its queries to it while that block moves on to r + 1 on
-// a stream of its own, and merges the partial output in fp32. Backward sends the block round
-// again with its fp32 dK/dV accumulators; the last hop takes the finished sums home in the
-// problem dtype, straight into dK and dV. The whole ring may run once per slice of the batch and
-// of the heads (RingShape::batch_slices, head_slices), which divides its buffers by the count.
+// a stream of its own, and merges the partial output in fp32. A block carries only the keys that
+// the ranks still ahead of it reach (a window reaches a few; a causal block nothing once past the
+// last rank), and a hop that carries nothing is not made. Backward sends the block round again
+// with its fp32 dK/dV accumulators; the last hop takes the finished sums home in the problem
+// dtype, straight into dK and dV. Where the other ranks reach little of each block (windows), the
+// gradients go home instead: each rank keeps its own block's in fp32, and a rank sends what it
+// computed of another's block straight to its owner, which adds it in. The whole ring may run once
+// per slice of the batch and of the heads (RingShape::batch_slices, head_slices), which divides its
+// buffers by the count.
 //
 // A variant says only which attention calls a step makes (RingPlan); this file is the schedule,
 // the double buffers, the stream ordering and the merges, shared by every ring-shaped variant.
@@ -49,7 +54,9 @@ struct BlockCall {
   int32_t num_backward_segments = 0;
 };
 
-// The calls rank `rank` makes at the step that brings the block of rank `source`.
+// The calls rank `rank` makes at the step that brings the block of rank `source`. Asked for every
+// rank, not only this one: what the others reach of a block decides what travels. Asked first when
+// the ring first runs (a plugin may fill its plan after constructing the ring).
 using RingPlan = std::function<std::vector<BlockCall>(int rank, int source)>;
 
 struct RingShape {
@@ -106,6 +113,22 @@ class RingAttention {
     void* v;
   };
   int source(int step) const { return ((rank_ - step) % world_ + world_) % world_; }
+  int member_at(int step) const { return (rank_ + step) % world_; }  // who holds this rank's block at `step`
+  // The columns of member `source`'s block that members still ahead of it reach from `step` on: what
+  // the hop into `step` carries (empty: no hop).
+  const Interval& carried(int step, int source) const { return carried_[size_t(step) * world_ + source]; }
+  // The columns of `source`'s block that the member holding it at `step` reaches.
+  const Interval& reached(int step, int source) const { return reached_[size_t(step) * world_ + source]; }
+  void plan_reach();  // fills carried_, reached_, grads_home_ and reach_, once
+  // A [batch, width, heads_kv, D] buffer whose column c is column first + c of a block.
+  struct Columns {
+    void* data;
+    int64_t width, first;
+    int32_t dtype;
+  };
+  // Columns `cols` of `b` to (send) or from member `peer`: one message when they are all of the
+  // buffer's, else one a batch entry.
+  void transfer(bool send, const Columns& b, Interval cols, int peer, const RingShape& s, void* stream);
   // One slice of the ring: batch entries [b0, b0 + shape.batch) and key/value heads
   // [h0, h0 + shape.heads_kv) with their query heads. A slice of fewer heads than the problem's is
   // packed: its tensors are copied into buffers of their own (a message must be contiguous).
@@ -137,9 +160,20 @@ class RingAttention {
   void finish_kv_grad(const RingShape& s, const float* grad, void* out, void* stream);
   void exchange(const void* send_k, const void* send_v, void* recv_k, void* recv_v, int32_t dtype, size_t count,
                 void* stream, const char* what, int step);
+  // The K/V hop into step + 1: the block in hand on to the next member, the previous member's in,
+  // each cut to carried(). False when neither way carries anything.
+  bool pass_kv(const RingShape& s, KV in_hand, KV into, int step, void* stream);
+  // The backward where the gradients go home from every step (grads_home_).
+  void backward_home(const RingShape& s, const attnhost_backward_args& a);
 
   RingShape s_;
   RingPlan plan_;
+  std::vector<Interval> carried_, reached_;  // by [step * world + source]
+  // The gradients go home from every step: where no block is reached by the other members in more
+  // than 2/3 of its columns, nor in more fp32 bytes than the block has in the problem dtype (so the
+  // last message home is no longer than the travelling ring's, and the buffers fit its workspace).
+  bool grads_home_ = false;
+  int64_t reach_ = 0;  // the most columns of one block the other members reach
   attnhost::Host host_;
   RingMembers members_;
   int rank_, world_;  // this rank's place in the ring, and the ring's size

@@ -84,7 +84,7 @@ class UlyssesPlugin {
     return r > 1 && p->causal && p->window_left < 0 && p->window_right < 0;
   }
   static Plan make_plan(const attnhost::Problem& p, const DenseMask& mask, int32_t r) {
-    if (zigzag(p, r)) return ZigzagPlan(p->seqlen_q, r);
+    if (zigzag(p, r)) return ZigzagPlan(mask, r);
     return ContiguousPlan(mask, r);
   }
   std::vector<BlockCall> calls(int member, int source) const {
