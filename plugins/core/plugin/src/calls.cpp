@@ -132,25 +132,67 @@ void convert_out(const RingShape& s, Engine& engine, const float* src, void* dst
   engine.convert(cv, stream);
 }
 
+std::vector<std::vector<OutputCall>> output_calls(const std::vector<std::vector<BlockCall>>& steps) {
+  std::vector<std::vector<OutputCall>> out(steps.size());
+  for (size_t step = 0; step < steps.size(); ++step)
+    for (size_t i = 0; i < steps[step].size(); ++i) {
+      const BlockCall& c = steps[step][i];
+      // The rows of c that other calls reach, merged.
+      std::vector<std::pair<int64_t, int64_t>> others;
+      for (size_t t = 0; t < steps.size(); ++t)
+        for (size_t j = 0; j < steps[t].size(); ++j) {
+          const BlockCall& o = steps[t][j];
+          const int64_t b = std::max(o.q_begin, c.q_begin), e = std::min(o.q_end, c.q_end);
+          if ((t != step || j != i) && e > b) others.emplace_back(b, e);
+        }
+      const bool dense = !c.segments && c.num_segments == 0 && !c.blocks;
+      if (!dense || others.empty()) {
+        out[step].push_back({c, others.empty()});
+        continue;
+      }
+      std::sort(others.begin(), others.end());
+      const auto piece = [&](int64_t b, int64_t e, bool direct) {
+        if (e <= b) return;
+        BlockCall p = c;
+        p.q_begin = b;
+        p.q_end = e;
+        p.q_pos0 = c.q_pos0 + (b - c.q_begin);
+        out[step].push_back({p, direct});
+      };
+      int64_t at = c.q_begin;
+      for (size_t k = 0; k < others.size();) {
+        int64_t b = others[k].first, e = others[k].second;
+        for (++k; k < others.size() && others[k].first <= e; ++k) e = std::max(e, others[k].second);
+        piece(at, b, true);
+        piece(std::max(at, b), e, false);
+        at = std::max(at, e);
+      }
+      piece(at, c.q_end, true);
+    }
+  return out;
+}
+
 bool OutputAccumulator::written(int64_t begin, int64_t end) const {
   int64_t covered = 0;
   for (auto [b, e] : rows_) covered += std::max<int64_t>(0, std::min(e, end) - std::max(b, begin));
+  for (auto [b, e] : direct_)
+    if (std::min(e, end) > std::max(b, begin)) covered = -1;
   if (covered == 0) return false;
   if (covered == end - begin) return true;
   attnhost::fail(ATTNHOST_ERR_INTERNAL, "schedule: a call covers rows that are partly merged already");
 }
 
-void OutputAccumulator::run(ForwardParams p, const BlockCall& c, void* stream) {
+void OutputAccumulator::run(ForwardParams p, const OutputCall& oc, void* stream) {
   const LocalViews views{s_};
+  const BlockCall& c = oc.call;
   const bool first = !written(c.q_begin, c.q_end);
-  if (o_direct_ && !rows_.empty())
-    attnhost::fail(ATTNHOST_ERR_INTERNAL, "schedule: a second call on an output written directly");
-  p.o = o_direct_ ? views.q(o_direct_, c.q_begin, false) : views.q(first ? o_acc_ : o_part_, c.q_begin, true);
-  p.o_fp32 = !o_direct_;
+  if (oc.direct && !first) attnhost::fail(ATTNHOST_ERR_INTERNAL, "schedule: a direct call on rows written already");
+  p.o = oc.direct ? views.q(o_, c.q_begin, false) : views.q(first ? o_acc_ : o_part_, c.q_begin, true);
+  p.o_fp32 = !oc.direct;
   p.lse = views.stats(first ? lse_ : lse_part_, c.q_begin);
   engine_.forward(p, stream);
   if (first) {
-    rows_.emplace_back(c.q_begin, c.q_end);
+    (oc.direct ? direct_ : rows_).emplace_back(c.q_begin, c.q_end);
     return;
   }
   MergeParams m;
@@ -165,26 +207,53 @@ void OutputAccumulator::run(ForwardParams p, const BlockCall& c, void* stream) {
   engine_.merge(m, stream);
 }
 
-void OutputAccumulator::finish(void* o, void* stream) {
+namespace {
+
+// Row ranges sorted and merged.
+std::vector<std::pair<int64_t, int64_t>> merged(std::vector<std::pair<int64_t, int64_t>> ranges) {
+  std::sort(ranges.begin(), ranges.end());
+  std::vector<std::pair<int64_t, int64_t>> out;
+  for (auto [b, e] : ranges)
+    if (!out.empty() && b <= out.back().second) out.back().second = std::max(out.back().second, e);
+    else out.emplace_back(b, e);
+  return out;
+}
+
+}  // namespace
+
+void OutputAccumulator::finish(void* stream) {
   const LocalViews views{s_};
-  std::vector<std::pair<int64_t, int64_t>> sorted = rows_, gaps;
-  std::sort(sorted.begin(), sorted.end());
+  std::vector<std::pair<int64_t, int64_t>> all = rows_, gaps;
+  all.insert(all.end(), direct_.begin(), direct_.end());
   int64_t at = 0;
-  for (auto [b, e] : sorted) {
+  for (auto [b, e] : merged(all)) {
     if (b > at) gaps.emplace_back(at, b);
     at = std::max(at, e);
   }
   if (at < s_.local_q) gaps.emplace_back(at, s_.local_q);
-  const size_t el = o_direct_ ? attnhost::dtype_size(s_.dtype) : 4;  // zero is all-zero bits in every dtype
+  const size_t el = attnhost::dtype_size(s_.dtype);  // zero is all-zero bits in every dtype
   for (auto [begin, end] : gaps)
     for (int32_t b = 0; b < s_.batch; ++b) {
-      TensorRef acc = o_direct_ ? views.q(o_direct_, begin, false) : views.q(o_acc_, begin, true);
-      engine_.zero(static_cast<char*>(acc.data) + b * acc.batch_stride * el, (end - begin) * acc.token_stride * el, stream);
+      TensorRef o = views.q(o_, begin, false);
+      engine_.zero(static_cast<char*>(o.data) + b * o.batch_stride * el, (end - begin) * o.token_stride * el, stream);
       for (int32_t h = 0; h < s_.heads_q; ++h)
         engine_.fill(lse_ + (static_cast<int64_t>(b) * s_.heads_q + h) * s_.local_q + begin,
                      -std::numeric_limits<float>::infinity(), end - begin, stream);
     }
-  if (!o_direct_) convert_out(s_, engine_, o_acc_, o, false, stream);
+  const std::vector<std::pair<int64_t, int64_t>> fp32 = merged(rows_);
+  if (fp32.size() == 1 && fp32[0] == std::pair<int64_t, int64_t>{0, s_.local_q})
+    return convert_out(s_, engine_, o_acc_, o_, false, stream);
+  for (auto [begin, end] : fp32) {
+    ConvertParams cv;
+    cv.dtype = core_dtype(s_.dtype);
+    cv.batch = s_.batch;
+    cv.heads = s_.heads_q;
+    cv.head_dim = s_.head_dim;
+    cv.seqlen = end - begin;
+    cv.src = views.q(o_acc_, begin, true);
+    cv.dst = views.q(o_, begin, false);
+    engine_.convert(cv, stream);
+  }
 }
 
 }  // namespace attncore::plugin

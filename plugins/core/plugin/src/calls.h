@@ -52,19 +52,29 @@ void compute_local_delta(const RingShape& s, Engine& engine, const attnhost_back
 // fp32 src (a shape's Q-like or K/V-like tensor) to the problem dtype in dst.
 void convert_out(const RingShape& s, Engine& engine, const float* src, void* dst, bool kv, void* stream);
 
-// The forward's output in fp32: the first call on a row writes (O, LSE) directly, later calls
-// write a partial that is merged in. finish() gives rows no call reached O = 0 and LSE = -inf
-// and converts O to the problem dtype.
+// A forward call, and whether it alone reaches its rows: then it writes O in the problem dtype
+// straight into the output, with no fp32 round trip and no merge.
+struct OutputCall {
+  BlockCall call;
+  bool direct;
+};
+// A rank's calls, step by step, each with whether it writes directly. A dense call (no segments, no
+// block list) is cut where other calls' rows begin and end, so that the rows no other call reaches
+// are written directly (a window's own block, but for the rows that reach the previous rank).
+std::vector<std::vector<OutputCall>> output_calls(const std::vector<std::vector<BlockCall>>& steps);
+
+// The forward's output. A direct call writes (O, LSE) in the final output; otherwise in fp32, where
+// the first call on a row writes (O, LSE) and later calls write a partial that is merged in.
+// finish() gives rows no call reached O = 0 and LSE = -inf, and converts the fp32 rows to the
+// problem dtype.
 class OutputAccumulator {
  public:
-  // o_acc, o_part: fp32 [batch, local_q, heads_q, dim]; lse_part: [batch, heads_q, local_q].
-  // `o_direct`: the final O, when the rank makes a single call: there is nothing to merge, so the
-  // call writes O in the problem dtype straight into it (no fp32 round trip, no conversion).
-  OutputAccumulator(const RingShape& s, Engine& engine, float* o_acc, float* o_part, float* lse_part, float* lse,
-                    void* o_direct = nullptr)
-      : s_(s), engine_(engine), o_acc_(o_acc), o_part_(o_part), lse_part_(lse_part), lse_(lse), o_direct_(o_direct) {}
-  void run(ForwardParams p, const BlockCall& c, void* stream);
-  void finish(void* o, void* stream);
+  // o_acc, o_part: fp32 [batch, local_q, heads_q, dim]; lse_part: [batch, heads_q, local_q]; lse and
+  // o: the final output.
+  OutputAccumulator(const RingShape& s, Engine& engine, float* o_acc, float* o_part, float* lse_part, float* lse, void* o)
+      : s_(s), engine_(engine), o_acc_(o_acc), o_part_(o_part), lse_part_(lse_part), lse_(lse), o_(o) {}
+  void run(ForwardParams p, const OutputCall& c, void* stream);
+  void finish(void* stream);
 
  private:
   bool written(int64_t begin, int64_t end) const;  // all of [begin, end) or none (else a schedule bug)
@@ -72,9 +82,8 @@ class OutputAccumulator {
   const RingShape& s_;
   Engine& engine_;
   float *o_acc_, *o_part_, *lse_part_, *lse_;
-  void* o_direct_;
-  std::vector<std::pair<int64_t, int64_t>> rows_;  // row ranges written so far
+  void* o_;
+  std::vector<std::pair<int64_t, int64_t>> rows_, direct_;  // row ranges written in fp32, and directly
 };
-
 
 }  // namespace attncore::plugin

@@ -242,13 +242,12 @@ void RingAttention::forward_slice(const RingShape& s, const attnhost_forward_arg
   void* compute = host_.stream(0);
   void* comm = overlap_ ? host_.stream(1) : compute;
   const auto [q_elems, kv_elems, rows] = local_sizes(s);
-  std::vector<std::vector<BlockCall>> plans(world_);
-  size_t calls = 0;
-  for (int step = 0; step < world_; ++step) calls += (plans[step] = plan_(rank_, source(step))).size();
-  // One call in all (world size 1 with a single block): O goes straight to the problem's dtype.
+  std::vector<std::vector<BlockCall>> steps(world_);
+  for (int step = 0; step < world_; ++step) steps[step] = plan_(rank_, source(step));
+  const std::vector<std::vector<OutputCall>> plans = output_calls(steps);
   OutputAccumulator out(s, *engine_, reinterpret_cast<float*>(work_), reinterpret_cast<float*>(work_ + align_up(q_elems * 4)),
                         reinterpret_cast<float*>(work_ + 2 * align_up(q_elems * 4)), static_cast<float*>(a.lse.data),
-                        calls == 1 ? a.o.data : nullptr);
+                        a.o.data);
 
   for (int step = 0; step < world_; ++step) {
     KV cur = step == 0 ? KV{a.k.data, a.v.data} : kv_[step % 2];
@@ -257,15 +256,15 @@ void RingAttention::forward_slice(const RingShape& s, const attnhost_forward_arg
       engine_->wait(comm, compute);  // the receive buffer was read by the previous step
       passed = pass_kv(s, cur, kv_[(step + 1) % 2], step, comm);
     }
-    for (const BlockCall& c : plans[step]) {
+    for (const OutputCall& c : plans[step]) {
       std::string name = "attention step " + std::to_string(step);
       int32_t range = host_.range_begin(name.c_str(), ATTNHOST_RANGE_COMPUTE, compute);
-      out.run(forward_params(s, c, a.q.data, cur.k, cur.v), c, compute);  // first call on its rows, or merged
+      out.run(forward_params(s, c.call, a.q.data, cur.k, cur.v), c, compute);  // direct, first on its rows, or merged
       host_.range_end(range, compute);
     }
     if (passed) engine_->wait(compute, comm);  // the next block has arrived
   }
-  out.finish(a.o.data, compute);  // rows no call reached: O = 0, LSE = -inf; O in the problem dtype
+  out.finish(compute);  // rows no call reached: O = 0, LSE = -inf; O in the problem dtype
 }
 
 void RingAttention::backward(const attnhost_backward_args& a) {

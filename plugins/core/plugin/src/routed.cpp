@@ -113,30 +113,30 @@ void RoutedAttention::forward(const attnhost_forward_args& a) {
   void* compute = host_.stream(0);
   void* comm = overlap_ ? host_.stream(1) : compute;
   const size_t q_elems = local_sizes(s_).q;
-  size_t calls = 0;
-  for (const Round& r : rounds_) calls += r.calls.size();
+  std::vector<std::vector<BlockCall>> steps;
+  for (const Round& r : rounds_) steps.push_back(r.calls);
+  const std::vector<std::vector<OutputCall>> plans = output_calls(steps);
   OutputAccumulator out(s_, *engine_, reinterpret_cast<float*>(work_),
                         reinterpret_cast<float*>(work_ + align_up(q_elems * 4)),
                         reinterpret_cast<float*>(work_ + 2 * align_up(q_elems * 4)), static_cast<float*>(a.lse.data),
-                        calls == 1 ? a.o.data : nullptr);  // one call: O straight in the problem dtype
+                        a.o.data);
   for (int t = 0; t < world_; ++t) {
-    const Round& r = rounds_[t];
     if (t + 1 < world_ && rounds_[t + 1].transfers()) {
       engine_->wait(comm, compute);  // the receive buffer was read two rounds ago
       KV next = kv_[(t + 1) % 2];
       exchange(rounds_[t + 1], false, a.k.data, a.v.data, next.k, next.v, s_.dtype, comm, "K V", t + 1);
     }
     KV cur = t == 0 ? KV{a.k.data, a.v.data} : kv_[t % 2];
-    for (const BlockCall& c : r.calls) {
+    for (const OutputCall& c : plans[t]) {
       std::string name = "attention round " + std::to_string(t);
       int32_t range = host_.range_begin(name.c_str(), ATTNHOST_RANGE_COMPUTE, compute);
-      out.run(forward_params(s_, c, a.q.data, cur.k, cur.v), c, compute);
+      out.run(forward_params(s_, c.call, a.q.data, cur.k, cur.v), c, compute);
       host_.range_end(range, compute);
     }
     if (t + 1 < world_ && !rounds_[t + 1].recv.empty()) engine_->wait(compute, comm);  // the next pieces arrived
   }
   if (active_rounds() > 0) engine_->wait(compute, comm);  // sends of a round that received nothing end in the pass too
-  out.finish(a.o.data, compute);
+  out.finish(compute);
 }
 
 void RoutedAttention::backward(const attnhost_backward_args& a) {
