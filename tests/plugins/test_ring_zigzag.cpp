@@ -164,9 +164,12 @@ TEST_CASE("gpu: ring and zigzag on the GPUs against the float64 reference" * doc
     test::error_does_not_grow(r);
   }
   for (int d : {64, 80, 96, 256}) test::all_pass(run_on(DeviceKind::cuda, dense_case("ring", sizes, 512, 4, 4, d, true, "fp16")));
-  auto window = dense_case("ring", sizes, 1024, 4, 4, 128, true);
-  window.problem.window_left = 300;
-  test::all_pass(run_on(DeviceKind::cuda, window));
+  for (const char* plugin : {"ring", "zigzag"})
+    for (int64_t left : {100, 300}) {  // gradients home (100) or travelling (300, at 512 keys a rank)
+      auto window = dense_case(plugin, sizes, 1024, 4, 4, 128, true);
+      window.problem.window_left = left;
+      test::all_pass(run_on(DeviceKind::cuda, window));
+    }
   auto z = run_on(DeviceKind::cuda, dense_case("zigzag", sizes, 1024, 8, 2, 128, true));
   test::all_pass(z);
   test::error_does_not_grow(z);
