@@ -59,6 +59,11 @@ TEST_CASE("zigzag takes a causal window: narrower and wider than a chunk, at wor
   auto fp16 = dense_case("zigzag", {2}, 128, 8, 1, 16, true, "fp16");
   fp16.problem.window_left = 0;  // each query sees itself alone
   test::all_pass(run_on(DeviceKind::cpu, fp16));
+  // Gradients home from two steps: at world size 4 rank 1's block (chunks 1 and 6) is reached at
+  // step 1 (chunk 2) and step 3 (chunk 7), 38 of its 60 columns in all.
+  auto two_steps = dense_case("zigzag", {4}, 240, 4, 2, 16, true, "fp32");
+  two_steps.problem.window_left = 8;
+  test::all_pass(run_on(DeviceKind::cpu, two_steps));
 }
 
 TEST_CASE("zigzag refuses what it cannot balance, before any allocation") {

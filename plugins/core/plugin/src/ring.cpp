@@ -3,6 +3,7 @@
 #include "calls.h"
 
 #include <algorithm>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -389,80 +390,155 @@ void RingAttention::backward_home(const RingShape& s, const attnhost_backward_ar
   float* delta = reinterpret_cast<float*>(work_);
   float* dq = reinterpret_cast<float*>(work_ + align_up(rows * 4));
   char* at = work_ + align_up(rows * 4) + align_up(q_elems * 4);
-  // This rank's block's gradients in fp32; then, in columns a remote member reaches, what this rank
-  // computes of another's block (two, alternating with their messages) and what arrives of its own.
-  const size_t full = align_up(kv_elems * 4), part = align_up(size_t(s.batch) * reach_ * token * 4);
-  const KV own{at, at + full};
-  at += 2 * full;
+
+  // This rank's block's gradients are kept in fp32 only in `kept`: the columns other members reach
+  // (their shares arrive and are added in) and those several own calls reach. Every other column
+  // has one call, which writes it in the problem dtype straight into dK and dV, as at world size 1.
+  const std::vector<BlockCall> own = plan_(rank_, rank_);
+  const auto dense = [](const BlockCall& c) { return !c.segments && c.num_segments == 0 && !c.blocks && !c.backward_segments; };
+  const Interval mine = carried(1, rank_);
+  Interval kept = mine;
+  for (size_t i = 0; i < own.size(); ++i) {
+    if (!dense(own[i])) kept = cover(kept, {own[i].kv_begin, own[i].kv_end});
+    for (size_t j = i + 1; j < own.size(); ++j) {
+      const Interval both{std::max(own[i].kv_begin, own[j].kv_begin), std::min(own[i].kv_end, own[j].kv_end)};
+      if (both.size() > 0) kept = cover(kept, both);
+    }
+  }
+  // kept, then (in reach_ columns) what this rank computes of another's block, two alternating with
+  // their messages, and what arrives of its own: within the travelling ring's three fp32 pairs.
+  const size_t kept_bytes = align_up(size_t(s.batch) * kept.size() * token * 4);
+  const size_t part = align_up(size_t(s.batch) * reach_ * token * 4);
+  const KV sum{at, at + kept_bytes};
+  at += 2 * kept_bytes;
   KV computed[2], arriving;
   for (KV* g : {&computed[0], &computed[1], &arriving}) {
     *g = KV{at, at + part};
     at += 2 * part;
   }
-  const Interval mine = carried(1, rank_);  // the columns of this rank's block that arrive
+  // A compact fp32 view of columns `cols` of a block, from column `col`.
+  const auto compact = [&](void* base, Interval cols, int64_t col) {
+    return TensorRef{static_cast<float*>(base) + (col - cols.lo) * token, cols.size() * token, token, s.head_dim};
+  };
+  const auto run = [&](const BlockCall& c, const KV& cur, int step, const std::function<void(BackwardParams&)>& out) {
+    if (c.backward_segments && c.num_backward_segments == 0) return;  // nothing attends: nothing to differentiate
+    const std::string name = "attention backward step " + std::to_string(step);
+    const int32_t range = host_.range_begin(name.c_str(), ATTNHOST_RANGE_COMPUTE, compute);
+    BackwardParams p = backward_params(s, c, a, cur.k, cur.v, delta, dq, static_cast<float*>(sum.k), static_cast<float*>(sum.v));
+    out(p);
+    engine_->backward(p, compute);
+    host_.range_end(range, compute);
+  };
+  // The own block's calls cut at kept's ends: the pieces inside add into `sum`, the others write.
+  const auto own_pieces = [&](bool inside) {
+    const KV mine_kv{a.k.data, a.v.data};
+    for (const BlockCall& c : own) {
+      if (!dense(c)) {
+        if (inside) run(c, mine_kv, 0, [&](BackwardParams& p) {
+            p.dk = compact(sum.k, kept, c.kv_begin);
+            p.dv = compact(sum.v, kept, c.kv_begin);
+          });
+        continue;
+      }
+      const int64_t cuts[] = {c.kv_begin, std::clamp(kept.lo, c.kv_begin, c.kv_end), std::clamp(kept.hi, c.kv_begin, c.kv_end), c.kv_end};
+      for (int k = 0; k < 3; ++k) {
+        if (cuts[k + 1] <= cuts[k] || (k == 1) != inside) continue;
+        BlockCall piece = c;
+        piece.kv_begin = cuts[k];
+        piece.kv_end = cuts[k + 1];
+        piece.kv_pos0 = c.kv_pos0 + (cuts[k] - c.kv_begin);
+        run(piece, mine_kv, 0, [&](BackwardParams& p) {
+          if (inside) {
+            p.dk = compact(sum.k, kept, piece.kv_begin);
+            p.dv = compact(sum.v, kept, piece.kv_begin);
+          } else if (s.kv_grads_fp32) {
+            p.dk = LocalViews{s}.kv(a.dk.data, piece.kv_begin, true);
+            p.dv = LocalViews{s}.kv(a.dv.data, piece.kv_begin, true);
+            p.write_dkdv_fp32 = p.write_dkdv = true;
+          } else {
+            write_dkdv_into(p, s, piece, a);
+          }
+        });
+      }
+    }
+  };
+
   compute_local_delta(s, *engine_, a, delta, dq, compute);
+  engine_->wait(comm, compute);  // the inputs are ready
+  bool passed = pass_kv(s, {a.k.data, a.v.data}, kv_[1], 0, comm);
+  Engine::Event kv_ready = engine_->record(comm);
+  if (kept.size() > 0) {
+    engine_->zero(sum.k, size_t(s.batch) * kept.size() * token * 4, compute);
+    engine_->zero(sum.v, size_t(s.batch) * kept.size() * token * 4, compute);
+  }
+  own_pieces(true);  // under the first hop
 
   Engine::Event sent[2];  // computed[i] has gone home
-  for (int step = 0; step < world_; ++step) {
-    const KV cur = step == 0 ? KV{a.k.data, a.v.data} : kv_[step % 2];
-    Engine::Event kv_ready;
-    bool passed = false;
+  for (int step = 1; step < world_; ++step) {
+    if (passed) engine_->wait(compute, kv_ready);  // this step's block has arrived
+    const KV cur = kv_[step % 2];
+    passed = false;
     if (step + 1 < world_) {
       engine_->wait(comm, compute);  // the receive buffer was read by the previous step
       passed = pass_kv(s, cur, kv_[(step + 1) % 2], step, comm);
       kv_ready = engine_->record(comm);
     }
     const std::vector<BlockCall> calls = plan_(rank_, source(step));
-    const Interval cols = step == 0 ? Interval{0, s.local_kv} : carried(1, source(step));  // the buffer's
-    const KV grad = step == 0 ? own : computed[step % 2];
+    const Interval cols = carried(1, source(step));  // the columns `grad` holds
+    const KV grad = computed[step % 2];
     // One dense call writes its columns (the only ones that go home) rather than adding into zeros.
-    const bool dense = calls.size() == 1 && !calls[0].backward_segments && calls[0].num_segments == 0;
-    const bool writes = dense && !s.dtype_partials && (step > 0 || covers_all_keys(s, calls[0]));
-    if (step >= 2) engine_->wait(compute, sent[step % 2]);
+    const bool writes = calls.size() == 1 && dense(calls[0]) && !s.dtype_partials;
+    if (step >= 3) engine_->wait(compute, sent[step % 2]);
     if (!calls.empty() && !writes) {
-      const size_t bytes = step == 0 ? kv_elems * 4 : size_t(s.batch) * cols.size() * token * 4;
-      engine_->zero(grad.k, bytes, compute);
-      engine_->zero(grad.v, bytes, compute);
+      engine_->zero(grad.k, size_t(s.batch) * cols.size() * token * 4, compute);
+      engine_->zero(grad.v, size_t(s.batch) * cols.size() * token * 4, compute);
     }
-    for (const BlockCall& c : calls) {
-      if (c.backward_segments && c.num_backward_segments == 0) continue;  // nothing attends: nothing to differentiate
-      const std::string name = "attention backward step " + std::to_string(step);
-      const int32_t range = host_.range_begin(name.c_str(), ATTNHOST_RANGE_COMPUTE, compute);
-      BackwardParams p = backward_params(s, c, a, cur.k, cur.v, delta, dq, static_cast<float*>(grad.k),
-                                         static_cast<float*>(grad.v));
-      if (step > 0)
-        for (auto [view, base] : {std::pair{&p.dk, grad.k}, std::pair{&p.dv, grad.v}})
-          *view = {static_cast<float*>(base) + (c.kv_begin - cols.lo) * token, cols.size() * token, token, s.head_dim};
-      p.write_dkdv = p.write_dkdv_fp32 = writes;
-      engine_->backward(p, compute);
-      host_.range_end(range, compute);
-    }
+    for (const BlockCall& c : calls)
+      run(c, cur, step, [&](BackwardParams& p) {
+        p.dk = compact(grad.k, cols, c.kv_begin);
+        p.dv = compact(grad.v, cols, c.kv_begin);
+        p.write_dkdv = p.write_dkdv_fp32 = writes;
+      });
     // What this rank computed of the block in hand goes to its owner; what the member holding this
     // rank's block computed of it arrives and is added in.
-    const Interval out = step > 0 ? reached(step, source(step)) : Interval{};
-    const Interval in = step > 0 ? reached(step, rank_) : Interval{};
-    if (out.size() > 0 || in.size() > 0) {
-      engine_->wait(comm, compute);
-      const std::string name = "dK dV home step " + std::to_string(step);
-      const int32_t range = host_.range_begin(name.c_str(), ATTNHOST_RANGE_COMMUNICATION, comm);
-      host_.group_start();
-      for (void* g : {grad.k, grad.v}) transfer(true, {g, cols.size(), cols.lo, ATTNHOST_DTYPE_FP32}, out, source(step), s, comm);
-      for (void* g : {arriving.k, arriving.v})
-        transfer(false, {g, mine.size(), mine.lo, ATTNHOST_DTYPE_FP32}, in, member_at(step), s, comm);
-      host_.group_end();
-      sent[step % 2] = engine_->record(comm);
-      for (auto [sum, part_in] : {std::pair{own.k, arriving.k}, std::pair{own.v, arriving.v}})
-        for (int32_t b = 0; b < s.batch && in.size() > 0; ++b)
-          engine_->add(static_cast<float*>(sum) + (b * s.local_kv + in.lo) * token,
-                       static_cast<const float*>(part_in) + (b * mine.size() + in.lo - mine.lo) * token,
-                       in.size() * token, comm);
-      host_.range_end(range, comm);
-    }
-    if (passed) engine_->wait(compute, kv_ready);  // the next block has arrived
+    const Interval out = reached(step, source(step)), in = reached(step, rank_);
+    if (out.size() == 0 && in.size() == 0) continue;
+    engine_->wait(comm, compute);
+    const std::string name = "dK dV home step " + std::to_string(step);
+    const int32_t range = host_.range_begin(name.c_str(), ATTNHOST_RANGE_COMMUNICATION, comm);
+    host_.group_start();
+    for (void* g : {grad.k, grad.v}) transfer(true, {g, cols.size(), cols.lo, ATTNHOST_DTYPE_FP32}, out, source(step), s, comm);
+    for (void* g : {arriving.k, arriving.v})
+      transfer(false, {g, mine.size(), mine.lo, ATTNHOST_DTYPE_FP32}, in, member_at(step), s, comm);
+    host_.group_end();
+    sent[step % 2] = engine_->record(comm);
+    for (auto [total, share] : {std::pair{sum.k, arriving.k}, std::pair{sum.v, arriving.v}})
+      for (int32_t b = 0; b < s.batch && in.size() > 0; ++b)
+        engine_->add(static_cast<float*>(total) + (b * kept.size() + in.lo - kept.lo) * token,
+                     static_cast<const float*>(share) + (b * mine.size() + in.lo - mine.lo) * token,
+                     in.size() * token, comm);
+    host_.range_end(range, comm);
   }
+  own_pieces(false);  // the bulk of the own block, under the last gradients home
   engine_->wait(compute, comm);  // every share of this rank's block is in
-  finish_kv_grad(s, static_cast<float*>(own.k), a.dk.data, compute);
-  finish_kv_grad(s, static_cast<float*>(own.v), a.dv.data, compute);
+  if (kept.size() > 0)
+    for (auto [total, out] : {std::pair{sum.k, a.dk.data}, std::pair{sum.v, a.dv.data}}) {
+      if (s.kv_grads_fp32) {
+        const size_t row = size_t(kept.size()) * token * 4;
+        engine_->copy_rows(static_cast<char*>(out) + kept.lo * token * 4, size_t(s.local_kv) * token * 4, total, row, row,
+                           s.batch, compute);
+        continue;
+      }
+      ConvertParams cv;
+      cv.dtype = core_dtype(s.dtype);
+      cv.batch = s.batch;
+      cv.heads = s.heads_kv;
+      cv.head_dim = s.head_dim;
+      cv.seqlen = kept.size();
+      cv.src = compact(total, kept, kept.lo);
+      cv.dst = LocalViews{s}.kv(out, kept.lo, false);
+      engine_->convert(cv, compute);
+    }
   convert_out(s, *engine_, dq, a.dq.data, false, compute);
 }
 
