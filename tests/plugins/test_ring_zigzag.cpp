@@ -76,6 +76,34 @@ TEST_CASE("zigzag refuses what it cannot balance, before any allocation") {
   CHECK(run_on(DeviceKind::cpu, dense_case("ring", {2}, 256, 2, 2, 16, true)).runs[0].peak_bytes.size() == 2);
 }
 
+TEST_CASE("ring and zigzag under a window hold the keys it reaches, not whole blocks: no batch slices needed") {
+  // Peak memory of a rank at world size 2, with batch_slices auto (0) and forced to one slice.
+  const auto peaks = [](const std::string& plugin, int64_t window) {
+    auto c = dense_case(plugin, {2}, 512, 4, 4, 32, true);
+    c.problem.batch = 4;
+    c.problem.window_left = window;
+    std::vector<uint64_t> out;
+    for (int64_t slices : {0, 1}) {
+      c.params["batch_slices"] = slices;
+      attnhost::CaseResult r = run_on(DeviceKind::cpu, c);
+      test::all_pass(r);
+      out.push_back(r.runs[0].peak_bytes[0]);
+    }
+    return out;
+  };
+  for (const std::string plugin : {"ring", "zigzag"}) {
+    INFO(plugin);
+    // 16 keys: 16-key receive buffers and gradients; one slice fits the memory rule.
+    const std::vector<uint64_t> narrow = peaks(plugin, 16);
+    CHECK(narrow[0] == narrow[1]);
+    // 400 keys reach most of the other block: whole blocks travel with their fp32 gradients, and the
+    // rule takes slices of the batch.
+    const std::vector<uint64_t> wide = peaks(plugin, 400);
+    CHECK(wide[0] < wide[1]);
+    CHECK(narrow[1] < wide[1]);
+  }
+}
+
 TEST_CASE("ring and zigzag without overlap give the same answers") {
   auto c = dense_case("zigzag", {2}, 128, 2, 2, 16, true);
   c.params["overlap"] = false;

@@ -45,9 +45,17 @@ size_t work_bytes(const RingShape& s, int world_size) {
   const LocalSizes n = local_sizes(s);
   const size_t dkdv_pairs = world_size > 1 ? 3 : 1;  // two computed in turn while the sums arrive in the third
   const size_t forward_work = 2 * align_up(n.q * 4) + align_up(n.rows * 4);  // O acc, O part, LSE part
-  const size_t backward_work = align_up(n.rows * 4) + align_up(n.q * 4) + 2 * dkdv_pairs * align_up(n.kv * 4);  // delta, dQ, dK dV
+  size_t backward_work = align_up(n.rows * 4) + align_up(n.q * 4) + 2 * dkdv_pairs * align_up(n.kv * 4);  // delta, dQ, dK dV
+  if (world_size > 1 && s.carried_columns >= 0) {  // gradients home: kept columns, then three pairs of carried ones
+    const size_t column = size_t(s.batch) * s.heads_kv * s.head_dim * 4;
+    backward_work = align_up(n.rows * 4) + align_up(n.q * 4) + 2 * align_up(column * s.kept_columns) +
+                    6 * align_up(column * s.carried_columns);
+  }
   return std::max(forward_work, backward_work);
 }
+
+// Whether a member's calls are dense (no segments, no block list): such a call may be cut.
+bool dense(const BlockCall& c) { return !c.segments && c.num_segments == 0 && !c.blocks && !c.backward_segments; }
 
 // A slice of heads packed into buffers of its own: Q-like and K/V-like [batch, tokens, heads, D] in
 // the problem dtype, LSE [batch, heads, tokens].
@@ -79,13 +87,71 @@ Interval cover(Interval a, Interval b) {
   return {std::min(a.lo, b.lo), std::max(a.hi, b.hi)};
 }
 
+// What the member holding block `source` at `step` reaches of it, by [step * world + source].
+std::vector<Interval> reached_table(const RingPlan& plan, int world) {
+  std::vector<Interval> reached(size_t(world) * world);
+  for (int step = 1; step < world; ++step)
+    for (int src = 0; src < world; ++src)
+      for (const BlockCall& c : plan((src + step) % world, src))
+        reached[step * world + src] = cover(reached[step * world + src], {c.kv_begin, c.kv_end});
+  return reached;
+}
+
+// What the hop into `step` carries of block `source`: what the members from there on reach.
+std::vector<Interval> carried_table(const std::vector<Interval>& reached, int world) {
+  std::vector<Interval> carried(reached.size());
+  for (int step = world - 1; step >= 1; --step)
+    for (int src = 0; src < world; ++src)
+      carried[step * world + src] =
+          cover(reached[step * world + src], step + 1 < world ? carried[(step + 1) * world + src] : Interval{});
+  return carried;
+}
+
+// The columns of its own block a member keeps in fp32 where gradients go home: those that arrive
+// (`arrive`), those several of its own calls reach, and those of a call that cannot be cut.
+Interval kept_columns(const std::vector<BlockCall>& own, Interval arrive) {
+  Interval kept = arrive;
+  for (size_t i = 0; i < own.size(); ++i) {
+    if (!dense(own[i])) kept = cover(kept, {own[i].kv_begin, own[i].kv_end});
+    for (size_t j = i + 1; j < own.size(); ++j) {
+      const Interval both{std::max(own[i].kv_begin, own[j].kv_begin), std::min(own[i].kv_end, own[j].kv_end)};
+      if (both.size() > 0) kept = cover(kept, both);
+    }
+  }
+  return kept;
+}
+
 }  // namespace
+
+void set_block_reach(RingShape& s, const RingPlan& plan, int world_size) {
+  s.carried_columns = s.kept_columns = -1;
+  if (world_size == 1) return;
+  const std::vector<Interval> carried = carried_table(reached_table(plan, world_size), world_size);
+  int64_t most = 0, kept = 0;
+  for (int m = 0; m < world_size; ++m) {
+    most = std::max(most, carried[world_size + m].size());
+    kept = std::max(kept, kept_columns(plan(m, m), carried[world_size + m]).size());
+  }
+  // Gradients home when each message home (fp32) is no longer than the travelling ring's last hop
+  // (the block in the problem dtype), and the buffers (kept, then three pairs of carried columns)
+  // take no more than its three fp32 pairs.
+  const int64_t n = s.local_kv;
+  if (4 * most <= int64_t(attnhost::dtype_size(s.dtype)) * n && 3 * most <= 2 * n && kept <= n) {
+    s.carried_columns = most;
+    s.kept_columns = kept;
+  }
+}
 
 size_t RingAttention::workspace_bytes(const RingShape& shape, int world_size) {
   const RingShape s = largest_slice(shape);
-  const size_t receive = world_size > 1 ? 4 * align_up(local_sizes(s).kv * attnhost::dtype_size(s.dtype)) : 0;  // two K/V blocks
+  const size_t receive = world_size > 1 ? 4 * align_up(block_bytes(s)) : 0;  // two K/V blocks
   const size_t packed = s.heads_kv < shape.heads_kv ? packed_bytes(s) : 0;
   return receive + work_bytes(s, world_size) + packed;
+}
+
+size_t RingAttention::block_bytes(const RingShape& s) {
+  const int64_t columns = s.carried_columns >= 0 ? s.carried_columns : s.local_kv;
+  return size_t(s.batch) * columns * s.heads_kv * s.head_dim * attnhost::dtype_size(s.dtype);
 }
 
 RingAttention::RingAttention(const RingShape& shape, RingPlan plan, attnhost::Host host, RingMembers members,
@@ -94,7 +160,7 @@ RingAttention::RingAttention(const RingShape& shape, RingPlan plan, attnhost::Ho
       world_(members.size), overlap_(overlap),
       engine_(Engine::make(cuda, cpu_fp64, EngineOptions{shape.engine, host, shape.dtype_partials})) {
   const RingShape s = largest_slice(s_);
-  const size_t kv_block = align_up(local_sizes(s).kv * attnhost::dtype_size(s.dtype));
+  const size_t kv_block = align_up(block_bytes(s));
   arena_ = attnhost::HostBuffer(host_, workspace_bytes(s_, world_));
   char* at = arena_.as<char>();
   if (world_ > 1)
@@ -109,26 +175,22 @@ RingAttention::RingAttention(const RingShape& shape, RingPlan plan, attnhost::Ho
 
 void RingAttention::plan_reach() {
   if (!carried_.empty() || world_ == 1) return;
-  const size_t p = world_;
-  reached_.assign(p * p, Interval{});
-  carried_.assign(p * p, Interval{});
-  for (int step = 1; step < world_; ++step)
-    for (int src = 0; src < world_; ++src)
-      for (const BlockCall& c : plan_((src + step) % world_, src))
-        reached_[step * p + src] = cover(reached_[step * p + src], {c.kv_begin, c.kv_end});
-  for (int step = world_ - 1; step >= 1; --step)
-    for (int src = 0; src < world_; ++src)
-      carried_[step * p + src] = cover(reached(step, src), step + 1 < world_ ? carried(step + 1, src) : Interval{});
-  for (int src = 0; src < world_; ++src) reach_ = std::max(reach_, carried(1, src).size());
-  // backward_home's buffers (its own block's fp32 pair, then three pairs of reach_ columns) within
-  // the travelling ring's three full pairs, and its fp32 messages no longer than the dtype hop home.
-  const RingShape largest = largest_slice(s_);
-  const size_t token = size_t(largest.heads_kv) * largest.head_dim * largest.batch;
-  const size_t full = align_up(token * largest.local_kv * 4), part = align_up(token * reach_ * 4);
-  grads_home_ = 3 * part <= 2 * full && 4 * reach_ <= int64_t(attnhost::dtype_size(s_.dtype)) * s_.local_kv;
+  reached_ = reached_table(plan_, world_);
+  carried_ = carried_table(reached_, world_);
+  if (s_.carried_columns < 0) return;
+  for (int src = 0; src < world_; ++src)
+    if (carried(1, src).size() > s_.carried_columns)
+      attnhost::fail(ATTNHOST_ERR_INTERNAL, "schedule: a block carries more columns than its shape was sized for");
 }
 
-void RingAttention::transfer(bool send, const Columns& b, Interval cols, int peer, const RingShape& s, void* stream) {
+RingAttention::Columns RingAttention::held(int step, int src, void* data) const {
+  if (step == 0 || s_.carried_columns < 0) return {data, s_.local_kv, 0, s_.dtype};
+  const Interval c = carried(1, src);
+  return {data, c.size(), c.lo, s_.dtype};
+}
+
+void RingAttention::transfer(bool send, const Columns& b, const Columns& peer_b, Interval cols, int peer,
+                             const RingShape& s, void* stream) {
   if (cols.size() == 0) return;
   const size_t token = size_t(s.heads_kv) * s.head_dim, el = attnhost::dtype_size(b.dtype);
   const int world_peer = members_.rank_of(peer);
@@ -136,24 +198,29 @@ void RingAttention::transfer(bool send, const Columns& b, Interval cols, int pee
     if (send) host_.send(at, count, b.dtype, world_peer, stream);
     else host_.recv(at, count, b.dtype, world_peer, stream);
   };
+  const auto whole = [&](const Columns& x) { return cols.lo == x.first && cols.hi == x.first + x.width; };
   char* base = static_cast<char*>(b.data);
-  if (cols.lo == b.first && cols.hi == b.first + b.width) return move(base, size_t(s.batch) * b.width * token);
+  if (whole(b) && whole(peer_b)) return move(base, size_t(s.batch) * b.width * token);
   for (int32_t batch = 0; batch < s.batch; ++batch)
     move(base + (size_t(batch) * b.width + (cols.lo - b.first)) * token * el, cols.size() * token);
 }
 
+TensorRef RingAttention::view(const Columns& b, int64_t column, const RingShape& s) const {
+  const int64_t token = int64_t{s.heads_kv} * s.head_dim;
+  return {static_cast<char*>(b.data) + (column - b.first) * token * attnhost::dtype_size(b.dtype), b.width * token,
+          token, s.head_dim};
+}
+
 bool RingAttention::pass_kv(const RingShape& s, KV in_hand, KV into, int step, void* stream) {
-  const Interval out = carried(step + 1, source(step)), in = carried(step + 1, source(step + 1));
+  const int out_src = source(step), in_src = source(step + 1);
+  const Interval out = carried(step + 1, out_src), in = carried(step + 1, in_src);
   if (out.size() == 0 && in.size() == 0) return false;
   const int next = (rank_ + 1) % world_, prev = (rank_ + world_ - 1) % world_;
   const std::string name = "K V step " + std::to_string(step);
   const int32_t range = host_.range_begin(name.c_str(), ATTNHOST_RANGE_COMMUNICATION, stream);
-  const auto block = [&](void* data) { return Columns{data, s.local_kv, 0, s.dtype}; };
   host_.group_start();
-  transfer(true, block(in_hand.k), out, next, s, stream);
-  transfer(true, block(in_hand.v), out, next, s, stream);
-  transfer(false, block(into.k), in, prev, s, stream);
-  transfer(false, block(into.v), in, prev, s, stream);
+  for (void* t : {in_hand.k, in_hand.v}) transfer(true, held(step, out_src, t), held(step + 1, out_src, nullptr), out, next, s, stream);
+  for (void* t : {into.k, into.v}) transfer(false, held(step + 1, in_src, t), held(step, in_src, nullptr), in, prev, s, stream);
   host_.group_end();
   host_.range_end(range, stream);
   return true;
@@ -260,7 +327,10 @@ void RingAttention::forward_slice(const RingShape& s, const attnhost_forward_arg
     for (const OutputCall& c : plans[step]) {
       std::string name = "attention step " + std::to_string(step);
       int32_t range = host_.range_begin(name.c_str(), ATTNHOST_RANGE_COMPUTE, compute);
-      out.run(forward_params(s, c.call, a.q.data, cur.k, cur.v), c, compute);  // direct, first on its rows, or merged
+      ForwardParams p = forward_params(s, c.call, a.q.data, cur.k, cur.v);
+      p.k = view(held(step, source(step), cur.k), c.call.kv_begin, s);
+      p.v = view(held(step, source(step), cur.v), c.call.kv_begin, s);
+      out.run(p, c, compute);  // direct, first on its rows, or merged
       host_.range_end(range, compute);
     }
     if (passed) engine_->wait(compute, comm);  // the next block has arrived
@@ -292,7 +362,7 @@ void RingAttention::backward(const attnhost_backward_args& a) {
 }
 
 void RingAttention::backward_slice(const RingShape& s, const attnhost_backward_args& a, bool last) {
-  if (grads_home_ && world_ > 1) return backward_home(s, a);
+  if (s.carried_columns >= 0 && world_ > 1) return backward_home(s, a);
   void* compute = host_.stream(0);
   void* comm = overlap_ ? host_.stream(1) : compute;
   const auto [q_elems, kv_elems, rows] = local_sizes(s);
@@ -333,6 +403,8 @@ void RingAttention::backward_slice(const RingShape& s, const attnhost_backward_a
       int32_t range = host_.range_begin(name.c_str(), ATTNHOST_RANGE_COMPUTE, compute);
       BackwardParams p = backward_params(s, c, a, cur.k, cur.v, delta, dq, static_cast<float*>(grad.k),
                                          static_cast<float*>(grad.v));
+      p.k = view(held(step, source(step), cur.k), c.kv_begin, s);
+      p.v = view(held(step, source(step), cur.v), c.kv_begin, s);
       if (sole) write_dkdv_into(p, s, c, a);
       else p.write_dkdv = p.write_dkdv_fp32 = writes;
       if (sole && s.kv_grads_fp32) {
@@ -395,20 +467,13 @@ void RingAttention::backward_home(const RingShape& s, const attnhost_backward_ar
   // (their shares arrive and are added in) and those several own calls reach. Every other column
   // has one call, which writes it in the problem dtype straight into dK and dV, as at world size 1.
   const std::vector<BlockCall> own = plan_(rank_, rank_);
-  const auto dense = [](const BlockCall& c) { return !c.segments && c.num_segments == 0 && !c.blocks && !c.backward_segments; };
-  const Interval mine = carried(1, rank_);
-  Interval kept = mine;
-  for (size_t i = 0; i < own.size(); ++i) {
-    if (!dense(own[i])) kept = cover(kept, {own[i].kv_begin, own[i].kv_end});
-    for (size_t j = i + 1; j < own.size(); ++j) {
-      const Interval both{std::max(own[i].kv_begin, own[j].kv_begin), std::min(own[i].kv_end, own[j].kv_end)};
-      if (both.size() > 0) kept = cover(kept, both);
-    }
-  }
-  // kept, then (in reach_ columns) what this rank computes of another's block, two alternating with
-  // their messages, and what arrives of its own: within the travelling ring's three fp32 pairs.
-  const size_t kept_bytes = align_up(size_t(s.batch) * kept.size() * token * 4);
-  const size_t part = align_up(size_t(s.batch) * reach_ * token * 4);
+  const Interval mine = carried(1, rank_), kept = kept_columns(own, mine);
+  if (kept.size() > s.kept_columns)
+    attnhost::fail(ATTNHOST_ERR_INTERNAL, "schedule: a rank keeps more columns than its shape was sized for");
+  // kept, then (in carried_columns) what this rank computes of another's block, two alternating
+  // with their messages, and what arrives of its own (work_bytes).
+  const size_t kept_bytes = align_up(size_t(s.batch) * s.kept_columns * token * 4);
+  const size_t part = align_up(size_t(s.batch) * s.carried_columns * token * 4);
   const KV sum{at, at + kept_bytes};
   at += 2 * kept_bytes;
   KV computed[2], arriving;
@@ -418,13 +483,15 @@ void RingAttention::backward_home(const RingShape& s, const attnhost_backward_ar
   }
   // A compact fp32 view of columns `cols` of a block, from column `col`.
   const auto compact = [&](void* base, Interval cols, int64_t col) {
-    return TensorRef{static_cast<float*>(base) + (col - cols.lo) * token, cols.size() * token, token, s.head_dim};
+    return view({base, cols.size(), cols.lo, ATTNHOST_DTYPE_FP32}, col, s);
   };
   const auto run = [&](const BlockCall& c, const KV& cur, int step, const std::function<void(BackwardParams&)>& out) {
     if (c.backward_segments && c.num_backward_segments == 0) return;  // nothing attends: nothing to differentiate
     const std::string name = "attention backward step " + std::to_string(step);
     const int32_t range = host_.range_begin(name.c_str(), ATTNHOST_RANGE_COMPUTE, compute);
     BackwardParams p = backward_params(s, c, a, cur.k, cur.v, delta, dq, static_cast<float*>(sum.k), static_cast<float*>(sum.v));
+    p.k = view(held(step, source(step), cur.k), c.kv_begin, s);
+    p.v = view(held(step, source(step), cur.v), c.kv_begin, s);
     out(p);
     engine_->backward(p, compute);
     host_.range_end(range, compute);
@@ -507,9 +574,15 @@ void RingAttention::backward_home(const RingShape& s, const attnhost_backward_ar
     const std::string name = "dK dV home step " + std::to_string(step);
     const int32_t range = host_.range_begin(name.c_str(), ATTNHOST_RANGE_COMMUNICATION, comm);
     host_.group_start();
-    for (void* g : {grad.k, grad.v}) transfer(true, {g, cols.size(), cols.lo, ATTNHOST_DTYPE_FP32}, out, source(step), s, comm);
-    for (void* g : {arriving.k, arriving.v})
-      transfer(false, {g, mine.size(), mine.lo, ATTNHOST_DTYPE_FP32}, in, member_at(step), s, comm);
+    // (Both ends lay a block's columns out alike: carried(1, block).)
+    for (void* g : {grad.k, grad.v}) {
+      const Columns b{g, cols.size(), cols.lo, ATTNHOST_DTYPE_FP32};
+      transfer(true, b, b, out, source(step), s, comm);
+    }
+    for (void* g : {arriving.k, arriving.v}) {
+      const Columns b{g, mine.size(), mine.lo, ATTNHOST_DTYPE_FP32};
+      transfer(false, b, b, in, member_at(step), s, comm);
+    }
     host_.group_end();
     sent[step % 2] = engine_->record(comm);
     for (auto [total, share] : {std::pair{sum.k, arriving.k}, std::pair{sum.v, arriving.v}})

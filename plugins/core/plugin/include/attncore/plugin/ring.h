@@ -78,6 +78,10 @@ struct RingShape {
   // dK and dV come out in fp32 (the backward's dk and dv tensors are fp32): gradients that are summed
   // further (ulysses's replicated kv heads) are rounded once, after the sum.
   bool kv_grads_fp32 = false;
+  // Where the backward's gradients go home (set_block_reach): at most this many columns of a block
+  // travel, and its owner keeps at most kept_columns of its own in fp32; the receive buffers and the
+  // workspace are sized for them. -1: every column travels, and the gradients travel with it.
+  int64_t carried_columns = -1, kept_columns = -1;
 };
 
 // The ranks a ring runs over: member i (0 <= i < size) is world rank first + i * stride. A plan's
@@ -88,6 +92,12 @@ struct RingMembers {
   int first = 0, stride = 1;
   int rank_of(int member) const { return first + member * stride; }
 };
+
+// Sets carried_columns and kept_columns of `s` from what the members of a ring of `world_size`
+// running `plan` reach of one another's blocks, where the gradients are better sent home than round
+// the ring: where each block's message home in fp32 is no longer than the block in the problem dtype,
+// and the others reach at most 2/3 of it (a sliding window). Else leaves them -1.
+void set_block_reach(RingShape& s, const RingPlan& plan, int world_size);
 
 class RingAttention {
  public:
@@ -119,16 +129,23 @@ class RingAttention {
   const Interval& carried(int step, int source) const { return carried_[size_t(step) * world_ + source]; }
   // The columns of `source`'s block that the member holding it at `step` reaches.
   const Interval& reached(int step, int source) const { return reached_[size_t(step) * world_ + source]; }
-  void plan_reach();  // fills carried_, reached_, grads_home_ and reach_, once
+  void plan_reach();  // fills carried_ and reached_, once
   // A [batch, width, heads_kv, D] buffer whose column c is column first + c of a block.
   struct Columns {
     void* data;
     int64_t width, first;
     int32_t dtype;
   };
-  // Columns `cols` of `b` to (send) or from member `peer`: one message when they are all of the
-  // buffer's, else one a batch entry.
-  void transfer(bool send, const Columns& b, Interval cols, int peer, const RingShape& s, void* stream);
+  // How the member holding block `src` at `step` lays it out: its own block whole, another's in the
+  // columns the first hop carries (all of them, where the gradients travel).
+  Columns held(int step, int src, void* data) const;
+  // Columns `cols` of `b` to (send) or from member `peer`, whose buffer is laid out as `peer_b`: one
+  // message when they are all of both buffers, else one a batch entry.
+  void transfer(bool send, const Columns& b, const Columns& peer_b, Interval cols, int peer, const RingShape& s,
+                void* stream);
+  // The view of `b` from block column `column`, [batch, token, head, D].
+  TensorRef view(const Columns& b, int64_t column, const RingShape& s) const;
+  static size_t block_bytes(const RingShape& s);  // one receive buffer of K or V
   // One slice of the ring: batch entries [b0, b0 + shape.batch) and key/value heads
   // [h0, h0 + shape.heads_kv) with their query heads. A slice of fewer heads than the problem's is
   // packed: its tensors are copied into buffers of their own (a message must be contiguous).
@@ -163,17 +180,12 @@ class RingAttention {
   // The K/V hop into step + 1: the block in hand on to the next member, the previous member's in,
   // each cut to carried(). False when neither way carries anything.
   bool pass_kv(const RingShape& s, KV in_hand, KV into, int step, void* stream);
-  // The backward where the gradients go home from every step (grads_home_).
+  // The backward where the gradients go home from every step (RingShape::carried_columns set).
   void backward_home(const RingShape& s, const attnhost_backward_args& a);
 
   RingShape s_;
   RingPlan plan_;
   std::vector<Interval> carried_, reached_;  // by [step * world + source]
-  // The gradients go home from every step: where no block is reached by the other members in more
-  // than 2/3 of its columns, nor in more fp32 bytes than the block has in the problem dtype (so the
-  // last message home is no longer than the travelling ring's, and the buffers fit its workspace).
-  bool grads_home_ = false;
-  int64_t reach_ = 0;  // the most columns of one block the other members reach
   attnhost::Host host_;
   RingMembers members_;
   int rank_, world_;  // this rank's place in the ring, and the ring's size

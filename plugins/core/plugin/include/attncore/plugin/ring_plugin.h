@@ -159,6 +159,7 @@ class RingPlugin {
     RingShape s = dense_shape(p, variant_.layout().local_tokens());
     s.batch_slices = static_cast<int32_t>(std::min<int64_t>(p.get_int("batch_slices"), s.batch));
     s.head_slices = static_cast<int32_t>(std::min<int64_t>(p.get_int("head_slices"), s.heads_kv));
+    set_block_reach(s, [this](int rank, int source) { return variant_.calls(rank, source); }, p->world_size);
     choose_slices(s, p->world_size);
     return s;
   }
