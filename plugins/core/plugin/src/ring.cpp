@@ -530,10 +530,10 @@ void RingAttention::backward_home(const RingShape& s, const attnhost_backward_ar
     }
   };
 
-  compute_local_delta(s, *engine_, a, delta, dq, compute);
   engine_->wait(comm, compute);  // the inputs are ready
-  bool passed = pass_kv(s, {a.k.data, a.v.data}, kv_[1], 0, comm);
+  bool passed = pass_kv(s, {a.k.data, a.v.data}, kv_[1], 0, comm);  // under delta and the first own pieces
   Engine::Event kv_ready = engine_->record(comm);
+  compute_local_delta(s, *engine_, a, delta, dq, compute);
   if (kept.size() > 0) {
     engine_->zero(sum.k, size_t(s.batch) * kept.size() * token * 4, compute);
     engine_->zero(sum.v, size_t(s.batch) * kept.size() * token * 4, compute);

@@ -78,12 +78,22 @@ class ZigzagPlan {
   std::vector<BlockCall> calls(int member, int source) const {
     const int64_t c = chunk_;
     if (mask_.window_left >= 0) {
+      // A block whose chunks are neighbours in the sequence (member M-1's) is one range.
+      const auto ranges = [&](int m) {
+        return late(m) == early(m) + c ? std::vector<int64_t>{0} : std::vector<int64_t>{0, c};
+      };
+      const auto length = [&](int m) { return late(m) == early(m) + c ? 2 * c : c; };
       std::vector<BlockCall> calls;
-      // Each chunk's rows meet their first call whole (a later call of a row is merged into it).
-      const std::pair<int64_t, int64_t> pairs[] = {{0, 0}, {c, c}, {c, 0}, {0, c}};  // (local row, local column)
+      // Each chunk's rows meet their first call whole (a later call of a row is merged into it):
+      // the own block's chunks against themselves first.
+      std::vector<std::pair<int64_t, int64_t>> pairs;  // (local row, local column)
+      for (int64_t row : ranges(member)) pairs.emplace_back(row, source == member ? row : 0);
+      for (int64_t row : ranges(member))
+        for (int64_t col : ranges(source))
+          if (std::find(pairs.begin(), pairs.end(), std::pair{row, col}) == pairs.end()) pairs.emplace_back(row, col);
       for (auto [row, col] : pairs)
-        if (std::optional<BlockCall> call =
-                dense_call(mask_, row, position(member, row), c, col, position(source, col), c))
+        if (std::optional<BlockCall> call = dense_call(mask_, row, position(member, row), length(member), col,
+                                                       position(source, col), length(source)))
           calls.push_back(*call);
       return calls;
     }
