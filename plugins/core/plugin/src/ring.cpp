@@ -317,13 +317,11 @@ void RingAttention::forward_slice(const RingShape& s, const attnhost_forward_arg
                         reinterpret_cast<float*>(work_ + 2 * align_up(q_elems * 4)), static_cast<float*>(a.lse.data),
                         a.o.data);
 
+  // A step's kernels are enqueued before its hop: the host's time launching the messages then passes
+  // while the GPU computes, and the hop still starts with the step.
   for (int step = 0; step < world_; ++step) {
     KV cur = step == 0 ? KV{a.k.data, a.v.data} : kv_[step % 2];
-    bool passed = false;
-    if (step + 1 < world_) {
-      engine_->wait(comm, compute);  // the receive buffer was read by the previous step
-      passed = pass_kv(s, cur, kv_[(step + 1) % 2], step, comm);
-    }
+    const Engine::Event read = engine_->record(compute);  // the previous step has read its block
     for (const OutputCall& c : plans[step]) {
       std::string name = "attention step " + std::to_string(step);
       int32_t range = host_.range_begin(name.c_str(), ATTNHOST_RANGE_COMPUTE, compute);
@@ -333,7 +331,10 @@ void RingAttention::forward_slice(const RingShape& s, const attnhost_forward_arg
       out.run(p, c, compute);  // direct, first on its rows, or merged
       host_.range_end(range, compute);
     }
-    if (passed) engine_->wait(compute, comm);  // the next block has arrived
+    if (step + 1 < world_) {
+      engine_->wait(comm, read);  // the receive buffer was read by the previous step
+      if (pass_kv(s, cur, kv_[(step + 1) % 2], step, comm)) engine_->wait(compute, comm);  // the next block has arrived
+    }
   }
   out.finish(compute);  // rows no call reached: O = 0, LSE = -inf; O in the problem dtype
 }
@@ -381,12 +382,7 @@ void RingAttention::backward_slice(const RingShape& s, const attnhost_backward_a
   for (int step = 0; step < world_; ++step) {
     const KV cur = step == 0 ? KV{a.k.data, a.v.data} : kv_[step % 2];
     const KV grad = pair(step % 2);  // sent two steps ago: its hop is done (ordered before kv_ready)
-    Engine::Event kv_ready;
-    if (step + 1 < world_) {
-      engine_->wait(comm, compute);  // the receive buffer was read by the previous step
-      pass_kv(s, cur, kv_[(step + 1) % 2], step, comm);
-      kv_ready = engine_->record(comm);
-    }
+    const Engine::Event read = engine_->record(compute);  // the previous step has read its block
     // A step of one call over every key of the block writes its share rather than adding it into
     // zeros: on one rank in the problem dtype straight into dK and dV (no fp32 pair to convert),
     // else in fp32. (Not with dtype partials: there cuDNN serves the call, and it adds.)
@@ -414,6 +410,12 @@ void RingAttention::backward_slice(const RingShape& s, const attnhost_backward_a
       }
       engine_->backward(p, compute);
       host_.range_end(range, compute);
+    }
+    Engine::Event kv_ready;  // (the hop after the step's kernels, as in the forward)
+    if (step + 1 < world_) {
+      engine_->wait(comm, read);  // the receive buffer was read by the previous step
+      pass_kv(s, cur, kv_[(step + 1) % 2], step, comm);
+      kv_ready = engine_->record(comm);
     }
     if (world_ == 1) {
       if (!sole) {
@@ -497,7 +499,10 @@ void RingAttention::backward_home(const RingShape& s, const attnhost_backward_ar
     host_.range_end(range, compute);
   };
   // The own block's calls cut at kept's ends: the pieces inside add into `sum`, the others write.
-  const auto own_pieces = [&](bool inside) {
+  // The others are cut again in halves of their columns: one goes under the first hop, the other
+  // under the last gradients home (part 0: inside; 1 and 2: the halves outside).
+  const auto own_pieces = [&](int part) {
+    const bool inside = part == 0;
     const KV mine_kv{a.k.data, a.v.data};
     for (const BlockCall& c : own) {
       if (!dense(c)) {
@@ -513,7 +518,12 @@ void RingAttention::backward_home(const RingShape& s, const attnhost_backward_ar
         BlockCall piece = c;
         piece.kv_begin = cuts[k];
         piece.kv_end = cuts[k + 1];
-        piece.kv_pos0 = c.kv_pos0 + (cuts[k] - c.kv_begin);
+        if (!inside) {  // a half, cut on a multiple of 128 columns
+          const int64_t mid = std::min(cuts[k + 1], cuts[k] + ((cuts[k + 1] - cuts[k]) / 2 + 127) / 128 * 128);
+          (part == 1 ? piece.kv_end : piece.kv_begin) = mid;
+          if (piece.kv_end <= piece.kv_begin) continue;
+        }
+        piece.kv_pos0 = c.kv_pos0 + (piece.kv_begin - c.kv_begin);
         run(piece, mine_kv, 0, [&](BackwardParams& p) {
           if (inside) {
             p.dk = compact(sum.k, kept, piece.kv_begin);
@@ -538,18 +548,14 @@ void RingAttention::backward_home(const RingShape& s, const attnhost_backward_ar
     engine_->zero(sum.k, size_t(s.batch) * kept.size() * token * 4, compute);
     engine_->zero(sum.v, size_t(s.batch) * kept.size() * token * 4, compute);
   }
-  own_pieces(true);  // under the first hop
+  own_pieces(0);
+  own_pieces(1);  // under the first hop
 
   Engine::Event sent[2];  // computed[i] has gone home
   for (int step = 1; step < world_; ++step) {
     if (passed) engine_->wait(compute, kv_ready);  // this step's block has arrived
     const KV cur = kv_[step % 2];
-    passed = false;
-    if (step + 1 < world_) {
-      engine_->wait(comm, compute);  // the receive buffer was read by the previous step
-      passed = pass_kv(s, cur, kv_[(step + 1) % 2], step, comm);
-      kv_ready = engine_->record(comm);
-    }
+    const Engine::Event read = engine_->record(compute);  // the previous step has read its block
     const std::vector<BlockCall> calls = plan_(rank_, source(step));
     const Interval cols = carried(1, source(step));  // the columns `grad` holds
     const KV grad = computed[step % 2];
@@ -566,6 +572,12 @@ void RingAttention::backward_home(const RingShape& s, const attnhost_backward_ar
         p.dv = compact(grad.v, cols, c.kv_begin);
         p.write_dkdv = p.write_dkdv_fp32 = writes;
       });
+    passed = false;
+    if (step + 1 < world_) {  // (after the step's kernels, as in the forward)
+      engine_->wait(comm, read);  // the receive buffer was read by the previous step
+      passed = pass_kv(s, cur, kv_[(step + 1) % 2], step, comm);
+      kv_ready = engine_->record(comm);
+    }
     // What this rank computed of the block in hand goes to its owner; what the member holding this
     // rank's block computed of it arrives and is added in.
     const Interval out = reached(step, source(step)), in = reached(step, rank_);
@@ -592,7 +604,7 @@ void RingAttention::backward_home(const RingShape& s, const attnhost_backward_ar
                      in.size() * token, comm);
     host_.range_end(range, comm);
   }
-  own_pieces(false);  // the bulk of the own block, under the last gradients home
+  own_pieces(2);  // under the last gradients home
   engine_->wait(compute, comm);  // every share of this rank's block is in
   if (kept.size() > 0)
     for (auto [total, out] : {std::pair{sum.k, a.dk.data}, std::pair{sum.v, a.dv.data}}) {
