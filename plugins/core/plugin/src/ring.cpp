@@ -499,10 +499,9 @@ void RingAttention::backward_home(const RingShape& s, const attnhost_backward_ar
     host_.range_end(range, compute);
   };
   // The own block's calls cut at kept's ends: the pieces inside add into `sum`, the others write.
-  // The others are cut again in halves of their columns: one goes under the first hop, the other
-  // under the last gradients home (part 0: inside; 1 and 2: the halves outside).
-  const auto own_pieces = [&](int part) {
-    const bool inside = part == 0;
+  // (Cutting the others in two, half under the first hop, half under the last gradients home, was
+  // slower: docs/KERNELS.md, "Windows: only the keys a window reaches".)
+  const auto own_pieces = [&](bool inside) {
     const KV mine_kv{a.k.data, a.v.data};
     for (const BlockCall& c : own) {
       if (!dense(c)) {
@@ -518,11 +517,6 @@ void RingAttention::backward_home(const RingShape& s, const attnhost_backward_ar
         BlockCall piece = c;
         piece.kv_begin = cuts[k];
         piece.kv_end = cuts[k + 1];
-        if (!inside) {  // a half, cut on a multiple of 128 columns
-          const int64_t mid = std::min(cuts[k + 1], cuts[k] + ((cuts[k + 1] - cuts[k]) / 2 + 127) / 128 * 128);
-          (part == 1 ? piece.kv_end : piece.kv_begin) = mid;
-          if (piece.kv_end <= piece.kv_begin) continue;
-        }
         piece.kv_pos0 = c.kv_pos0 + (piece.kv_begin - c.kv_begin);
         run(piece, mine_kv, 0, [&](BackwardParams& p) {
           if (inside) {
@@ -548,8 +542,7 @@ void RingAttention::backward_home(const RingShape& s, const attnhost_backward_ar
     engine_->zero(sum.k, size_t(s.batch) * kept.size() * token * 4, compute);
     engine_->zero(sum.v, size_t(s.batch) * kept.size() * token * 4, compute);
   }
-  own_pieces(0);
-  own_pieces(1);  // under the first hop
+  own_pieces(true);  // under the first hop
 
   Engine::Event sent[2];  // computed[i] has gone home
   for (int step = 1; step < world_; ++step) {
@@ -604,7 +597,7 @@ void RingAttention::backward_home(const RingShape& s, const attnhost_backward_ar
                      in.size() * token, comm);
     host_.range_end(range, comm);
   }
-  own_pieces(2);  // under the last gradients home
+  own_pieces(false);  // the bulk, under the last gradients home
   engine_->wait(compute, comm);  // every share of this rank's block is in
   if (kept.size() > 0)
     for (auto [total, out] : {std::pair{sum.k, a.dk.data}, std::pair{sum.v, a.dv.data}}) {
