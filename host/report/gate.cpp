@@ -1,5 +1,6 @@
 #include "report/gate.h"
 
+#include "report/console.h"
 #include "report/derived.h"
 #include "report/mann_whitney.h"
 
@@ -16,7 +17,19 @@ using Key = std::tuple<std::string, int, std::string>;  // id, world size, pass
 struct Timed {
   Key key;
   const Stats* stats;
+  std::string problem;  // what was computed: two records of one id compare only when these agree
 };
+
+std::string problem_of(const suite::Problem& p) {
+  std::string s = problem_line(p);
+  if (p.varlen) {
+    s += " lengths";
+    for (int64_t n : p.varlen->lengths) s += " " + std::to_string(n);
+  }
+  if (p.softmax_scale) s += " scale=" + fmt::general(*p.softmax_scale);
+  if (p.deterministic) s += " deterministic";
+  return s;
+}
 
 // Every timed pass of every run that finished, in the order of the records.
 std::vector<Timed> timed(const std::vector<CaseResult>& cases) {
@@ -25,7 +38,7 @@ std::vector<Timed> timed(const std::vector<CaseResult>& cases) {
     for (const RunResult& r : c.runs) {
       if (!run_ok(r)) continue;
       for (const PassResult& p : r.passes)
-        if (p.time_ms.median > 0) out.push_back({{c.spec.id, r.world_size, p.pass}, &p.time_ms});
+        if (p.time_ms.median > 0) out.push_back({{c.spec.id, r.world_size, p.pass}, &p.time_ms, problem_of(c.spec.problem)});
     }
   return out;
 }
@@ -51,8 +64,8 @@ GateReport regression_gate(const std::vector<CaseResult>& baseline, const std::v
   GateReport g;
   g.baseline = baseline_name;
   g.options = options;
-  std::map<Key, const Stats*> base;
-  for (const Timed& t : timed(baseline)) base[t.key] = t.stats;
+  std::map<Key, Timed> base;
+  for (const Timed& t : timed(baseline)) base.emplace(t.key, t);
   std::map<Key, bool> seen;
   for (const Timed& t : timed(current)) {
     GateRow row = row_for(t.key);
@@ -65,9 +78,15 @@ GateReport regression_gate(const std::vector<CaseResult>& baseline, const std::v
       g.rows.push_back(row);
       continue;
     }
-    const Stats& bs = *b->second;
+    const Stats& bs = *b->second.stats;
     row.baseline_ms = bs.median;
     row.baseline_n = bs.count;
+    if (b->second.problem != t.problem) {
+      row.verdict = "MISMATCH";
+      row.note = "baseline " + b->second.problem + "; current " + t.problem;
+      g.rows.push_back(row);
+      continue;
+    }
     row.change = row.current_ms / row.baseline_ms - 1;
     bool significant = true;
     if (static_cast<int>(bs.samples.size()) >= options.min_samples &&
@@ -96,7 +115,7 @@ GateReport regression_gate(const std::vector<CaseResult>& baseline, const std::v
 fmt::Table gate_table(const GateReport& g) {
   fmt::Table t({"case", "ws", "pass", "baseline", "current", "change", "p", "verdict"}, 3);
   for (const GateRow& r : g.rows) {
-    const bool both = r.baseline_ms > 0 && r.current_ms > 0;
+    const bool both = r.baseline_ms > 0 && r.current_ms > 0 && r.verdict != "MISMATCH";
     t.row({r.id, std::to_string(r.world_size), pass_label(r.pass), r.baseline_ms > 0 ? fmt::ms(r.baseline_ms) : "-",
            r.current_ms > 0 ? fmt::ms(r.current_ms) : "-", both ? fmt::signed_percent(r.change) : "-",
            r.p_value ? fmt::general(*r.p_value) : "-", r.verdict});
@@ -106,7 +125,7 @@ fmt::Table gate_table(const GateReport& g) {
 
 std::string gate_summary(const GateReport& g) {
   std::string counts;
-  for (const char* v : {"SLOWER", "FASTER", "SAME", "NEW", "MISSING"})
+  for (const char* v : {"SLOWER", "FASTER", "SAME", "NEW", "MISSING", "MISMATCH"})
     if (int n = g.count(v); n > 0) counts += (counts.empty() ? "" : ", ") + std::to_string(n) + " " + v;
   if (counts.empty()) counts = "nothing to compare";
   return "regression gate against " + g.baseline + ": " + counts + " (threshold " + fmt::sig(100 * g.options.threshold) +
@@ -115,7 +134,12 @@ std::string gate_summary(const GateReport& g) {
 }
 
 void print_gate(std::ostream& out, const GateReport& g) {
-  out << "\n" << gate_table(g).str() << gate_summary(g) << "\n";
+  out << "\n" << gate_table(g).str();
+  for (const GateRow& r : g.rows)
+    if (r.verdict == "MISMATCH")
+      out << r.id << " (ws=" << r.world_size << ", " << pass_label(r.pass) << "): not compared, the problems differ: " << r.note
+          << "\n";
+  out << gate_summary(g) << "\n";
 }
 
 json::Value to_json(const GateReport& g) {
@@ -126,6 +150,7 @@ json::Value to_json(const GateReport& g) {
                                    {"baseline_n", r.baseline_n}, {"current_n", r.current_n}, {"change", r.change},
                                    {"verdict", r.verdict}};
     if (r.p_value) row.set("p_value", *r.p_value);
+    if (!r.note.empty()) row.set("note", r.note);
     rows.push_back(std::move(row));
   }
   return json::Object{{"baseline", g.baseline}, {"threshold", g.options.threshold}, {"alpha", g.options.alpha},
@@ -149,6 +174,7 @@ GateReport gate_from_json(const json::Value& v) {
     row.current_n = static_cast<int>(r["current_n"].integer());
     row.change = r["change"].number();
     if (const json::Value* p = r.find("p_value")) row.p_value = p->number();
+    if (const json::Value* n = r.find("note")) row.note = n->string();
     row.verdict = r["verdict"].string();
     g.rows.push_back(std::move(row));
   }

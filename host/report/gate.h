@@ -1,8 +1,9 @@
 // The regression gate: a run against a baseline run, case by case (matched by id, world size and
 // pass). A case is SLOWER or FASTER when its median moved by more than the threshold and, where
 // both sides have at least 9 samples, a Mann-Whitney U test says the move is not noise
-// (p < 0.05); SAME otherwise; NEW when the baseline lacks it; MISSING when this run does.
-// Any SLOWER case fails the command (exit 1).
+// (p < 0.05); SAME otherwise; NEW when the baseline lacks it; MISSING when this run does; MISMATCH
+// when both have the id but not the same problem (shape, dtype, mask), whose times are not
+// compared. Any SLOWER case fails the command (exit 1).
 #pragma once
 
 #include "common/json.h"
@@ -30,7 +31,8 @@ struct GateRow {
   int baseline_n = 0, current_n = 0;
   double change = 0;                       // current / baseline - 1
   std::optional<double> p_value;           // when both sides have min_samples
-  std::string verdict;                     // FASTER SAME SLOWER NEW MISSING
+  std::string verdict;                     // FASTER SAME SLOWER NEW MISSING MISMATCH
+  std::string note;                        // MISMATCH: the two problems
 };
 
 struct GateReport {

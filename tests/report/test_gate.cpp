@@ -97,3 +97,21 @@ TEST_CASE("gate: the report survives JSON and prints a table with every verdict"
   CHECK(out.str().find("SLOWER") != std::string::npos);
   CHECK(out.str().find("+30.0%") != std::string::npos);
 }
+
+TEST_CASE("gate: one id with another problem is a MISMATCH, never a timing") {
+  // A B=2 case against a B=4 case of the same id was once called +117% SLOWER.
+  std::vector<CaseResult> b = one(10, 3), c = one(21.7, 3);
+  c[0].spec.problem.batch = 4;
+  const GateReport g = regression_gate(b, c, GateOptions{}, "b");
+  const GateRow& r = only_row(g);
+  CHECK(r.verdict == "MISMATCH");
+  CHECK(r.note == "baseline B=1 S=128 H=2 D=16 bf16 non-causal; current B=4 S=128 H=2 D=16 bf16 non-causal");
+  CHECK_FALSE(g.slower());
+  std::ostringstream out;
+  print_gate(out, g);
+  CHECK(out.str().find("p/a (ws=1, fwd): not compared, the problems differ: baseline B=1") != std::string::npos);
+  CHECK(out.str().find("1 MISMATCH") != std::string::npos);
+  CHECK(gate_from_json(to_json(g)).rows[0].note == r.note);
+  // The same problem still compares.
+  CHECK(only_row(regression_gate(one(10, 3), one(21.7, 3), GateOptions{}, "b")).verdict == "SLOWER");
+}
