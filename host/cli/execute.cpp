@@ -201,7 +201,9 @@ int execute_suite(Context& ctx, const suite::Suite& s, const ExecuteOptions& opt
     folder = std::make_unique<report::ResultFolder>(result_dir(s, options), formats, !options.resume_dir.empty());
     if (folder->dropped_cut_line())
       log::warn(folder->dir().string() + "/results.jsonl: dropped its last line, cut short when the run was stopped");
-    folder->begin(env, s.name, s.text);
+    std::vector<std::string> planned;
+    for (const suite::Case& c : s.cases) planned.push_back(c.id);
+    folder->begin(env, s.name, s.text, planned);
   }
   const bool quiet = ctx.options.quiet;
   if (leader && !quiet) {

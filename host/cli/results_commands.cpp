@@ -85,6 +85,19 @@ int report_command(Context& ctx, const std::vector<std::string>& args) {
     report::print_summary(std::cout, results.cases);
     if (results.gate) report::print_gate(std::cout, *results.gate);
   }
+  // A run that was stopped: the cases its suite had that never ran.
+  std::vector<std::string> never;
+  for (const std::string& id : results.planned)
+    if (std::none_of(results.cases.begin(), results.cases.end(), [&](const CaseResult& c) { return c.spec.id == id; }))
+      never.push_back(id);
+  if (!never.empty()) {
+    std::string ids;
+    for (size_t i = 0; i < never.size() && i < 5; ++i) ids += (i ? ", " : "") + never[i];
+    if (never.size() > 5) ids += ", ...";
+    std::cout << "attnhost: " << never.size() << " of " << results.planned.size() << " cases of suite '"
+              << results.suite_name << "' never ran (the run was stopped before them: " << ids
+              << "); attnhost run SUITE --resume " << dir.string() << " runs them\n";
+  }
   report::ReportsWritten written = report::write_reports(out, results, formats);
   if (!written.notice.empty()) log::warn(written.notice);
   if (!ctx.options.quiet)

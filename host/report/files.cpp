@@ -40,11 +40,12 @@ ResultFolder::ResultFolder(fs::path dir, std::vector<std::string> formats, bool 
   if (!journal_) throw UsageError("cannot write " + journal.string());
 }
 
-void ResultFolder::begin(const Environment& env, const std::string& suite_name, const std::string& suite_text) {
+void ResultFolder::begin(const Environment& env, const std::string& suite_name, const std::string& suite_text,
+                         const std::vector<std::string>& planned) {
   env_ = env;
   suite_name_ = suite_name;
   suite_text_ = suite_text;
-  journal_ << journal_header(env, suite_name, suite_text).dump() << '\n' << std::flush;
+  journal_ << journal_header(env, suite_name, suite_text, planned).dump() << '\n' << std::flush;
 }
 
 void ResultFolder::append(const CaseResult& c) { journal_ << journal_case(c).dump() << '\n' << std::flush; }

@@ -25,7 +25,9 @@ class ResultFolder {
   const std::vector<CaseResult>& earlier_cases() const { return earlier_.cases; }
   bool dropped_cut_line() const { return cut_tail_; }
 
-  void begin(const Environment& env, const std::string& suite_name, const std::string& suite_text);
+  // The journal's run header; `planned`: the ids of every case of the suite, in order.
+  void begin(const Environment& env, const std::string& suite_name, const std::string& suite_text,
+             const std::vector<std::string>& planned);
   void append(const CaseResult& c);  // one line, flushed
 
   // The folder's result set: the earlier cases and this session's, in the suite's order

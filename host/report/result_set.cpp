@@ -41,9 +41,12 @@ void put_case(std::vector<CaseResult>& cases, CaseResult c) {
 
 }  // namespace
 
-json::Value journal_header(const Environment& env, const std::string& suite_name, const std::string& suite_text) {
+json::Value journal_header(const Environment& env, const std::string& suite_name, const std::string& suite_text,
+                           const std::vector<std::string>& planned) {
+  json::Array ids;
+  for (const std::string& id : planned) ids.push_back(id);
   return json::Object{{"schema_version", kSchemaVersion}, {"kind", "run"}, {"suite", suite_name},
-                      {"suite_text", suite_text}, {"environment", to_json(env)}};
+                      {"suite_text", suite_text}, {"environment", to_json(env)}, {"planned", ids}};
 }
 
 json::Value journal_case(const CaseResult& c) {
@@ -111,6 +114,9 @@ Journal read_journal(const fs::path& file) {
         if (const json::Value* t = v.find("suite_text")) j.results.suite_text = t->string();
         j.results.environment = environment_from_json(v["environment"]);
         j.results.sessions.push_back(j.results.environment);
+        j.results.planned.clear();
+        if (const json::Value* planned = v.find("planned"))
+          for (const json::Value& id : planned->array()) j.results.planned.push_back(id.string());
       } else if (kind && kind->string() == "case") {
         put_case(j.results.cases, case_from_json(v));
       } else {

@@ -20,6 +20,9 @@ struct ResultSet {
   std::vector<Environment> sessions;   // every session that ran cases into the folder (--resume), oldest first
   std::vector<CaseResult> cases;
   std::optional<GateReport> gate;
+  // The ids of every case of the suite, in order, as the journal's latest run header lists them
+  // (empty for older journals): what a stopped run never reached is the rest.
+  std::vector<std::string> planned;
 };
 
 json::Value to_json(const ResultSet& r);               // results.json
@@ -38,7 +41,8 @@ Journal read_journal(const std::filesystem::path& file);  // throws UsageError "
 // Every problem is a UsageError of one line that names the file.
 ResultSet load_results(const std::filesystem::path& path);
 
-json::Value journal_header(const Environment& env, const std::string& suite_name, const std::string& suite_text);
+json::Value journal_header(const Environment& env, const std::string& suite_name, const std::string& suite_text,
+                           const std::vector<std::string>& planned);
 json::Value journal_case(const CaseResult& c);
 
 }  // namespace attnhost::report

@@ -355,6 +355,12 @@ TEST_CASE("cli reports: Ctrl-C says which cases finished and how to go on") {
   CHECK(text.find("attnhost: interrupted after " + std::to_string(finished) + " of 3 cases; their results are in " +
                   out.string() + "/results.jsonl. To go on: attnhost run " + suite.string()) != std::string::npos);
   CHECK(text.find("--resume " + out.string()) != std::string::npos);
+  // report on the folder says what never ran.
+  Outcome r = run_attnhost("report " + out.string() + " --format console");
+  CHECK(r.code == 0);
+  CHECK(r.out.find("attnhost: " + std::to_string(3 - finished) + " of 3 cases of suite 'interrupted' never ran (the run "
+                   "was stopped before them: ") != std::string::npos);
+  CHECK(r.out.find("attnhost run SUITE --resume " + out.string() + " runs them") != std::string::npos);
   fs::remove_all(out);
   fs::remove(said);
   fs::remove(suite);

@@ -62,7 +62,7 @@ TEST_CASE("result set: a journal cut short by a kill keeps every whole line") {
   ResultSet r = sample_set();
   {
     std::ofstream j(dir / "results.jsonl");
-    j << journal_header(r.environment, r.suite_name, r.suite_text).dump() << "\n"
+    j << journal_header(r.environment, r.suite_name, r.suite_text, {}).dump() << "\n"
       << journal_case(r.cases[0]).dump() << "\n"
       << journal_case(r.cases[1]).dump().substr(0, 40);  // the write a SIGKILL interrupted
   }
@@ -77,7 +77,7 @@ TEST_CASE("result set: a journal cut short by a kill keeps every whole line") {
     ResultFolder folder(dir, {"json"}, true);
     CHECK(folder.dropped_cut_line());
     CHECK(folder.earlier_cases().size() == 1);
-    folder.begin(r.environment, r.suite_name, r.suite_text);
+    folder.begin(r.environment, r.suite_name, r.suite_text, {});
     folder.append(r.cases[1]);
     ResultSet all = folder.results({r.cases[0].spec.id, r.cases[1].spec.id}, {r.cases[1]});
     REQUIRE(all.cases.size() == 2);
@@ -108,7 +108,7 @@ TEST_CASE("result set: bad files are one-line usage errors naming the file") {
   CHECK(message(dir / "other.json") == (dir / "other.json").string() +
                                            ": not an attnhost results.json: no schema_version: not an attnhost result");
   ResultSet r = sample_set();
-  std::ofstream(dir / "mid.jsonl") << journal_header(r.environment, "s", "").dump() << "\n{oops\n"
+  std::ofstream(dir / "mid.jsonl") << journal_header(r.environment, "s", "", {}).dump() << "\n{oops\n"
                                    << journal_case(r.cases[0]).dump() << "\n";
   CHECK(message(dir / "mid.jsonl").rfind((dir / "mid.jsonl").string() + ":2: malformed JSON", 0) == 0);
   for (const std::string& m : {message(dir / "broken.json"), message(dir / "mid.jsonl")})
