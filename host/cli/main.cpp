@@ -26,7 +26,7 @@ commands:
   list configs|plugins|suites [-v]
   info                      devices, driver, CUDA, NCCL and cuDNN versions, plugin folders
   report DIR                write every report of a result folder again (from results.json or .jsonl)
-  diff BASELINE CURRENT     classify each case of CURRENT against BASELINE: FASTER SAME SLOWER NEW MISSING
+  diff BASELINE CURRENT     classify each case of CURRENT against BASELINE: FASTER SAME SLOWER NEW MISSING MISMATCH
   history FILE [--case P]   the trend of each case over the runs recorded with run --history FILE
 
 run and compare take --baseline FILE (a regression gate: a SLOWER case exits 1), --history FILE,

@@ -117,7 +117,8 @@ int diff_command(Context& ctx, const std::vector<std::string>& args) {
   pos.add("results", 2);
   po::variables_map vm;
   if (!parse(args, desc, pos, vm, "usage: attnhost diff BASELINE CURRENT [--threshold 20]\n\nClassifies every case of "
-                                  "CURRENT against BASELINE as FASTER, SAME, SLOWER, NEW or MISSING; a SLOWER case exits 1."))
+                                  "CURRENT against BASELINE as FASTER, SAME, SLOWER, NEW, MISSING or MISMATCH (another problem); a SLOWER case "
+                                  "exits 1."))
     return kExitOk;
   apply_common(ctx, vm);
   std::vector<std::string> paths = vm.count("results") ? vm["results"].as<std::vector<std::string>>() : std::vector<std::string>{};
