@@ -183,6 +183,7 @@ const char* param_type_name(int32_t type) {
     case ATTNHOST_PARAM_BOOL: return "bool";
     case ATTNHOST_PARAM_STRING: return "string";
     case ATTNHOST_PARAM_INT_LIST: return "int list";
+    case ATTNHOST_PARAM_PATH: return "path";
     default: return "unknown";
   }
 }

@@ -41,6 +41,7 @@ suite::ParamValue parse_default(const ParamSpec& spec, const std::string& plugin
       if (auto b = v->value<bool>()) return *b;
       break;
     case ATTNHOST_PARAM_STRING:
+    case ATTNHOST_PARAM_PATH:  // a default path is taken as written (a plugin's defaults are "" or absolute)
       if (auto s = v->value<std::string>()) return *s;
       break;
     case ATTNHOST_PARAM_INT_LIST:
@@ -114,7 +115,8 @@ ProblemBinding::ProblemBinding(const suite::Case& c, const PluginDescription& pl
   size_t s = 0, l = 0;
   for (size_t i = 0; i < values_.size(); ++i) {
     values_[i].name = names_[i].c_str();
-    if (values_[i].type == ATTNHOST_PARAM_STRING) values_[i].string_value = strings_[s++].c_str();
+    if (values_[i].type == ATTNHOST_PARAM_STRING || values_[i].type == ATTNHOST_PARAM_PATH)
+      values_[i].string_value = strings_[s++].c_str();
     if (values_[i].type == ATTNHOST_PARAM_INT_LIST) values_[i].list_value = lists_[l++].data();
   }
   problem_.num_params = static_cast<int32_t>(values_.size());

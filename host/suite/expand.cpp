@@ -145,7 +145,8 @@ std::optional<ParamValue> coerce(const ParamValue& value, int32_t type) {
   if (type == ATTNHOST_PARAM_FLOAT && std::holds_alternative<int64_t>(value))
     return static_cast<double>(std::get<int64_t>(value));
   if (type == ATTNHOST_PARAM_BOOL && std::holds_alternative<bool>(value)) return value;
-  if (type == ATTNHOST_PARAM_STRING && std::holds_alternative<std::string>(value)) return value;
+  if ((type == ATTNHOST_PARAM_STRING || type == ATTNHOST_PARAM_PATH) && std::holds_alternative<std::string>(value))
+    return value;
   if (type == ATTNHOST_PARAM_INT_LIST && std::holds_alternative<std::vector<int64_t>>(value)) return value;
   return std::nullopt;
 }
@@ -157,7 +158,9 @@ Settings params_for(const CaseSpec& spec, const Base& base, const PluginSchema& 
     for (const auto& [key, value] : base.preset->params) {
       const ParamSchema* schema = find_param(plugin, key);
       if (!schema) continue;
-      const std::optional<ParamValue> typed = coerce(value, schema->type);
+      std::optional<ParamValue> typed = coerce(value, schema->type);
+      if (typed && schema->type == ATTNHOST_PARAM_PATH)  // from the presets file's folder
+        typed = resolve_path(std::get<std::string>(*typed), base.preset->file);
       std::string message = typed ? check_param_value(plugin, *schema, *typed)
                                   : "parameter '" + key + "' of plugin '" + plugin.name + "' has the wrong type";
       if (!message.empty()) fail(base.where, "preset '" + base.preset->name + "': " + message);

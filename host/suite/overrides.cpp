@@ -152,7 +152,9 @@ ParamValue parse_param_text(const std::string& flag, const std::string& text, co
       value = text == "true";
       break;
     case ATTNHOST_PARAM_STRING:
+    case ATTNHOST_PARAM_PATH:
       value = text.size() >= 2 && text.front() == '"' && text.back() == '"' ? text.substr(1, text.size() - 2) : text;
+      if (spec.type == ATTNHOST_PARAM_PATH) value = resolve_path(std::get<std::string>(value), "");  // the working directory
       break;
     case ATTNHOST_PARAM_INT_LIST: {
       std::string inner = text;

@@ -5,6 +5,7 @@
 #include <attnhost/plugin.h>
 
 #include <algorithm>
+#include <filesystem>
 
 namespace attnhost::suite::detail {
 namespace {
@@ -19,6 +20,7 @@ std::string expected_type(int32_t type) {
     case ATTNHOST_PARAM_FLOAT: return "a number";
     case ATTNHOST_PARAM_BOOL: return "a boolean";
     case ATTNHOST_PARAM_STRING: return "a string";
+    case ATTNHOST_PARAM_PATH: return "a string (a file's path)";
     case ATTNHOST_PARAM_INT_LIST: return "an array of integers";
   }
   return "a value of type " + std::to_string(type);
@@ -64,6 +66,10 @@ ParamValue read_param_value(const toml::node& node, const PluginSchema& plugin, 
     case ATTNHOST_PARAM_STRING:
       if (!node.is_string()) wrong_type(node, type_name(node));
       value = node.as_string()->get();
+      break;
+    case ATTNHOST_PARAM_PATH:
+      if (!node.is_string()) wrong_type(node, type_name(node));
+      value = resolve_path(node.as_string()->get(), location_of(node).file);
       break;
     case ATTNHOST_PARAM_INT_LIST: {
       if (!node.is_array()) wrong_type(node, type_name(node));
@@ -152,6 +158,14 @@ const PluginSchema& find_plugin(const PluginCatalog& catalog, const std::string&
   else if (names.empty()) message += " (no plugins are loaded)";
   else message += " (loaded: " + join_choices(names, "and") + ")";
   fail(where, message);
+}
+
+std::string resolve_path(const std::string& value, const std::string& written_in) {
+  namespace fs = std::filesystem;
+  if (value.empty()) return value;
+  fs::path path(value);
+  if (path.is_relative()) path = fs::path(written_in).parent_path() / path;
+  return fs::absolute(path).lexically_normal().string();
 }
 
 std::string check_param_value(const PluginSchema& plugin, const ParamSchema& spec, const ParamValue& value) {

@@ -30,4 +30,8 @@ std::string check_param_value(const PluginSchema& plugin, const ParamSchema& spe
 
 const ParamSchema* find_param(const PluginSchema& plugin, const std::string& name);
 
+// A path parameter's value as the plugin gets it: absolute, a relative one taken from the folder of
+// `written_in` (the file that wrote it; "" for the command line: the working directory).
+std::string resolve_path(const std::string& value, const std::string& written_in);
+
 } // namespace attnhost::suite::detail

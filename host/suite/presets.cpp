@@ -51,6 +51,7 @@ Preset read_preset(const std::string& name, const toml::node& node, const Preset
   reject_unknown_keys(table, preset_keys(), "in [presets." + name + "]", where);
   Preset preset;
   preset.name = name;
+  preset.file = where.file;
   if (const toml::node* description = table.get("description"))
     preset.description = read_string(*description, "description");
   const Settings fields = read_problem_fields(table, library, /*allow_sweeps=*/false, where);

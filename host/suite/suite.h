@@ -129,6 +129,7 @@ struct Preset {
   std::string description;
   Problem problem;
   std::map<std::string, ParamValue> params; // plugin parameters a preset implies (rare)
+  std::string file;                         // the presets file: a relative path parameter is from its folder
 };
 struct PresetLibrary {
   std::vector<Preset> presets;

@@ -36,7 +36,7 @@ extern "C" {
  * Versions
  * ------------------------------------------------------------------------------------------- */
 #define ATTNHOST_ABI_MAJOR 1
-#define ATTNHOST_ABI_MINOR 1
+#define ATTNHOST_ABI_MINOR 2
 
 /* Size of a struct up to and including its last known field (PJRT's STRUCT_SIZE). Use it to fill
  * struct_size so that a struct compiled against an older header reports its older, smaller size. */
@@ -102,7 +102,12 @@ typedef enum attnhost_param_type {
   ATTNHOST_PARAM_FLOAT = 2,
   ATTNHOST_PARAM_BOOL = 3,
   ATTNHOST_PARAM_STRING = 4,
-  ATTNHOST_PARAM_INT_LIST = 5
+  ATTNHOST_PARAM_INT_LIST = 5,
+  /* Appended in ABI 1.2. A string that names a file. The host passes it absolute: a relative value
+   * is taken from the folder of the file that wrote it (a suite, presets.toml), or from the working
+   * directory when it came from the command line. A 1.1 host does not know this type: a plugin
+   * that must run there declares STRING when the entry point is given a minor version below 2. */
+  ATTNHOST_PARAM_PATH = 6
 } attnhost_param_type;
 
 /* Which tensors a layout describes */
@@ -157,7 +162,7 @@ typedef struct attnhost_param_value {
   int32_t type;              /* attnhost_param_type */
   int64_t int_value;         /* INT, BOOL (0/1) */
   double float_value;        /* FLOAT */
-  const char* string_value;  /* STRING */
+  const char* string_value;  /* STRING, PATH */
   const int64_t* list_value; /* INT_LIST */
   int64_t list_length;       /* INT_LIST */
 } attnhost_param_value;

@@ -140,6 +140,8 @@ class Problem {
   const std::string& get_string(std::string_view name) const {
     return get(name, ATTNHOST_PARAM_STRING).string_value;
   }
+  // A PATH parameter: absolute, or empty (ABI 1.2).
+  const std::string& get_path(std::string_view name) const { return get(name, ATTNHOST_PARAM_PATH).string_value; }
   const std::vector<int64_t>& get_int_list(std::string_view name) const {
     return get(name, ATTNHOST_PARAM_INT_LIST).list;
   }

@@ -43,7 +43,8 @@ constexpr attnhost_param_spec kParams[] = {
     param("seed", ATTNHOST_PARAM_INT, "0", "bigbird: seed of the random blocks"),
     param("per_head", ATTNHOST_PARAM_BOOL, "false",
           "a mask per query head (bigbird draws per head; strided and dilated offset head h by h mod stride)"),
-    param("mask_file", ATTNHOST_PARAM_STRING, "\"\"", "explicit: block mask file (format: plugins/blocksparse/README.md)"),
+    param("mask_file", ATTNHOST_PARAM_PATH, "\"\"",
+          "explicit: block mask file (format: plugins/blocksparse/README.md), relative to the file that names it"),
     attncore::plugin::kRingParams[0],  // overlap
     attncore::plugin::kRingParams[1],  // cpu_accumulate
 };

@@ -152,7 +152,7 @@ Pattern Pattern::from(const attnhost::Problem& p) {
   out.sink = count("sink_blocks", 0);
   out.seed = count("seed", 0);
   out.per_head = p.get_bool("per_head");
-  out.mask_file = p.get_string("mask_file");
+  out.mask_file = p.get_path("mask_file");
   if (out.name == "explicit" && out.mask_file.empty())
     fail(ATTNHOST_ERR_INVALID_ARGUMENT, "pattern 'explicit' needs mask_file, a block mask file (plugins/blocksparse/README.md)");
   return out;

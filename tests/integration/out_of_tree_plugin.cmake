@@ -1,6 +1,7 @@
 # A third party's view: install attnhost (without the example), build the example plugin out of
 # tree against the installed package only, drop it into the installed plugin folder, then list,
-# run and check it with the installed binary.
+# run and check it with the installed binary; and run a shipped preset that names a file, from
+# another folder.
 set(prefix "${WORK_DIR}/prefix")
 file(REMOVE_RECURSE "${WORK_DIR}")
 function(run)
@@ -29,4 +30,13 @@ run(${prefix}/bin/attnhost compare naive_attention --config tiny --seqlen 128 --
 if(NOT out MATCHES "naive_attention +[0-9.]+ ms")
   message(FATAL_ERROR "the dropped-in plugin did not run:\n${out}")
 endif()
-message(STATUS "out-of-tree plugin: built against ${prefix}, listed, run and checked")
+# Files the shipped configs name are found from another working directory: the explicit block mask
+# of the bs_explicit preset lies beside the installed presets.
+file(MAKE_DIRECTORY ${WORK_DIR}/elsewhere)
+execute_process(COMMAND ${prefix}/bin/attnhost compare blocksparse --config bs_explicit --world-sizes 1,2
+                        --timing-method simple --device cpu
+                WORKING_DIRECTORY ${WORK_DIR}/elsewhere RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(NOT rc EQUAL 0 OR NOT out MATCHES "blocksparse +[0-9.]+ ms")
+  message(FATAL_ERROR "the installed bs_explicit preset did not run from another folder (${rc}):\n${out}\n${err}")
+endif()
+message(STATUS "out-of-tree plugin: built against ${prefix}, listed, run and checked; the installed configs' mask found")

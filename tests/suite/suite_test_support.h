@@ -44,10 +44,10 @@ inline const PluginCatalog& test_catalog() {
         {"offset_mode", ATTNHOST_PARAM_STRING, "\"paper\"", "head offsets", {"paper", "torchscale"}}}},
       {"blocksparse",
        {{"pattern", ATTNHOST_PARAM_STRING, "\"local\"", "named pattern",
-         {"local", "strided", "global_local", "bigbird", "streaming", "dilated"}},
+         {"local", "strided", "global_local", "bigbird", "streaming", "dilated", "explicit"}},
         {"block_size", ATTNHOST_PARAM_INT, "128", "block size", {}},
         {"density", ATTNHOST_PARAM_FLOAT, "0.1", "kept fraction", {}},
-        {"mask_file", ATTNHOST_PARAM_STRING, "\"\"", "explicit mask", {}}}},
+        {"mask_file", ATTNHOST_PARAM_PATH, "\"\"", "explicit mask", {}}}},
   };
   return catalog;
 }

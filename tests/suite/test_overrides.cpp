@@ -1,6 +1,8 @@
 // Command-line overrides and the suite of `attnhost compare`.
 #include "suite_test_support.h"
 
+#include <filesystem>
+
 using namespace attnhost::suite;
 using namespace attnhost::suite::testing;
 
@@ -178,6 +180,14 @@ TEST_CASE("overrides: --param sets a parameter on every case whose plugin has it
   CHECK(std::get<std::vector<int64_t>>(c.params.at("segment_lengths")) == std::vector<int64_t>{1024, 2048});
   CHECK(std::get<std::vector<int64_t>>(c.params.at("dilation_rates")) == std::vector<int64_t>{1, 2});
   CHECK(std::get<std::string>(c.params.at("offset_mode")) == "torchscale");
+
+  // A path from the command line is taken from the working directory.
+  Suite blocksparse = parse("[[case]]\nplugins = [\"blocksparse\"]\npresets = [\"medium\"]\n");
+  Overrides path;
+  path.params = {{"mask_file", "masks/m.txt"}};
+  apply_overrides(blocksparse, path, test_catalog());
+  CHECK(std::get<std::string>(blocksparse.cases.at(0).params.at("mask_file")) ==
+        (std::filesystem::current_path() / "masks" / "m.txt").string());
 }
 
 TEST_CASE("overrides: a --param no plugin has, or a value of the wrong type or choice, is one line") {

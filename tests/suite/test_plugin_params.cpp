@@ -1,6 +1,8 @@
 // Plugin parameters: tables per plugin, checked against each plugin's schema.
 #include "suite_test_support.h"
 
+#include <filesystem>
+
 using namespace attnhost::suite;
 using namespace attnhost::suite::testing;
 
@@ -106,7 +108,7 @@ TEST_CASE("params: a preset parameter of the wrong kind is reported at the prese
   } catch (const SuiteError& error) {
     CHECK(std::string(error.what()) ==
           "t.toml:3:12: preset 'bad_sparse': parameter 'pattern' of plugin 'blocksparse' must be one of local, "
-          "strided, global_local, bigbird, streaming or dilated, got 'lokal' (did you mean 'local'?)");
+          "strided, global_local, bigbird, streaming, dilated or explicit, got 'lokal' (did you mean 'local'?)");
   }
 }
 
@@ -140,4 +142,23 @@ TEST_CASE("params: errors") {
         "t.toml:2:1: plugin 'ring' has no parameter 'block_sise' (did you mean 'block_size'?)");
   CHECK(error_of(kRing + "[case.params]\nblock_size = 64\n[case.params.ring]\nblock_size = 32\n") ==
         "t.toml:7:1: parameter 'block_size' of plugin 'ring' is given twice");
+}
+
+TEST_CASE("params: a path is taken from the folder of the file that wrote it, and reaches the plugin absolute") {
+  namespace fs = std::filesystem;
+  const std::string text = kTwoPlugins + "[case.params.blocksparse]\nmask_file = \"masks/m.txt\"\n";
+  const Suite suite = parse_suite(text, "/opt/suites/s.toml", shipped_library(), test_catalog());
+  CHECK(std::get<std::string>(suite.cases.at(1).params.at("mask_file")) == "/opt/suites/masks/m.txt");
+  const Suite up = parse_suite(kTwoPlugins + "[case.params.blocksparse]\nmask_file = \"../m.txt\"\n",
+                               "/opt/suites/s.toml", shipped_library(), test_catalog());
+  CHECK(std::get<std::string>(up.cases.at(1).params.at("mask_file")) == "/opt/m.txt");
+  const Suite absolute = parse_suite(kTwoPlugins + "[case.params.blocksparse]\nmask_file = \"/data/m.txt\"\n",
+                                     "/opt/suites/s.toml", shipped_library(), test_catalog());
+  CHECK(std::get<std::string>(absolute.cases.at(1).params.at("mask_file")) == "/data/m.txt");
+  // A preset's: from presets.toml's folder, where the shipped example mask lies beside it.
+  const Suite preset = parse("[[case]]\nplugins = [\"blocksparse\"]\npresets = [\"bs_explicit\"]\n");
+  const fs::path mask = std::get<std::string>(preset.cases.at(0).params.at("mask_file"));
+  CHECK(mask.is_absolute());
+  CHECK(mask == fs::absolute(fs::path(ATTNHOST_TEST_CONFIGS_DIR) / "masks" / "example_64.txt").lexically_normal());
+  CHECK(fs::exists(mask));
 }
