@@ -109,7 +109,9 @@ int verify_command(Context& ctx, const std::vector<std::string>& args) {
       const bool keep = preset->problem.varlen || (own_set && (!cpu || preset->problem.seqlen_q <= kCpuOwnSetSeqlen));
       c.problem = keep ? preset->problem : scaled(preset->problem, cpu);
       c.world_sizes = sizes;
-      c.params = preset->params;
+      c.where.file = "verify";
+      for (const suite::PluginSchema& schema : ctx.catalog())
+        if (schema.name == plugin) c.params = suite::preset_params(*preset, schema, c.where);
       c.timing.method = "simple";
       c.timing.passes = {"fwd", "bwd"};
       c.check.enabled = true;

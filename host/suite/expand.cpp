@@ -154,19 +154,9 @@ std::optional<ParamValue> coerce(const ParamValue& value, int32_t type) {
 // A preset's parameters apply to the plugins that have them; the case's own override them.
 Settings params_for(const CaseSpec& spec, const Base& base, const PluginSchema& plugin) {
   Settings settings;
-  if (base.preset) {
-    for (const auto& [key, value] : base.preset->params) {
-      const ParamSchema* schema = find_param(plugin, key);
-      if (!schema) continue;
-      std::optional<ParamValue> typed = coerce(value, schema->type);
-      if (typed && schema->type == ATTNHOST_PARAM_PATH)  // from the presets file's folder
-        typed = resolve_path(std::get<std::string>(*typed), base.preset->file);
-      std::string message = typed ? check_param_value(plugin, *schema, *typed)
-                                  : "parameter '" + key + "' of plugin '" + plugin.name + "' has the wrong type";
-      if (!message.empty()) fail(base.where, "preset '" + base.preset->name + "': " + message);
-      settings[key] = Setting{{*typed}, false, base.where};
-    }
-  }
+  if (base.preset)
+    for (auto& [key, value] : preset_params(*base.preset, plugin, base.where))
+      settings[key] = Setting{{std::move(value)}, false, base.where};
   if (const auto own = spec.scope.params.find(plugin.name); own != spec.scope.params.end())
     for (const auto& [key, setting] : own->second) settings[key] = setting;
   return settings;
@@ -231,3 +221,25 @@ std::vector<Case> expand_case(const CaseSpec& spec, const PresetLibrary& library
 }
 
 } // namespace attnhost::suite::detail
+
+namespace attnhost::suite {
+
+std::map<std::string, ParamValue> preset_params(const Preset& preset, const PluginSchema& plugin,
+                                                const SourceLocation& where) {
+  using namespace detail;
+  std::map<std::string, ParamValue> out;
+  for (const auto& [key, value] : preset.params) {
+    const ParamSchema* schema = find_param(plugin, key);
+    if (!schema) continue;
+    std::optional<ParamValue> typed = coerce(value, schema->type);
+    if (typed && schema->type == ATTNHOST_PARAM_PATH)  // from the presets file's folder
+      typed = resolve_path(std::get<std::string>(*typed), preset.file);
+    const std::string message = typed ? check_param_value(plugin, *schema, *typed)
+                                      : "parameter '" + key + "' of plugin '" + plugin.name + "' has the wrong type";
+    if (!message.empty()) fail(where, "preset '" + preset.name + "': " + message);
+    out.emplace(key, *typed);
+  }
+  return out;
+}
+
+} // namespace attnhost::suite

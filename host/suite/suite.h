@@ -165,6 +165,11 @@ struct Overrides {
 // `plugins`: the loaded plugins' schemas, which type the --param values.
 void apply_overrides(Suite& suite, const Overrides& overrides, const PluginCatalog& plugins = {}); // throws SuiteError
 
+// A preset's plugin parameters as `plugin` takes them: those its schema has, typed by it, paths made
+// absolute from the presets file's folder. A value of the wrong kind fails at `where`.
+std::map<std::string, ParamValue> preset_params(const Preset& preset, const PluginSchema& plugin,
+                                                const SourceLocation& where);
+
 // A suite made of plugins x one preset (attnhost compare).
 Suite make_compare_suite(const std::vector<std::string>& plugins, const std::string& preset,
                          const PresetLibrary& library, const PluginCatalog& catalog);

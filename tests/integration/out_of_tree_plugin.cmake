@@ -39,4 +39,9 @@ execute_process(COMMAND ${prefix}/bin/attnhost compare blocksparse --config bs_e
 if(NOT rc EQUAL 0 OR NOT out MATCHES "blocksparse +[0-9.]+ ms")
   message(FATAL_ERROR "the installed bs_explicit preset did not run from another folder (${rc}):\n${out}\n${err}")
 endif()
+execute_process(COMMAND ${prefix}/bin/attnhost verify blocksparse --quiet
+                WORKING_DIRECTORY ${WORK_DIR}/elsewhere RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(NOT rc EQUAL 0 OR NOT out MATCHES "blocksparse/bs_explicit +4 +PASSED")
+  message(FATAL_ERROR "the installed verify blocksparse failed from another folder (${rc}):\n${out}\n${err}")
+endif()
 message(STATUS "out-of-tree plugin: built against ${prefix}, listed, run and checked; the installed configs' mask found")
