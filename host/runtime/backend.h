@@ -22,11 +22,14 @@ struct RankEnv {
   int local_rank = 0, local_size = 1;  // among the ranks of this world on this rank's machine
 };
 
+// The most ranks the CPU runs, each a thread of one process.
+inline constexpr int kMaxCpuRanks = 64;
+
 class Backend {
  public:
   virtual ~Backend() = default;
   virtual DeviceKind device_kind() const = 0;
-  virtual int max_world_size() const = 0;     // GPUs visible, MPI processes, or unlimited threads
+  virtual int max_world_size() const = 0;     // GPUs visible, MPI processes, or kMaxCpuRanks threads
   virtual std::string describe() const = 0;   // "cpu (threads)", "cuda: 2 x NVIDIA H200 (NCCL)"
   virtual int process_rank() const { return 0; } // this process's rank under MPI, else 0
   // Runs body on every rank of a world of `world_size`; returns rank 0's result (in MPI mode, on

@@ -18,7 +18,9 @@ class ThreadBackend final : public Backend {
       : kind_(kind), gpus_(gpus), timeout_(timeout) {}
 
   DeviceKind device_kind() const override { return kind_; }
-  int max_world_size() const override { return kind_ == DeviceKind::cpu ? 1 << 16 : gpus_; }
+  // On the CPU a rank is a thread of this process: a world past kMaxCpuRanks would take minutes to
+  // start, and tell nothing a smaller one does not.
+  int max_world_size() const override { return kind_ == DeviceKind::cpu ? kMaxCpuRanks : gpus_; }
   std::string describe() const override {
     return kind_ == DeviceKind::cpu ? "cpu (one thread per rank, in-process communicator)"
                                     : "cuda (" + std::to_string(gpus_) + " GPUs, one thread each, NCCL)";

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -221,4 +222,12 @@ TEST_CASE("cli: a run in which nothing ran says so and exits 1") {
   INFO(o.out);
   CHECK(o.code == 1);
   CHECK(o.out.find("attnhost: nothing ran: every case was unsupported or skipped at every world size") != std::string::npos);
+  // A world size past the CPU's ranks is skipped at once (it once started 1000 threads for minutes).
+  const auto start = std::chrono::steady_clock::now();
+  Outcome many = attnhost("compare naive_attention --config tiny --seqlen 256 --world-sizes 1000 --device cpu");
+  INFO(many.out);
+  CHECK(many.code == 1);
+  CHECK(many.out.find("needs 1000 ranks") != std::string::npos);
+  CHECK(many.out.find("64 available") != std::string::npos);
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(20));
 }
