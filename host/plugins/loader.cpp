@@ -42,6 +42,16 @@ std::string insecure_reason(const fs::path& p) {
   return "";
 }
 
+// One rule for a plugin file, wherever it was named (--plugin or a folder): neither it nor its
+// folder may be writable by others.
+std::string insecure_file_reason(const fs::path& file) {
+  if (std::string why = insecure_reason(file); !why.empty()) return why;
+  std::error_code ec;
+  const fs::path folder = fs::absolute(file, ec).parent_path();
+  if (!insecure_reason(folder).empty()) return "in folder " + folder.string() + ", which is writable by others";
+  return "";
+}
+
 std::string version_string(uint32_t major, uint32_t minor) {
   return std::to_string(major) + "." + std::to_string(minor);
 }
@@ -170,7 +180,7 @@ PluginRegistry PluginRegistry::load(const LoaderOptions& options, std::vector<st
 
   for (const PluginSource& f : files) {
     try {
-      if (std::string why = insecure_reason(f.path); !why.empty() && !options.allow_insecure)
+      if (std::string why = insecure_file_reason(f.path); !why.empty() && !options.allow_insecure)
         throw Rejected(why + " (use --allow-insecure-plugins to load it anyway)");
       std::shared_ptr<const Plugin> plugin = load_plugin_file(f.path);
       if (auto first = registry.find(plugin->name())) {

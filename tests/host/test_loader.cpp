@@ -124,7 +124,7 @@ TEST_CASE("a duplicate name: the first wins and the warning names both files") {
                              " duplicates the one already loaded from " + variant("good").string() + "; the first wins");
 }
 
-TEST_CASE("a plugin folder writable by others is refused unless allowed") {
+TEST_CASE("a plugin folder writable by others is refused unless allowed, named as a folder or through a file") {
   fs::path dir = temp_dir("insecure");
   fs::copy_file(variant("good"), dir / "libgood.so");
   fs::permissions(dir, fs::perms::others_write, fs::perm_options::add);
@@ -135,6 +135,13 @@ TEST_CASE("a plugin folder writable by others is refused unless allowed") {
                                    ": writable by others; skipped (use --allow-insecure-plugins to load it anyway)");
   Loaded allowed = load_files({}, {dir}, true);
   CHECK(allowed.registry.plugins().size() == 1);
+  // The same rule for a file named with --plugin (it once loaded from such a folder).
+  Loaded file = load_files({dir / "libgood.so"});
+  CHECK(file.registry.plugins().empty());
+  REQUIRE(file.warnings.size() == 1);
+  CHECK(file.warnings[0] == "plugin " + (dir / "libgood.so").string() + ": in folder " + dir.string() +
+                                ", which is writable by others (use --allow-insecure-plugins to load it anyway); skipped");
+  CHECK(load_files({dir / "libgood.so"}, {}, true).registry.plugins().size() == 1);
   fs::remove_all(dir);
 }
 
