@@ -206,7 +206,8 @@ json::Value to_json(const CaseResult& c) {
       {"plugin_version", c.plugin_version}, {"device", c.device}, {"engine", c.engine},
       {"problem", problem_json(c.spec.problem)}, {"params", params},
       {"world_sizes", numbers(c.spec.world_sizes)},
-      {"timing", json::Object{{"method", t.method}, {"warmup_runs", t.warmup_runs}, {"timing_runs", t.timing_runs},
+      {"timing", json::Object{{"method", t.method}, {"warmup_runs", t.warmup_runs},
+                              {"warmup_seconds", t.warmup_seconds}, {"timing_runs", t.timing_runs},
                               {"target_noise", t.target_noise}, {"min_samples", t.min_samples},
                               {"max_seconds", t.max_seconds}, {"passes", passes}, {"flush_l2", t.flush_l2}}},
       {"data", json::Object{{"seed", static_cast<int64_t>(c.spec.data.seed)}, {"distribution", c.spec.data.distribution},
@@ -234,6 +235,7 @@ CaseResult case_from_json(const json::Value& v) {
   const json::Value& t = v["timing"];
   c.spec.timing.method = t["method"].string();
   c.spec.timing.warmup_runs = static_cast<int>(t["warmup_runs"].integer());
+  if (const json::Value* seconds = t.find("warmup_seconds")) c.spec.timing.warmup_seconds = seconds->number();
   c.spec.timing.timing_runs = static_cast<int>(t["timing_runs"].integer());
   c.spec.timing.target_noise = t["target_noise"].number();
   c.spec.timing.min_samples = static_cast<int>(t["min_samples"].integer());

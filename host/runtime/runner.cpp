@@ -257,7 +257,17 @@ class RankRun {
     });
     const suite::Timing& t = c_.timing;
     env_.comm.reset_bytes_sent();
-    int warmups = t.method == "simple" ? 0 : t.warmup_runs;
+    // At least one untimed call in every method: one-time setup (cuDNN's graph builds, first
+    // allocations) never lands in a sample. Then warm-ups until both their count and their time
+    // (warmup_seconds: the GPU's clock settled at its power limit) are reached.
+    const int warmups = std::max(1, t.method == "simple" ? 0 : t.warmup_runs);
+    const auto warm_start = std::chrono::steady_clock::now();
+    const auto warm_enough = [&](int done) {
+      if (done < warmups) return false;
+      if (t.warmup_seconds <= 0) return true;
+      const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - warm_start).count();
+      return env_.group.max({elapsed})[0] >= t.warmup_seconds;  // every rank decides alike
+    };
     // The first call also measures what one call sends (warm-up or, with none, the sample).
     bool measured_bytes = false;
     // fwd_bwd sends what fwd and bwd send; it measures nothing of its own.
@@ -269,7 +279,7 @@ class RankRun {
     // A fwd_bwd pass with no fwd or bwd pass of its own measures their bytes in its first
     // warm-up, run in two halves.
     const bool split_first = pass == "fwd_bwd" && sent_fwd_ == 0 && sent_bwd_ == 0 && env_.world_size > 1;
-    for (int i = 0; i < warmups; ++i) {
+    for (int i = 0; !warm_enough(i); ++i) {
       if (i == 0 && split_first) {
         attempt([&] {
           forward();

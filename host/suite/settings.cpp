@@ -7,9 +7,9 @@
 namespace attnhost::suite::detail {
 namespace {
 
-const std::vector<std::string> kTimingKeys = {"method",      "warmup_runs", "timing_runs",
-                                              "target_noise", "min_samples", "max_seconds",
-                                              "passes",      "flush_l2"};
+const std::vector<std::string> kTimingKeys = {"method",       "warmup_runs", "warmup_seconds", "timing_runs",
+                                              "target_noise", "min_samples", "max_seconds",    "passes",
+                                              "flush_l2"};
 const std::vector<std::string> kPasses = {"fwd", "bwd", "fwd_bwd"};
 const std::vector<std::string> kCheckKeys = {"enabled", "query_rows", "key_columns", "tolerance_scale"};
 const std::vector<std::string> kDataKeys = {"seed", "distribution", "scale"};
@@ -60,6 +60,11 @@ void read_timing(const toml::node& node, const std::string& table_name, Timing& 
     require_choice(location_of(*method), "timing method", into.method, timing_methods());
   }
   read_into(table, "warmup_runs", into.warmup_runs, 0);
+  if (const toml::node* seconds = table.get("warmup_seconds")) {
+    into.warmup_seconds = read_number(*seconds, "warmup_seconds");
+    if (!(into.warmup_seconds >= 0 && into.warmup_seconds <= 600))
+      fail(location_of(*seconds), "'warmup_seconds' must be between 0 and 600, got " + format_number(into.warmup_seconds));
+  }
   read_into(table, "timing_runs", into.timing_runs, 1);
   read_into(table, "min_samples", into.min_samples, 2);
   if (const toml::node* noise = table.get("target_noise")) read_target_noise(*noise, into.target_noise);

@@ -64,6 +64,8 @@ struct Problem {
 struct Timing {
   std::string method = "warmup";    // simple | warmup | adaptive | profiler
   int warmup_runs = 3;
+  double warmup_seconds = 0;        // and warm-up runs go on until this much time has passed (the
+                                    // GPU's clock settles at its power limit within a second)
   int timing_runs = 10;
   double target_noise = 0.02;       // adaptive: stop when relative noise < this
   int min_samples = 5;              // adaptive

@@ -182,6 +182,8 @@ TEST_CASE("errors: timing, check, data, world sizes and outputs") {
   CHECK(error_of(kCase + "timing.target_noise = 2\n") ==
         "t.toml:4:23: 'target_noise' must be between 0 and 1 (a relative noise, e.g. 0.02), got 2");
   CHECK(error_of(kCase + "timing.max_seconds = 0\n") == "t.toml:4:22: 'max_seconds' must be positive, got 0");
+  CHECK(error_of(kCase + "timing.warmup_seconds = -1\n") ==
+        "t.toml:4:25: 'warmup_seconds' must be between 0 and 600, got -1");
   CHECK(error_of(kCase + "timing.passes = [\"fwd\", \"backward\"]\n") ==
         "t.toml:4:25: unknown pass 'backward' (expected fwd, bwd or fwd_bwd)");
   CHECK(error_of(kCase + "timing.passes = []\n") == "t.toml:4:17: 'passes' must name at least one of fwd, bwd or fwd_bwd");
