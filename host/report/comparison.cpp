@@ -33,16 +33,16 @@ std::optional<double> pass_time(const Entry& e, const std::string& pass) {
   return p && p->time_ms.median > 0 ? std::optional<double>(p->time_ms.median) : std::nullopt;
 }
 
-std::vector<Metric> metrics(int ws) {
+std::vector<Metric> metrics(int ws, bool cpu) {
   std::vector<Metric> m;
   for (const char* pass : {"fwd", "bwd", "fwd+bwd"})
     m.push_back({std::string(pass), [pass](const Entry& e) { return pass_time(e, pass); },
                  [](double v) { return fmt::ms(v); }});
   auto headline = [](const Entry& e) { return headline_pass(*e.c, *e.r); };
-  m.push_back({"TFLOP/s/GPU", [headline](const Entry& e) {
+  m.push_back({flops_heading(cpu), [headline](const Entry& e) {
                  auto h = headline(e);
                  return h && h->tflops_per_gpu > 0 ? std::optional<double>(h->tflops_per_gpu) : std::nullopt; },
-               [](double v) { return fmt::sig(v); }});
+               [cpu](double v) { return flops_cell(v, cpu); }});
   m.push_back({"tokens/s", [headline](const Entry& e) {
                  auto h = headline(e);
                  return h && h->tokens_per_s > 0 ? std::optional<double>(h->tokens_per_s) : std::nullopt; },
@@ -96,7 +96,7 @@ void print_comparison(std::ostream& out, const std::vector<CaseResult>& cases) {
     if (entries.empty()) continue;
     // Only the figures some plugin has; every cell after the first plugin's carries its ratio.
     std::vector<Metric> shown;
-    for (const Metric& m : metrics(ws))
+    for (const Metric& m : metrics(ws, all_on_cpu(cases)))
       if (std::any_of(entries.begin(), entries.end(), [&](const Entry& e) { return m.value(e).has_value(); }))
         shown.push_back(m);
     std::vector<std::string> header = {"plugin (ws=" + std::to_string(ws) + ")"};
@@ -118,7 +118,7 @@ void print_comparison(std::ostream& out, const std::vector<CaseResult>& cases) {
     out << "\n" << t.str();
   }
   out << "(in parentheses: ratio to the first plugin, " << cases.front().spec.plugin
-      << "; TFLOP/s, tokens/s, speedup and efficiency of fwd+bwd; imbalance: the busiest rank's attended pairs over the mean; comm exposed: communication no compute covered, forward plus backward, on the worst rank)\n";
+      << "; " << flops_heading(all_on_cpu(cases)) << ", tokens/s, speedup and efficiency of fwd+bwd; imbalance: the busiest rank's attended pairs over the mean; comm exposed: communication no compute covered, forward plus backward, on the worst rank)\n";
 }
 
 }  // namespace attnhost::report

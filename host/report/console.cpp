@@ -99,7 +99,8 @@ void print_case(std::ostream& out, const CaseResult& c) {
   if (std::string params = params_line(c.spec); !params.empty()) out << "   params   " << params << "\n";
   out << "   timing   " << timing_line(c.spec) << "\n";
 
-  fmt::Table times({"ws", "pass", "median", "min", "p90", "noise", "n", "TFLOP/s/GPU", "tokens/s", "speedup", "efficiency"}, 2);
+  const bool cpu = c.device == "cpu";
+  fmt::Table times({"ws", "pass", "median", "min", "p90", "noise", "n", flops_heading(cpu), "tokens/s", "speedup", "efficiency"}, 2);
   fmt::Table resources({"ws", "status", "peak mem/rank", "sent fwd/rank", "sent bwd/rank", "comm exposed fwd / bwd",
                         "imbalance", "check"},
                        2);
@@ -110,7 +111,7 @@ void print_case(std::ostream& out, const CaseResult& c) {
       const bool sum = p.time_ms.count == 0;  // a derived total has no samples of its own
       times.row({ws, pass_label(p.pass), fmt::ms(p.time_ms.median), sum ? "" : fmt::ms(p.time_ms.min),
                  sum ? "" : fmt::ms(p.time_ms.p90), sum ? "" : fmt::percent(p.time_ms.rel_noise),
-                 sum ? "sum" : std::to_string(p.time_ms.count), fmt::sig(p.tflops_per_gpu), fmt::si(p.tokens_per_s),
+                 sum ? "sum" : std::to_string(p.time_ms.count), flops_cell(p.tflops_per_gpu, cpu), fmt::si(p.tokens_per_s),
                  speedup_cell(p, r.world_size), efficiency_cell(p, r.world_size)});
     }
     const double imbalance = load_imbalance(r);
@@ -139,7 +140,8 @@ void print_case(std::ostream& out, const CaseResult& c) {
 }
 
 void print_summary(std::ostream& out, const std::vector<CaseResult>& cases) {
-  fmt::Table t({"case", "ws", "status", "fwd", "bwd", "fwd+bwd", "TFLOP/s/GPU", "speedup", "eff.", "peak mem", "check"}, 3);
+  const bool cpu = all_on_cpu(cases);
+  fmt::Table t({"case", "ws", "status", "fwd", "bwd", "fwd+bwd", flops_heading(cpu), "speedup", "eff.", "peak mem", "check"}, 3);
   for (const CaseResult& c : cases)
     for (const RunResult& r : c.runs) {
       std::optional<PassResult> h = headline_pass(c, r);
@@ -149,14 +151,19 @@ void print_summary(std::ostream& out, const std::vector<CaseResult>& cases) {
         return p ? fmt::ms(p->time_ms.median) : "-";
       };
       t.row({c.spec.id, std::to_string(r.world_size), r.status, time("fwd"), time("bwd"),
-             total ? fmt::ms(total->time_ms.median) : "-", h ? fmt::sig(h->tflops_per_gpu) : "-",
+             total ? fmt::ms(total->time_ms.median) : "-", h ? flops_cell(h->tflops_per_gpu, cpu) : "-",
              h ? speedup_cell(*h, r.world_size) : "-", h ? efficiency_cell(*h, r.world_size) : "-",
              r.peak_bytes.empty() ? "-" : fmt::bytes(max_peak_bytes(r)), check_cell(r)});
     }
   out << "\n" << t.str();
   size_t failed = std::count_if(cases.begin(), cases.end(), [](const CaseResult& c) { return c.failed(); });
   out << cases.size() << " cases, " << failed << " failed"
-      << "  (TFLOP/s/GPU, speedup and eff. of fwd+bwd; speedup and efficiency against world size 1)\n";
+      << "  (" << flops_heading(cpu) << ", speedup and eff. of fwd+bwd; speedup and efficiency against world size 1)\n";
+  if (cpu && std::any_of(cases.begin(), cases.end(), [](const CaseResult& c) {
+        return std::any_of(c.runs.begin(), c.runs.end(), [](const RunResult& r) { return r.world_size > 1; });
+      }))
+    out << "(on the CPU a rank is a thread and the ranks share this machine's cores: speedup and efficiency say how the "
+           "threads fared, not what more GPUs would do, and may pass 100% where caches favour smaller pieces)\n";
 }
 
 // What verify checked, without timings (first calls, which say nothing of speed): each tensor's

@@ -1,5 +1,7 @@
 #include "report/derived.h"
 
+#include "report/format.h"
+
 #include <algorithm>
 #include <utility>
 
@@ -132,5 +134,13 @@ std::optional<CommExposure> exposed_communication(const RunResult& r, const std:
 std::string check_cell(const RunResult& r) { return !r.check.ran ? "-" : r.check.ok ? "ok" : "FAILED"; }
 
 std::string pass_label(const std::string& pass) { return pass == "fwd_bwd" ? "fwd+bwd" : pass; }
+
+bool all_on_cpu(const std::vector<CaseResult>& cases) {
+  return !cases.empty() && std::all_of(cases.begin(), cases.end(), [](const CaseResult& c) { return c.device == "cpu"; });
+}
+
+std::string flops_heading(bool cpu) { return cpu ? "GFLOP/s/rank" : "TFLOP/s/GPU"; }
+
+std::string flops_cell(double tflops_per_gpu, bool cpu) { return fmt::sig(cpu ? tflops_per_gpu * 1e3 : tflops_per_gpu); }
 
 }  // namespace attnhost::report

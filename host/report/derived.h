@@ -38,6 +38,12 @@ struct CommExposure {
 std::optional<CommExposure> exposed_communication(const RunResult& r, const std::string& host_range);
 
 std::string check_cell(const RunResult& r);  // "ok", "FAILED", "-" (not checked)
+
+// Throughput in a unit the figures read well in: TFLOP/s a GPU, GFLOP/s a rank on the CPU (where a
+// run does a few GFLOP/s). `cpu`: every case shown ran on the CPU.
+bool all_on_cpu(const std::vector<CaseResult>& cases);
+std::string flops_heading(bool cpu);                   // "TFLOP/s/GPU" or "GFLOP/s/rank"
+std::string flops_cell(double tflops_per_gpu, bool cpu);
 std::string pass_label(const std::string& pass); // fwd_bwd -> fwd+bwd
 
 }  // namespace attnhost::report

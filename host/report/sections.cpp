@@ -57,7 +57,8 @@ std::vector<std::string> group_names(const std::vector<CaseResult>& cases) {
 }
 
 fmt::Table group_table(const std::vector<CaseResult>& cases, const std::string& group) {
-  fmt::Table t({"case", "problem", "ws", "status", "pass", "median", "p10-p90", "n", "TFLOP/s/GPU", "tokens/s", "speedup",
+  const bool cpu = all_on_cpu(cases);
+  fmt::Table t({"case", "problem", "ws", "status", "pass", "median", "p10-p90", "n", flops_heading(cpu), "tokens/s", "speedup",
                 "efficiency", "peak mem/rank", "check"}, 5);
   for (const CaseResult& c : cases) {
     if (c.spec.group != group) continue;
@@ -71,7 +72,7 @@ fmt::Table group_table(const std::vector<CaseResult>& cases, const std::string& 
         const bool sum = p.time_ms.count == 0;
         t.row({c.spec.id, problem_line(c.spec.problem), ws, r.status, pass_label(p.pass), fmt::ms(p.time_ms.median),
                sum ? "" : fmt::ms(p.time_ms.p10) + " - " + fmt::ms(p.time_ms.p90), sum ? "sum" : std::to_string(p.time_ms.count),
-               fmt::sig(p.tflops_per_gpu), fmt::si(p.tokens_per_s),
+               flops_cell(p.tflops_per_gpu, cpu), fmt::si(p.tokens_per_s),
                r.world_size > 1 && p.speedup > 0 ? fmt::ratio(p.speedup) : "-",
                r.world_size > 1 && p.efficiency > 0 ? fmt::percent(p.efficiency) : "-", mem, check_cell(r)});
       }

@@ -57,9 +57,16 @@ TEST_CASE("console: the case block shows configuration, single and parallel time
   CHECK(s.find("17.000 ms") != std::string::npos);   // the two-rank total
   CHECK(s.find("1.76x") != std::string::npos);       // its speedup, 30 / 17
   CHECK(s.find("88.2%") != std::string::npos);       // and efficiency
-  CHECK(s.find("0.00400") != std::string::npos);     // 4e7 flop in 10 ms: 0.004 TFLOP/s, not "0.0"
+  CHECK(s.find("GFLOP/s/rank") != std::string::npos);  // a CPU's throughput in its own unit:
+  CHECK(s.find("  4.00  ") != std::string::npos);       // 4e7 flop in 10 ms, 4 GFLOP/s, not "0.00400" TFLOP/s
+  CHECK(s.find("TFLOP/s") == std::string::npos);
   CHECK(s.find("1.00 MiB") != std::string::npos);
   CHECK(s.find("check ok") != std::string::npos);
+  c.device = "cuda";  // a GPU's in TFLOP/s
+  std::ostringstream gpu;
+  print_case(gpu, c);
+  CHECK(gpu.str().find("TFLOP/s/GPU") != std::string::npos);
+  CHECK(gpu.str().find("0.00400") != std::string::npos);
 }
 
 TEST_CASE("console: compare puts plugins side by side with ratios to the first") {
