@@ -142,16 +142,22 @@ void print_case(std::ostream& out, const CaseResult& c) {
 void print_summary(std::ostream& out, const std::vector<CaseResult>& cases) {
   const bool cpu = all_on_cpu(cases);
   fmt::Table t({"case", "ws", "status", "fwd", "bwd", "fwd+bwd", flops_heading(cpu), "speedup", "eff.", "peak mem", "check"}, 3);
+  int noisy_figures = 0;
   for (const CaseResult& c : cases)
     for (const RunResult& r : c.runs) {
       std::optional<PassResult> h = headline_pass(c, r);
       std::optional<PassResult> total = total_pass(c, r);
+      auto flagged = [&](const PassResult& p) {
+        const bool noisy = p.time_ms.count > 1 && p.time_ms.rel_noise > c.spec.timing.target_noise;
+        noisy_figures += noisy;
+        return fmt::ms(p.time_ms.median) + (noisy ? " *" : "");
+      };
       auto time = [&](const char* pass) {
         const PassResult* p = r.pass(pass);
-        return p ? fmt::ms(p->time_ms.median) : "-";
+        return p ? flagged(*p) : std::string("-");
       };
       t.row({c.spec.id, std::to_string(r.world_size), r.status, time("fwd"), time("bwd"),
-             total ? fmt::ms(total->time_ms.median) : "-", h ? flops_cell(h->tflops_per_gpu, cpu) : "-",
+             total ? flagged(*total) : "-", h ? flops_cell(h->tflops_per_gpu, cpu) : "-",
              h ? speedup_cell(*h, r.world_size) : "-", h ? efficiency_cell(*h, r.world_size) : "-",
              r.peak_bytes.empty() ? "-" : fmt::bytes(max_peak_bytes(r)), check_cell(r)});
     }
@@ -159,6 +165,9 @@ void print_summary(std::ostream& out, const std::vector<CaseResult>& cases) {
   size_t failed = std::count_if(cases.begin(), cases.end(), [](const CaseResult& c) { return c.failed(); });
   out << cases.size() << " cases, " << failed << " failed"
       << "  (" << flops_heading(cpu) << ", speedup and eff. of fwd+bwd; speedup and efficiency against world size 1)\n";
+  if (noisy_figures > 0)
+    out << "* " << noisy_figures << (noisy_figures == 1 ? " time's" : " times'")
+        << " samples spread more than the case's target_noise (the noise column of its block, -v): read them as less certain\n";
   if (cpu && std::any_of(cases.begin(), cases.end(), [](const CaseResult& c) {
         return std::any_of(c.runs.begin(), c.runs.end(), [](const RunResult& r) { return r.world_size > 1; });
       }))

@@ -154,3 +154,13 @@ TEST_CASE("csv: numbers in six significant digits, not the seventeen of a double
   CHECK(text.find(",12.3457,") != std::string::npos);
   CHECK(text.find("12.34567890") == std::string::npos);
 }
+
+TEST_CASE("console: the summary flags a time whose noise is above its case's target") {
+  std::vector<CaseResult> cases = {made_case("a/x", 128, {made_run(1, {timed_pass("fwd", {10, 10, 10}), timed_pass("bwd", {10, 20, 30})})})};
+  std::ostringstream out;
+  print_summary(out, cases);
+  const std::string s = out.str();
+  CHECK(s.find("10.000 ms  ") != std::string::npos);  // fwd: no spread, no flag
+  CHECK(s.find("20.000 ms *") != std::string::npos);  // bwd: far above 2%
+  CHECK(s.find("* 1 time's samples spread more than the case's target_noise") != std::string::npos);
+}
