@@ -9,12 +9,14 @@ namespace attncore::plugin {
 
 namespace {
 
-// The pipeline's groups: the most, up to 4, that cut a rank's kv heads evenly (one when it has one,
-// or when nothing is exchanged).
+// The pipeline's groups: two where they cut a rank's kv heads evenly, else one (and one when nothing
+// is exchanged).
 int32_t choose_groups(int32_t asked, int32_t kv_heads, int u) {
   if (u == 1) return 1;
   if (asked > 0) return kv_heads % asked == 0 ? asked : 1;
-  for (int32_t g = std::min(4, kv_heads); g > 1; --g)
+  // Two at most: a call over fewer heads lost more than the exchange it hid saved, at 12 and 16
+  // heads a rank on two H200s (docs/KERNELS.md, "Head-group pipeline").
+  for (int32_t g = std::min(2, kv_heads); g > 1; --g)
     if (kv_heads % g == 0) return g;
   return 1;
 }

@@ -32,7 +32,7 @@ namespace attncore::plugin {
 struct UlyssesShape {
   RingShape ring;             // the whole problem: local_q = local_kv = n, this rank's tokens
   int32_t ulysses = 1;        // u: ranks of a Ulysses group (consecutive world ranks)
-  int32_t head_groups = 0;    // groups of the pipeline; 0: the most, up to 4, that cut the kv heads evenly
+  int32_t head_groups = 0;    // groups of the pipeline; 0: two where they cut the kv heads evenly, else one
 };
 
 // Empty when `heads_q` query heads and `heads_kv` kv heads can be cut among `u` ranks, else one

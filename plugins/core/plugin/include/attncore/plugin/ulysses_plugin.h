@@ -25,7 +25,7 @@ inline constexpr std::array<attnhost_param_spec, kNumPackedRingParams + 2> kUlys
   params[kNumPackedRingParams] = {
       ATTNHOST_STRUCT_SIZE(attnhost_param_spec, choices), "head_groups", ATTNHOST_PARAM_INT, "0",
       "heads go through the all-to-alls in this many groups, each group's exchange under the previous group's "
-      "attention; 0: the most, up to 4, that cut a rank's kv heads evenly",
+      "attention; 0: two where they cut a rank's kv heads evenly, else one",
       nullptr};
   params[kNumPackedRingParams + 1] = {
       ATTNHOST_STRUCT_SIZE(attnhost_param_spec, choices), "ulysses_degree", ATTNHOST_PARAM_INT, "0",
