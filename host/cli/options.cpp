@@ -20,7 +20,7 @@ po::options_description common_options(CommonOptions& o) {
     ("gpus", po::value(&o.backend.gpus)->default_value(0), "GPUs to use (0: all visible)")
     ("comm-timeout", po::value<double>()->default_value(60.0), "seconds before an unmatched receive fails (CPU)")
     ("quiet,q", po::bool_switch(&o.quiet), "print only results and errors")
-    ("verbose,v", po::bool_switch(&o.verbose), "more detail (list: capabilities and parameters)")
+    ("verbose,v", po::bool_switch(&o.verbose), "more detail (run: each case's whole block; list: capabilities and parameters)")
     ("debug", po::bool_switch(&o.debug), "print debug lines");
   return d;
 }

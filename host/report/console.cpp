@@ -139,6 +139,27 @@ void print_case(std::ostream& out, const CaseResult& c) {
   out << std::flush;  // a block is whole before the next case's progress line on stderr
 }
 
+void print_case_line(std::ostream& out, const CaseResult& c) {
+  std::ostringstream line;
+  std::vector<std::string> errors;
+  line << c.spec.id;
+  for (const RunResult& r : c.runs) {
+    line << "  ws=" << r.world_size << " ";
+    const std::optional<PassResult> h = headline_pass(c, r);
+    if (!run_ok(r) || !h) {
+      line << r.status;
+      if (!r.error.empty()) errors.push_back("ws=" + std::to_string(r.world_size) + " " + r.status + ": " + r.error);
+      continue;
+    }
+    line << pass_label(h->pass) << " " << fmt::ms(h->time_ms.median);
+    if (r.world_size > 1 && h->speedup > 0) line << " " << fmt::ratio(h->speedup) << " " << fmt::percent(h->efficiency);
+    if (r.check.ran) line << " check " << check_cell(r);
+  }
+  out << line.str() << "\n";
+  for (const std::string& e : errors) out << "   " << e << "\n";
+  out << std::flush;
+}
+
 void print_summary(std::ostream& out, const std::vector<CaseResult>& cases) {
   const bool cpu = all_on_cpu(cases);
   fmt::Table t({"case", "ws", "status", "fwd", "bwd", "fwd+bwd", flops_heading(cpu), "speedup", "eff.", "peak mem", "check"}, 3);

@@ -10,6 +10,9 @@
 namespace attnhost::report {
 
 void print_case(std::ostream& out, const CaseResult& c);
+// A case in a line: each world size's status and headline time (speedup and efficiency above 1),
+// and the check; a run's error on a line of its own. What `run` prints without -v.
+void print_case_line(std::ostream& out, const CaseResult& c);
 void print_summary(std::ostream& out, const std::vector<CaseResult>& cases);
 void print_verification(std::ostream& out, const std::vector<CaseResult>& cases);
 // Plugins side by side at each world size; every figure with its ratio to the first plugin.

@@ -231,3 +231,15 @@ TEST_CASE("cli: a run in which nothing ran says so and exits 1") {
   CHECK(many.out.find("64 available") != std::string::npos);
   CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(20));
 }
+
+TEST_CASE("cli: run prints a line a case, and its whole block with -v") {
+  // The 25-line block a case once printed by default buried the results.
+  Outcome brief = attnhost("run quick --device cpu --world-sizes 1 --timing-runs 1 --warmup-runs 0 --format console");
+  INFO(brief.out);
+  CHECK(brief.code == 0);
+  CHECK(brief.out.find("naive_attention/causal  ws=1 ") != std::string::npos);
+  CHECK(brief.out.find("   problem  ") == std::string::npos);
+  Outcome full = attnhost("run quick --device cpu --world-sizes 1 --timing-runs 1 --warmup-runs 0 --format console -v");
+  CHECK(full.code == 0);
+  CHECK(full.out.find("   problem  ") != std::string::npos);
+}
