@@ -115,7 +115,6 @@ int verify_command(Context& ctx, const std::vector<std::string>& args) {
       c.timing.method = "simple";
       c.timing.passes = {"fwd", "bwd"};
       c.check.enabled = true;
-      c.where.file = "verify";
       s.cases.push_back(std::move(c));
     }
   }

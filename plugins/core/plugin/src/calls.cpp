@@ -132,6 +132,8 @@ void convert_out(const RingShape& s, Engine& engine, const float* src, void* dst
   engine.convert(cv, stream);
 }
 
+bool dense(const BlockCall& c) { return !c.segments && c.num_segments == 0 && !c.blocks && !c.backward_segments; }
+
 std::vector<std::vector<OutputCall>> output_calls(const std::vector<std::vector<BlockCall>>& steps) {
   std::vector<std::vector<OutputCall>> out(steps.size());
   for (size_t step = 0; step < steps.size(); ++step)
@@ -145,8 +147,7 @@ std::vector<std::vector<OutputCall>> output_calls(const std::vector<std::vector<
           const int64_t b = std::max(o.q_begin, c.q_begin), e = std::min(o.q_end, c.q_end);
           if ((t != step || j != i) && e > b) others.emplace_back(b, e);
         }
-      const bool dense = !c.segments && c.num_segments == 0 && !c.blocks;
-      if (!dense || others.empty()) {
+      if (!dense(c) || others.empty()) {
         out[step].push_back({c, others.empty()});
         continue;
       }

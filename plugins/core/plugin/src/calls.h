@@ -52,6 +52,9 @@ void compute_local_delta(const RingShape& s, Engine& engine, const attnhost_back
 // fp32 src (a shape's Q-like or K/V-like tensor) to the problem dtype in dst.
 void convert_out(const RingShape& s, Engine& engine, const float* src, void* dst, bool kv, void* stream);
 
+// Whether a call is dense (no segments, no block list): it may be cut into rows or columns.
+bool dense(const BlockCall& c);
+
 // A forward call, and whether it alone reaches its rows: then it writes O in the problem dtype
 // straight into the output, with no fp32 round trip and no merge.
 struct OutputCall {

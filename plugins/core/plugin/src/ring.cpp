@@ -54,8 +54,6 @@ size_t work_bytes(const RingShape& s, int world_size) {
   return std::max(forward_work, backward_work);
 }
 
-// Whether a member's calls are dense (no segments, no block list): such a call may be cut.
-bool dense(const BlockCall& c) { return !c.segments && c.num_segments == 0 && !c.blocks && !c.backward_segments; }
 
 // A slice of heads packed into buffers of its own: Q-like and K/V-like [batch, tokens, heads, D] in
 // the problem dtype, LSE [batch, heads, tokens].
