@@ -141,6 +141,7 @@ int run_command(Context& ctx, const std::vector<std::string>& args) {
 std::vector<std::string> child_arguments(const Context& ctx) {
   const CommonOptions& o = ctx.options;
   std::vector<std::string> args = {"--device", o.backend.device, "--gpus", std::to_string(o.backend.gpus),
+                                   "--transport", o.backend.transport,
                                    "--comm-timeout", std::to_string(o.backend.comm_timeout.count() / 1000.0)};
   for (const std::string& d : o.plugin_dirs) args.insert(args.end(), {"--plugin-dir", d});
   for (const std::string& f : o.plugin_files) args.insert(args.end(), {"--plugin", f});

@@ -18,6 +18,8 @@ po::options_description common_options(CommonOptions& o) {
     ("configs", po::value(&o.configs_dir), "folder of presets.toml, ranges.toml and suites/")
     ("device", po::value(&o.backend.device)->default_value("auto"), "auto | cuda | cpu")
     ("gpus", po::value(&o.backend.gpus)->default_value(0), "GPUs to use (0: all visible)")
+    ("transport", po::value(&o.backend.transport)->default_value("auto"),
+     "GPU point-to-point: auto | copy-engine | nccl (auto: copy engines where the GPUs reach one another)")
     ("comm-timeout", po::value<double>()->default_value(60.0), "seconds before an unmatched receive fails (CPU)")
     ("quiet,q", po::bool_switch(&o.quiet), "print only results and errors")
     ("verbose,v", po::bool_switch(&o.verbose), "more detail (run: each case's whole block; list: capabilities and parameters)")

@@ -42,13 +42,17 @@ class Backend {
 struct BackendOptions {
   std::string device = "auto";                 // auto | cpu | cuda
   int gpus = 0;                                // 0: all visible
+  // GPU point-to-point: auto | copy-engine | nccl. auto takes the copy engines where the ranks are
+  // threads of one process and every GPU reaches the others' memory.
+  std::string transport = "auto";
   std::chrono::milliseconds comm_timeout{60000};
 };
 
 // Picks the backend for the options and the environment (mpirun, visible GPUs); throws
 // UsageError when the request cannot be met ("--device cuda" without a GPU).
 std::unique_ptr<Backend> make_backend(const BackendOptions& options);
-std::unique_ptr<Backend> make_thread_backend(DeviceKind kind, int gpus, std::chrono::milliseconds timeout);
+std::unique_ptr<Backend> make_thread_backend(DeviceKind kind, int gpus, std::chrono::milliseconds timeout,
+                                             bool copy_engines = false);
 
 bool started_under_mpi();
 

@@ -16,8 +16,12 @@ class CommFactory {
 };
 
 // NCCL communicators for `world_size` threads of this process, one GPU each. Built once per world
-// size and kept for the life of the process (initialization costs far more than a case).
-std::unique_ptr<CommFactory> nccl_factory(int world_size);
+// size and kept for the life of the process (initialization costs far more than a case). With
+// `copy_engines`, sends and receives are peer copies instead of NCCL's kernels.
+std::unique_ptr<CommFactory> nccl_factory(int world_size, bool copy_engines, std::chrono::milliseconds timeout);
+
+// Whether each of the first `gpus` devices can reach every other's memory (NVLink or PCIe peers).
+bool peer_access_among(int gpus);
 
 // The MPI backend; throws UsageError when attnhost was built without MPI.
 std::unique_ptr<Backend> make_mpi_backend(DeviceKind kind, std::chrono::milliseconds timeout);

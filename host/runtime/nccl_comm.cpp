@@ -90,7 +90,8 @@ class NcclCommunicator final : public Communicator {
 // Communicators of this process's rank threads, one set per world size, made once.
 class ThreadNcclFactory final : public CommFactory {
  public:
-  explicit ThreadNcclFactory(int size) : size_(size) {
+  ThreadNcclFactory(int size, bool copy_engines, std::chrono::milliseconds timeout)
+      : size_(size), meeting_(copy_engines ? make_peer_meeting(size, timeout) : nullptr) {
     std::lock_guard lock(mutex());
     auto& entry = cache()[size];
     if (entry.id.empty()) {
@@ -111,7 +112,8 @@ class ThreadNcclFactory final : public CommFactory {
       std::lock_guard lock(mutex());
       cache()[size_].comms[rank] = comm;
     }
-    return wrap_nccl(comm, rank, size_);
+    std::unique_ptr<Communicator> nccl = wrap_nccl(comm, rank, size_);
+    return meeting_ ? with_copy_engines(std::move(nccl), meeting_) : std::move(nccl);
   }
 
  private:
@@ -128,6 +130,7 @@ class ThreadNcclFactory final : public CommFactory {
     return c;
   }
   int size_;
+  std::shared_ptr<PeerMeeting> meeting_;  // one a world: its slots never outlive a case
 };
 
 }  // namespace
@@ -150,6 +153,8 @@ void* nccl_init_rank(const void* unique_id, int rank, int size) {
   return comm;
 }
 
-std::unique_ptr<CommFactory> nccl_factory(int world_size) { return std::make_unique<ThreadNcclFactory>(world_size); }
+std::unique_ptr<CommFactory> nccl_factory(int world_size, bool copy_engines, std::chrono::milliseconds timeout) {
+  return std::make_unique<ThreadNcclFactory>(world_size, copy_engines, timeout);
+}
 
 }  // namespace attnhost

@@ -14,8 +14,8 @@ namespace {
 
 class ThreadBackend final : public Backend {
  public:
-  ThreadBackend(DeviceKind kind, int gpus, std::chrono::milliseconds timeout)
-      : kind_(kind), gpus_(gpus), timeout_(timeout) {}
+  ThreadBackend(DeviceKind kind, int gpus, std::chrono::milliseconds timeout, bool copy_engines)
+      : kind_(kind), gpus_(gpus), timeout_(timeout), copy_engines_(copy_engines) {}
 
   DeviceKind device_kind() const override { return kind_; }
   // On the CPU a rank is a thread of this process: a world past kMaxCpuRanks would take minutes to
@@ -23,12 +23,13 @@ class ThreadBackend final : public Backend {
   int max_world_size() const override { return kind_ == DeviceKind::cpu ? kMaxCpuRanks : gpus_; }
   std::string describe() const override {
     return kind_ == DeviceKind::cpu ? "cpu (one thread per rank, in-process communicator)"
-                                    : "cuda (" + std::to_string(gpus_) + " GPUs, one thread each, NCCL)";
+                                    : "cuda (" + std::to_string(gpus_) + " GPUs, one thread each, NCCL" +
+                                          (copy_engines_ ? "; point-to-point by the copy engines)" : ")");
   }
 
   RunResult run_world(int world_size, const std::function<RunResult(RankEnv&)>& body) override {
     InprocWorld world(world_size, timeout_);
-    std::unique_ptr<CommFactory> comms = kind_ == DeviceKind::cpu ? nullptr : nccl_factory(world_size);
+    std::unique_ptr<CommFactory> comms = kind_ == DeviceKind::cpu ? nullptr : nccl_factory(world_size, copy_engines_, timeout_);
     std::vector<RunResult> results(world_size);
     std::vector<std::thread> threads;
     for (int r = 0; r < world_size; ++r)
@@ -67,12 +68,14 @@ class ThreadBackend final : public Backend {
   DeviceKind kind_;
   int gpus_;
   std::chrono::milliseconds timeout_;
+  bool copy_engines_;
 };
 
 }  // namespace
 
-std::unique_ptr<Backend> make_thread_backend(DeviceKind kind, int gpus, std::chrono::milliseconds timeout) {
-  return std::make_unique<ThreadBackend>(kind, gpus, timeout);
+std::unique_ptr<Backend> make_thread_backend(DeviceKind kind, int gpus, std::chrono::milliseconds timeout,
+                                             bool copy_engines) {
+  return std::make_unique<ThreadBackend>(kind, gpus, timeout, copy_engines);
 }
 
 bool started_under_mpi() {
@@ -106,8 +109,21 @@ std::unique_ptr<Backend> make_backend(const BackendOptions& o) {
       throw UsageError("--gpus " + std::to_string(o.gpus) + ": only " + std::to_string(gpus) + " visible");
     gpus = o.gpus;
   }
-  if (started_under_mpi()) return make_mpi_backend(kind, o.comm_timeout);
-  return make_thread_backend(kind, gpus, o.comm_timeout);
+  if (o.transport != "auto" && o.transport != "copy-engine" && o.transport != "nccl")
+    throw UsageError("--transport must be auto, copy-engine or nccl, not '" + o.transport + "'");
+  if (started_under_mpi()) {
+    if (o.transport == "copy-engine")
+      throw UsageError("--transport copy-engine: ranks started by MPI are processes; peer copies need ranks in one process");
+    return make_mpi_backend(kind, o.comm_timeout);
+  }
+  bool copy_engines = false;
+  if (kind == DeviceKind::cuda && o.transport != "nccl") {
+    const bool reachable = peer_access_among(gpus);
+    if (o.transport == "copy-engine" && !reachable)
+      throw UsageError("--transport copy-engine: the " + std::to_string(gpus) + " GPUs cannot all reach one another's memory");
+    copy_engines = reachable && gpus > 1;
+  }
+  return make_thread_backend(kind, gpus, o.comm_timeout, copy_engines);
 }
 
 }  // namespace attnhost

@@ -117,3 +117,160 @@ TEST_CASE("agree: every rank learns of the first failure") {
   CHECK(verdicts[1] == "another rank failed");
   CHECK(verdicts[2] == "another rank failed");
 }
+
+#if ATTNHOST_HAVE_CUDA && ATTNHOST_HAVE_NCCL
+#include "runtime/comm_factory.h"
+#include "runtime/device.h"
+
+#include <cuda_runtime.h>
+
+#include <cstring>
+
+namespace {
+// Runs f(rank, device, comm) on one thread per visible GPU with copy-engine point-to-point;
+// returns each rank's exception message ("" if none).
+std::vector<std::string> on_gpus(int n, std::chrono::milliseconds timeout,
+                                 const std::function<void(int, Device&, Communicator&)>& f) {
+  auto comms = nccl_factory(n, true, timeout);
+  std::vector<std::string> errors(n);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        auto device = make_cuda_device(r);
+        auto comm = comms->create(r);
+        f(r, *device, *comm);
+        device->synchronize();
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  return errors;
+}
+
+// The bytes rank `from` sends rank `to` in round `round`: a pattern no other message has.
+std::vector<uint8_t> message(int from, int to, int round, size_t bytes) {
+  std::vector<uint8_t> m(bytes);
+  for (size_t i = 0; i < bytes; ++i) m[i] = static_cast<uint8_t>(i * 7 + from * 31 + to * 17 + round * 13);
+  return m;
+}
+}  // namespace
+
+// Sends become peer copies that the two ranks pair on the host; the k-th send to a peer must land
+// in the peer's k-th receive, on whatever streams the two ends name.
+TEST_CASE("gpu: copy-engine sends deliver rings and all-to-alls in order" * doctest::test_suite("gpu")) {
+  const int n = cuda_device_count();
+  if (n < 2 || !peer_access_among(n)) {
+    MESSAGE("needs two GPUs that reach each other's memory");
+    return;
+  }
+  const size_t bytes = (3 << 20) + 48;  // not a multiple of any copy granule
+  const int rounds = 40;
+  auto errors = on_gpus(n, std::chrono::milliseconds(20000), [&](int rank, Device& device, Communicator& comm) {
+    const int next = (rank + 1) % n, prev = (rank + n - 1) % n;
+    std::vector<void*> out(n), in(n);
+    for (int p = 0; p < n; ++p) {
+      out[p] = device.alloc(bytes);
+      in[p] = device.alloc(bytes);
+    }
+    std::vector<uint8_t> got(bytes);
+    for (int round = 0; round < rounds; ++round) {
+      // A ring: two messages each way in one group, receives before sends on every other round,
+      // the send on stream 1 and the receive on stream 2.
+      device.copy_from_host(out[0], message(rank, next, round, bytes).data(), bytes);
+      device.copy_from_host(out[1], message(rank, next, round + 1000, bytes).data(), bytes);
+      device.synchronize();
+      comm.group_start();
+      if (round % 2) comm.recv(in[0], bytes, ATTNHOST_DTYPE_UINT8, prev, device.stream(2));
+      comm.send(out[0], bytes, ATTNHOST_DTYPE_UINT8, next, device.stream(1));
+      comm.send(out[1], bytes / 2, ATTNHOST_DTYPE_BF16, next, device.stream(1));
+      if (!(round % 2)) comm.recv(in[0], bytes, ATTNHOST_DTYPE_UINT8, prev, device.stream(2));
+      comm.recv(in[1], bytes / 2, ATTNHOST_DTYPE_BF16, prev, device.stream(2));
+      comm.group_end();
+      device.synchronize();
+      device.copy_to_host(got.data(), in[0], bytes);
+      REQUIRE(got == message(prev, rank, round, bytes));
+      device.copy_to_host(got.data(), in[1], bytes);
+      REQUIRE(got == message(prev, rank, round + 1000, bytes));
+      // An all-to-all: one message to every peer, all in one group on stream 0.
+      for (int p = 0; p < n; ++p) device.copy_from_host(out[p], message(rank, p, round, bytes).data(), bytes);
+      device.synchronize();
+      comm.group_start();
+      for (int p = 0; p < n; ++p)
+        if (p != rank) {
+          comm.send(out[p], bytes, ATTNHOST_DTYPE_UINT8, p, device.stream(0));
+          comm.recv(in[p], bytes, ATTNHOST_DTYPE_UINT8, p, device.stream(0));
+        }
+      comm.group_end();
+      device.synchronize();
+      for (int p = 0; p < n; ++p)
+        if (p != rank) {
+          device.copy_to_host(got.data(), in[p], bytes);
+          REQUIRE(got == message(p, rank, round, bytes));
+        }
+    }
+    CHECK(comm.bytes_sent() == uint64_t(rounds) * (2 * bytes + (n - 1) * bytes));
+    for (int p = 0; p < n; ++p) {
+      device.free(out[p]);
+      device.free(in[p]);
+    }
+  });
+  for (int r = 0; r < n; ++r) CHECK_MESSAGE(errors[r].empty(), "rank ", r, ": ", errors[r]);
+}
+
+// A stream-ordered exchange: the receiver's buffer is written only after what its stream did
+// before the receive, and the sender's next write waits for the copy.
+TEST_CASE("gpu: copy-engine sends keep both streams' order" * doctest::test_suite("gpu")) {
+  const int n = cuda_device_count();
+  if (n < 2 || !peer_access_among(n)) {
+    MESSAGE("needs two GPUs that reach each other's memory");
+    return;
+  }
+  const size_t bytes = 64 << 20;
+  auto errors = on_gpus(2, std::chrono::milliseconds(20000), [&](int rank, Device& device, Communicator& comm) {
+    void* a = device.alloc(bytes);
+    void* b = device.alloc(bytes);
+    void* s = device.stream(1);
+    std::vector<uint8_t> got(bytes);
+    for (int round = 0; round < 8; ++round) {
+      // Nothing synchronizes between the fill, the exchange and the refill: stream order alone
+      // keeps the refill from reaching the peer and the peer's copy from landing before the fill.
+      cudaMemsetAsync(a, 0x10 + round + rank, bytes, static_cast<cudaStream_t>(s));
+      cudaMemsetAsync(b, 0xEE, bytes, static_cast<cudaStream_t>(s));
+      comm.group_start();
+      comm.send(a, bytes, ATTNHOST_DTYPE_UINT8, 1 - rank, s);
+      comm.recv(b, bytes, ATTNHOST_DTYPE_UINT8, 1 - rank, s);
+      comm.group_end();
+      cudaMemsetAsync(a, 0x00, bytes, static_cast<cudaStream_t>(s));
+      device.synchronize();
+      device.copy_to_host(got.data(), b, bytes);
+      REQUIRE(got == std::vector<uint8_t>(bytes, static_cast<uint8_t>(0x10 + round + (1 - rank))));
+    }
+    device.free(a);
+    device.free(b);
+  });
+  for (int r = 0; r < 2; ++r) CHECK_MESSAGE(errors[r].empty(), "rank ", r, ": ", errors[r]);
+}
+
+TEST_CASE("gpu: a copy-engine size mismatch and an unmatched send are one-line errors" * doctest::test_suite("gpu")) {
+  const int n = cuda_device_count();
+  if (n < 2 || !peer_access_among(n)) {
+    MESSAGE("needs two GPUs that reach each other's memory");
+    return;
+  }
+  auto errors = on_gpus(2, std::chrono::milliseconds(1500), [&](int rank, Device& device, Communicator& comm) {
+    void* buf = device.alloc(4096);
+    if (rank == 0) comm.send(buf, 100, ATTNHOST_DTYPE_UINT8, 1, device.stream(0));
+    else comm.recv(buf, 200, ATTNHOST_DTYPE_UINT8, 0, device.stream(0));
+  });
+  CHECK(errors[0].find("rank 0 sends 100 bytes to rank 1, which receives 200") != std::string::npos);
+  CHECK(errors[1].find("receive of 200 bytes from rank 0 waited") != std::string::npos);
+  errors = on_gpus(2, std::chrono::milliseconds(1500), [&](int rank, Device& device, Communicator& comm) {
+    void* buf = device.alloc(4096);
+    if (rank == 0) comm.send(buf, 4096, ATTNHOST_DTYPE_UINT8, 1, device.stream(0));
+  });
+  CHECK(errors[0].find("rank 0: send of 4096 bytes to rank 1 waited 1.5") != std::string::npos);
+  CHECK(errors[1].empty());
+}
+#endif

@@ -3,6 +3,7 @@
 
 #include "plugins/loader.h"
 #include "runtime/backend.h"
+#include "runtime/comm_factory.h"
 #include "runtime/runner.h"
 
 #include <doctest/doctest.h>
@@ -51,7 +52,9 @@ inline attnhost::CaseResult run_on(attnhost::DeviceKind device, const attnhost::
 #if ATTNHOST_HAVE_CUDA
   if (device == attnhost::DeviceKind::cuda) gpus = attnhost::cuda_device_count();
 #endif
-  auto backend = attnhost::make_thread_backend(device, gpus, std::chrono::milliseconds(20000));
+  // GPUs exchange as attnhost does by default: by the copy engines wherever they reach one another.
+  const bool copy_engines = gpus > 1 && attnhost::peer_access_among(gpus);
+  auto backend = attnhost::make_thread_backend(device, gpus, std::chrono::milliseconds(20000), copy_engines);
   auto plugin = builtins().find(c.plugin);
   REQUIRE(plugin);
   return attnhost::run_case(c, plugin, *backend, attnhost::RunnerOptions{});

@@ -1,0 +1,251 @@
+// Point-to-point by the copy engines. When every rank is a thread of this process with a GPU of
+// its own, and each GPU reaches the others' memory, a send is one peer copy from the sender's
+// buffer into the receiver's, on the sender's stream: no SM runs it, so it neither slows the
+// attention kernels nor waits for their blocks. Two H200s under a kernel on every SM moved 142 GB/s
+// each way through NCCL's send/recv and 374 through the copy engines (docs/KERNELS.md,
+// "Point-to-point by the copy engines"). Collectives stay NCCL's.
+//
+// A copy needs the pointers and stream positions of both ends, so the two ranks meet on the host.
+// At group_end each rank
+//   1. posts its receives: the buffer and an event marking where its stream lets it be written;
+//   2. for each send, waits for the matching receive's post, then enqueues on its own stream:
+//      wait for that event, the copy, an event `copied`, which it posts;
+//   3. for each receive, waits for `copied` to be posted and makes its stream wait for it.
+// The k-th send from a rank to a peer matches the peer's k-th receive from it, as in NCCL; every
+// post happens before any wait, so the sends and receives of one group never wait on each other.
+// A send outside a group meets its receive alone: two ranks that each send before receiving,
+// in separate groups, wait until --comm-timeout, as NCCL's kernels would on one stream.
+#include "runtime/nccl_comm.h"
+
+#include "common/errors.h"
+
+#include <cuda_runtime.h>
+
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <sstream>
+#include <tuple>
+#include <vector>
+
+namespace attnhost {
+
+namespace {
+
+void check_cuda(cudaError_t e, const char* what, int rank) {
+  if (e != cudaSuccess)
+    throw RuntimeFailure(ATTNHOST_ERR_DEVICE,
+                         std::string(what) + " on rank " + std::to_string(rank) + ": " + cudaGetErrorString(e));
+}
+
+std::string seconds(std::chrono::milliseconds t) {
+  std::ostringstream o;
+  o << t.count() / 1000.0;
+  return o.str();
+}
+
+}  // namespace
+
+// What the ranks of one world share: one slot per (sender, receiver, sequence number) while its
+// two ends meet, and the events each rank may use again.
+struct PeerMeeting {
+  struct Slot {
+    void* dst = nullptr;
+    size_t recv_bytes = 0;
+    int recv_device = -1;
+    cudaEvent_t writable = nullptr;  // receiver's: its buffer may be written from here on
+    cudaEvent_t copied = nullptr;    // sender's: the data is in the receiver's buffer
+  };
+  explicit PeerMeeting(int size, std::chrono::milliseconds timeout) : free_events(size), timeout(timeout) {}
+  ~PeerMeeting() {  // what a failed exchange left behind
+    for (auto& [key, slot] : slots)
+      for (cudaEvent_t e : {slot.writable, slot.copied})
+        if (e) cudaEventDestroy(e);
+    for (auto& pool : free_events)
+      for (cudaEvent_t e : pool) cudaEventDestroy(e);
+  }
+
+  std::mutex mutex;
+  std::condition_variable changed;
+  std::map<std::tuple<int, int, uint64_t>, Slot> slots;
+  std::vector<std::vector<cudaEvent_t>> free_events;  // by owner rank
+  std::chrono::milliseconds timeout;
+};
+
+namespace {
+
+class CopyEngineCommunicator final : public Communicator {
+ public:
+  CopyEngineCommunicator(std::unique_ptr<Communicator> nccl, std::shared_ptr<PeerMeeting> meeting)
+      : nccl_(std::move(nccl)), meeting_(std::move(meeting)), sent_(nccl_->size()), received_(nccl_->size()) {
+    check_cuda(cudaGetDevice(&device_), "cudaGetDevice", rank());
+  }
+  ~CopyEngineCommunicator() override {
+    std::lock_guard lock(meeting_->mutex);
+    for (cudaEvent_t e : meeting_->free_events[rank()]) cudaEventDestroy(e);
+    meeting_->free_events[rank()].clear();
+  }
+  int rank() const override { return nccl_->rank(); }
+  int size() const override { return nccl_->size(); }
+  const char* kind() const override { return "nccl"; }
+
+  void send(const void* buf, size_t n, int32_t dt, int peer, void* s) override {
+    count_sent(n * dtype_bytes(dt));
+    add({true, const_cast<void*>(buf), n * dtype_bytes(dt), peer, stream(s), sent_.at(peer)++});
+  }
+  void recv(void* buf, size_t n, int32_t dt, int peer, void* s) override {
+    add({false, buf, n * dtype_bytes(dt), peer, stream(s), received_.at(peer)++});
+  }
+  void group_start() override { ++depth_; }
+  void group_end() override {
+    if (depth_ == 0) throw RuntimeFailure(ATTNHOST_ERR_COMMUNICATION, "group_end without group_start on rank " + std::to_string(rank()));
+    if (--depth_ == 0) meet();
+  }
+  void all_gather(const void* in, void* out, size_t n, int32_t dt, void* s) override {
+    nccl_->all_gather(in, out, n, dt, s);
+    count_sent(n * dtype_bytes(dt) * (size() - 1));
+  }
+  void all_reduce(const void* in, void* out, size_t n, int32_t dt, int32_t op, void* s) override {
+    nccl_->all_reduce(in, out, n, dt, op, s);
+    count_sent(n * dtype_bytes(dt));
+  }
+  void reduce_scatter(const void* in, void* out, size_t n, int32_t dt, int32_t op, void* s) override {
+    nccl_->reduce_scatter(in, out, n, dt, op, s);
+    count_sent(n * dtype_bytes(dt) * (size() - 1));
+  }
+  void barrier() override { nccl_->barrier(); }
+  void* native() override { return nccl_->native(); }
+
+ private:
+  struct Op {
+    bool send;
+    void* buf;
+    size_t bytes;
+    int peer;
+    cudaStream_t stream;
+    uint64_t seq;
+  };
+  using Key = std::tuple<int, int, uint64_t>;
+
+  static cudaStream_t stream(void* s) { return static_cast<cudaStream_t>(s); }
+  Key key(const Op& op) const { return op.send ? Key{rank(), op.peer, op.seq} : Key{op.peer, rank(), op.seq}; }
+
+  void add(Op op) {
+    if (op.peer < 0 || op.peer >= size() || op.peer == rank())
+      throw RuntimeFailure(ATTNHOST_ERR_COMMUNICATION, "rank " + std::to_string(rank()) + ": point-to-point with peer " +
+                                                           std::to_string(op.peer) + " in a world of " + std::to_string(size()));
+    ops_.push_back(op);
+    if (depth_ == 0) meet();
+  }
+
+  // An event of this rank's device, free to record (the caller holds the meeting's lock).
+  cudaEvent_t take_event() {
+    std::vector<cudaEvent_t>& pool = meeting_->free_events[rank()];
+    if (!pool.empty()) {
+      cudaEvent_t e = pool.back();
+      pool.pop_back();
+      return e;
+    }
+    cudaEvent_t e = nullptr;
+    check_cuda(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate", rank());
+    return e;
+  }
+
+  // Waits, holding `lock`, until `ready` holds; throws after the world's timeout.
+  template <class Ready>
+  void wait(std::unique_lock<std::mutex>& lock, const Op& op, const char* what, Ready ready) {
+    if (meeting_->changed.wait_for(lock, meeting_->timeout, ready)) return;
+    throw RuntimeFailure(ATTNHOST_ERR_COMMUNICATION,
+                         "rank " + std::to_string(rank()) + ": " + (op.send ? "send of " : "receive of ") +
+                             std::to_string(op.bytes) + " bytes " + (op.send ? "to" : "from") + " rank " +
+                             std::to_string(op.peer) + " waited " + seconds(meeting_->timeout) + " s for " + what);
+  }
+
+  void meet() {
+    std::vector<Op> ops;
+    ops.swap(ops_);
+    PeerMeeting& m = *meeting_;
+    // 1. Receives post their buffers.
+    for (const Op& op : ops) {
+      if (op.send) continue;
+      std::unique_lock lock(m.mutex);
+      cudaEvent_t writable = take_event();
+      check_cuda(cudaEventRecord(writable, op.stream), "cudaEventRecord", rank());
+      PeerMeeting::Slot& slot = m.slots[key(op)];
+      slot.dst = op.buf;
+      slot.recv_bytes = op.bytes;
+      slot.recv_device = device_;
+      slot.writable = writable;
+      m.changed.notify_all();
+    }
+    // 2. Sends copy once their receive is posted.
+    for (const Op& op : ops) {
+      if (!op.send) continue;
+      std::unique_lock lock(m.mutex);
+      PeerMeeting::Slot& slot = m.slots[key(op)];
+      wait(lock, op, "its receive", [&] { return slot.writable != nullptr; });
+      if (slot.recv_bytes != op.bytes)
+        throw RuntimeFailure(ATTNHOST_ERR_COMMUNICATION,
+                             "rank " + std::to_string(rank()) + " sends " + std::to_string(op.bytes) + " bytes to rank " +
+                                 std::to_string(op.peer) + ", which receives " + std::to_string(slot.recv_bytes));
+      check_cuda(cudaStreamWaitEvent(op.stream, slot.writable, 0), "cudaStreamWaitEvent", rank());
+      check_cuda(cudaMemcpyPeerAsync(slot.dst, slot.recv_device, op.buf, device_, op.bytes, op.stream),
+                 "cudaMemcpyPeerAsync", rank());
+      m.free_events[op.peer].push_back(slot.writable);  // waited for: the receiver may record it again
+      slot.writable = nullptr;
+      slot.dst = nullptr;
+      slot.copied = take_event();
+      check_cuda(cudaEventRecord(slot.copied, op.stream), "cudaEventRecord", rank());
+      m.changed.notify_all();
+    }
+    // 3. Receives wait for their copies.
+    for (const Op& op : ops) {
+      if (op.send) continue;
+      std::unique_lock lock(m.mutex);
+      auto at = m.slots.find(key(op));
+      wait(lock, op, "its send", [&] { return at->second.copied != nullptr; });
+      check_cuda(cudaStreamWaitEvent(op.stream, at->second.copied, 0), "cudaStreamWaitEvent", rank());
+      m.free_events[op.peer].push_back(at->second.copied);
+      m.slots.erase(at);
+    }
+  }
+
+  std::unique_ptr<Communicator> nccl_;
+  std::shared_ptr<PeerMeeting> meeting_;
+  std::vector<uint64_t> sent_, received_;  // operations so far, by peer
+  std::vector<Op> ops_;
+  int depth_ = 0;
+  int device_ = 0;
+};
+
+}  // namespace
+
+std::shared_ptr<PeerMeeting> make_peer_meeting(int size, std::chrono::milliseconds timeout) {
+  return std::make_shared<PeerMeeting>(size, timeout);
+}
+
+std::unique_ptr<Communicator> with_copy_engines(std::unique_ptr<Communicator> nccl, std::shared_ptr<PeerMeeting> meeting) {
+  const int rank = nccl->rank();
+  int device = 0;
+  check_cuda(cudaGetDevice(&device), "cudaGetDevice", rank);
+  int count = 0;
+  check_cuda(cudaGetDeviceCount(&count), "cudaGetDeviceCount", rank);
+  for (int peer = 0; peer < count && peer < nccl->size(); ++peer) {
+    if (peer == device) continue;
+    cudaError_t e = cudaDeviceEnablePeerAccess(peer, 0);
+    if (e == cudaErrorPeerAccessAlreadyEnabled) cudaGetLastError();
+    else check_cuda(e, "cudaDeviceEnablePeerAccess", rank);
+  }
+  return std::make_unique<CopyEngineCommunicator>(std::move(nccl), std::move(meeting));
+}
+
+bool peer_access_among(int gpus) {
+  for (int a = 0; a < gpus; ++a)
+    for (int b = 0; b < gpus; ++b) {
+      int ok = 0;
+      if (a != b && (cudaDeviceCanAccessPeer(&ok, a, b) != cudaSuccess || !ok)) return false;
+    }
+  return true;
+}
+
+}  // namespace attnhost
