@@ -210,6 +210,7 @@ TEST_CASE("engine: the ring at world size 1 gives the same result with native, c
   CHECK_THROWS(engine_choice(std::string("fast")));
 }
 
+
 // The engine alone, on calls cuDNN serves on every version measured (O in dtype, gradients written
 // in dtype): the cudnn and auto choices run cuDNN (workspace from the host's allocator), the native
 // choice the kernels, the results agree, and the log counts the cuDNN calls.

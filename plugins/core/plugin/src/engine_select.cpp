@@ -48,14 +48,6 @@ std::vector<int64_t> shape_key(const BackwardParams& p) {
   return k;
 }
 
-// The shape classes where cuDNN measured faster than the native kernels, for `auto`
-// (docs/KERNELS.md, "cuDNN engine", H200): Hopper, head_dim 128, blocks of at
-// least 1024 x 1024 (the smallest measured: 2.4x the native forward, 2.2x the backward; 16384:
-// 2.0x and 2.5x). Other architectures, head dims and smaller blocks stay native until measured.
-bool measured_faster(int sm_major, int32_t head_dim, int64_t seqlen_q, int64_t seqlen_kv) {
-  return sm_major == 9 && head_dim == 128 && seqlen_q >= 1024 && seqlen_kv >= 1024;
-}
-
 // Where the dtype-partial scratch will be, while deciding whether cuDNN serves the call: the
 // decision reads only alignment and null-ness, and the scratch is allocated only for calls it serves.
 char* const kUndecided = reinterpret_cast<char*>(uintptr_t{256});
@@ -168,13 +160,10 @@ class SelectingEngine final : public Engine {
     const std::vector<int64_t> key = shape_key(p);
     if (auto it = t.decided.find(key); it != t.decided.end()) return it->second;
     const std::string why = cudnn_check(p);
-    const bool faster = measured_faster(sm_major_, p.head_dim, p.seqlen_q, p.seqlen_kv);
-    const bool use = why.empty() && (choice_ == EngineChoice::cudnn || faster);
-    if (!use && t.why_native.empty())
-      t.why_native = why.empty() ? "auto: cuDNN not measured faster for sm_" + std::to_string(sm_major_) +
-                                       "x, head_dim " + std::to_string(p.head_dim) + ", " +
-                                       std::to_string(p.seqlen_q) + " x " + std::to_string(p.seqlen_kv)
-                                 : why;
+    const std::string slower =
+        native_measured_faster(&t == &forward_, sm_major_, p.head_dim, p.seqlen_q, p.seqlen_kv);
+    const bool use = why.empty() && (choice_ == EngineChoice::cudnn || slower.empty());
+    if (!use && t.why_native.empty()) t.why_native = why.empty() ? slower : why;
     t.decided.emplace(key, use);
     return use;
   }

@@ -17,13 +17,17 @@ namespace attncore::plugin {
 // around them (delta, merge, convert, add, ...) are always the core's own kernels.
 //   native: the core's mma.sync kernels (attncore/cuda.h).
 //   cudnn:  cuDNN (attncore/cudnn.h) for every call it serves, native for the rest.
-//   auto:   cuDNN for the calls it serves in the shape classes where it measured faster
-//           (docs/KERNELS.md, "cuDNN engine"), native for the rest.
+//   auto:   cuDNN for the calls it serves where it measured faster, per pass, head dim and
+//           length (native_measured_faster), native for the rest.
 // The choice is made per call and cached per shape; the CPU path ignores it.
 enum class EngineChoice : int32_t { native = 0, cudnn = 1, automatic = 2 };
 // "native", "cudnn", "auto"; anything else fails with ATTNHOST_ERR_INVALID_ARGUMENT.
 EngineChoice engine_choice(const std::string& name);
 const char* engine_choice_name(EngineChoice choice);
+// auto's choice for one call on a GPU of compute capability sm_major.x: "" where cuDNN measured the
+// faster, else the reason the native kernels serve it ("auto: the native backward measured faster
+// or level for head_dim 128, 8192 x 8192"), which the engine's result line carries.
+std::string native_measured_faster(bool forward, int sm_major, int32_t head_dim, int64_t seqlen_q, int64_t seqlen_kv);
 
 struct EngineOptions {
   EngineChoice choice = EngineChoice::native;

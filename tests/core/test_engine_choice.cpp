@@ -1,0 +1,33 @@
+// engine=auto's rule (attncore/plugin/engine.h): which engine serves a call, per pass, head dim and
+// length, and the reason the result line gives. Pure logic: runs everywhere.
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>
+
+#include "attncore/plugin/engine.h"
+
+using attncore::plugin::native_measured_faster;
+
+// auto once sent every d128 call of 1024 x 1024 or more to cuDNN, the backward too, where the
+// native backward measured 1-8% faster; the rule is per pass, head dim and length now.
+TEST_CASE("auto takes cuDNN per pass and head dim where it measured faster, and says why not") {
+  const auto cudnn = [](bool forward, int32_t d, int64_t keys) {
+    return native_measured_faster(forward, 9, d, keys, keys).empty();
+  };
+  CHECK_FALSE(cudnn(false, 128, 8192));
+  CHECK_FALSE(cudnn(false, 128, 16384));
+  CHECK(cudnn(false, 128, 2048));
+  CHECK_FALSE(cudnn(true, 128, 8192));
+  CHECK(cudnn(true, 128, 4096));
+  for (int32_t d : {64, 256}) {
+    CHECK(cudnn(true, d, 8192));
+    CHECK(cudnn(false, d, 8192));
+  }
+  CHECK_FALSE(cudnn(true, 96, 8192));
+  CHECK(cudnn(false, 96, 8192));
+  CHECK_FALSE(cudnn(true, 80, 8192));
+  CHECK_FALSE(cudnn(false, 80, 8192));
+  CHECK_FALSE(cudnn(true, 64, 1024));  // shorter blocks are not measured
+  CHECK(native_measured_faster(false, 9, 128, 8192, 8192) ==
+        "auto: the native backward measured faster or level for head_dim 128, 8192 x 8192");
+  CHECK(native_measured_faster(true, 8, 64, 8192, 8192) == "auto: cuDNN not measured faster for sm_8x, head_dim 64, 8192 x 8192");
+}
