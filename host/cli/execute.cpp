@@ -190,7 +190,16 @@ int execute_suite(Context& ctx, const suite::Suite& s, const ExecuteOptions& opt
   const bool leader = backend->process_rank() == 0;
   Environment env = probe_environment(*backend);
   env.argv = ctx.argv;
-  for (const auto& p : ctx.registry.plugins()) env.plugins[p->name()] = p->description().version;
+  for (const auto& p : ctx.registry.plugins()) {
+    env.plugins[p->name()] = p->description().version;
+    env.plugin_files[p->name()] = {p->file().string(), p->build()};
+  }
+  std::set<std::string> timed;
+  for (const suite::Case& c : s.cases) timed.insert(c.plugin);
+  for (const std::string& name : timed)
+    if (auto p = ctx.registry.find(name); p && p->build().find("unoptimized") != std::string::npos)
+      log::warn("plugin '" + name + "' (" + p->file().string() + ") was compiled without optimization: its timings " +
+                "say little (build it with -DCMAKE_BUILD_TYPE=Release)");
 
   std::vector<std::string> formats = options.formats.empty() ? s.outputs.formats : options.formats;
   const bool console = has(formats, "console");

@@ -177,16 +177,34 @@ PluginRegistry PluginRegistry::load(const LoaderOptions& options, std::vector<st
     registry.searched_.push_back({f, "--plugin"});
     add_file(f, "--plugin");
   }
+  // Of two plugins with one name the one the user named most specifically is kept: a plugin just
+  // built, named with --plugin, beats an installed copy of it.
+  const auto precedence = [](const std::string& origin) {
+    for (int i = 0; const char* o : {"--plugin", "--plugin-dir", "ATTNHOST_PLUGIN_PATH", "user"}) {
+      if (origin == o) return i;
+      ++i;
+    }
+    return 4;  // built-in
+  };
+  std::stable_sort(files.begin(), files.end(), [&](const PluginSource& a, const PluginSource& b) {
+    return precedence(a.origin) < precedence(b.origin);
+  });
 
+  const auto origin_of = [&](const fs::path& file) {
+    for (const PluginSource& f : files)
+      if (f.path == file) return f.origin;
+    return std::string("?");
+  };
   for (const PluginSource& f : files) {
     try {
       if (std::string why = insecure_file_reason(f.path); !why.empty() && !options.allow_insecure)
         throw Rejected(why + " (use --allow-insecure-plugins to load it anyway)");
       std::shared_ptr<const Plugin> plugin = load_plugin_file(f.path);
-      if (auto first = registry.find(plugin->name())) {
-        warnings.push_back("plugin '" + plugin->name() + "' in " + f.path.string() +
-                           " duplicates the one already loaded from " + first->file().string() +
-                           "; the first wins");
+      if (auto kept = registry.find(plugin->name())) {
+        warnings.push_back("plugin '" + plugin->name() + "' in " + f.path.string() + " (" + f.origin +
+                           ") duplicates the one loaded from " + kept->file().string() + " (" +
+                           origin_of(kept->file()) + "), which is kept (--plugin, then --plugin-dir, "
+                           "ATTNHOST_PLUGIN_PATH, the user folder, the built-in folder)");
         continue;
       }
       registry.plugins_.push_back(std::move(plugin));

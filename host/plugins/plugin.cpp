@@ -109,6 +109,11 @@ std::vector<attnhost_span> Instance::enumerate_queries(int64_t batch, int32_t kv
   return copy_spans(list);
 }
 
+std::string Plugin::build() const {
+  if (ATTNHOST_HAS_FIELD(api_, attnhost_plugin_api, build) && api_->build) return api_->build;
+  return "not reported";
+}
+
 PluginDescription read_description(const attnhost_plugin_info& info, bool has_backward) {
   PluginDescription d;
   d.name = text(info.name);

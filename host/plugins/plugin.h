@@ -42,6 +42,8 @@ class Plugin : public std::enable_shared_from_this<Plugin> {
   const PluginDescription& description() const { return description_; }
   const std::string& name() const { return description_.name; }
   const attnhost_plugin_api& api() const { return *api_; }
+  // "Release, optimized", "unoptimized", ... (ABI 1.3); "not reported" by older plugins.
+  std::string build() const;
 
   // "" when the plugin accepts the problem, else its message.
   std::string validate(const attnhost_problem& problem) const;

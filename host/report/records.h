@@ -99,6 +99,10 @@ struct Environment {
   int gpus = 0;
   std::vector<std::string> argv;
   std::map<std::string, std::string> plugins; // name -> version
+  struct PluginFile {
+    std::string file, build;  // the library loaded; how it was compiled ("Release, optimized")
+  };
+  std::map<std::string, PluginFile> plugin_files;  // name -> where it came from
 };
 
 }  // namespace attnhost

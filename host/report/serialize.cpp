@@ -260,12 +260,15 @@ CaseResult case_from_json(const json::Value& v) {
 json::Value to_json(const Environment& e) {
   json::Object plugins;
   for (const auto& [name, version] : e.plugins) plugins.emplace_back(name, version);
+  json::Object files;
+  for (const auto& [name, f] : e.plugin_files)
+    files.emplace_back(name, json::Object{{"file", f.file}, {"build", f.build}});
   json::Array argv;
   for (const std::string& a : e.argv) argv.emplace_back(a);
   return json::Object{{"attnhost_version", e.attnhost_version}, {"git_revision", e.git_revision},
                       {"date", e.date}, {"host", e.host}, {"device", e.device}, {"gpus", e.gpus},
                       {"driver", e.driver}, {"cuda", e.cuda}, {"nccl", e.nccl}, {"cudnn", e.cudnn},
-                      {"plugins", plugins}, {"argv", argv}};
+                      {"plugins", plugins}, {"plugin_files", files}, {"argv", argv}};
 }
 
 Environment environment_from_json(const json::Value& v) {
@@ -281,6 +284,8 @@ Environment environment_from_json(const json::Value& v) {
   e.nccl = v["nccl"].string();
   e.cudnn = v["cudnn"].string();
   for (const auto& [k, p] : v["plugins"].object()) e.plugins[k] = p.string();
+  if (const json::Value* files = v.find("plugin_files"))
+    for (const auto& [k, f] : files->object()) e.plugin_files[k] = {f["file"].string(), f["build"].string()};
   for (const json::Value& a : v["argv"].array()) e.argv.push_back(a.string());
   return e;
 }

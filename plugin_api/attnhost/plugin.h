@@ -36,7 +36,7 @@ extern "C" {
  * Versions
  * ------------------------------------------------------------------------------------------- */
 #define ATTNHOST_ABI_MAJOR 1
-#define ATTNHOST_ABI_MINOR 2
+#define ATTNHOST_ABI_MINOR 3
 
 /* Size of a struct up to and including its last known field (PJRT's STRUCT_SIZE). Use it to fill
  * struct_size so that a struct compiled against an older header reports its older, smaller size. */
@@ -397,6 +397,11 @@ typedef struct attnhost_plugin_api {
   const char* (*error_message)(const attnhost_error* error); /* valid until error_destroy */
   int32_t (*error_code)(const attnhost_error* error);        /* attnhost_status */
   void (*error_destroy)(attnhost_error* error);
+
+  /* Appended in ABI 1.3. How the plugin's code was compiled, for the results: "optimized" or
+   * "unoptimized", after the build configuration when the build system names one ("Release,
+   * optimized"). A timing of unoptimized code says little; the host warns about it. May be NULL. */
+  const char* build;
 } attnhost_plugin_api;
 
 typedef struct attnhost_version {

@@ -37,6 +37,15 @@ struct attnhost_error {
   bool is_static; // the fallback used when even the error could not be allocated
 };
 
+#ifndef ATTNHOST_PLUGIN_CONFIG
+#define ATTNHOST_PLUGIN_CONFIG ""
+#endif
+#ifdef __OPTIMIZE__
+#define ATTNHOST_DETAIL_OPTIMIZED "optimized"
+#else
+#define ATTNHOST_DETAIL_OPTIMIZED "unoptimized"
+#endif
+
 namespace attnhost {
 
 // An error a plugin raises; becomes an attnhost_error at the ABI boundary.
@@ -381,13 +390,19 @@ struct Table {
     if (e && !e->is_static) delete e;
   }
 
+  // "Release, optimized": the CMake configuration (attnhost::plugin_api passes it to every plugin
+  // built against it as ATTNHOST_PLUGIN_CONFIG) and what the compiler did.
+  static constexpr const char* kBuild = sizeof(ATTNHOST_PLUGIN_CONFIG) > 1
+                                            ? ATTNHOST_PLUGIN_CONFIG ", " ATTNHOST_DETAIL_OPTIMIZED
+                                            : ATTNHOST_DETAIL_OPTIMIZED;
+
   static constexpr bool has_backward = requires(Impl& i, const attnhost_backward_args& a) {
     i.backward(a);
   };
 
   static const attnhost_plugin_api* api() {
     static const attnhost_plugin_api table = {
-        ATTNHOST_STRUCT_SIZE(attnhost_plugin_api, error_destroy),
+        ATTNHOST_STRUCT_SIZE(attnhost_plugin_api, build),
         ATTNHOST_ABI_MAJOR,
         ATTNHOST_ABI_MINOR,
         &describe,
@@ -403,6 +418,7 @@ struct Table {
         &error_message,
         &error_code,
         &error_destroy,
+        kBuild,
     };
     return &table;
   }

@@ -115,13 +115,26 @@ TEST_CASE("a missing symbol fails at load, not later") {
   CHECK(l.warnings[0].find("attnhost_test_symbol_nobody_defines") != std::string::npos);
 }
 
-TEST_CASE("a duplicate name: the first wins and the warning names both files") {
+TEST_CASE("a duplicate name: the first of one origin wins and the warning names both files") {
   Loaded l = load_files({variant("good"), variant("duplicate")});
   REQUIRE(l.registry.plugins().size() == 1);
   CHECK(l.registry.plugins()[0]->description().version == "1.0.0");
   REQUIRE(l.warnings.size() == 1);
   CHECK(l.warnings[0] == "plugin 'abi_good' in " + variant("duplicate").string() +
-                             " duplicates the one already loaded from " + variant("good").string() + "; the first wins");
+                             " (--plugin) duplicates the one loaded from " + variant("good").string() +
+                             " (--plugin), which is kept (--plugin, then --plugin-dir, ATTNHOST_PLUGIN_PATH, the "
+                             "user folder, the built-in folder)");
+}
+
+// The README's recipe builds a copy of an installed plugin and names it with --plugin: the
+// installed copy once won, being found first, and the user timed the wrong library.
+TEST_CASE("a plugin named with --plugin is kept over a same-named one of a --plugin-dir") {
+  Loaded l = load_files({variant("duplicate")}, {TEST_PLUGIN_DIR "/good"});
+  REQUIRE(l.registry.plugins().size() == 1);
+  CHECK(l.registry.plugins()[0]->file() == variant("duplicate"));
+  REQUIRE(l.warnings.size() == 1);
+  CHECK(l.warnings[0].find("(--plugin-dir) duplicates the one loaded from " + variant("duplicate").string() +
+                           " (--plugin), which is kept") != std::string::npos);
 }
 
 TEST_CASE("a plugin folder writable by others is refused unless allowed, named as a folder or through a file") {
@@ -204,4 +217,19 @@ TEST_CASE("a plugin reads a 1.0 host's problem without the fields appended since
   const attnhost::Problem p(old_host.problem);
   CHECK(p->local_rank == 3);
   CHECK(p->local_size == 4);
+}
+
+// A plugin built through attnhost::plugin_api reports its CMake configuration and whether the
+// compiler optimized it (ABI 1.3); one whose table predates the field reports nothing.
+TEST_CASE("a plugin says how it was compiled") {
+  Loaded l = load_files({fs::path(BUILTIN_PLUGIN_DIR) / "libnaive_attention.so", variant("good")});
+  REQUIRE(l.registry.plugins().size() == 2);
+#ifdef __OPTIMIZE__
+  const std::string optimized = "optimized";
+#else
+  const std::string optimized = "unoptimized";
+#endif
+  const std::string config = ATTNHOST_TEST_CONFIG;
+  CHECK(l.registry.find("naive_attention")->build() == (config.empty() ? optimized : config + ", " + optimized));
+  CHECK(l.registry.find("abi_good")->build() == "not reported");
 }

@@ -30,6 +30,26 @@ run(${prefix}/bin/attnhost compare naive_attention --config tiny --seqlen 128 --
 if(NOT out MATCHES "naive_attention +[0-9.]+ ms")
   message(FATAL_ERROR "the dropped-in plugin did not run:\n${out}")
 endif()
+# The README's recipe: a build with no build type is Release by the package's default, and the
+# copy named with --plugin is the one that runs, over the installed copy of the same name;
+# results.json says which library ran and how it was compiled.
+run(${CMAKE_COMMAND} -S ${SOURCE_DIR}/examples/naive_attention -B ${WORK_DIR}/build-default -G ${GENERATOR}
+    -DCMAKE_PREFIX_PATH=${prefix})
+run(${CMAKE_COMMAND} --build ${WORK_DIR}/build-default)
+set(mine "${WORK_DIR}/build-default/libnaive_attention.so")
+execute_process(COMMAND ${prefix}/bin/attnhost compare naive_attention --config tiny --seqlen 128 --batch 1
+                        --world-sizes 1 --timing-method simple --device cpu --plugin ${mine}
+                        --out ${WORK_DIR}/recipe --format json
+                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(NOT rc EQUAL 0 OR NOT err MATCHES "duplicates the one loaded from [^ ]*build-default/libnaive_attention.so \\(--plugin\\), which is kept")
+  message(FATAL_ERROR "the recipe's --plugin build was not the one kept (${rc}):\n${out}\n${err}")
+endif()
+file(READ ${WORK_DIR}/recipe/results.json results)
+string(JSON file GET "${results}" environment plugin_files naive_attention file)
+string(JSON build GET "${results}" environment plugin_files naive_attention build)
+if(NOT file STREQUAL mine OR NOT build STREQUAL "Release, optimized")
+  message(FATAL_ERROR "results.json records naive_attention as '${file}', built '${build}'")
+endif()
 # Files the shipped configs name are found from another working directory: the explicit block mask
 # of the bs_explicit preset lies beside the installed presets.
 file(MAKE_DIRECTORY ${WORK_DIR}/elsewhere)
