@@ -109,6 +109,11 @@ double uncovered(const Intervals& a, const Intervals& b) {
 }  // namespace
 
 std::optional<CommExposure> exposed_communication(const RunResult& r, const std::string& host_range) {
+  // A plugin that marks no compute range says nothing of what its transfers overlap: all of them
+  // would read as exposed (a CPU run's blocking receives, waiting for the peer's compute, read as
+  // communication longer than the pass's median).
+  if (std::none_of(r.trace.begin(), r.trace.end(), [](const TraceEvent& e) { return e.category == "compute"; }))
+    return std::nullopt;
   std::optional<CommExposure> worst;
   for (int rank = 0; rank < r.world_size; ++rank) {
     const auto range = std::find_if(r.trace.begin(), r.trace.end(), [&](const TraceEvent& e) {

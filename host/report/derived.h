@@ -30,8 +30,8 @@ double load_imbalance(const RunResult& r);   // busiest rank's pairs over the me
 
 // The traced iteration's communication in one host range ("forward" or "backward") on the rank
 // where most of it is exposed: the time some communication range is open, and the part of it that
-// no compute range of that rank covers (what the overlap did not hide). Empty without a trace or
-// without communication in that range.
+// no compute range of that rank covers (what the overlap did not hide). Empty without a trace,
+// without communication in that range, or when the plugin marks no compute range at all.
 struct CommExposure {
   double comm_ms = 0, exposed_ms = 0;
 };

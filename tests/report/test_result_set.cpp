@@ -170,4 +170,8 @@ TEST_CASE("exposed communication: the part of a host range's transfers no comput
   CHECK(b->exposed_ms == doctest::Approx(0.010));
   r.trace.clear();
   CHECK(!exposed_communication(r, "forward"));
+  // A plugin that marks its communication but not its compute (naive_attention on the CPU) has no
+  // reading: every receive would count as exposed, however long it waited for the peer.
+  r.trace = {{0, "backward", "host", 0, 100}, {0, "dK dV home", "communication", 0, 100}};
+  CHECK(!exposed_communication(r, "backward"));
 }
