@@ -21,6 +21,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <map>
 #include <mutex>
@@ -164,6 +165,12 @@ class CopyEngineCommunicator final : public Communicator {
   void meet() {
     std::vector<Op> ops;
     ops.swap(ops_);
+    // Sends go out in the order rank + 1, rank + 2, ...: had every rank sent to peers in the order
+    // 0, 1, 2, ... all would first copy into rank 0, whose incoming links would carry three
+    // messages while the others idled. Staggered, each step's copies form a permutation.
+    std::stable_sort(ops.begin(), ops.end(), [&](const Op& a, const Op& b) {
+      return (a.peer - rank() + size()) % size() < (b.peer - rank() + size()) % size();
+    });
     PeerMeeting& m = *meeting_;
     // 1. Receives post their buffers.
     for (const Op& op : ops) {
