@@ -2,7 +2,7 @@
 // the reason; the plugin is skipped and loading goes on.
 #pragma once
 
-#include "plugins/plugin.h"
+#include "plugins/loaded_plugin.h"
 
 #include <filesystem>
 #include <memory>

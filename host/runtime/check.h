@@ -11,7 +11,7 @@
 // (the O and LSE of which are themselves checked on the sampled rows).
 #pragma once
 
-#include "plugins/plugin.h"
+#include "plugins/loaded_plugin.h"
 #include "report/records.h"
 #include "runtime/data.h"
 #include "suite/suite.h"

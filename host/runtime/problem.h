@@ -1,7 +1,7 @@
 // A case's problem in the ABI's terms, with the storage that the C struct points into.
 #pragma once
 
-#include "plugins/plugin.h"
+#include "plugins/loaded_plugin.h"
 #include "suite/suite.h"
 
 #include <attnhost/plugin.h>

@@ -5,7 +5,7 @@
 //   dV_k = sum_q m p dO_q,  dK_k = scale * sum_q m p (dO_q.v_k - D_q) q
 #pragma once
 
-#include "plugins/plugin.h"
+#include "plugins/loaded_plugin.h"
 #include "runtime/data.h"
 
 #include <attnhost/plugin.h>

@@ -4,7 +4,7 @@
 // ranks after each phase so that one rank's failure ends the case on every rank.
 #pragma once
 
-#include "plugins/plugin.h"
+#include "plugins/loaded_plugin.h"
 #include "report/records.h"
 #include "runtime/backend.h"
 #include "suite/suite.h"

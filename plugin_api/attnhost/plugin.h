@@ -13,7 +13,16 @@
  *     major version differs from its own. Within one major, minor versions only append.
  *  3. Every struct that crosses starts with `uint32_t struct_size`. Fields are only ever appended.
  *     A reader accepts a struct larger than it knows and reads only the fields it knows; a field
- *     that lies beyond a smaller struct_size is treated as absent (zero / NULL).
+ *     that lies beyond a smaller struct_size is treated as absent (zero / NULL). Three cases:
+ *     a. A struct embedded by value in another cannot grow without moving its host's later fields,
+ *        so these are frozen at ABI 1.0: attnhost_capabilities (in attnhost_plugin_info) and
+ *        attnhost_tensor (in attnhost_forward_args and attnhost_backward_args). A new field goes at
+ *        the end of the struct that embeds them.
+ *     b. An array of structs (attnhost_param_spec in the plugin info, attnhost_param_value in the
+ *        problem) is walked with the stride of its elements' struct_size, which all elements of
+ *        one array share: ATTNHOST_ELEMENT(type, array, i). A writer built against a later minor
+ *        may have larger elements.
+ *     c. Elements without struct_size are frozen at ABI 1.0: attnhost_token_range, attnhost_span.
  *  4. Only C types cross. Enumerations are stored as int32_t. No C++ exception crosses: every entry
  *     returns NULL on success or an attnhost_error* created by the plugin, which the host reads with
  *     error_message/error_code and frees with error_destroy.
@@ -21,6 +30,12 @@
  *     a plugin's workspace comes from attnhost_host_api.alloc so the host can account for it.
  *  6. Pointers returned by a plugin (describe, layout, enumerate_*) are owned by the plugin and stay
  *     valid as stated at each function.
+ *  7. Threads. The entry point, describe and validate may be called from any thread, also at once
+ *     from several, and while instances run. One instance's calls (layout, forward, backward,
+ *     count_pairs, enumerate_*, destroy) come one at a time from one thread; the instances of one
+ *     problem's ranks run at the same time, on threads of one process or in separate processes.
+ *     A plugin calls its attnhost_host_api only from inside a call on that instance, on the thread
+ *     that made it. error_message, error_code and error_destroy may be called from any thread.
  */
 #ifndef ATTNHOST_PLUGIN_H
 #define ATTNHOST_PLUGIN_H
@@ -46,6 +61,10 @@ extern "C" {
 /* True when a struct of (reported) size `size` contains `field`. */
 #define ATTNHOST_HAS_FIELD(ptr, type, field) \
   ((ptr)->struct_size >= ATTNHOST_STRUCT_SIZE(type, field))
+
+/* Element i of an array of structs, at the stride of the elements' struct_size (rule 3b). */
+#define ATTNHOST_ELEMENT(type, array, i) \
+  ((const type*)((const char*)(array) + (size_t)(i) * (array)[0].struct_size))
 
 #define ATTNHOST_PLUGIN_ENTRY_NAME "attnhost_plugin_entry"
 

@@ -119,7 +119,7 @@ class Problem {
       if (p.cu_seqlens_kv) cu_kv_.assign(p.cu_seqlens_kv, p.cu_seqlens_kv + p.num_seqs + 1);
     }
     for (int32_t i = 0; i < p.num_params; ++i) {
-      const attnhost_param_value& v = p.params[i];
+      const attnhost_param_value& v = *ATTNHOST_ELEMENT(attnhost_param_value, p.params, i);
       Param copy{v.name ? v.name : "", v.type, v.int_value, v.float_value,
                  v.string_value ? v.string_value : "", {}};
       if (v.type == ATTNHOST_PARAM_INT_LIST && v.list_value)

@@ -233,3 +233,38 @@ TEST_CASE("a plugin says how it was compiled") {
   CHECK(l.registry.find("naive_attention")->build() == (config.empty() ? optimized : config + ", " + optimized));
   CHECK(l.registry.find("abi_good")->build() == "not reported");
 }
+
+// The host once indexed the plugin's parameter specs with its own sizeof: a plugin built against a
+// later minor, whose specs carry one more field, would have been read at the wrong offsets.
+TEST_CASE("parameter specs larger than the host's are walked at their own stride") {
+  Loaded l = load_files({variant("wide_params")});
+  REQUIRE(l.registry.plugins().size() == 1);
+  const auto& params = l.registry.plugins()[0]->description().params;
+  REQUIRE(params.size() == 2);
+  CHECK(params[0].name == "first");
+  CHECK(params[0].type == ATTNHOST_PARAM_INT);
+  CHECK(params[0].help == "the first");
+  CHECK(params[1].name == "second");
+  CHECK(params[1].default_value == "\"b\"");
+  CHECK(params[1].choices == std::vector<std::string>{"a", "b"});
+}
+
+// The same for the other direction: a host of a later minor may pass larger parameter values, and
+// plugin.hpp's Problem walks them at their own stride.
+TEST_CASE("plugin.hpp reads parameter values larger than its own at their stride") {
+  struct WideValue {
+    attnhost_param_value value;
+    int64_t later_field;
+  };
+  const WideValue values[2] = {
+      {{sizeof(WideValue), "a", ATTNHOST_PARAM_INT, 7, 0.0, nullptr, nullptr, 0}, -1},
+      {{sizeof(WideValue), "b", ATTNHOST_PARAM_STRING, 0, 0.0, "bee", nullptr, 0}, -1},
+  };
+  attnhost_problem raw{};
+  raw.struct_size = sizeof raw;
+  raw.num_params = 2;
+  raw.params = &values[0].value;
+  const attnhost::Problem problem(raw);
+  CHECK(problem.get_int("a") == 7);
+  CHECK(problem.get_string("b") == "bee");
+}

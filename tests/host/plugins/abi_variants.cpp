@@ -14,6 +14,7 @@
 #define V_REFUSES 7        // the entry returns NULL
 #define V_MISSING_SYMBOL 8 // needs a symbol nothing defines
 #define V_SMALL_TABLE 9    // table struct_size too small for ABI 1.0
+#define V_WIDE_PARAMS 10   // "abi_wide": parameter specs larger than this header's, as a later minor may write
 
 struct attnhost_error {
   const char* message;
@@ -23,15 +24,25 @@ namespace {
 
 attnhost_error g_error{"this test plugin computes nothing"};
 
+// A parameter spec of a later minor: this header's fields, then one it does not know.
+struct WideSpec {
+  attnhost_param_spec spec;
+  const char* later_field;
+};
+const WideSpec kWide[2] = {
+    {{sizeof(WideSpec), "first", ATTNHOST_PARAM_INT, "1", "the first", nullptr}, "unknown to this host"},
+    {{sizeof(WideSpec), "second", ATTNHOST_PARAM_STRING, "\"b\"", "the second", "a|b"}, "unknown to this host"},
+};
+
 const attnhost_plugin_info kInfo = {
     ATTNHOST_STRUCT_SIZE(attnhost_plugin_info, params),
-    "abi_good",
+    VARIANT == V_WIDE_PARAMS ? "abi_wide" : "abi_good",
     VARIANT == V_DUPLICATE ? "2.0.0" : "1.0.0",
     "loader test plugin",
     {ATTNHOST_STRUCT_SIZE(attnhost_capabilities, head_dims), ATTNHOST_CAP_DEVICE_CPU,
      ATTNHOST_CAP_DTYPE(ATTNHOST_DTYPE_BF16), ATTNHOST_FEATURE_CAUSAL, 1, 1, 0, nullptr},
-    0,
-    nullptr,
+    VARIANT == V_WIDE_PARAMS ? 2 : 0,
+    VARIANT == V_WIDE_PARAMS ? &kWide[0].spec : nullptr,
 };
 
 #if VARIANT == V_MISSING_SYMBOL

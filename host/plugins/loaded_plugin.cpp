@@ -1,4 +1,4 @@
-#include "plugins/plugin.h"
+#include "plugins/loaded_plugin.h"
 
 #include "common/errors.h"
 
@@ -133,7 +133,7 @@ PluginDescription read_description(const attnhost_plugin_info& info, bool has_ba
   }
   if (ATTNHOST_HAS_FIELD(&info, attnhost_plugin_info, params) && info.num_params > 0 && info.params) {
     for (int32_t i = 0; i < info.num_params; ++i) {
-      const attnhost_param_spec& s = info.params[i];
+      const attnhost_param_spec& s = *ATTNHOST_ELEMENT(attnhost_param_spec, info.params, i);
       ParamSpec p;
       p.name = text(s.name);
       p.type = s.type;

@@ -1,4 +1,4 @@
-// The host's view of one loaded plugin: a C++ face over the C table of plugin.h.
+// The host's view of one loaded plugin: a C++ face over the C table of <attnhost/plugin.h>.
 // Every call turns a returned attnhost_error into a PluginError (and frees the error object
 // with the plugin's own error_destroy); nothing from a plugin is trusted beyond struct_size.
 #pragma once
