@@ -22,10 +22,10 @@ using namespace attncore;
 using namespace attncore::plugin;
 
 inline constexpr attnhost_param_spec kParams[] = {
-    kRingParams[0],  // overlap
-    kRingParams[1],  // cpu_accumulate
-    kRingParams[2],  // engine
-    kRingParams[3],  // partials
+    ring_param("overlap"),
+    ring_param("cpu_accumulate"),
+    ring_param("engine"),
+    ring_param("partials"),
     {ATTNHOST_STRUCT_SIZE(attnhost_param_spec, choices), "head_groups", ATTNHOST_PARAM_INT, "0",
      "gather K/V in this many groups of kv heads, each under the previous group's attention; 0: the fewest "
      "that keep a rank's memory within 1.5x of its working set plus one gathered group",

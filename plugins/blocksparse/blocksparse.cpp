@@ -45,8 +45,8 @@ constexpr attnhost_param_spec kParams[] = {
           "a mask per query head (bigbird draws per head; strided and dilated offset head h by h mod stride)"),
     param("mask_file", ATTNHOST_PARAM_PATH, "\"\"",
           "explicit: block mask file (format: plugins/blocksparse/README.md), relative to the file that names it"),
-    attncore::plugin::kRingParams[0],  // overlap
-    attncore::plugin::kRingParams[1],  // cpu_accumulate
+    attncore::plugin::ring_param("overlap"),
+    attncore::plugin::ring_param("cpu_accumulate"),
 };
 
 double ms_since(std::chrono::steady_clock::time_point t0) {

@@ -16,6 +16,7 @@
 #include <attnhost/plugin.hpp>
 
 #include <algorithm>
+#include <string_view>
 #include <vector>
 
 namespace attncore::plugin {
@@ -46,6 +47,12 @@ inline constexpr attnhost_param_spec kRingParams[] = {
      "that do",
      nullptr},
 };
+// One of kRingParams by name, for a plugin that takes some of them; an unknown name does not compile.
+consteval attnhost_param_spec ring_param(std::string_view name) {
+  for (const attnhost_param_spec& p : kRingParams)
+    if (std::string_view(p.name) == name) return p;
+  throw "no ring parameter of that name";
+}
 inline constexpr int32_t kNumRingParams = 6;        // ring, zigzag: all of them
 inline constexpr int32_t kNumPackedRingParams = 4;  // varlen: all but the slices (its batch is one sequence)
 
