@@ -78,23 +78,36 @@ EngineChoice engine_choice(const std::string& name) {
   attnhost::fail(ATTNHOST_ERR_INVALID_ARGUMENT, "engine \"" + name + "\": expected auto, native or cudnn");
 }
 
-// `auto`'s rule (engine.h), per pass: attncore's own cuDNN
-// engine against the Hopper kernels on an H200, both writing the dtype (docs/KERNELS.md, "cuDNN
-// engine", "Which engine auto takes"). Forward: cuDNN at head dims 64 and 256 (7-13%), and at 128
-// on keys up to 4096 (6-13%; level or behind from 8192). Backward: cuDNN at 64, 96 and 256 (5-23%),
-// and at 128 on keys up to 2048 (4%; native 1-8% ahead from 4096). Head dim 80 stays native both
-// ways; other architectures and blocks under 2048 x 2048 stay native until measured. Empty when cuDNN
-// is the faster; else why not.
-std::string native_measured_faster(bool forward, int sm_major, int32_t head_dim, int64_t seqlen_q, int64_t seqlen_kv) {
+// `auto`'s rule (engine.h), per pass: attncore's own cuDNN engine against the Hopper kernels on an
+// H200, both writing the dtype (docs/KERNELS.md, "Which engine auto takes"). Forward: cuDNN at head
+// dims 64 and 256 (7-13%), and at 128 where a row reaches up to 4096 keys (6-13%; level or behind
+// from 8192). Backward: cuDNN at 64, 96 and 256 (5-23%), and at 128 where a row reaches up to 2048
+// keys (4%; native 1-8% ahead from 4096). A sliding window's rows reach its span, not the block:
+// 512-key windows at d128 ran 10% slower natively. Head dim 80 stays native both ways; other
+// architectures and blocks under 2048 x 2048 stay native until measured. Empty when cuDNN is the
+// faster; else why not.
+std::string native_measured_faster(bool forward, int sm_major, int32_t head_dim, int64_t seqlen_q, int64_t seqlen_kv,
+                                   int64_t row_keys) {
   const std::string pass = forward ? "forward" : "backward";
-  const std::string shape = "head_dim " + std::to_string(head_dim) + ", " + std::to_string(seqlen_q) + " x " +
-                            std::to_string(seqlen_kv);
+  std::string shape = "head_dim " + std::to_string(head_dim) + ", " + std::to_string(seqlen_q) + " x " +
+                      std::to_string(seqlen_kv);
+  if (row_keys < seqlen_kv) shape += " (rows of " + std::to_string(row_keys) + " keys)";
   if (sm_major != 9 || seqlen_q < 2048 || seqlen_kv < 2048)
     return "auto: cuDNN not measured faster for sm_" + std::to_string(sm_major) + "x, " + shape;
-  const bool faster = forward ? head_dim == 64 || head_dim == 256 || (head_dim == 128 && seqlen_kv <= 4096)
-                              : head_dim == 64 || head_dim == 96 || head_dim == 256 || (head_dim == 128 && seqlen_kv <= 2048);
+  const int64_t keys = std::min(row_keys, seqlen_kv);
+  const bool faster = forward ? head_dim == 64 || head_dim == 256 || (head_dim == 128 && keys <= 4096)
+                              : head_dim == 64 || head_dim == 96 || head_dim == 256 || (head_dim == 128 && keys <= 2048);
   if (faster) return "";
   return "auto: the native " + pass + " measured faster or level for " + shape;
+}
+
+int64_t row_keys(const Mask& mask, int64_t seqlen_kv) {
+  if (mask.window_left < 0 || mask.window_right < 0) {
+    // Unbounded on one side: a causal mask bounds the right at the row itself.
+    if (mask.window_left >= 0 && mask.causal) return std::min(seqlen_kv, mask.window_left + 1);
+    return seqlen_kv;
+  }
+  return std::min(seqlen_kv, mask.window_left + mask.window_right + 1);
 }
 
 const char* engine_choice_name(EngineChoice choice) {

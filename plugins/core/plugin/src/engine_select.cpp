@@ -161,7 +161,8 @@ class SelectingEngine final : public Engine {
     if (auto it = t.decided.find(key); it != t.decided.end()) return it->second;
     const std::string why = cudnn_check(p);
     const std::string slower =
-        native_measured_faster(&t == &forward_, sm_major_, p.head_dim, p.seqlen_q, p.seqlen_kv);
+        native_measured_faster(&t == &forward_, sm_major_, p.head_dim, p.seqlen_q, p.seqlen_kv,
+                               row_keys(p.mask, p.seqlen_kv));
     const bool use = why.empty() && (choice_ == EngineChoice::cudnn || slower.empty());
     if (!use && t.why_native.empty()) t.why_native = why.empty() ? slower : why;
     t.decided.emplace(key, use);

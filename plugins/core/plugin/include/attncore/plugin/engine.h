@@ -24,10 +24,14 @@ enum class EngineChoice : int32_t { native = 0, cudnn = 1, automatic = 2 };
 // "native", "cudnn", "auto"; anything else fails with ATTNHOST_ERR_INVALID_ARGUMENT.
 EngineChoice engine_choice(const std::string& name);
 const char* engine_choice_name(EngineChoice choice);
-// auto's choice for one call on a GPU of compute capability sm_major.x: "" where cuDNN measured the
-// faster, else the reason the native kernels serve it ("auto: the native backward measured faster
-// or level for head_dim 128, 8192 x 8192"), which the engine's result line carries.
-std::string native_measured_faster(bool forward, int sm_major, int32_t head_dim, int64_t seqlen_q, int64_t seqlen_kv);
+// auto's choice for one call on a GPU of compute capability sm_major.x, whose rows reach at most
+// row_keys keys (a window's span; else seqlen_kv): "" where cuDNN measured the faster, else the
+// reason the native kernels serve it ("auto: the native backward measured faster or level for
+// head_dim 128, 8192 x 8192"), which the engine's result line carries.
+std::string native_measured_faster(bool forward, int sm_major, int32_t head_dim, int64_t seqlen_q, int64_t seqlen_kv,
+                                   int64_t row_keys);
+// The most keys a row of a call with this mask reaches: the window's span, or all of them.
+int64_t row_keys(const Mask& mask, int64_t seqlen_kv);
 
 struct EngineOptions {
   EngineChoice choice = EngineChoice::native;
