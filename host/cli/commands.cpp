@@ -68,6 +68,8 @@ po::options_description execution_options() {
   po::options_description d("Execution");
   d.add_options()("resume", po::value<std::string>(), "go on with the run in DIR: run only the cases missing from "
                                                       "DIR/results.jsonl, then write every report over all of them")
+                 ("case", po::value<std::vector<std::string>>(), "run only the cases of this name (a [[case]]'s name or "
+                                                                   "preset; repeatable)")
                  ("dry-run", "print the expanded case list and stop")
                  ("no-check", "skip the correctness check")
                  ("isolate", "run each case in its own process: a crash or hang costs that case only")
@@ -76,6 +78,22 @@ po::options_description execution_options() {
 }
 
 void apply_execution_options(const po::variables_map& vm, suite::Suite& s, ExecuteOptions& ex) {
+  if (vm.count("case")) {
+    // A case's name is its label's first part ("global_sink", or "first" of "first/tiny").
+    const auto name_of = [](const suite::Case& c) { return c.label.substr(0, c.label.find('/')); };
+    const auto names = vm["case"].as<std::vector<std::string>>();
+    std::vector<std::string> known;
+    for (const suite::Case& c : s.cases)
+      if (std::find(known.begin(), known.end(), name_of(c)) == known.end()) known.push_back(name_of(c));
+    for (const std::string& n : names)
+      if (std::find(known.begin(), known.end(), n) == known.end()) {
+        std::string list;
+        for (const std::string& k : known) list += (list.empty() ? "" : ", ") + k;
+        throw UsageError("--case " + n + ": " + (s.name.empty() ? s.path.string() : s.name) + " has no case of that name (" +
+                         list + ")");
+      }
+    std::erase_if(s.cases, [&](const suite::Case& c) { return std::find(names.begin(), names.end(), name_of(c)) == names.end(); });
+  }
   if (vm.count("no-check"))
     for (suite::Case& c : s.cases) c.check.enabled = false;
   ex.dry_run = vm.count("dry-run") > 0;

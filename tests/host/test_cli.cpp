@@ -172,6 +172,21 @@ TEST_CASE("cli: compare and run show world size 1 and the machine's ranks unless
   fs::remove(written);
 }
 
+TEST_CASE("cli: --case runs only the named cases, and names the suite's cases when none is") {
+  const fs::path two = write_suite("two_cases", "name = \"two\"\n[defaults]\nworld_sizes = [1]\n"
+                                                "[[case]]\nname = \"first\"\nplugins = [\"naive_attention\"]\npresets = [\"tiny\"]\n"
+                                                "[[case]]\nname = \"second\"\nplugins = [\"naive_attention\"]\npresets = [\"tiny\"]\n");
+  const Outcome all = attnhost("run " + two.string() + " --dry-run --device cpu");
+  CHECK(all.out.find("2 cases in two") != std::string::npos);
+  const Outcome one = attnhost("run " + two.string() + " --dry-run --device cpu --case second");
+  CHECK(one.code == 0);
+  CHECK(one.out.find("1 cases in two") != std::string::npos);
+  CHECK(one.out.find("naive_attention/second") != std::string::npos);
+  one_line_error(attnhost("run " + two.string() + " --dry-run --device cpu --case third"),
+                 "--case third: two has no case of that name (first, second)");
+  fs::remove(two);
+}
+
 TEST_CASE("cli: verify prints each tensor's error against float64 and its tolerance, and no timings") {
   // Timings of first calls once read "609.40x speedup, 30470.0% efficiency" in verify's table.
   Outcome o = attnhost("verify naive_attention --device cpu --world-sizes 1,2 --set correctness --quiet");
