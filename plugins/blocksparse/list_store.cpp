@@ -12,7 +12,7 @@ namespace {
 constexpr size_t kAlign = 256;
 size_t padded(size_t bytes) { return (std::max<size_t>(bytes, 1) + kAlign - 1) / kAlign * kAlign; }
 
-// The six arrays of a list, each given at least one element: the CUDA path checks its pointers
+// The ten arrays of a list, each given at least one element: the CUDA path checks its pointers
 // even when a list has no entries.
 template <class F>
 void for_each_array(const attncore::BlockListData& d, F f) {
@@ -22,6 +22,10 @@ void for_each_array(const attncore::BlockListData& d, F f) {
   f(d.col_ptr.data(), d.col_ptr.size() * sizeof(int32_t));
   f(d.q_block.data(), d.q_block.size() * sizeof(int32_t));
   f(d.q_masked.data(), d.q_masked.size());
+  f(d.pieces.data(), d.pieces.size() * sizeof(int32_t));
+  f(d.piece_col_ptr.data(), d.piece_col_ptr.size() * sizeof(int32_t));
+  f(d.piece_q_block.data(), d.piece_q_block.size() * sizeof(int32_t));
+  f(d.piece_q_masked.data(), d.piece_q_masked.size());
 }
 
 }  // namespace
@@ -47,13 +51,17 @@ ListStore::ListStore(std::vector<attncore::BlockListData> lists, bool device, at
   attncore::plugin::Engine::make(true, false)->upload(device_.get(), staging.data(), bytes_);
   for (size_t i = 0; i < data_.size(); ++i) {
     attncore::BlockList b = data_[i].view();
-    const void* const* p = at.data() + 6 * i;
+    const void* const* p = at.data() + 10 * i;
     b.row_ptr = static_cast<const int32_t*>(p[0]);
     b.kv_block = static_cast<const int32_t*>(p[1]);
     b.masked = static_cast<const uint8_t*>(p[2]);
     b.col_ptr = static_cast<const int32_t*>(p[3]);
     b.q_block = static_cast<const int32_t*>(p[4]);
     b.q_masked = static_cast<const uint8_t*>(p[5]);
+    b.pieces = static_cast<const int32_t*>(p[6]);
+    b.piece_col_ptr = static_cast<const int32_t*>(p[7]);
+    b.piece_q_block = static_cast<const int32_t*>(p[8]);
+    b.piece_q_masked = static_cast<const uint8_t*>(p[9]);
     views_.push_back(b);
   }
 }

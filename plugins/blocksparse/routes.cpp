@@ -64,6 +64,7 @@ CallList call_list(const BlockMask& m, const Sharding& s, int rank, int source) 
         d.q_masked[at] = d.masked[e];
       }
     }
+  attncore::cut_pieces(d);
   return out;
 }
 

@@ -64,7 +64,8 @@ template <class V> inline std::unique_ptr<DeviceBuffer> upload_vector(const std:
 // The problem's inputs on the device, with its segments and block list.
 struct DeviceProblem {
   DeviceTensor q, k, v, d_o;
-  std::unique_ptr<DeviceBuffer> segs, row_ptr, kv_block, masked, col_ptr, q_block, q_masked;
+  std::unique_ptr<DeviceBuffer> segs, row_ptr, kv_block, masked, col_ptr, q_block, q_masked, pieces, piece_col_ptr,
+      piece_q_block, piece_q_masked;
   BlockList blocks;
 
   explicit DeviceProblem(Problem& p) : q(p.q), k(p.k), v(p.v), d_o(p.d_o) {
@@ -76,6 +77,10 @@ struct DeviceProblem {
       col_ptr = upload_vector(p.blocks->col_ptr);
       q_block = upload_vector(p.blocks->q_block);
       q_masked = upload_vector(p.blocks->q_masked);
+      pieces = upload_vector(p.blocks->pieces);
+      piece_col_ptr = upload_vector(p.blocks->piece_col_ptr);
+      piece_q_block = upload_vector(p.blocks->piece_q_block);
+      piece_q_masked = upload_vector(p.blocks->piece_q_masked);
       blocks = p.blocks->view();
       blocks.row_ptr = static_cast<const int32_t*>(row_ptr->ptr);
       blocks.kv_block = static_cast<const int32_t*>(kv_block->ptr);
@@ -83,6 +88,10 @@ struct DeviceProblem {
       blocks.col_ptr = static_cast<const int32_t*>(col_ptr->ptr);
       blocks.q_block = static_cast<const int32_t*>(q_block->ptr);
       blocks.q_masked = static_cast<const uint8_t*>(q_masked->ptr);
+      blocks.pieces = static_cast<const int32_t*>(pieces->ptr);
+      blocks.piece_col_ptr = static_cast<const int32_t*>(piece_col_ptr->ptr);
+      blocks.piece_q_block = static_cast<const int32_t*>(piece_q_block->ptr);
+      blocks.piece_q_masked = static_cast<const uint8_t*>(piece_q_masked->ptr);
     }
   }
   void point(const Problem& p, ForwardParams& f) const {

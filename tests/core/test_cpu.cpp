@@ -229,6 +229,58 @@ TEST_CASE("cpu: block lists (64 and 128, shared and per head, with masked edges)
       }
 }
 
+// How make_block_list shares out key columns for the CUDA backward (BlockList::pieces): every key
+// group's query blocks cut into consecutive ranges; a group far above the mean (a sink every query
+// block reads) in several pieces sharing one slot, the others whole with slot -1; a causal triangle,
+// whose longest column is twice the mean, left whole.
+TEST_CASE("cpu: block lists cut long key columns in pieces, and only those") {
+  for (int32_t bs : {64, 128}) {
+    const int32_t n = 4096 / bs, cols = 128 / bs;
+    const BlockListData sink = make_block_list(bs, bs, n, n, 1, [](int32_t, int32_t qb, int32_t kb) {
+      return kb == 0 || (kb <= qb && qb - kb <= 2) ? BlockState::full : BlockState::skip;
+    });
+    CAPTURE(bs);
+    REQUIRE(sink.pieces.size() % 4 == 0);
+    const int32_t groups = n / cols;
+    int32_t split_pieces = 0, expect_group = 0, expect_begin = 0;
+    for (size_t i = 0; i < sink.pieces.size(); i += 4) {
+      const int32_t g = sink.pieces[i], begin = sink.pieces[i + 1], end = sink.pieces[i + 2], slot = sink.pieces[i + 3];
+      if (begin == 0) { // a group's first piece: groups in order
+        CHECK(expect_begin == 0);
+        CHECK(g == expect_group++);
+      }
+      CHECK(g == expect_group - 1);
+      CHECK(begin == expect_begin);
+      CHECK(end > begin);
+      expect_begin = end == n ? 0 : end;
+      CHECK(slot == (g == 0 ? 0 : -1)); // only the sink's group is split
+      split_pieces += slot == 0;
+    }
+    CHECK(expect_group == groups);
+    CHECK(sink.num_split_groups == 1);
+    // About the mean a piece: the sink's n entries (plus its band) in n / 8 or more pieces.
+    CHECK(split_pieces >= n / (8 * cols));
+    CHECK(sink.view().num_pieces == int32_t(sink.pieces.size() / 4));
+    // The pieces' own CSC holds every entry once, each column's inside its piece's query blocks.
+    const int32_t np = int32_t(sink.pieces.size() / 4);
+    REQUIRE(sink.piece_col_ptr.size() == size_t(np * cols + 1));
+    CHECK(sink.piece_q_block.size() == sink.q_block.size());
+    int64_t outside = 0;
+    for (int32_t i = 0; i < np; ++i)
+      for (int32_t c = 0; c < cols; ++c)
+        for (int32_t e = sink.piece_col_ptr[size_t(i * cols + c)]; e < sink.piece_col_ptr[size_t(i * cols + c + 1)]; ++e)
+          outside += sink.piece_q_block[size_t(e)] < sink.pieces[4 * size_t(i) + 1] ||
+                     sink.piece_q_block[size_t(e)] >= sink.pieces[4 * size_t(i) + 2];
+    CHECK(outside == 0);
+
+    Mask causal;
+    causal.causal = true;
+    const BlockListData triangle = block_list_from_mask(causal, 4096, 4096, bs, bs);
+    CHECK(triangle.num_split_groups == 0);
+    CHECK(triangle.pieces.size() == size_t(4 * groups));
+  }
+}
+
 TEST_CASE("cpu: a block list made from the mask computes what the mask computes") {
   Problem p = make({"mask blocks", DType::bf16, 1, 2, 2, 32, 300, 300, true, 100, -1, 0, 0}, 400);
   Outputs plain = run<double>(p, true);

@@ -43,6 +43,14 @@ void backward_gpu(Problem& p, Stats lse, Stats delta, Tensor& dq, Tensor& dk, Te
   g.deterministic = deterministic;
   g.write_dkdv = out != Dkdv::add;
   g.write_dkdv_fp32 = out == Dkdv::write_fp32;
+  // The sums of a block list's split key groups, over poison: the call clears what it uses.
+  std::unique_ptr<DeviceBuffer> workspace;
+  if (const size_t bytes = backward_workspace_bytes(g); bytes > 0) {
+    workspace = std::make_unique<DeviceBuffer>(bytes);
+    workspace->poison();
+    g.workspace = workspace->ptr;
+    g.workspace_bytes = bytes;
+  }
   backward_cuda(g, nullptr);
   CUDA_OK(cudaDeviceSynchronize());
   dq_d.download(dq);
@@ -319,6 +327,45 @@ TEST_CASE("gpu: block lists (64 and 128, shared and per head, random with masked
         CAPTURE(bk);
         CAPTURE(heads);
         check_all(p);
+      }
+}
+
+// Long key columns cut in pieces (BlockList::pieces): a sink key block that every query block reads,
+// and global query rows that read every key block, beside a causal band, so that the sink's group is
+// split. The pieces add into accumulators (check_all), or add in the workspace's sums and are
+// written (write_dkdv, in the dtype and in fp32), each checked against the reference.
+TEST_CASE("gpu: block lists whose long key columns are cut in pieces, added and written") {
+  REQUIRE(device_count() > 0);
+  std::mt19937_64 rng(53);
+  for (int32_t D : {64, 128, 256})
+    for (int32_t bs : {64, 128})
+      for (bool per_head : {false, true}) {
+        const int64_t S = 2400 + int64_t(rng() % 200);
+        Problem p = two_heads_problem(rng, DType::bf16, D, S, S);
+        p.mask.causal = true;
+        const int32_t n = int32_t((S + bs - 1) / bs), heads = per_head ? p.Hq : 1;
+        p.blocks = make_block_list(bs, bs, n, n, heads, [&](int32_t h, int32_t qb, int32_t kb) {
+          if (kb > qb) return BlockState::skip;
+          if (kb == qb) return BlockState::masked;
+          const bool global_row = qb < 1 + h; // per head: head 1 has two
+          return kb == 0 || global_row || qb - kb <= 2 ? BlockState::full : BlockState::skip;
+        });
+        CAPTURE(D);
+        CAPTURE(bs);
+        CAPTURE(per_head);
+        REQUIRE(p.blocks->num_split_groups > 0);
+        check_all(p);
+        const Outputs want = run_cpu(p, true);
+        for (Dkdv out : {Dkdv::write, Dkdv::write_fp32}) {
+          const DType t = out == Dkdv::write ? p.dtype : DType::fp32;
+          Outputs got = run_gpu(p, true, false, &want);
+          Tensor dq(DType::fp32, p.B, p.Sq, p.Hq, p.D);
+          got.dk = Tensor(t, p.B, p.Skv, p.Hkv, p.D);
+          got.dv = Tensor(t, p.B, p.Skv, p.Hkv, p.D);
+          backward_gpu(p, want.lse, want.delta, dq, got.dk, got.dv, false, out);
+          CAPTURE(name(t));
+          check_backward(p, want, got);
+        }
       }
 }
 

@@ -4,6 +4,74 @@
 
 namespace attncore {
 
+// A group's work is its entries over every head; the mean is over the groups that have entries. A
+// group above twice the mean is cut into ranges of about the mean (and of at least kMinPiece query
+// blocks a column), so that its CTAs are no longer than the others; the rest stay whole. A causal
+// triangle, whose longest column is twice the mean, stays whole.
+void cut_pieces(BlockListData& d) {
+  d.pieces.clear();
+  d.piece_col_ptr.clear();
+  d.piece_q_block.clear();
+  d.piece_q_masked.clear();
+  d.num_split_groups = 0;
+  constexpr int64_t kMinPiece = 2; // query blocks a column: a piece's fixed cost is small against it
+  const int32_t cols_per_group = std::max<int32_t>(1, kPieceKeys / d.block_kv);
+  const int32_t groups = (d.num_kv_blocks + cols_per_group - 1) / cols_per_group;
+  std::vector<std::vector<int32_t>> rows(size_t(groups), std::vector<int32_t>{}); // q_block of each entry
+  for (int32_t h = 0; h < d.heads; ++h)
+    for (int32_t kb = 0; kb < d.num_kv_blocks; ++kb) {
+      const int32_t col = h * d.num_kv_blocks + kb;
+      auto& r = rows[size_t(kb / cols_per_group)];
+      r.insert(r.end(), d.q_block.begin() + d.col_ptr[col], d.q_block.begin() + d.col_ptr[col + 1]);
+    }
+  int64_t entries = 0, busy = 0;
+  for (const auto& r : rows) {
+    entries += int64_t(r.size());
+    busy += !r.empty();
+  }
+  if (busy == 0) return;
+  const int64_t mean = (entries + busy - 1) / busy;
+  const int64_t piece = std::max(mean, kMinPiece * d.heads * cols_per_group);
+  for (int32_t g = 0; g < groups; ++g) {
+    auto& r = rows[size_t(g)];
+    const int64_t n = int64_t(r.size());
+    if (n <= 2 * piece) {
+      d.pieces.insert(d.pieces.end(), {g, 0, d.num_q_blocks, -1});
+      continue;
+    }
+    std::sort(r.begin(), r.end());
+    const int64_t count = (n + piece - 1) / piece;
+    const int32_t slot = d.num_split_groups++;
+    int32_t first = 0;
+    for (int64_t k = 1; k < count; ++k) {
+      // The query block at the k-th cut of the entries; a cut never splits a query block.
+      int32_t end = r[size_t(n * k / count)];
+      end = std::max(end, first + 1);
+      if (end >= d.num_q_blocks) break;
+      d.pieces.insert(d.pieces.end(), {g, first, end, slot});
+      first = end;
+    }
+    d.pieces.insert(d.pieces.end(), {g, first, d.num_q_blocks, slot});
+  }
+  // The pieces' own CSC: column (h, piece, c) holds head h's entries of column c of the piece's
+  // group in its query blocks, so that a CTA walks its piece as it would walk whole columns.
+  const int32_t n = int32_t(d.pieces.size() / 4);
+  d.piece_col_ptr.assign(size_t(d.heads) * n * cols_per_group + 1, 0);
+  for (int32_t h = 0; h < d.heads; ++h)
+    for (int32_t i = 0; i < n; ++i)
+      for (int32_t c = 0; c < cols_per_group; ++c) {
+        const int32_t g = d.pieces[4 * size_t(i)], lo = d.pieces[4 * size_t(i) + 1], hi = d.pieces[4 * size_t(i) + 2];
+        const int32_t kb = g * cols_per_group + c;
+        if (kb < d.num_kv_blocks)
+          for (int32_t e = d.col_ptr[size_t(h) * d.num_kv_blocks + kb]; e < d.col_ptr[size_t(h) * d.num_kv_blocks + kb + 1]; ++e)
+            if (d.q_block[size_t(e)] >= lo && d.q_block[size_t(e)] < hi) {
+              d.piece_q_block.push_back(d.q_block[size_t(e)]);
+              d.piece_q_masked.push_back(d.q_masked[size_t(e)]);
+            }
+        d.piece_col_ptr[(size_t(h) * n + i) * cols_per_group + c + 1] = int32_t(d.piece_q_block.size());
+      }
+}
+
 BlockListData make_block_list(int32_t block_q, int32_t block_kv, int32_t num_q_blocks,
                               int32_t num_kv_blocks, int32_t heads,
                               const std::function<BlockState(int32_t, int32_t, int32_t)>& state) {
@@ -41,7 +109,14 @@ BlockListData make_block_list(int32_t block_q, int32_t block_kv, int32_t num_q_b
         }
       d.col_ptr[size_t(h) * num_kv_blocks + kb + 1] = int32_t(d.q_block.size());
     }
+  cut_pieces(d);
   return d;
+}
+
+size_t backward_workspace_bytes(const BackwardParams& p) {
+  if (!p.write_dkdv || !p.blocks || p.blocks->num_split_groups == 0) return 0;
+  return 2 * size_t(p.blocks->num_split_groups) * size_t(p.batch) * size_t(p.heads_kv) * kPieceKeys *
+         size_t(p.head_dim) * sizeof(float);
 }
 
 BlockListData block_list_from_mask(const Mask& m, int64_t seqlen_q, int64_t seqlen_kv,

@@ -77,7 +77,28 @@ struct BlockList {
   const int32_t* col_ptr = nullptr;  // [heads * num_kv_blocks + 1]
   const int32_t* q_block = nullptr;  // [col_ptr[last]]
   const uint8_t* q_masked = nullptr; // [col_ptr[last]]
+  // Appended: how the CUDA backward shares out long key columns (a sink or global key block that
+  // every query block reads would otherwise be one CTA's walk while the rest of the GPU idles).
+  // Each piece is four int32: {key group, first query block, end query block, slot}. A key group is
+  // kPieceKeys keys (group g: keys [g kPieceKeys, (g + 1) kPieceKeys)); a group's pieces cut its
+  // query blocks into consecutive ranges, and a CTA walks one range of one group's columns. A
+  // group of one piece has slot -1; the pieces of a group cut in several share a slot in
+  // [0, num_split_groups), where a call that writes dK and dV (write_dkdv) adds them up first
+  // (backward_workspace_bytes). make_block_list fills them; none (num_pieces 0): a CTA a key tile.
+  // The CPU and the mma.sync kernels walk whole columns and ignore them.
+  // The pieces' own CSC, walked as the CSC above: column (h, i, c), at h num_pieces C + i C + c
+  // with C = kPieceKeys / block_kv (1 or 2), holds head h's entries of column c of piece i's group
+  // that lie in its query blocks.
+  int32_t num_pieces = 0;
+  const int32_t* pieces = nullptr;         // [num_pieces][4]
+  int32_t num_split_groups = 0;
+  const int32_t* piece_col_ptr = nullptr;  // [heads * num_pieces * C + 1]
+  const int32_t* piece_q_block = nullptr;  // [piece_col_ptr[last]]
+  const uint8_t* piece_q_masked = nullptr; // [piece_col_ptr[last]]
 };
+
+// The keys of a block list's key group (BlockList::pieces): a multiple of every key tile's width.
+constexpr int32_t kPieceKeys = 128;
 
 struct ForwardParams {
   DType dtype = DType::bf16;          // Q, K, V (and O unless o_fp32)
@@ -127,7 +148,17 @@ struct BackwardParams {
   // Appended. With write_dkdv: dk and dv are fp32 tensors, written in fp32. For a call whose keys'
   // gradients other calls add to afterwards (dilated's patterns): no zeroing before it.
   bool write_dkdv_fp32 = false;
+  // Appended. Device memory for a CUDA call that writes dK and dV (write_dkdv) with a block list
+  // whose long key columns are cut in pieces: their partial gradients are added up here before the
+  // call writes them. At least backward_workspace_bytes(*this) bytes, or the call walks whole
+  // columns instead. The call clears what it uses; nothing is kept between calls.
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
 };
+
+// The workspace a backward call can use (BackwardParams::workspace): 0 unless it writes dK and dV
+// under a block list with split key groups.
+size_t backward_workspace_bytes(const BackwardParams& p);
 
 // Empty when the core supports the configuration, else one line naming what is supported.
 std::string check_supported(DType dtype, int32_t head_dim);

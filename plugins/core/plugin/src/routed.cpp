@@ -35,9 +35,23 @@ RoutedAttention::RoutedAttention(const RingShape& shape, const RoutedPlan& plan,
   const size_t grads = align_up(kv_elems * 4);
   const bool remote = world_ > 1 && active_rounds() > 0;
   const size_t forward_work = 2 * align_up(q_elems * 4) + align_up(rows * 4);  // O acc, O part, LSE part
+  // A sole call (backward) writes dK and dV itself and leaves the space of the own dK and dV to the
+  // sums of its block list's split key groups (BlockList::pieces).
+  size_t split_sums = 0;
+  for (const BlockCall& c : rounds_[0].calls) {
+    BackwardParams p;
+    p.batch = s_.batch;
+    p.heads_kv = s_.heads_kv;
+    p.head_dim = s_.head_dim;
+    p.blocks = c.blocks;
+    p.write_dkdv = true;
+    split_sums = std::max(split_sums, backward_workspace_bytes(p));
+  }
+  own_grads_bytes_ = std::max(2 * grads, align_up(split_sums));
   // delta, dQ, own dK dV; with remote rounds also the partial dK dV of a received piece and the
   // partials other ranks send home.
-  const size_t backward_work = align_up(rows * 4) + align_up(q_elems * 4) + (remote ? 6 : 2) * grads;
+  const size_t backward_work =
+      align_up(rows * 4) + align_up(q_elems * 4) + own_grads_bytes_ + (remote ? 4 * grads : 0);
   arena_ = attnhost::HostBuffer(host_, (receives ? 4 * kv_block : 0) + std::max(forward_work, backward_work));
   char* at = arena_.as<char>();
   if (receives)
@@ -147,7 +161,8 @@ void RoutedAttention::backward(const attnhost_backward_args& a) {
   float* delta = reinterpret_cast<float*>(work_);
   float* dq = reinterpret_cast<float*>(work_ + align_up(rows * 4));
   char* g = work_ + align_up(rows * 4) + align_up(q_elems * 4);
-  KV own{g, g + grads}, part{g + 2 * grads, g + 3 * grads}, home{g + 4 * grads, g + 5 * grads};
+  char* more = g + own_grads_bytes_;
+  KV own{g, g + grads}, part{more, more + grads}, home{more + 2 * grads, more + 3 * grads};
   compute_local_delta(s_, *engine_, a, delta, dq, compute);
   // One call that makes every local key's gradients (no other rank reads these keys, so no round
   // after the first has calls; no segments) writes dK and dV in the problem's dtype straight into
@@ -177,7 +192,11 @@ void RoutedAttention::backward(const attnhost_backward_args& a) {
       int32_t range = host_.range_begin(name.c_str(), ATTNHOST_RANGE_COMPUTE, compute);
       BackwardParams p = backward_params(s_, c, a, cur.k, cur.v, delta, dq, static_cast<float*>(grad.k),
                                          static_cast<float*>(grad.v));
-      if (sole) write_dkdv_into(p, s_, c, a);
+      if (sole) {
+        write_dkdv_into(p, s_, c, a);
+        p.workspace = own.k;
+        p.workspace_bytes = own_grads_bytes_;
+      }
       engine_->backward(p, compute);
       host_.range_end(range, compute);
     }

@@ -21,7 +21,20 @@ struct AttnArgs {
   const Segment* segs = nullptr;
   int32_t nseg = 0;
   BlockArgs blocks; // heads == 0: no block list
+  // The Hopper backward with a block list's long key columns shared out (blocks.pieces): where a
+  // piece of a split group would write dK and dV, it adds its part into that group's fp32 sums
+  // instead (split_dk, split_dv: the first slot's [batch][kv head][kPieceKeys][head dim] view, slot
+  // s at s split_slot_stride floats further; null data: the call adds into accumulators, as every
+  // CTA does).
+  TensorRef split_dk, split_dv;
+  int64_t split_slot_stride = 0;
 };
+
+// Slot `slot` of a split group's sums (AttnArgs::split_dk, split_dv).
+__host__ __device__ inline TensorRef split_slot(TensorRef sums, int32_t slot, int64_t slot_stride) {
+  sums.data = static_cast<float*>(sums.data) + slot * slot_stride;
+  return sums;
+}
 
 inline BlockArgs make_block_args(const BlockList* b) {
   BlockArgs a;

@@ -47,6 +47,10 @@ struct BlockArgs {
   const int32_t* col_ptr = nullptr;
   const int32_t* q_block = nullptr;
   const uint8_t* q_masked = nullptr;
+  // The Hopper backward with long key columns shared out (BlockList::pieces): a CTA a piece
+  // (blockIdx.x), the CSC above then the pieces' own (num_kv_blocks their columns a head). Null: a
+  // CTA a key tile.
+  const int32_t* pieces = nullptr;
 };
 
 struct Region {
@@ -261,13 +265,26 @@ struct QStep {
   bool masked[2];
 };
 
+// A CTA's key tile x when a block list's long columns are cut in pieces (BlockList::pieces): its
+// first key, the query blocks [q_lo, q_hi) it walks, and its group's slot (-1: the tile's keys are
+// its own).
+struct TilePiece {
+  int32_t n0, q_lo, q_hi, slot;
+};
+template <int kN> __device__ __forceinline__ TilePiece tile_piece(const int32_t* pieces, int32_t x) {
+  constexpr int32_t kTiles = kPieceKeys / kN; // key tiles a group
+  const int4 p = reinterpret_cast<const int4*>(pieces)[x / kTiles];
+  return TilePiece{p.x * kPieceKeys + (x % kTiles) * kN, p.y, p.z, p.w};
+}
+
 // Walks, for the key tile [c0, c0 + kN), every (query head of the group, query tile of kM rows)
 // that sees it: heads in order, tiles in increasing order within a head; with a block list, the
-// union of the (at most two) key blocks' CSC columns, each sorted ascending.
+// union of the (at most two) key blocks' CSC columns, each sorted ascending (or the CTA's piece of
+// them, BlockArgs::pieces).
 template <int kM, int kN> struct QWalk {
   int32_t head, head_end;
   int32_t e[2], end[2], t_begin; // interval: e[0] the next tile, end[0] the end; block list: cursors
-  int32_t full_lo, full_hi;      // interval: the tiles in [full_lo, full_hi) see every key of the tile
+  int32_t lo, hi; // interval: the tiles in [lo, hi) see every key of the tile
   int32_t kb0, kb1, block, sub;
   bool blocks, act[2], m[2];
 
@@ -289,6 +306,12 @@ template <int kM, int kN> struct QWalk {
     } else {
       kb0 = c0 / bl.block_kv;
       kb1 = (min(c0 + kN, reg.col_end) - 1) / bl.block_kv;
+      if (bl.pieces) { // the piece's own columns: kb's column c of the group is the piece's column c
+        const int32_t piece = int32_t(blockIdx.x) / (kPieceKeys / kN);
+        const int32_t shift = (piece - c0 / kPieceKeys) * (kPieceKeys / bl.block_kv);
+        kb0 += shift;
+        kb1 += shift;
+      }
       start_head(bl);
     }
   }
@@ -300,13 +323,13 @@ template <int kM, int kN> struct QWalk {
     const int64_t kf = reg.col_pos(c0), kl = reg.col_pos(c0 + kN - 1), q0 = reg.row_pos0;
     const auto ceil_div = [](int64_t x) { return x >= 0 ? (x + kM - 1) / kM : -((-x) / kM); };
     const auto floor_div = [](int64_t x) { return x >= 0 ? x / kM : -((-x + kM - 1) / kM); };
-    int64_t lo = 0, hi = end[0]; // tile t: rows at positions q0 + t kM .. q0 + t kM + kM - 1
-    if (mask.causal) lo = max(lo, ceil_div(kl - q0));                      // first row >= kl
-    if (mask.window_right >= 0) lo = max(lo, ceil_div(kl - mask.window_right - q0));
-    if (mask.window_left >= 0) hi = min(hi, floor_div(kf + mask.window_left + 1 - q0)); // last row <= kf + wl
-    lo = min(lo, int64_t(end[0])); // positions are 64-bit: clamp before narrowing
-    full_lo = int32_t(lo);
-    full_hi = int32_t(max(lo, hi));
+    int64_t first = 0, past = end[0]; // tile t: rows at positions q0 + t kM .. q0 + t kM + kM - 1
+    if (mask.causal) first = max(first, ceil_div(kl - q0));                      // first row >= kl
+    if (mask.window_right >= 0) first = max(first, ceil_div(kl - mask.window_right - q0));
+    if (mask.window_left >= 0) past = min(past, floor_div(kf + mask.window_left + 1 - q0)); // last row <= kf + wl
+    first = min(first, int64_t(end[0])); // positions are 64-bit: clamp before narrowing
+    lo = int32_t(first);
+    hi = int32_t(max(first, past));
   }
   __device__ void start_head(const BlockArgs& bl) {
     const int32_t col = (bl.heads == 1 ? 0 : head) * bl.num_kv_blocks;
@@ -328,7 +351,7 @@ template <int kM, int kN> struct QWalk {
           s.head = head;
           s.r0 = reg.row_begin + e[0] * kM;
           s.active[0] = s.active[1] = true;
-          s.masked[0] = s.masked[1] = e[0] < full_lo || e[0] >= full_hi;
+          s.masked[0] = s.masked[1] = e[0] < lo || e[0] >= hi;
           ++e[0];
           return true;
         }

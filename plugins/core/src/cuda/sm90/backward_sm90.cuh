@@ -36,6 +36,7 @@
 #include "../args.h"
 #include "../device.cuh"
 #include "../launch.h"
+#include "../pieces.h"
 #include "../tiles.cuh"
 #include "hopper.cuh"
 #include "tensor_map.h"
@@ -111,6 +112,9 @@ template <class T, int D, int kBlockM_ = 64> struct BackwardConfig {
   // keys] for each consumer) as its K-major B operand, and the part stored transposed into the copy
   // engine's rows.
   static constexpr bool kDqT = kBlockM == 80;
+  // Block lists only with 64-query steps: launch_backward_sm90 gives the 128- and 80-query steps
+  // calls without one, and their walks are compiled without the block-list path.
+  static constexpr bool kBlockLists = kBlockM == 64;
   static_assert(kBlockM == 64 || (kBlockM == 128 && !kSplitDq && !kDqByCopyEngine && !kSharedKeys) ||
                     (kDqT && kDsShared && kDqByCopyEngine),
                 "128-query steps: each consumer's dQ part over its own keys, added by the atomic reducer; 80-query "
@@ -159,7 +163,8 @@ template <class T, int D, int kBlockM> struct BackwardSmem {
   static constexpr size_t kSteps = kDQ + C::kDqParts * C::kDqBytes;
   static constexpr size_t kDqRec = kSteps + C::kStages * sizeof(StepRecord<kBlockM>);
   static constexpr size_t kBars = kDqRec + sizeof(DqRecord);
-  static constexpr size_t kEnd = kBars + (4 + 2 * C::kStages) * sizeof(uint64_t);
+  static constexpr size_t kPiece = kBars + (4 + 2 * C::kStages) * sizeof(uint64_t);
+  static constexpr size_t kEnd = kPiece + sizeof(TilePiece);
   static constexpr size_t kBytes = 1024 /* alignment */ + kEnd;
   static_assert(kBytes <= 227 * 1024, "must fit a Hopper CTA");
   static_assert(kDQ % 1024 == 0, "dQ parts aligned as the copy engine's 128-byte swizzle needs");
@@ -197,6 +202,9 @@ __global__ void __launch_bounds__(BackwardConfig<T, D, kBlockM>::kThreads, 1)
 
   const int tid = threadIdx.x, warp = warp_uniform(int(tid / 32)), lane = tid % 32, group = warp / 4;
   const int kv_head = blockIdx.y, batch = blockIdx.z;
+  // With a block list cut in pieces, this CTA's piece, in shared memory: held in registers by
+  // every role, or loaded where each role needs it, it spilled the producer (24 registers) at d128.
+  TilePiece* piece = reinterpret_cast<TilePiece*>(smem + L::kPiece);
 
   if (tid == 0) {
     barrier_init(kv_full, 1);
@@ -208,6 +216,7 @@ __global__ void __launch_bounds__(BackwardConfig<T, D, kBlockM>::kThreads, 1)
       barrier_init(&q_empty[s], C::kConsumers * 4);
     }
     barrier_init_fence();
+    if (a.blocks.pieces) *piece = tile_piece<C::kBlockN>(a.blocks.pieces, int32_t(blockIdx.x));
   }
   __syncthreads();
 
@@ -216,7 +225,7 @@ __global__ void __launch_bounds__(BackwardConfig<T, D, kBlockM>::kThreads, 1)
     const int32_t x = int32_t(blockIdx.x) + i * int32_t(gridDim.x);
     if (a.nseg == 0) {
       reg = whole_call(a.mask, a.seqlen_q, a.seqlen_kv);
-      n0 = x * C::kBlockN;
+      n0 = a.blocks.pieces ? piece->n0 : x * C::kBlockN;
       return i == 0 && n0 < a.seqlen_kv;
     }
     int32_t seg, tile;
@@ -242,11 +251,13 @@ __global__ void __launch_bounds__(BackwardConfig<T, D, kBlockM>::kThreads, 1)
           }
         }
         QWalk<C::kBlockM, C::kBlockN> walk;
-        walk.init(a.mask, reg, a.blocks, kv_head * a.group, a.group, n0);
+        const BlockArgs no_list{};
+        const BlockArgs& blocks = C::kBlockLists ? a.blocks : no_list;
+        walk.init(a.mask, reg, blocks, kv_head * a.group, a.group, n0);
         for (;; ++step) {
           const uint32_t s = step % C::kStages;
           QStep q;
-          const bool more = walk.next(q, a.mask, reg, a.blocks, n0);
+          const bool more = walk.next(q, a.mask, reg, blocks, n0);
           barrier_wait(&q_empty[s], ((step / C::kStages) & 1) ^ 1);
           Record& rec = steps[s];
           if (!more) {
@@ -398,7 +409,7 @@ __global__ void __launch_bounds__(BackwardConfig<T, D, kBlockM>::kThreads, 1)
 #pragma unroll
       for (int e = 0; e < 4; ++e) dk[j][e] = dv[j][e] = 0.f;
     // With a block list of 64-key blocks, each consumer's keys are one block of the tile.
-    const int list = a.blocks.heads > 0 && (n0 + keys0) / a.blocks.block_kv != n0 / a.blocks.block_kv ? 1 : 0;
+    const int list = C::kBlockLists && a.blocks.heads > 0 && (n0 + keys0) / a.blocks.block_kv != n0 / a.blocks.block_kv ? 1 : 0;
     barrier_wait(kv_full, i & 1);
     // Rows past a segment's end inside the tensor are zeroed before any product reads them
     // (zero_rows_past): K's would reach dQ, V's dP, as 0 x NaN. Both consumers meet at barrier 3.
@@ -643,7 +654,8 @@ __global__ void __launch_bounds__(BackwardConfig<T, D, kBlockM>::kThreads, 1)
     }
 
     // dK (times scale) and dV into the fp32 accumulators, atomic since segments may share keys; or
-    // written (write_dkdv: this CTA alone makes these keys' gradients).
+    // written (write_dkdv: this CTA alone makes these keys' gradients); or, for a piece of a split
+    // key group in such a call, added into the group's sums, which write_split_sums writes.
     __syncwarp();
     if (lane == 0) barrier_arrive(kv_empty); // the last product that read K and V has returned
 #pragma unroll
@@ -652,8 +664,17 @@ __global__ void __launch_bounds__(BackwardConfig<T, D, kBlockM>::kThreads, 1)
       for (int e = 0; e < 4; ++e) dk[j][e] *= a.scale;
     const int32_t key = n0 + key0 + (lane >> 2);
     const int col = col0 + (lane & 3) * 2;
-    put_grad_tile<T>(a.dk, batch, kv_head, key, reg.col_end, col, dk, a.dkdv_out);
-    put_grad_tile<T>(a.dv, batch, kv_head, key, reg.col_end, col, dv, a.dkdv_out);
+    const int32_t slot = a.split_dk.data ? piece->slot : -1;
+    if (slot >= 0) {
+      const int32_t g0 = n0 / kPieceKeys * kPieceKeys;
+      put_grad_tile<T>(split_slot(a.split_dk, slot, a.split_slot_stride), batch, kv_head, key - g0,
+                       reg.col_end - g0, col, dk, GradOut::add_fp32);
+      put_grad_tile<T>(split_slot(a.split_dv, slot, a.split_slot_stride), batch, kv_head, key - g0,
+                       reg.col_end - g0, col, dv, GradOut::add_fp32);
+    } else {
+      put_grad_tile<T>(a.dk, batch, kv_head, key, reg.col_end, col, dk, a.dkdv_out);
+      put_grad_tile<T>(a.dv, batch, kv_head, key, reg.col_end, col, dv, a.dkdv_out);
+    }
   }
   // Tell the reducer there is nothing more, once it is done with the last parts.
   barrier_wait(dq_empty, (round & 1) ^ 1);
@@ -666,7 +687,8 @@ __global__ void __launch_bounds__(BackwardConfig<T, D, kBlockM>::kThreads, 1)
 template <class T, int D, int kBlockM>
 void launch_backward_config(const BackwardParams& p, cudaStream_t stream) {
   using C = BackwardConfig<T, D, kBlockM>;
-  const AttnArgs a = backward_args(p);
+  AttnArgs a = backward_args(p);
+  const bool by_pieces = share_out_pieces(p, a, stream);
   const CUtensorMapSwizzle sw = tma_swizzle(C::W);
   const CUtensorMap q_map = make_tile_map(p.q, p.dtype, p.batch, p.seqlen_q, p.heads_q, D, C::kBlockM, C::W, sw);
   const CUtensorMap do_map = make_tile_map(p.d_o, p.dtype, p.batch, p.seqlen_q, p.heads_q, D, C::kBlockM, C::W, sw);
@@ -684,10 +706,11 @@ void launch_backward_config(const BackwardParams& p, cudaStream_t stream) {
   const auto kernel = flash_backward_sm90_kernel<T, D, kBlockM>;
   constexpr size_t smem = BackwardSmem<T, D, kBlockM>::kBytes;
   cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
-  const dim3 grid(unsigned(tile_grid(p.seqlen_kv, C::kBlockN, p.num_segments)), unsigned(p.heads_kv),
-                  unsigned(p.batch));
+  const int64_t tiles = by_pieces ? piece_tiles(p, C::kBlockN) : tile_grid(p.seqlen_kv, C::kBlockN, p.num_segments);
+  const dim3 grid(unsigned(tiles), unsigned(p.heads_kv), unsigned(p.batch));
   kernel<<<grid, C::kThreads, smem, stream>>>(q_map, k_map, v_map, do_map, dq_map, a, dq_add);
   check_launch("flash backward (sm90)");
+  write_split_sums(p, a, stream);
 }
 
 // Tall steps (128 queries) at d64, for rows of at least 4096 queries and without block lists (a

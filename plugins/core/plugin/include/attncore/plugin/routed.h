@@ -90,6 +90,7 @@ class RoutedAttention {
   attnhost::HostBuffer arena_;
   KV kv_[2]{};
   char* work_ = nullptr;
+  size_t own_grads_bytes_ = 0;  // the backward's own dK and dV, or a sole call's split key groups' sums
 };
 
 }  // namespace attncore::plugin
