@@ -7,6 +7,13 @@ cd "$(git rev-parse --show-toplevel)"
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a > /dev/null
 cmake --build build-gpu -j"$(nproc)"
 rm -rf .gpu && cmake --install build-gpu --prefix .gpu > /dev/null
+# The striped example, built out of tree against the install as a plugin author would; beside the
+# library (lib/attnhost/striped/), so that its RPATH $ORIGIN/.. finds libattncore there too:
+#   attnhost verify striped --plugin .gpu/lib/attnhost/striped/libstriped.so
+cmake -S examples/striped -B build-gpu/striped -G Ninja -DCMAKE_PREFIX_PATH="$PWD/.gpu" \
+  -DCMAKE_BUILD_RPATH='$ORIGIN/..' > /dev/null
+cmake --build build-gpu/striped > /dev/null
+mkdir -p .gpu/lib/attnhost/striped && cp build-gpu/striped/libstriped.so .gpu/lib/attnhost/striped/
 mkdir -p .gpu/tests
 cp build-gpu/bin/attnhost_*_tests build-gpu/bin/test_core_* .gpu/tests/ 2>/dev/null || true
 [ -x build-gpu/bin/bench_core ] && cp build-gpu/bin/bench_core .gpu/tests/

@@ -1,7 +1,7 @@
-# A third party's view: install attnhost (without the example), build the example plugin out of
-# tree against the installed package only, drop it into the installed plugin folder, then list,
-# run and check it with the installed binary; and run a shipped preset that names a file, from
-# another folder.
+# A third party's view: install attnhost (without the examples), build the example plugins out of
+# tree against the installed package only — naive_attention on the bare C ABI, striped on
+# libattncore — drop one into the installed plugin folder, then list, run and check them with the
+# installed binary; and run a shipped preset that names a file, from another folder.
 set(prefix "${WORK_DIR}/prefix")
 file(REMOVE_RECURSE "${WORK_DIR}")
 function(run)
@@ -33,8 +33,9 @@ endif()
 # The README's recipe: a build with no build type is Release by the package's default, and the
 # copy named with --plugin is the one that runs, over the installed copy of the same name;
 # results.json says which library ran and how it was compiled.
+# (Without its CUDA file: what is checked here is the build type and which copy runs.)
 run(${CMAKE_COMMAND} -S ${SOURCE_DIR}/examples/naive_attention -B ${WORK_DIR}/build-default -G ${GENERATOR}
-    -DCMAKE_PREFIX_PATH=${prefix})
+    -DCMAKE_PREFIX_PATH=${prefix} -DATTNHOST_HAVE_CUDA=OFF)
 run(${CMAKE_COMMAND} --build ${WORK_DIR}/build-default)
 set(mine "${WORK_DIR}/build-default/libnaive_attention.so")
 execute_process(COMMAND ${prefix}/bin/attnhost compare naive_attention --config tiny --seqlen 128 --batch 1
@@ -50,6 +51,16 @@ string(JSON build GET "${results}" environment plugin_files naive_attention buil
 if(NOT file STREQUAL mine OR NOT build STREQUAL "Release, optimized")
   message(FATAL_ERROR "results.json records naive_attention as '${file}', built '${build}'")
 endif()
+# The second route: a context-parallel schedule in one file on the installed libattncore
+# (attnhost::attncore), loaded with --plugin and checked at world sizes 1 to 4.
+run(${CMAKE_COMMAND} -S ${SOURCE_DIR}/examples/striped -B ${WORK_DIR}/striped -G ${GENERATOR}
+    -DCMAKE_PREFIX_PATH=${prefix})
+run(${CMAKE_COMMAND} --build ${WORK_DIR}/striped)
+run(${prefix}/bin/attnhost verify striped --plugin ${WORK_DIR}/striped/libstriped.so --device cpu
+    --world-sizes 1,2,3,4 --quiet)
+if(NOT out MATCHES "striped/small +4 +PASSED" OR out MATCHES "FAILED")
+  message(FATAL_ERROR "the striped example did not verify:\n${out}")
+endif()
 # Files the shipped configs name are found from another working directory: the explicit block mask
 # of the bs_explicit preset lies beside the installed presets.
 file(MAKE_DIRECTORY ${WORK_DIR}/elsewhere)
@@ -64,4 +75,4 @@ execute_process(COMMAND ${prefix}/bin/attnhost verify blocksparse --quiet
 if(NOT rc EQUAL 0 OR NOT out MATCHES "blocksparse/bs_explicit +4 +PASSED")
   message(FATAL_ERROR "the installed verify blocksparse failed from another folder (${rc}):\n${out}\n${err}")
 endif()
-message(STATUS "out-of-tree plugin: built against ${prefix}, listed, run and checked; the installed configs' mask found")
+message(STATUS "out-of-tree plugins: built against ${prefix}, listed, run and checked; the installed configs' mask found")

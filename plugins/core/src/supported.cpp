@@ -1,6 +1,9 @@
 #include "attncore/attention.h"
+#include "attncore/version.h"
 
 namespace attncore {
+
+int library_version() { return ATTNCORE_VERSION_MAJOR * 1000 + ATTNCORE_VERSION_MINOR; }
 
 // The native kernels' instantiations (src/cuda/*_hdim*.cu): keep this list and them in step.
 std::string check_supported(DType dtype, int32_t head_dim) {

@@ -1,6 +1,6 @@
 // What the ring and routed schedules share: views of a rank's local tensors, the core's
 // parameters for one BlockCall, and the fp32 output that merges a row's partials. Internal to
-// attncore_plugin.
+// libattncore's plugin layer.
 #pragma once
 
 #include "attncore/plugin/ring.h"
