@@ -2,7 +2,7 @@
 #pragma once
 
 #include "plugins/loader.h"
-#include "report/records.h"
+#include "results/records.h"
 #include "runtime/backend.h"
 #include "suite/suite.h"
 

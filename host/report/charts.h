@@ -3,7 +3,7 @@
 // can restyle and re-run it. Without gnuplot the caller gets one notice and no charts.
 #pragma once
 
-#include "report/records.h"
+#include "results/records.h"
 
 #include <filesystem>
 #include <optional>

@@ -1,8 +1,8 @@
 // The console reporter: a readable block per case, a summary table, a side-by-side comparison.
-// It reads records only (report/records.h); nothing here measures.
+// It reads records only (results/records.h); nothing here measures.
 #pragma once
 
-#include "report/records.h"
+#include "results/records.h"
 
 #include <ostream>
 #include <vector>

@@ -2,7 +2,7 @@
 // fwd+bwd total of a run, its busiest rank's memory and traffic, its load imbalance.
 #pragma once
 
-#include "report/records.h"
+#include "results/records.h"
 
 #include <optional>
 #include <string>

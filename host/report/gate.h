@@ -8,7 +8,7 @@
 
 #include "common/json.h"
 #include "report/format.h"
-#include "report/records.h"
+#include "results/records.h"
 
 #include <optional>
 #include <ostream>

@@ -5,7 +5,7 @@
 
 #include "common/json.h"
 #include "report/gate.h"
-#include "report/records.h"
+#include "results/records.h"
 
 #include <filesystem>
 #include <optional>

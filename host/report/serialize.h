@@ -2,7 +2,7 @@
 #pragma once
 
 #include "common/json.h"
-#include "report/records.h"
+#include "results/records.h"
 
 namespace attnhost::report {
 

@@ -3,7 +3,7 @@
 // one process (CPU: in-process communicator; CUDA: one GPU per thread, NCCL), or MPI processes.
 #pragma once
 
-#include "report/records.h"
+#include "results/records.h"
 #include "runtime/comm.h"
 #include "runtime/device.h"
 

@@ -12,7 +12,7 @@
 #pragma once
 
 #include "plugins/loaded_plugin.h"
-#include "report/records.h"
+#include "results/records.h"
 #include "runtime/data.h"
 #include "suite/suite.h"
 

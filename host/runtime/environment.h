@@ -1,7 +1,7 @@
 // What a result records about where it was measured.
 #pragma once
 
-#include "report/records.h"
+#include "results/records.h"
 #include "runtime/backend.h"
 
 namespace attnhost {

@@ -4,7 +4,7 @@
 // signal and the child's last output) or TIMEOUT, and the suite goes on.
 #pragma once
 
-#include "report/records.h"
+#include "results/records.h"
 #include "suite/suite.h"
 
 #include <functional>

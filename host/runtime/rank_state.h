@@ -9,7 +9,7 @@
 #pragma once
 
 #include "plugins/loaded_plugin.h"
-#include "report/records.h"
+#include "results/records.h"
 #include "runtime/backend.h"
 #include "runtime/data.h"
 #include "runtime/services.h"

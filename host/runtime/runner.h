@@ -5,7 +5,7 @@
 #pragma once
 
 #include "plugins/loaded_plugin.h"
-#include "report/records.h"
+#include "results/records.h"
 #include "runtime/backend.h"
 #include "suite/suite.h"
 

@@ -3,7 +3,7 @@
 // Tracer. Every entry catches everything: nothing thrown here may cross into a plugin.
 #pragma once
 
-#include "report/records.h"
+#include "results/records.h"
 #include "runtime/comm.h"
 #include "runtime/device.h"
 

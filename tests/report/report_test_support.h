@@ -2,7 +2,7 @@
 // passes hold the given samples (the runner's statistics recomputed from them).
 #pragma once
 
-#include "report/records.h"
+#include "results/records.h"
 
 #include <string>
 #include <vector>

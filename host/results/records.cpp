@@ -1,4 +1,4 @@
-#include "report/records.h"
+#include "results/records.h"
 
 #include <algorithm>
 #include <cmath>

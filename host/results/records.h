@@ -1,5 +1,5 @@
-// What a run produces: plain records, written once by the runner and read by every reporter
-// (nvbench's way: measurement once, printers only print).
+// What a run produces: plain records, written once by the runner (runtime/) and read by every
+// reporter (report/), owned by neither (nvbench's way: measurement once, printers only print).
 #pragma once
 
 #include "suite/suite.h"
