@@ -266,15 +266,15 @@ struct QStep {
 };
 
 // A CTA's key tile x when a block list's long columns are cut in pieces (BlockList::pieces): its
-// first key, the query blocks [q_lo, q_hi) it walks, and its group's slot (-1: the tile's keys are
-// its own).
+// first key, and its group's slot (-1: the tile's keys are its own). The piece's query blocks are
+// in the pieces' own CSC, which the walk reads.
 struct TilePiece {
-  int32_t n0, q_lo, q_hi, slot;
+  int32_t n0, slot;
 };
 template <int kN> __device__ __forceinline__ TilePiece tile_piece(const int32_t* pieces, int32_t x) {
   constexpr int32_t kTiles = kPieceKeys / kN; // key tiles a group
   const int4 p = reinterpret_cast<const int4*>(pieces)[x / kTiles];
-  return TilePiece{p.x * kPieceKeys + (x % kTiles) * kN, p.y, p.z, p.w};
+  return TilePiece{p.x * kPieceKeys + (x % kTiles) * kN, p.w};
 }
 
 // Walks, for the key tile [c0, c0 + kN), every (query head of the group, query tile of kM rows)
