@@ -51,9 +51,10 @@ BlockListData make_block_list(int32_t block_q, int32_t block_kv, int32_t num_q_b
                               int32_t num_kv_blocks, int32_t heads,
                               const std::function<BlockState(int32_t, int32_t, int32_t)>& state);
 
-// Fills `pieces`, the pieces' CSC and `num_split_groups` from the CSC (BlockList::pieces): key groups whose columns
-// hold far more entries than the others are cut into pieces of about the others' length.
-// make_block_list calls it; a list whose arrays are built otherwise calls it once they are.
+// Fills `pieces`, the pieces' CSC and `num_split_groups` from the CSC (BlockList::pieces): key
+// groups whose columns hold far more entries than the others are cut into pieces of about the
+// others' length. make_block_list calls it; a list whose arrays are built otherwise calls it once
+// they are.
 void cut_pieces(BlockListData& d);
 
 // The blocks that `mask` (causal / window on positions q_pos0 + i, kv_pos0 + j) makes visible,

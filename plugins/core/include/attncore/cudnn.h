@@ -40,7 +40,8 @@ namespace attncore {
 // Scratch device memory for one call: get(context, bytes) returns at least `bytes` bytes of device
 // memory on the call's device, 256-byte aligned, that stays valid until the work the call enqueues
 // on its stream has finished (a buffer the caller keeps and grows is the usual answer). Called at
-// most once per call, never for 0 bytes. The engine of the plugin layer (attncore/plugin/engine.h) passes the host's allocator.
+// most once per call, never for 0 bytes. The plugin layer's engine (attncore/plugin/engine.h) passes
+// the host's allocator.
 struct Workspace {
   void* (*get)(void* context, size_t bytes) = nullptr;
   void* context = nullptr;

@@ -284,7 +284,7 @@ template <int kN> __device__ __forceinline__ TilePiece tile_piece(const int32_t*
 template <int kM, int kN> struct QWalk {
   int32_t head, head_end;
   int32_t e[2], end[2], t_begin; // interval: e[0] the next tile, end[0] the end; block list: cursors
-  int32_t lo, hi; // interval: the tiles in [lo, hi) see every key of the tile
+  int32_t full_lo, full_hi;      // interval: the tiles in [full_lo, full_hi) see every key of the tile
   int32_t kb0, kb1, block, sub;
   bool blocks, act[2], m[2];
 
@@ -323,13 +323,13 @@ template <int kM, int kN> struct QWalk {
     const int64_t kf = reg.col_pos(c0), kl = reg.col_pos(c0 + kN - 1), q0 = reg.row_pos0;
     const auto ceil_div = [](int64_t x) { return x >= 0 ? (x + kM - 1) / kM : -((-x) / kM); };
     const auto floor_div = [](int64_t x) { return x >= 0 ? x / kM : -((-x + kM - 1) / kM); };
-    int64_t first = 0, past = end[0]; // tile t: rows at positions q0 + t kM .. q0 + t kM + kM - 1
-    if (mask.causal) first = max(first, ceil_div(kl - q0));                      // first row >= kl
-    if (mask.window_right >= 0) first = max(first, ceil_div(kl - mask.window_right - q0));
-    if (mask.window_left >= 0) past = min(past, floor_div(kf + mask.window_left + 1 - q0)); // last row <= kf + wl
-    first = min(first, int64_t(end[0])); // positions are 64-bit: clamp before narrowing
-    lo = int32_t(first);
-    hi = int32_t(max(first, past));
+    int64_t lo = 0, hi = end[0]; // tile t: rows at positions q0 + t kM .. q0 + t kM + kM - 1
+    if (mask.causal) lo = max(lo, ceil_div(kl - q0));                      // first row >= kl
+    if (mask.window_right >= 0) lo = max(lo, ceil_div(kl - mask.window_right - q0));
+    if (mask.window_left >= 0) hi = min(hi, floor_div(kf + mask.window_left + 1 - q0)); // last row <= kf + wl
+    lo = min(lo, int64_t(end[0])); // positions are 64-bit: clamp before narrowing
+    full_lo = int32_t(lo);
+    full_hi = int32_t(max(lo, hi));
   }
   __device__ void start_head(const BlockArgs& bl) {
     const int32_t col = (bl.heads == 1 ? 0 : head) * bl.num_kv_blocks;
@@ -351,7 +351,7 @@ template <int kM, int kN> struct QWalk {
           s.head = head;
           s.r0 = reg.row_begin + e[0] * kM;
           s.active[0] = s.active[1] = true;
-          s.masked[0] = s.masked[1] = e[0] < lo || e[0] >= hi;
+          s.masked[0] = s.masked[1] = e[0] < full_lo || e[0] >= full_hi;
           ++e[0];
           return true;
         }
