@@ -57,13 +57,12 @@ class Allgather {
                                                         std::to_string(p->heads_kv) + " kv heads");
   }
 
-  Allgather(const attnhost::Problem& p, attnhost::Host host)
-      : reference_(p), host_(host), rank_(p->rank), world_(p->world_size), seqlen_(p->seqlen_q),
+  Allgather(const attnhost::Problem& p, attnhost::Host host) : Allgather(p, schedule_options(p, host)) {}
+  Allgather(const attnhost::Problem& p, const ScheduleOptions& options)
+      : reference_(p), host_(options.host), rank_(options.rank), world_(options.world_size), seqlen_(p->seqlen_q),
         batch_(static_cast<int32_t>(p->batch)), heads_(p->heads_q), kv_heads_(p->heads_kv), dim_(p->head_dim),
         dtype_(p->dtype), el_(attnhost::dtype_size(p->dtype)), scale_(static_cast<float>(p->softmax_scale)),
-        deterministic_(p->deterministic != 0), overlap_(p.get_bool("overlap")),
-        engine_(Engine::make(p->device_type == ATTNHOST_DEVICE_CUDA, p.get_string("cpu_accumulate") == "fp64",
-                             EngineOptions{engine_choice(p.get_string("engine")), host, p.get_string("partials") == "dtype"})) {
+        deterministic_(p->deterministic != 0), overlap_(options.overlap), engine_(options.make_engine()) {
     // Zigzag chunks balance a causal mask (when the sequence cuts into 2P of them); else contiguous.
     const bool zigzag = world_ > 1 && p->causal && seqlen_ % (2 * world_) == 0;
     for (int member = 0; member < world_; ++member) {
@@ -115,7 +114,7 @@ class Allgather {
     dp.seqlen = local_;
     dp.o = q_like(a.o.data, 0, 0, false);
     dp.d_o = q_like(a.d_o.data, 0, 0, false);
-    dp.delta = {delta_, int64_t{heads_} * local_, local_};
+    dp.delta = {buffers().delta, int64_t{heads_} * local_, local_};
     engine_->compute_delta(dp, compute);
     std::vector<Engine::Event> gathered(groups_), done(groups_), summed(groups_);
     engine_->wait(xs, compute);
@@ -129,7 +128,7 @@ class Allgather {
       }
       if (g >= 2) engine_->wait(compute, summed[g - 2]);  // its gradient buffer went home
       engine_->zero(slot(g).dk, 2 * gathered_elems() * 4, compute);  // dK and dV are adjacent
-      engine_->zero(dq_, group_q_elems() * 4, compute);
+      engine_->zero(buffers().dq, group_q_elems() * 4, compute);
       engine_->wait(compute, gathered[g]);
       const int32_t range = host_.range_begin(("attention backward group " + std::to_string(g)).c_str(),
                                               ATTNHOST_RANGE_COMPUTE, compute);
@@ -157,8 +156,15 @@ class Allgather {
 
  private:
   struct Slot {
-    char *k, *v;     // one group's K/V, [B, S, kv heads of the group, D]
-    float *dk, *dv;  // and their fp32 gradients, adjacent
+    char *k = nullptr, *v = nullptr;  // one group's K/V, [B, S, kv heads of the group, D]
+    float *dk = nullptr, *dv = nullptr;  // and their fp32 gradients, adjacent
+  };
+  // Both passes' buffers (attncore/plugin/workspace.h): two slots, the pipeline's; dQ of a group and
+  // delta; the messages to and from every peer; this rank's K and V of a group, side by side.
+  struct Buffers {
+    Slot slots[2];
+    float *dq = nullptr, *delta = nullptr;
+    char *home = nullptr, *packed = nullptr;
   };
 
   int32_t group_kv() const { return kv_heads_ / groups_; }
@@ -191,26 +197,24 @@ class Allgather {
   }
 
   void allocate() {
-    const size_t kv_bytes = align_up(gathered_elems() * el_), grad_bytes = align_up(gathered_elems() * 4);
-    const size_t slot_bytes = 2 * kv_bytes + 2 * grad_bytes;
-    const size_t messages = world_ > 1 ? size_t(world_) * 2 * message_bytes() : 0;
-    const size_t packed = 2 * align_up(local_kv_elems(group_kv()) * el_);
-    arena_ = attnhost::HostBuffer(host_, 2 * slot_bytes + align_up(group_q_elems() * 4) +
-                                             align_up(size_t(batch_) * heads_ * local_ * 4) + messages + packed);
-    char* at = arena_.as<char>();
-    for (Slot& s : slots_) {
-      s.k = std::exchange(at, at + kv_bytes);
-      s.v = std::exchange(at, at + kv_bytes);
-      s.dk = reinterpret_cast<float*>(at);
-      s.dv = reinterpret_cast<float*>(at + gathered_elems() * 4);  // adjacent: zeroed together
-      at += 2 * grad_bytes;
-    }
-    dq_ = reinterpret_cast<float*>(std::exchange(at, at + align_up(group_q_elems() * 4)));
-    delta_ = reinterpret_cast<float*>(std::exchange(at, at + align_up(size_t(batch_) * heads_ * local_ * 4)));
-    home_ = std::exchange(at, at + messages);
-    packed_ = at;
+    work_ = Workspace<Buffers>(host_, [&](Carver& c, Pass) { return layout(c); });
   }
-  const Slot& slot(int g) const { return slots_[g % 2]; }
+  Buffers layout(Carver& c) const {
+    Buffers b;
+    for (Slot& slot : b.slots) {
+      slot.k = c.take(gathered_elems() * el_);
+      slot.v = c.take(gathered_elems() * el_);
+      slot.dk = c.take<float>(2 * gathered_elems() * 4);  // dV right after dK: zeroed together
+      slot.dv = slot.dk ? slot.dk + gathered_elems() : nullptr;
+    }
+    b.dq = c.take<float>(group_q_elems() * 4);
+    b.delta = c.take<float>(size_t(batch_) * heads_ * local_ * 4);
+    b.home = c.take(world_ > 1 ? size_t(world_) * 2 * message_bytes() : 0);
+    b.packed = c.take(2 * align_up(local_kv_elems(group_kv()) * el_));  // K, then V from its next 256 bytes
+    return b;
+  }
+  const Buffers& buffers() const { return work_.forward(); }
+  const Slot& slot(int g) const { return buffers().slots[g % 2]; }
 
   // [B, local tokens, heads, D] views of a Q-like tensor from local row `row0` and head `head0`.
   TensorRef q_like(void* base, int64_t row0, int32_t head0, bool fp32) const {
@@ -229,7 +233,7 @@ class Allgather {
   }
   TensorRef group_dq(int64_t row0) const {  // [B, local tokens, the group's query heads, D], fp32
     const int64_t token = int64_t{group_q()} * dim_;
-    return {dq_ + row0 * token, local_ * token, token, dim_};
+    return {buffers().dq + row0 * token, local_ * token, token, dim_};
   }
   void convert_dq(const attnhost_backward_args& a, int g, void* stream) {
     ConvertParams cv;
@@ -298,7 +302,7 @@ class Allgather {
     p.d_o = q_like(a.d_o.data, r.local_begin, head0, false);
     p.o = q_like(a.o.data, r.local_begin, head0, false);
     p.lse = rows(static_cast<float*>(a.lse.data), r.local_begin, head0);
-    p.delta = rows(delta_, r.local_begin, head0);
+    p.delta = rows(buffers().delta, r.local_begin, head0);
     p.dq = group_dq(r.local_begin);
     const int64_t key0 = keys_of(r).lo;
     p.dk = gathered(slot(g).dk, key0, true);
@@ -318,16 +322,16 @@ class Allgather {
     char* into[2] = {slot(g).k, slot(g).v};
     const int32_t range = host_.range_begin(("K V gather group " + std::to_string(g)).c_str(), ATTNHOST_RANGE_COMMUNICATION, stream);
     for (int t = 0; t < 2; ++t) {
-      engine_->copy_rows(packed_ + t * half, row, mine[t], size_t(kv_heads_) * dim_ * el_, row, size_t(batch_) * local_, stream);
+      engine_->copy_rows(buffers().packed + t * half, row, mine[t], size_t(kv_heads_) * dim_ * el_, row, size_t(batch_) * local_, stream);
       for (const attnhost_token_range& r : ranges_[rank_])
-        engine_->copy_rows(into[t] + r.global_begin * row, global_batch, packed_ + t * half + r.local_begin * row, local_batch,
+        engine_->copy_rows(into[t] + r.global_begin * row, global_batch, buffers().packed + t * half + r.local_begin * row, local_batch,
                            r.length * row, batch_, stream);
     }
     if (world_ > 1) {
       host_.group_start();
       for (int peer = 0; peer < world_; ++peer)
         if (peer != rank_) {
-          host_.send(packed_, 2 * half, ATTNHOST_DTYPE_UINT8, peer, stream);
+          host_.send(buffers().packed, 2 * half, ATTNHOST_DTYPE_UINT8, peer, stream);
           host_.recv(incoming(peer), 2 * half, ATTNHOST_DTYPE_UINT8, peer, stream);
         }
       host_.group_end();
@@ -391,8 +395,8 @@ class Allgather {
 
   // Per peer, a message out and a message in: [K | V] of a group (dtype), or [dK | dV] (fp32).
   size_t message_bytes() const { return 2 * align_up(local_kv_elems(group_kv()) * 4); }
-  char* outgoing(int peer) const { return home_ + size_t(peer) * 2 * message_bytes(); }
-  char* incoming(int peer) const { return home_ + (size_t(peer) * 2 + 1) * message_bytes(); }
+  char* outgoing(int peer) const { return buffers().home + size_t(peer) * 2 * message_bytes(); }
+  char* incoming(int peer) const { return buffers().home + (size_t(peer) * 2 + 1) * message_bytes(); }
 
   DenseReference reference_;
   attnhost::Host host_;
@@ -407,11 +411,7 @@ class Allgather {
   int64_t local_ = 0;
   attnhost::Layout layout_;
   int32_t groups_ = 1;
-  attnhost::HostBuffer arena_;
-  Slot slots_[2]{};
-  float *dq_ = nullptr, *delta_ = nullptr;
-  char* home_ = nullptr;    // the messages to and from every peer
-  char* packed_ = nullptr;  // this rank's K and V of a group, side by side
+  Workspace<Buffers> work_;
 };
 
 }  // namespace

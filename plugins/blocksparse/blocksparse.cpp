@@ -123,9 +123,8 @@ class BlockSparse {
     attncore::plugin::RoutedPlan plan;
     plan.calls = [this](int, int source) { return calls_[source]; };
     plan.reads = [this](int r, int source) { return blocksparse::reads(*mask_, shard_, r, source); };
-    attention_ = std::make_unique<attncore::plugin::RoutedAttention>(
-        shape(p), plan, host, rank, world, p->device_type == ATTNHOST_DEVICE_CUDA, p.get_string("cpu_accumulate") == "fp64",
-        p.get_bool("overlap"));
+    attention_ = std::make_unique<attncore::plugin::RoutedAttention>(shape(p), plan,
+                                                                      attncore::plugin::schedule_options(p, host));
     count_pairs_of_rank(rank);
     if (rank == 0) host.log(ATTNHOST_LOG_INFO, summary(shared, ms_since(t0)));
   }

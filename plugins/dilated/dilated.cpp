@@ -96,8 +96,7 @@ class Dilated {
 
   Dilated(const attnhost::Problem& p, attnhost::Host host)
       : problem_(p), geometry_(geometry_of(p)),
-        attention_(geometry_, shape_of(p), host, p->rank, p->device_type == ATTNHOST_DEVICE_CUDA,
-                   p.get_string("cpu_accumulate") == "fp64", p.get_bool("overlap")) {
+        attention_(geometry_, shape_of(p), attncore::plugin::schedule_options(p, host)) {
     const int64_t begin = geometry_.begin(p->rank), real = geometry_.end(p->rank) - begin;
     layout_.add(begin, real);
     layout_.pad(geometry_.chunk() - real);

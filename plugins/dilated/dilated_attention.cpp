@@ -7,38 +7,23 @@
 namespace dilated {
 
 using attncore::BackwardParams;
+using attncore::plugin::Carver;
+using attncore::plugin::Pass;
 using attncore::DeltaParams;
 using attncore::ForwardParams;
 using attncore::RowStatsRef;
 using attncore::Segment;
 using attncore::TensorRef;
 
-// Slices of one buffer, 256-byte aligned; with no buffer it only counts the bytes.
-class DilatedAttention::Carver {
- public:
-  explicit Carver(char* base) : base_(base) {}
-  template <class T> T* take(size_t bytes) {
-    const size_t at = used_;
-    used_ += (bytes + 255) / 256 * 256;
-    return base_ ? reinterpret_cast<T*>(base_ + at) : nullptr;
-  }
-  size_t used() const { return used_; }
-
- private:
-  char* base_;
-  size_t used_ = 0;
-};
-
-DilatedAttention::DilatedAttention(const Geometry& geometry, const Shape& shape, attnhost::Host host, int rank,
-                                   bool cuda, bool cpu_fp64, bool overlap)
-    : s_(shape), host_(host), rank_(rank), overlap_(overlap), causal_(geometry.causal()), local_(geometry.chunk()),
-      group_(shape.heads_q / shape.heads_kv), dtype_(attncore::plugin::core_dtype(shape.dtype)),
-      engine_(attncore::plugin::Engine::make(cuda, cpu_fp64, {attncore::plugin::EngineChoice::native, host})), ops_(RowOps::make(cuda)) {
+DilatedAttention::DilatedAttention(const Geometry& geometry, const Shape& shape,
+                                   const attncore::plugin::ScheduleOptions& options)
+    : s_(shape), host_(options.host), rank_(options.rank), overlap_(options.overlap), causal_(geometry.causal()),
+      local_(geometry.chunk()), group_(shape.heads_q / shape.heads_kv), dtype_(attncore::plugin::core_dtype(shape.dtype)),
+      engine_(attncore::plugin::Engine::make(options.cuda, options.cpu_fp64,
+                                             {attncore::plugin::EngineChoice::native, options.host})),
+      ops_(RowOps::make(options.cuda)) {
   build_tables(geometry);
-  size_t forward_bytes = 0, backward_bytes = 0;
-  carve(nullptr, false, &forward_bytes);
-  carve(nullptr, true, &backward_bytes);
-  arena_ = attnhost::HostBuffer(host_, std::max(forward_bytes, backward_bytes));
+  work_ = attncore::plugin::Workspace<Work>(host_, [&](Carver& c, Pass pass) { return layout(c, pass); });
 }
 
 // ---- tables: built once from the geometry, uploaded to the device ------------------------------
@@ -290,8 +275,8 @@ bool DilatedAttention::plan_views(PatternState& st, int64_t a0) const {
 
 // ---- buffers of one pass ----------------------------------------------------------------------
 
-DilatedAttention::Work DilatedAttention::carve(char* base, bool backward, size_t* bytes) const {
-  Carver c(base);
+DilatedAttention::Work DilatedAttention::layout(Carver& c, Pass pass) const {
+  const bool backward = pass == Pass::backward;
   const size_t B = s_.batch, Hq = s_.heads_q, Hkv = s_.heads_kv, D = s_.head_dim, L = local_, e = el();
   const bool ts = backward && s_.torchscale_backward;
   Work w;
@@ -335,7 +320,6 @@ DilatedAttention::Work DilatedAttention::carve(char* base, bool backward, size_t
     }
     w.patterns.push_back(std::move(b));
   }
-  if (bytes) *bytes = c.used();
   return w;
 }
 
@@ -572,7 +556,7 @@ void DilatedAttention::pattern_forward(size_t p, const attnhost_forward_args& a,
 void DilatedAttention::forward(const attnhost_forward_args& a) {
   void* compute = host_.stream(0);
   void* comm = overlap_ ? host_.stream(1) : compute;
-  const Work w = carve(arena_.as<char>(), false, nullptr);
+  const Work& w = work_.forward();
   if (exchanges_) {
     engine_->wait(comm, compute);  // Q, K, V are ready, and the last pass is done with the buffers
     exchange_kv(a.k.data, a.v.data, w, comm);
@@ -710,7 +694,7 @@ void DilatedAttention::pattern_backward(size_t p, const attnhost_backward_args& 
 void DilatedAttention::backward(const attnhost_backward_args& a) {
   void* compute = host_.stream(0);
   void* comm = overlap_ ? host_.stream(1) : compute;
-  const Work w = carve(arena_.as<char>(), true, nullptr);
+  const Work& w = work_.backward();
   const size_t q_elems = size_t(s_.batch) * local_ * s_.heads_q * s_.head_dim;
   const size_t kv_elems = size_t(s_.batch) * local_ * s_.heads_kv * s_.head_dim;
 

@@ -38,6 +38,8 @@
 
 #include "attncore/attention.h"
 #include "attncore/plugin/engine.h"
+#include "attncore/plugin/schedule.h"
+#include "attncore/plugin/workspace.h"
 
 #include <attnhost/plugin.hpp>
 
@@ -58,8 +60,7 @@ struct Shape {
 
 class DilatedAttention {
  public:
-  DilatedAttention(const Geometry& geometry, const Shape& shape, attnhost::Host host, int rank, bool cuda,
-                   bool cpu_fp64, bool overlap);
+  DilatedAttention(const Geometry& geometry, const Shape& shape, const attncore::plugin::ScheduleOptions& options);
 
   void forward(const attnhost_forward_args& a);
   void backward(const attnhost_backward_args& a);
@@ -103,7 +104,7 @@ class DilatedAttention {
     const int32_t* kv_dst = nullptr;    // [local * heads_kv * group] local K row -> its gathered rows
     std::vector<Message> sends, recvs;
   };
-  // Buffers of one pass, carved from the arena (all null when measuring).
+  // Buffers of one pass (attncore/plugin/workspace.h).
   struct PatternBuffers {
     void *q = nullptr, *k = nullptr, *v = nullptr, *d_o = nullptr;  // dtype, gathered
     float *o = nullptr, *lse = nullptr, *delta = nullptr;           // fp32 partial O and row stats (strided
@@ -116,12 +117,10 @@ class DilatedAttention {
     float *delta = nullptr, *dq = nullptr, *dk = nullptr, *dv = nullptr;  // backward: [B, H, local] and accumulators
     std::vector<PatternBuffers> patterns;
   };
-  class Carver;
-
   void build_tables(const Geometry& geometry);
   // Whether pattern st can run strided on this rank, and if so its views, segments and partial_rows.
   bool plan_views(PatternState& st, int64_t a0) const;
-  Work carve(char* base, bool backward, size_t* bytes) const;
+  Work layout(attncore::plugin::Carver& c, attncore::plugin::Pass pass) const;
 
   // The streams patterns run on at once (see .cpp): the compute stream first; not the one that
   // carries the exchanges where ranks exchange rows; only the compute stream when overlap is off.
@@ -187,7 +186,7 @@ class DilatedAttention {
   Schedule schedule_;
   int64_t rank_pairs_ = 0;
   attnhost::HostBuffer tables_;  // every table and segment list, on the instance's device
-  attnhost::HostBuffer arena_;   // the forward's or the backward's buffers
+  attncore::plugin::Workspace<Work> work_;
 };
 
 }  // namespace dilated

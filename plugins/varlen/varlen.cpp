@@ -85,8 +85,8 @@ class Varlen {
   Varlen(const attnhost::Problem& p, attnhost::Host host)
       : problem_(p), mask_(sequence_mask(p)), sharding_(cu_seqlens(p), p->world_size, p->causal != 0),
         layout_(sharding_.layout(p->rank)),
-        ring_(shape(p), [this](int rank, int source) { return calls(rank, source); }, host, p->rank, p->world_size,
-              p->device_type == ATTNHOST_DEVICE_CUDA, p.get_string("cpu_accumulate") == "fp64", p.get_bool("overlap")) {
+        ring_(shape(p), [this](int rank, int source) { return calls(rank, source); },
+              attncore::plugin::schedule_options(p, host)) {
     // Every step's calls, their segments in one upload to the instance's device.
     std::vector<std::vector<varlen::StepCall>> plans(p->world_size);
     std::vector<attncore::Segment> all;
@@ -162,9 +162,6 @@ class Varlen {
     s.softmax_scale = static_cast<float>(p->softmax_scale);
     s.mask = {0, mask_.causal, mask_.window_left, mask_.window_right};  // pairs come with each call
     s.deterministic = p->deterministic != 0;
-    // cuDNN takes no segments, so every varlen call runs on the core's kernels whatever the choice.
-    s.engine = attncore::plugin::engine_choice(p.get_string("engine"));
-    s.dtype_partials = p.get_string("partials") == "dtype";
     return s;
   }
 

@@ -77,9 +77,13 @@ Result run(EngineChoice choice, const RingShape& base, const std::vector<BlockCa
            const std::vector<uint16_t>& q, const std::vector<uint16_t>& kv, const std::vector<uint16_t>& d_o,
            bool dtype_partials = false) {
   FakeHost host;
-  RingShape s = base;
-  s.engine = choice;
-  s.dtype_partials = dtype_partials;
+  const RingShape& s = base;
+  ScheduleOptions options;
+  options.host = options.engine.host = attnhost::Host(&host.api);
+  options.cuda = true;
+  options.overlap = false;
+  options.engine.choice = choice;
+  options.engine.dtype_partials = dtype_partials;
   const size_t nq = q.size(), nkv = kv.size(), rows = size_t(s.batch) * s.heads_q * s.local_q;
   DeviceArray dq_in(nq * 2), dk_in(nkv * 2), dv_in(nkv * 2), ddo(nq * 2), o(nq * 2), lse(rows * 4), dq(nq * 2),
       dk(nkv * 2), dv(nkv * 2);
@@ -89,7 +93,7 @@ Result run(EngineChoice choice, const RingShape& base, const std::vector<BlockCa
   CUDA_OK(cudaMemcpy(ddo.ptr, d_o.data(), nq * 2, cudaMemcpyHostToDevice));
   Result r;
   {
-    RingAttention ring(s, [&](int, int) { return calls; }, attnhost::Host(&host.api), 0, 1, true, false, false);
+    RingAttention ring(s, [&](int, int) { return calls; }, options);
     attnhost_forward_args fa{sizeof fa, tensor(dq_in.ptr), tensor(dk_in.ptr), tensor(dv_in.ptr), tensor(o.ptr),
                              tensor(lse.ptr)};
     ring.forward(fa);

@@ -102,6 +102,20 @@ LocalSizes local_sizes(const RingShape& s) {
           static_cast<size_t>(s.batch) * s.heads_q * s.local_q};
 }
 
+RowBuffers take_row_buffers(Carver& c, Pass pass, const RingShape& s) {
+  const LocalSizes n = local_sizes(s);
+  RowBuffers b;
+  if (pass == Pass::forward) {
+    b.o_acc = c.take<float>(n.q * 4);
+    b.o_part = c.take<float>(n.q * 4);
+    b.lse_part = c.take<float>(n.rows * 4);
+  } else {
+    b.delta = c.take<float>(n.rows * 4);
+    b.dq = c.take<float>(n.q * 4);
+  }
+  return b;
+}
+
 void compute_local_delta(const RingShape& s, Engine& engine, const attnhost_backward_args& a, float* delta, float* dq,
                          void* stream) {
   const LocalViews views{s};

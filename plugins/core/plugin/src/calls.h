@@ -44,6 +44,9 @@ struct LocalSizes {
 };
 LocalSizes local_sizes(const RingShape& s);
 
+// The row buffers of a pass of shape `s`.
+RowBuffers take_row_buffers(Carver& c, Pass pass, const RingShape& s);
+
 // delta = rowsum(dO * O) of the rank's local rows, from the final output a.o: the row term every
 // backward call of the rank reads; and the fp32 dQ accumulator of those rows cleared in the same pass.
 void compute_local_delta(const RingShape& s, Engine& engine, const attnhost_backward_args& a, float* delta, float* dq,
@@ -72,10 +75,9 @@ std::vector<std::vector<OutputCall>> output_calls(const std::vector<std::vector<
 // problem dtype.
 class OutputAccumulator {
  public:
-  // o_acc, o_part: fp32 [batch, local_q, heads_q, dim]; lse_part: [batch, heads_q, local_q]; lse and
-  // o: the final output.
-  OutputAccumulator(const RingShape& s, Engine& engine, float* o_acc, float* o_part, float* lse_part, float* lse, void* o)
-      : s_(s), engine_(engine), o_acc_(o_acc), o_part_(o_part), lse_part_(lse_part), lse_(lse), o_(o) {}
+  // The forward's row buffers (take_row_buffers); lse and o: the final output.
+  OutputAccumulator(const RingShape& s, Engine& engine, const RowBuffers& rows, float* lse, void* o)
+      : s_(s), engine_(engine), o_acc_(rows.o_acc), o_part_(rows.o_part), lse_part_(rows.lse_part), lse_(lse), o_(o) {}
   void run(ForwardParams p, const OutputCall& c, void* stream);
   void finish(void* stream);
 

@@ -39,45 +39,6 @@ attnhost_tensor from_entry(attnhost_tensor t, int64_t b0, int64_t batch) {
   return t;
 }
 
-// The forward's or the backward's fp32 workspace, whichever is larger (carved in forward_slice and
-// backward_slice in this order).
-size_t work_bytes(const RingShape& s, int world_size) {
-  const LocalSizes n = local_sizes(s);
-  const size_t dkdv_pairs = world_size > 1 ? 3 : 1;  // two computed in turn while the sums arrive in the third
-  const size_t forward_work = 2 * align_up(n.q * 4) + align_up(n.rows * 4);  // O acc, O part, LSE part
-  size_t backward_work = align_up(n.rows * 4) + align_up(n.q * 4) + 2 * dkdv_pairs * align_up(n.kv * 4);  // delta, dQ, dK dV
-  if (world_size > 1 && s.carried_columns >= 0) {  // gradients home: kept columns, then three pairs of carried ones
-    const size_t column = size_t(s.batch) * s.heads_kv * s.head_dim * 4;
-    backward_work = align_up(n.rows * 4) + align_up(n.q * 4) + 2 * align_up(column * s.kept_columns) +
-                    6 * align_up(column * s.carried_columns);
-  }
-  return std::max(forward_work, backward_work);
-}
-
-
-// A slice of heads packed into buffers of its own: Q-like and K/V-like [batch, tokens, heads, D] in
-// the problem dtype, LSE [batch, heads, tokens].
-struct Packed {
-  void *q, *o, *d_o, *dq, *k, *v, *dk, *dv;
-  float* lse;
-};
-
-size_t packed_bytes(const RingShape& s) {
-  const LocalSizes n = local_sizes(s);
-  const size_t el = attnhost::dtype_size(s.dtype);
-  return 4 * align_up(n.q * el) + 4 * align_up(n.kv * el) + align_up(n.rows * 4);
-}
-
-Packed packed_at(char* at, const RingShape& s) {
-  const LocalSizes n = local_sizes(s);
-  const size_t el = attnhost::dtype_size(s.dtype);
-  Packed p;
-  for (void** buffer : {&p.q, &p.o, &p.d_o, &p.dq}) *buffer = std::exchange(at, at + align_up(n.q * el));
-  for (void** buffer : {&p.k, &p.v, &p.dk, &p.dv}) *buffer = std::exchange(at, at + align_up(n.kv * el));
-  p.lse = reinterpret_cast<float*>(at);
-  return p;
-}
-
 // The smallest interval holding both.
 Interval cover(Interval a, Interval b) {
   if (a.size() == 0) return b;
@@ -140,11 +101,37 @@ void set_block_reach(RingShape& s, const RingPlan& plan, int world_size) {
   }
 }
 
-size_t RingAttention::workspace_bytes(const RingShape& shape, int world_size) {
+RingAttention::Packed RingAttention::take_packed(Carver& c, const RingShape& s) {
+  const LocalSizes n = local_sizes(s);
+  const size_t el = attnhost::dtype_size(s.dtype);
+  Packed p;
+  for (void** buffer : {&p.q, &p.o, &p.d_o, &p.dq}) *buffer = c.take(n.q * el);
+  for (void** buffer : {&p.k, &p.v, &p.dk, &p.dv}) *buffer = c.take(n.kv * el);
+  p.lse = c.take<float>(n.rows * 4);
+  return p;
+}
+
+RingAttention::Buffers RingAttention::layout(Carver& c, Pass pass, const RingShape& shape, int world_size) {
   const RingShape s = largest_slice(shape);
-  const size_t receive = world_size > 1 ? 4 * align_up(block_bytes(s)) : 0;  // two K/V blocks
-  const size_t packed = s.heads_kv < shape.heads_kv ? packed_bytes(s) : 0;
-  return receive + work_bytes(s, world_size) + packed;
+  Buffers b;
+  if (world_size > 1)
+    for (KV& r : b.receive) r = {c.take(block_bytes(s)), c.take(block_bytes(s))};
+  if (s.heads_kv < shape.heads_kv) b.packed = take_packed(c, s);
+  b.rows = take_row_buffers(c, pass, s);
+  if (pass == Pass::forward) return b;
+  if (world_size > 1 && s.carried_columns >= 0) {
+    const size_t column = size_t(s.batch) * s.heads_kv * s.head_dim * 4;
+    b.kept = {c.take(column * s.kept_columns), c.take(column * s.kept_columns)};
+    for (KV& g : b.grads) g = {c.take(column * s.carried_columns), c.take(column * s.carried_columns)};
+  } else {
+    const size_t grad = local_sizes(s).kv * 4;
+    for (int i = 0; i < (world_size > 1 ? 3 : 1); ++i) b.grads[i] = {c.take(grad), c.take(grad)};
+  }
+  return b;
+}
+
+size_t RingAttention::workspace_bytes(const RingShape& shape, int world_size) {
+  return Workspace<Buffers>::bytes([&](Carver& c, Pass pass) { return layout(c, pass, shape, world_size); });
 }
 
 size_t RingAttention::block_bytes(const RingShape& s) {
@@ -152,24 +139,11 @@ size_t RingAttention::block_bytes(const RingShape& s) {
   return size_t(s.batch) * columns * s.heads_kv * s.head_dim * attnhost::dtype_size(s.dtype);
 }
 
-RingAttention::RingAttention(const RingShape& shape, RingPlan plan, attnhost::Host host, RingMembers members,
-                             bool cuda, bool cpu_fp64, bool overlap)
-    : s_(shape), plan_(std::move(plan)), host_(host), members_(members), rank_(members.position),
-      world_(members.size), overlap_(overlap),
-      engine_(Engine::make(cuda, cpu_fp64, EngineOptions{shape.engine, host, shape.dtype_partials})) {
-  const RingShape s = largest_slice(s_);
-  const size_t kv_block = align_up(block_bytes(s));
-  arena_ = attnhost::HostBuffer(host_, workspace_bytes(s_, world_));
-  char* at = arena_.as<char>();
-  if (world_ > 1)
-    for (KV& b : kv_) {
-      b.k = at;
-      b.v = at + kv_block;
-      at += 2 * kv_block;
-    }
-  work_ = at;
-  packed_ = work_ + work_bytes(s, world_);
-}
+RingAttention::RingAttention(const RingShape& shape, RingPlan plan, const ScheduleOptions& options, RingMembers members)
+    : s_(shape), plan_(std::move(plan)), host_(options.host), members_(members), rank_(members.position),
+      world_(members.size), overlap_(options.overlap), dtype_partials_(options.engine.dtype_partials),
+      engine_(options.make_engine()),
+      work_(options.host, [&](Carver& c, Pass pass) { return layout(c, pass, s_, world_); }) {}
 
 void RingAttention::plan_reach() {
   if (!carried_.empty() || world_ == 1) return;
@@ -294,7 +268,7 @@ void RingAttention::forward(const attnhost_forward_args& a) {
       forward_slice(slice.shape, x);
       continue;
     }
-    const Packed p = packed_at(packed_, slice.shape);
+    const Packed& p = work_.forward().packed;
     std::vector<Swap> swaps = {{&x.q, p.q, Kind::q, true},       {&x.k, p.k, Kind::kv, true},
                                {&x.v, p.v, Kind::kv, true},      {&x.o, p.o, Kind::q, false},
                                {&x.lse, p.lse, Kind::stats, false}};
@@ -307,18 +281,16 @@ void RingAttention::forward(const attnhost_forward_args& a) {
 void RingAttention::forward_slice(const RingShape& s, const attnhost_forward_args& a) {
   void* compute = host_.stream(0);
   void* comm = overlap_ ? host_.stream(1) : compute;
-  const auto [q_elems, kv_elems, rows] = local_sizes(s);
+  const Buffers& w = work_.forward();
   std::vector<std::vector<BlockCall>> steps(world_);
   for (int step = 0; step < world_; ++step) steps[step] = plan_(rank_, source(step));
   const std::vector<std::vector<OutputCall>> plans = output_calls(steps);
-  OutputAccumulator out(s, *engine_, reinterpret_cast<float*>(work_), reinterpret_cast<float*>(work_ + align_up(q_elems * 4)),
-                        reinterpret_cast<float*>(work_ + 2 * align_up(q_elems * 4)), static_cast<float*>(a.lse.data),
-                        a.o.data);
+  OutputAccumulator out(s, *engine_, w.rows, static_cast<float*>(a.lse.data), a.o.data);
 
   // A step's kernels are enqueued before its hop: the host's time launching the messages then passes
   // while the GPU computes, and the hop still starts with the step.
   for (int step = 0; step < world_; ++step) {
-    KV cur = step == 0 ? KV{a.k.data, a.v.data} : kv_[step % 2];
+    KV cur = step == 0 ? KV{a.k.data, a.v.data} : w.receive[step % 2];
     const Engine::Event read = engine_->record(compute);  // the previous step has read its block
     for (const OutputCall& c : plans[step]) {
       std::string name = "attention step " + std::to_string(step);
@@ -331,7 +303,7 @@ void RingAttention::forward_slice(const RingShape& s, const attnhost_forward_arg
     }
     if (step + 1 < world_) {
       engine_->wait(comm, read);  // the receive buffer was read by the previous step
-      if (pass_kv(s, cur, kv_[(step + 1) % 2], step, comm)) engine_->wait(compute, comm);  // the next block has arrived
+      if (pass_kv(s, cur, w.receive[(step + 1) % 2], step, comm)) engine_->wait(compute, comm);  // the next block has arrived
     }
   }
   out.finish(compute);  // rows no call reached: O = 0, LSE = -inf; O in the problem dtype
@@ -348,7 +320,7 @@ void RingAttention::backward(const attnhost_backward_args& a) {
       backward_slice(slice.shape, x, slice.last);
       continue;
     }
-    const Packed p = packed_at(packed_, slice.shape);
+    const Packed& p = work_.backward().packed;
     std::vector<Swap> swaps = {{&x.q, p.q, Kind::q, true},     {&x.o, p.o, Kind::q, true},
                                {&x.d_o, p.d_o, Kind::q, true}, {&x.lse, p.lse, Kind::stats, true},
                                {&x.k, p.k, Kind::kv, true},    {&x.v, p.v, Kind::kv, true},
@@ -364,12 +336,9 @@ void RingAttention::backward_slice(const RingShape& s, const attnhost_backward_a
   if (s.carried_columns >= 0 && world_ > 1) return backward_home(s, a);
   void* compute = host_.stream(0);
   void* comm = overlap_ ? host_.stream(1) : compute;
-  const auto [q_elems, kv_elems, rows] = local_sizes(s);
-  float* delta = reinterpret_cast<float*>(work_);
-  float* dq = reinterpret_cast<float*>(work_ + align_up(rows * 4));
-  const size_t grad_bytes = align_up(kv_elems * 4);
-  char* dkv_base = work_ + align_up(rows * 4) + align_up(q_elems * 4);
-  const auto pair = [&](int i) { return KV{dkv_base + 2 * i * grad_bytes, dkv_base + (2 * i + 1) * grad_bytes}; };
+  const size_t kv_elems = local_sizes(s).kv;
+  const Buffers& w = work_.backward();
+  float *delta = w.rows.delta, *dq = w.rows.dq;
   compute_local_delta(s, *engine_, a, delta, dq, compute);
 
   // The block in hand's gradients travel with it, summed on the way. Step i computes this rank's
@@ -378,15 +347,15 @@ void RingAttention::backward_slice(const RingShape& s, const attnhost_backward_a
   // kernel waits for a gradient hop: only the last step's sums wait, to go home in the problem dtype.
   Engine::Event grads_ready;  // the sums for the next step's block have arrived
   for (int step = 0; step < world_; ++step) {
-    const KV cur = step == 0 ? KV{a.k.data, a.v.data} : kv_[step % 2];
-    const KV grad = pair(step % 2);  // sent two steps ago: its hop is done (ordered before kv_ready)
+    const KV cur = step == 0 ? KV{a.k.data, a.v.data} : w.receive[step % 2];
+    const KV grad = w.grads[step % 2];  // sent two steps ago: its hop is done (ordered before kv_ready)
     const Engine::Event read = engine_->record(compute);  // the previous step has read its block
     // A step of one call over every key of the block writes its share rather than adding it into
     // zeros: on one rank in the problem dtype straight into dK and dV (no fp32 pair to convert),
     // else in fp32. (Not with dtype partials: there cuDNN serves the call, and it adds.)
     const std::vector<BlockCall> calls = plan_(rank_, source(step));
     const bool covers = calls.size() == 1 && covers_all_keys(s, calls[0]);
-    const bool sole = covers && world_ == 1, writes = covers && (sole || !s.dtype_partials);
+    const bool sole = covers && world_ == 1, writes = covers && (sole || !dtype_partials_);
     if (!writes) {
       engine_->zero(grad.k, kv_elems * 4, compute);
       engine_->zero(grad.v, kv_elems * 4, compute);
@@ -412,7 +381,7 @@ void RingAttention::backward_slice(const RingShape& s, const attnhost_backward_a
     Engine::Event kv_ready;  // (the hop after the step's kernels, as in the forward)
     if (step + 1 < world_) {
       engine_->wait(comm, read);  // the receive buffer was read by the previous step
-      pass_kv(s, cur, kv_[(step + 1) % 2], step, comm);
+      pass_kv(s, cur, w.receive[(step + 1) % 2], step, comm);
       kv_ready = engine_->record(comm);
     }
     if (world_ == 1) {
@@ -421,7 +390,7 @@ void RingAttention::backward_slice(const RingShape& s, const attnhost_backward_a
         finish_kv_grad(s, static_cast<float*>(grad.v), a.dv.data, compute);
       }
     } else if (step + 1 < world_) {
-      const KV arriving = pair(2);
+      const KV arriving = w.grads[2];
       engine_->wait(comm, compute);
       if (step > 0) {  // (after the previous hop on the same stream)
         engine_->add(static_cast<float*>(grad.k), static_cast<float*>(arriving.k), kv_elems, comm);
@@ -434,7 +403,7 @@ void RingAttention::backward_slice(const RingShape& s, const attnhost_backward_a
       // The last hop takes finished sums home, so they are rounded to the problem dtype before it
       // rather than after (the same values): half the bytes of the one hop nothing can hide, and
       // they land in dK and dV. The K/V buffer of step P - 2 is free to stage them.
-      const KV arriving = pair(2), staged = s.kv_grads_fp32 ? grad : kv_[world_ % 2];
+      const KV arriving = w.grads[2], staged = s.kv_grads_fp32 ? grad : w.receive[world_ % 2];
       engine_->wait(compute, grads_ready);
       engine_->add(static_cast<float*>(grad.k), static_cast<float*>(arriving.k), kv_elems, compute);
       engine_->add(static_cast<float*>(grad.v), static_cast<float*>(arriving.v), kv_elems, compute);
@@ -457,11 +426,9 @@ void RingAttention::backward_slice(const RingShape& s, const attnhost_backward_a
 void RingAttention::backward_home(const RingShape& s, const attnhost_backward_args& a) {
   void* compute = host_.stream(0);
   void* comm = overlap_ ? host_.stream(1) : compute;
-  const auto [q_elems, kv_elems, rows] = local_sizes(s);
   const int64_t token = int64_t{s.heads_kv} * s.head_dim;
-  float* delta = reinterpret_cast<float*>(work_);
-  float* dq = reinterpret_cast<float*>(work_ + align_up(rows * 4));
-  char* at = work_ + align_up(rows * 4) + align_up(q_elems * 4);
+  const Buffers& w = work_.backward();
+  float *delta = w.rows.delta, *dq = w.rows.dq;
 
   // This rank's block's gradients are kept in fp32 only in `kept`: the columns other members reach
   // (their shares arrive and are added in) and those several own calls reach. Every other column
@@ -470,17 +437,9 @@ void RingAttention::backward_home(const RingShape& s, const attnhost_backward_ar
   const Interval mine = carried(1, rank_), kept = kept_columns(own, mine);
   if (kept.size() > s.kept_columns)
     attnhost::fail(ATTNHOST_ERR_INTERNAL, "schedule: a rank keeps more columns than its shape was sized for");
-  // kept, then (in carried_columns) what this rank computes of another's block, two alternating
-  // with their messages, and what arrives of its own (work_bytes).
-  const size_t kept_bytes = align_up(size_t(s.batch) * s.kept_columns * token * 4);
-  const size_t part = align_up(size_t(s.batch) * s.carried_columns * token * 4);
-  const KV sum{at, at + kept_bytes};
-  at += 2 * kept_bytes;
-  KV computed[2], arriving;
-  for (KV* g : {&computed[0], &computed[1], &arriving}) {
-    *g = KV{at, at + part};
-    at += 2 * part;
-  }
+  // The sums of the kept columns; what this rank computes of another's block, two pairs alternating
+  // with their messages; what arrives of its own (layout).
+  const KV sum = w.kept, computed[2] = {w.grads[0], w.grads[1]}, arriving = w.grads[2];
   // A compact fp32 view of columns `cols` of a block, from column `col`.
   const auto compact = [&](void* base, Interval cols, int64_t col) {
     return view({base, cols.size(), cols.lo, ATTNHOST_DTYPE_FP32}, col, s);
@@ -533,7 +492,7 @@ void RingAttention::backward_home(const RingShape& s, const attnhost_backward_ar
   };
 
   engine_->wait(comm, compute);  // the inputs are ready
-  bool passed = pass_kv(s, {a.k.data, a.v.data}, kv_[1], 0, comm);  // under delta and the first own pieces
+  bool passed = pass_kv(s, {a.k.data, a.v.data}, w.receive[1], 0, comm);  // under delta and the first own pieces
   Engine::Event kv_ready = engine_->record(comm);
   compute_local_delta(s, *engine_, a, delta, dq, compute);
   if (kept.size() > 0) {
@@ -545,13 +504,13 @@ void RingAttention::backward_home(const RingShape& s, const attnhost_backward_ar
   Engine::Event sent[2];  // computed[i] has gone home
   for (int step = 1; step < world_; ++step) {
     if (passed) engine_->wait(compute, kv_ready);  // this step's block has arrived
-    const KV cur = kv_[step % 2];
+    const KV cur = w.receive[step % 2];
     const Engine::Event read = engine_->record(compute);  // the previous step has read its block
     const std::vector<BlockCall> calls = plan_(rank_, source(step));
     const Interval cols = carried(1, source(step));  // the columns `grad` holds
     const KV grad = computed[step % 2];
     // One dense call writes its columns (the only ones that go home) rather than adding into zeros.
-    const bool writes = calls.size() == 1 && dense(calls[0]) && !s.dtype_partials;
+    const bool writes = calls.size() == 1 && dense(calls[0]) && !dtype_partials_;
     if (step >= 3) engine_->wait(compute, sent[step % 2]);
     if (!calls.empty() && !writes) {
       engine_->zero(grad.k, size_t(s.batch) * cols.size() * token * 4, compute);
@@ -566,7 +525,7 @@ void RingAttention::backward_home(const RingShape& s, const attnhost_backward_ar
     passed = false;
     if (step + 1 < world_) {  // (after the step's kernels, as in the forward)
       engine_->wait(comm, read);  // the receive buffer was read by the previous step
-      passed = pass_kv(s, cur, kv_[(step + 1) % 2], step, comm);
+      passed = pass_kv(s, cur, w.receive[(step + 1) % 2], step, comm);
       kv_ready = engine_->record(comm);
     }
     // What this rank computed of the block in hand goes to its owner; what the member holding this

@@ -52,8 +52,6 @@ RingShape dense_shape(const attnhost::Problem& p, int64_t local_tokens) {
   s.softmax_scale = static_cast<float>(p->softmax_scale);
   s.mask = dense_mask(p);
   s.deterministic = p->deterministic != 0;
-  s.engine = engine_choice(p.get_string("engine"));
-  s.dtype_partials = p.get_string("partials") == "dtype";
   return s;
 }
 

@@ -7,9 +7,9 @@
 
 namespace attncore::plugin {
 
-RoutedAttention::RoutedAttention(const RingShape& shape, const RoutedPlan& plan, attnhost::Host host, int rank,
-                                 int world_size, bool cuda, bool cpu_fp64, bool overlap)
-    : s_(shape), host_(host), rank_(rank), world_(world_size), overlap_(overlap), engine_(Engine::make(cuda, cpu_fp64, EngineOptions{EngineChoice::native, host})) {
+RoutedAttention::RoutedAttention(const RingShape& shape, const RoutedPlan& plan, const ScheduleOptions& options)
+    : s_(shape), host_(options.host), rank_(options.rank), world_(options.world_size), overlap_(options.overlap),
+      engine_(Engine::make(options.cuda, options.cpu_fp64, EngineOptions{EngineChoice::native, options.host})) {
   bool receives = false;
   for (int t = 0; t < world_; ++t) {
     Round r;
@@ -29,15 +29,7 @@ RoutedAttention::RoutedAttention(const RingShape& shape, const RoutedPlan& plan,
     }
     rounds_.push_back(std::move(r));
   }
-  const size_t el = attnhost::dtype_size(s_.dtype);
-  const auto [q_elems, kv_elems, rows] = local_sizes(s_);
-  const size_t kv_block = align_up(kv_elems * el);
-  const size_t grads = align_up(kv_elems * 4);
-  const bool remote = world_ > 1 && active_rounds() > 0;
-  const size_t forward_work = 2 * align_up(q_elems * 4) + align_up(rows * 4);  // O acc, O part, LSE part
-  // A sole call (backward) writes dK and dV itself and leaves the space of the own dK and dV to the
-  // sums of its block list's split key groups (BlockList::pieces).
-  size_t split_sums = 0;
+  size_t split_sums = 0;  // a sole call's workspace, where its block list has split key groups
   for (const BlockCall& c : rounds_[0].calls) {
     BackwardParams p;
     p.batch = s_.batch;
@@ -47,20 +39,25 @@ RoutedAttention::RoutedAttention(const RingShape& shape, const RoutedPlan& plan,
     p.write_dkdv = true;
     split_sums = std::max(split_sums, backward_workspace_bytes(p));
   }
-  own_grads_bytes_ = std::max(2 * grads, align_up(split_sums));
-  // delta, dQ, own dK dV; with remote rounds also the partial dK dV of a received piece and the
-  // partials other ranks send home.
-  const size_t backward_work =
-      align_up(rows * 4) + align_up(q_elems * 4) + own_grads_bytes_ + (remote ? 4 * grads : 0);
-  arena_ = attnhost::HostBuffer(host_, (receives ? 4 * kv_block : 0) + std::max(forward_work, backward_work));
-  char* at = arena_.as<char>();
+  work_ = Workspace<Buffers>(host_, [&](Carver& c, Pass pass) { return layout(c, pass, receives, split_sums); });
+}
+
+RoutedAttention::Buffers RoutedAttention::layout(Carver& c, Pass pass, bool receives, size_t split_sums) const {
+  const LocalSizes n = local_sizes(s_);
+  const size_t block = n.kv * attnhost::dtype_size(s_.dtype), grads = n.kv * 4;
+  Buffers b;
   if (receives)
-    for (KV& b : kv_) {
-      b.k = at;
-      b.v = at + kv_block;
-      at += 2 * kv_block;
-    }
-  work_ = at;
+    for (KV& r : b.receive) r = {c.take(block), c.take(block)};
+  b.rows = take_row_buffers(c, pass, s_);
+  if (pass == Pass::forward) return b;
+  b.own = {c.take(grads), c.take(grads)};  // adjacent (256-byte multiples): split sums may run on past own.k
+  b.sums_bytes = std::max(2 * align_up(grads), align_up(split_sums));
+  c.take(b.sums_bytes - 2 * align_up(grads));
+  if (world_ > 1 && active_rounds() > 0) {
+    b.part = {c.take(grads), c.take(grads)};
+    b.home = {c.take(grads), c.take(grads)};
+  }
+  return b;
 }
 
 int RoutedAttention::active_rounds() const {
@@ -126,21 +123,18 @@ void RoutedAttention::add_runs(float* dst, const float* src, const std::vector<T
 void RoutedAttention::forward(const attnhost_forward_args& a) {
   void* compute = host_.stream(0);
   void* comm = overlap_ ? host_.stream(1) : compute;
-  const size_t q_elems = local_sizes(s_).q;
+  const Buffers& w = work_.forward();
   std::vector<std::vector<BlockCall>> steps;
   for (const Round& r : rounds_) steps.push_back(r.calls);
   const std::vector<std::vector<OutputCall>> plans = output_calls(steps);
-  OutputAccumulator out(s_, *engine_, reinterpret_cast<float*>(work_),
-                        reinterpret_cast<float*>(work_ + align_up(q_elems * 4)),
-                        reinterpret_cast<float*>(work_ + 2 * align_up(q_elems * 4)), static_cast<float*>(a.lse.data),
-                        a.o.data);
+  OutputAccumulator out(s_, *engine_, w.rows, static_cast<float*>(a.lse.data), a.o.data);
   for (int t = 0; t < world_; ++t) {
     if (t + 1 < world_ && rounds_[t + 1].transfers()) {
       engine_->wait(comm, compute);  // the receive buffer was read two rounds ago
-      KV next = kv_[(t + 1) % 2];
+      KV next = w.receive[(t + 1) % 2];
       exchange(rounds_[t + 1], false, a.k.data, a.v.data, next.k, next.v, s_.dtype, comm, "K V", t + 1);
     }
-    KV cur = t == 0 ? KV{a.k.data, a.v.data} : kv_[t % 2];
+    KV cur = t == 0 ? KV{a.k.data, a.v.data} : w.receive[t % 2];
     for (const OutputCall& c : plans[t]) {
       std::string name = "attention round " + std::to_string(t);
       int32_t range = host_.range_begin(name.c_str(), ATTNHOST_RANGE_COMPUTE, compute);
@@ -156,13 +150,10 @@ void RoutedAttention::forward(const attnhost_forward_args& a) {
 void RoutedAttention::backward(const attnhost_backward_args& a) {
   void* compute = host_.stream(0);
   void* comm = overlap_ ? host_.stream(1) : compute;
-  const auto [q_elems, kv_elems, rows] = local_sizes(s_);
-  const size_t grads = align_up(kv_elems * 4);
-  float* delta = reinterpret_cast<float*>(work_);
-  float* dq = reinterpret_cast<float*>(work_ + align_up(rows * 4));
-  char* g = work_ + align_up(rows * 4) + align_up(q_elems * 4);
-  char* more = g + own_grads_bytes_;
-  KV own{g, g + grads}, part{more, more + grads}, home{more + 2 * grads, more + 3 * grads};
+  const size_t kv_elems = local_sizes(s_).kv;
+  const Buffers& w = work_.backward();
+  float *delta = w.rows.delta, *dq = w.rows.dq;
+  const KV own = w.own, part = w.part, home = w.home;
   compute_local_delta(s_, *engine_, a, delta, dq, compute);
   // One call that makes every local key's gradients (no other rank reads these keys, so no round
   // after the first has calls; no segments) writes dK and dV in the problem's dtype straight into
@@ -177,10 +168,10 @@ void RoutedAttention::backward(const attnhost_backward_args& a) {
     const Round& r = rounds_[t];
     if (t + 1 < world_ && rounds_[t + 1].transfers()) {
       engine_->wait(comm, compute);
-      KV next = kv_[(t + 1) % 2];
+      KV next = w.receive[(t + 1) % 2];
       exchange(rounds_[t + 1], false, a.k.data, a.v.data, next.k, next.v, s_.dtype, comm, "K V", t + 1);
     }
-    KV cur = t == 0 ? KV{a.k.data, a.v.data} : kv_[t % 2];
+    KV cur = t == 0 ? KV{a.k.data, a.v.data} : w.receive[t % 2];
     KV grad = t == 0 ? own : part;  // a received piece's partials go home to its owner
     if (t > 0 && !r.recv.empty()) {  // every piece's partials go home, computed on or not
       zero_runs(part.k, r.recv, compute);
@@ -195,7 +186,7 @@ void RoutedAttention::backward(const attnhost_backward_args& a) {
       if (sole) {
         write_dkdv_into(p, s_, c, a);
         p.workspace = own.k;
-        p.workspace_bytes = own_grads_bytes_;
+        p.workspace_bytes = w.sums_bytes;
       }
       engine_->backward(p, compute);
       host_.range_end(range, compute);

@@ -40,10 +40,10 @@ struct UlyssesAttention::Copy {
   size_t src_pitch, width, rows;
 };
 
-UlyssesAttention::UlyssesAttention(const UlyssesShape& shape, RingPlan plan, attnhost::Host host, int rank,
-                                   int world_size, bool cuda, bool cpu_fp64, bool overlap)
-    : s_(shape), host_(host), u_(shape.ulysses), member_(rank % shape.ulysses), base_(rank - rank % shape.ulysses),
-      n_(shape.ring.local_q), overlap_(overlap), engine_(Engine::make(cuda, cpu_fp64)) {
+UlyssesAttention::UlyssesAttention(const UlyssesShape& shape, RingPlan plan, const ScheduleOptions& options)
+    : s_(shape), host_(options.host), u_(shape.ulysses), member_(options.rank % shape.ulysses),
+      base_(options.rank - options.rank % shape.ulysses), n_(shape.ring.local_q), overlap_(options.overlap),
+      engine_(Engine::make(options.cuda, options.cpu_fp64)) {
   const RingShape& r = s_.ring;
   heads_ = r.heads_q / u_;
   kv_heads_ = kv_heads_replicated(r.heads_kv, u_) ? 1 : r.heads_kv / u_;
@@ -54,10 +54,20 @@ UlyssesAttention::UlyssesAttention(const UlyssesShape& shape, RingPlan plan, att
   group_shape_.local_q = group_shape_.local_kv = u_ * n_;
   group_shape_.batch_slices = group_shape_.head_slices = 1;
   group_shape_.kv_grads_fp32 = kv_heads_replicated(r.heads_kv, u_);
-  const RingMembers members{rank / u_, world_size / u_, member_, u_};
-  ring_ = std::make_unique<RingAttention>(group_shape_, std::move(plan), host_, members, cuda, cpu_fp64, overlap);
+  const RingMembers members{options.rank / u_, options.world_size / u_, member_, u_};
+  ring_ = std::make_unique<RingAttention>(group_shape_, std::move(plan), options, members);
   if (u_ == 1) return;  // the ring runs on the problem's own tensors
+  work_ = Workspace<Buffers>(host_, [&](Carver& c, Pass) { return layout(c); });
+  if (kv_heads_replicated(r.heads_kv, u_) && options.rank == 0)
+    host_.log(ATTNHOST_LOG_WARNING, "each of the " + std::to_string(r.heads_kv) + " kv heads is replicated on " +
+                                        std::to_string(u_ / r.heads_kv) + " ranks of a Ulysses group of " +
+                                        std::to_string(u_) + " (fewer kv heads than ranks); their gradients are summed in fp32");
+}
 
+UlyssesAttention::~UlyssesAttention() = default;
+
+UlyssesAttention::Buffers UlyssesAttention::layout(Carver& c) const {
+  const RingShape& r = s_.ring;
   const size_t el = attnhost::dtype_size(r.dtype);
   const LocalSizes g = local_sizes(group_shape_);  // one group's head-sharded tensors
   // The largest message (a backward that exchanges Q, O, dO, K, V and LSE; fp32 kv gradients), out
@@ -65,25 +75,20 @@ UlyssesAttention::UlyssesAttention(const UlyssesShape& shape, RingPlan plan, att
   const size_t message = static_cast<size_t>(r.batch) * n_ * r.head_dim *
                              (3 * group_shape_.heads_q * el + 2 * group_shape_.heads_kv * 4) +
                          static_cast<size_t>(r.batch) * group_shape_.heads_q * n_ * 4 + 6 * 256;
-  const size_t q_bytes = align_up(groups_ * g.q * el), kv_bytes = align_up(groups_ * g.kv * el);
-  const size_t dkv_bytes = group_shape_.kv_grads_fp32 ? align_up(groups_ * g.kv * 4) : kv_bytes;
-  const size_t lse_bytes = align_up(groups_ * g.rows * 4);
-  const size_t sum_bytes = kv_heads_replicated(r.heads_kv, u_) ? 2 * align_up(static_cast<size_t>(r.batch) * n_ * r.heads_kv * r.head_dim * 4) : 0;
-  arena_ = attnhost::HostBuffer(host_, 4 * q_bytes + 2 * kv_bytes + 2 * dkv_bytes + lse_bytes + 2 * u_ * message + sum_bytes);
-  char* at = arena_.as<char>();
-  for (char** b : {&q_, &o_, &d_o_, &dq_}) *b = std::exchange(at, at + q_bytes);
-  for (char** b : {&k_, &v_}) *b = std::exchange(at, at + kv_bytes);
-  for (char** b : {&dk_, &dv_}) *b = std::exchange(at, at + dkv_bytes);
-  lse_ = std::exchange(at, at + lse_bytes);
-  staging_ = std::exchange(at, at + 2 * u_ * message);
-  dkv_sum_ = at;
-  if (kv_heads_replicated(r.heads_kv, u_) && rank == 0)
-    host_.log(ATTNHOST_LOG_WARNING, "each of the " + std::to_string(r.heads_kv) + " kv heads is replicated on " +
-                                        std::to_string(u_ / r.heads_kv) + " ranks of a Ulysses group of " +
-                                        std::to_string(u_) + " (fewer kv heads than ranks); their gradients are summed in fp32");
+  const size_t dkv_el = group_shape_.kv_grads_fp32 ? 4 : el;
+  Buffers b;
+  for (char** t : {&b.q, &b.o, &b.d_o, &b.dq}) *t = c.take(groups_ * g.q * el);
+  for (char** t : {&b.k, &b.v}) *t = c.take(groups_ * g.kv * el);
+  for (char** t : {&b.dk, &b.dv}) *t = c.take(groups_ * g.kv * dkv_el);
+  b.lse = c.take(groups_ * g.rows * 4);
+  b.staging = c.take(2 * u_ * message);
+  if (kv_heads_replicated(r.heads_kv, u_)) {
+    const size_t sum_elems = static_cast<size_t>(r.batch) * n_ * r.heads_kv * r.head_dim;
+    b.dk_sum = c.take<float>(sum_elems * 4);
+    b.dv_sum = c.take<float>(sum_elems * 4);
+  }
+  return b;
 }
-
-UlyssesAttention::~UlyssesAttention() = default;
 
 int32_t UlyssesAttention::first_head(int member, const Piece& p) const {
   if (!p.kv) return member * heads_ + p.group * p.count;
@@ -110,11 +115,12 @@ void UlyssesAttention::kept_tensors(int group, attnhost_tensor& q, attnhost_tens
                                     attnhost_tensor& o, attnhost_tensor& lse) const {
   const LocalSizes g = local_sizes(group_shape_);
   const size_t el = attnhost::dtype_size(s_.ring.dtype);
-  q = sharded(q_ + group * g.q * el, false, false);
-  k = sharded(k_ + group * g.kv * el, true, false);
-  v = sharded(v_ + group * g.kv * el, true, false);
-  o = sharded(o_ + group * g.q * el, false, false);
-  lse = stats(lse_ + group * g.rows * 4);
+  const Buffers& b = buffers();
+  q = sharded(b.q + group * g.q * el, false, false);
+  k = sharded(b.k + group * g.kv * el, true, false);
+  v = sharded(b.v + group * g.kv * el, true, false);
+  o = sharded(b.o + group * g.q * el, false, false);
+  lse = stats(b.lse + group * g.rows * 4);
 }
 
 attnhost_tensor UlyssesAttention::stats(void* data) const {
@@ -161,8 +167,9 @@ void UlyssesAttention::exchange(const std::vector<Piece>& pieces, bool heads_out
   };
   size_t message = 0;
   for (const Piece& p : pieces) message += piece_bytes(p);
-  const auto outgoing = [&](int i) { return staging_ + size_t(i) * 2 * message; };
-  const auto incoming = [&](int i) { return staging_ + (size_t(i) * 2 + 1) * message; };
+  char* staging = buffers().staging;
+  const auto outgoing = [&](int i) { return staging + size_t(i) * 2 * message; };
+  const auto incoming = [&](int i) { return staging + (size_t(i) * 2 + 1) * message; };
   size_t offset = 0;
   for (const Piece& p : pieces) {
     const size_t c = p.count;
@@ -238,12 +245,13 @@ void UlyssesAttention::forward(const attnhost_forward_args& a) {
   const size_t el = attnhost::dtype_size(s_.ring.dtype);
   void* compute = host_.stream(0);
   void* xs = overlap_ ? host_.stream(2) : compute;
+  const Buffers& b = buffers();
   const auto at = [&](char* base, size_t elems, int group, size_t bytes) { return base + group * elems * bytes; };
   std::vector<Engine::Event> arrived(groups_);
   const auto bring = [&](int group) {
-    to_heads({{a.q.data, at(q_, g.q, group, el), s_.ring.heads_q, group_shape_.heads_q, false, group},
-              {a.k.data, at(k_, g.kv, group, el), s_.ring.heads_kv, group_shape_.heads_kv, true, group},
-              {a.v.data, at(v_, g.kv, group, el), s_.ring.heads_kv, group_shape_.heads_kv, true, group}},
+    to_heads({{a.q.data, at(b.q, g.q, group, el), s_.ring.heads_q, group_shape_.heads_q, false, group},
+              {a.k.data, at(b.k, g.kv, group, el), s_.ring.heads_kv, group_shape_.heads_kv, true, group},
+              {a.v.data, at(b.v, g.kv, group, el), s_.ring.heads_kv, group_shape_.heads_kv, true, group}},
              xs, "Q K V to heads", group);
     arrived[group] = engine_->record(xs);
   };
@@ -277,17 +285,17 @@ void UlyssesAttention::backward(const attnhost_backward_args& a) {
   const bool kept = std::equal(given, given + 5, kept_);
   const bool replicated = kv_heads_replicated(r.heads_kv, u_);
   const size_t sum_elems = static_cast<size_t>(r.batch) * n_ * r.heads_kv * r.head_dim;
-  float* dk_sum = reinterpret_cast<float*>(dkv_sum_);
-  float* dv_sum = reinterpret_cast<float*>(dkv_sum_ + align_up(sum_elems * 4));
+  const Buffers& b = buffers();
+  float *dk_sum = b.dk_sum, *dv_sum = b.dv_sum;
   std::vector<Engine::Event> arrived(groups_);
   const auto bring = [&](int group) {
-    std::vector<Piece> in = {{a.d_o.data, at(d_o_, g.q, group, el), r.heads_q, group_shape_.heads_q, false, group}};
+    std::vector<Piece> in = {{a.d_o.data, at(b.d_o, g.q, group, el), r.heads_q, group_shape_.heads_q, false, group}};
     if (!kept) {
-      in.push_back({a.q.data, at(q_, g.q, group, el), r.heads_q, group_shape_.heads_q, false, group});
-      in.push_back({a.o.data, at(o_, g.q, group, el), r.heads_q, group_shape_.heads_q, false, group});
-      in.push_back({a.k.data, at(k_, g.kv, group, el), r.heads_kv, group_shape_.heads_kv, true, group});
-      in.push_back({a.v.data, at(v_, g.kv, group, el), r.heads_kv, group_shape_.heads_kv, true, group});
-      in.push_back({a.lse.data, at(lse_, g.rows, group, 4), r.heads_q, group_shape_.heads_q, false, group, false});
+      in.push_back({a.q.data, at(b.q, g.q, group, el), r.heads_q, group_shape_.heads_q, false, group});
+      in.push_back({a.o.data, at(b.o, g.q, group, el), r.heads_q, group_shape_.heads_q, false, group});
+      in.push_back({a.k.data, at(b.k, g.kv, group, el), r.heads_kv, group_shape_.heads_kv, true, group});
+      in.push_back({a.v.data, at(b.v, g.kv, group, el), r.heads_kv, group_shape_.heads_kv, true, group});
+      in.push_back({a.lse.data, at(b.lse, g.rows, group, 4), r.heads_q, group_shape_.heads_q, false, group, false});
     }
     to_heads(in, xs, kept ? "dO to heads" : "Q K V O dO LSE to heads", group);
     arrived[group] = engine_->record(xs);
@@ -303,11 +311,11 @@ void UlyssesAttention::backward(const attnhost_backward_args& a) {
     engine_->wait(compute, arrived[group]);
     attnhost_backward_args x = a;
     kept_tensors(group, x.q, x.k, x.v, x.o, x.lse);
-    x.d_o = sharded(at(d_o_, g.q, group, el), false, false);
-    x.dq = sharded(at(dq_, g.q, group, el), false, false);
+    x.d_o = sharded(at(b.d_o, g.q, group, el), false, false);
+    x.dq = sharded(at(b.dq, g.q, group, el), false, false);
     const size_t dkv_el = replicated ? 4 : el;
-    x.dk = sharded(at(dk_, g.kv, group, dkv_el), true, replicated);
-    x.dv = sharded(at(dv_, g.kv, group, dkv_el), true, replicated);
+    x.dk = sharded(at(b.dk, g.kv, group, dkv_el), true, replicated);
+    x.dv = sharded(at(b.dv, g.kv, group, dkv_el), true, replicated);
     ring_->backward(x);
     engine_->wait(xs, compute);
     Piece dk{a.dk.data, x.dk.data, r.heads_kv, group_shape_.heads_kv, true, group};

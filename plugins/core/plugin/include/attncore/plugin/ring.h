@@ -18,6 +18,8 @@
 
 #include "attncore/plugin/dense_mask.h"
 #include "attncore/plugin/engine.h"
+#include "attncore/plugin/schedule.h"
+#include "attncore/plugin/workspace.h"
 
 #include <attnhost/plugin.hpp>
 
@@ -27,9 +29,6 @@
 #include <vector>
 
 namespace attncore::plugin {
-
-// Buffers carved from one allocation start on 256-byte boundaries.
-inline size_t align_up(size_t n) { return (n + 255) / 256 * 256; }
 
 // One attention call of a step: local query rows [q_begin, q_end) against columns
 // [kv_begin, kv_end) of the block in hand, whose first row and column sit at global positions
@@ -66,8 +65,6 @@ struct RingShape {
   float softmax_scale = 1.f;
   DenseMask mask;                     // the problem's causal and window
   bool deterministic = false;
-  EngineChoice engine = EngineChoice::native;  // what serves the attention calls on a GPU (engine.h)
-  bool dtype_partials = false;                 // EngineOptions::dtype_partials
   // The ring runs over this many slices of the batch, one after another: the receive buffers and
   // the fp32 workspace are sized for one slice (about 1/batch_slices of the whole). 1: no slicing.
   int32_t batch_slices = 1;
@@ -82,6 +79,14 @@ struct RingShape {
   // travel, and its owner keeps at most kept_columns of its own in fp32; the receive buffers and the
   // workspace are sized for them. -1: every column travels, and the gradients travel with it.
   int64_t carried_columns = -1, kept_columns = -1;
+};
+
+// A rank's fp32 row buffers, which the ring and routed schedules carve (workspace.h): the forward's
+// running output, and one call's partial output and LSE to merge into it; the backward's delta
+// and dQ accumulator.
+struct RowBuffers {
+  float *o_acc = nullptr, *o_part = nullptr, *lse_part = nullptr;  // forward
+  float *delta = nullptr, *dq = nullptr;                            // backward
 };
 
 // The ranks a ring runs over: member i (0 <= i < size) is world rank first + i * stride. A plan's
@@ -101,13 +106,10 @@ void set_block_reach(RingShape& s, const RingPlan& plan, int world_size);
 
 class RingAttention {
  public:
-  // `overlap`: communication on its own stream under the compute (false: on the compute stream,
-  // for measuring what overlap buys).
-  RingAttention(const RingShape& shape, RingPlan plan, attnhost::Host host, int rank, int world_size,
-                bool cuda, bool cpu_fp64, bool overlap)
-      : RingAttention(shape, std::move(plan), host, RingMembers{rank, world_size, 0, 1}, cuda, cpu_fp64, overlap) {}
-  RingAttention(const RingShape& shape, RingPlan plan, attnhost::Host host, RingMembers members, bool cuda,
-                bool cpu_fp64, bool overlap);
+  // A ring of every rank of the world (options.rank of options.world_size), or of `members`.
+  RingAttention(const RingShape& shape, RingPlan plan, const ScheduleOptions& options)
+      : RingAttention(shape, std::move(plan), options, RingMembers{options.rank, options.world_size, 0, 1}) {}
+  RingAttention(const RingShape& shape, RingPlan plan, const ScheduleOptions& options, RingMembers members);
 
   void forward(const attnhost_forward_args& a);
   void backward(const attnhost_backward_args& a);
@@ -146,6 +148,26 @@ class RingAttention {
   // The view of `b` from block column `column`, [batch, token, head, D].
   TensorRef view(const Columns& b, int64_t column, const RingShape& s) const;
   static size_t block_bytes(const RingShape& s);  // one receive buffer of K or V
+  // A slice of heads packed into buffers of its own: Q-like and K/V-like [batch, tokens, heads, D] in
+  // the problem dtype, LSE [batch, heads, tokens].
+  struct Packed {
+    void *q = nullptr, *o = nullptr, *d_o = nullptr, *dq = nullptr, *k = nullptr, *v = nullptr, *dk = nullptr,
+         *dv = nullptr;
+    float* lse = nullptr;
+  };
+  static Packed take_packed(Carver& c, const RingShape& s);
+  // A pass's buffers (workspace.h), sized for the largest slice. Both passes: the two K/V receive
+  // buffers (world size above 1) and a head slice's packed tensors (head_slices above 1). The
+  // forward: its rows' fp32 output (RowBuffers). The backward: its rows' terms, then fp32 dK/dV
+  // pairs: [0] and [1] computed in turn while [2] receives (one pair on a ring of one); where the
+  // gradients go home, `kept` holds the own block's kept columns and the pairs carried columns.
+  struct Buffers {
+    KV receive[2]{};
+    Packed packed;
+    RowBuffers rows;
+    KV kept{}, grads[3]{};
+  };
+  static Buffers layout(Carver& c, Pass pass, const RingShape& shape, int world_size);
   // One slice of the ring: batch entries [b0, b0 + shape.batch) and key/value heads
   // [h0, h0 + shape.heads_kv) with their query heads. A slice of fewer heads than the problem's is
   // packed: its tensors are copied into buffers of their own (a message must be contiguous).
@@ -189,14 +211,9 @@ class RingAttention {
   attnhost::Host host_;
   RingMembers members_;
   int rank_, world_;  // this rank's place in the ring, and the ring's size
-  bool overlap_;
+  bool overlap_, dtype_partials_;
   std::unique_ptr<Engine> engine_;
-  // One arena: the two K/V receive buffers, then the forward's or the backward's workspace
-  // (never both at once, so they share the rest of the arena).
-  attnhost::HostBuffer arena_;
-  KV kv_[2]{};
-  char* work_ = nullptr;
-  char* packed_ = nullptr;  // a head slice's packed tensors, after the workspace (head_slices > 1)
+  Workspace<Buffers> work_;
 };
 
 }  // namespace attncore::plugin

@@ -77,8 +77,8 @@ DenseMask dense_mask(const attnhost::Problem& p);
 // ring's workspace stay within 1.3x of its working set (Q, K, V, O, dO, dQ, dK, dV and two K/V
 // blocks), or as many as there are when none does.
 void choose_slices(RingShape& s, int world_size);
-// The ring's shape of a dense problem whose ranks hold `local_tokens` tokens each, with the
-// engine and partials parameters; one slice of each kind.
+// The ring's shape of a dense problem whose ranks hold `local_tokens` tokens each; one slice of each
+// kind.
 RingShape dense_shape(const attnhost::Problem& p, int64_t local_tokens);
 
 // What every dense plugin tells the host's check, whatever its sharding: the pairs of the whole
@@ -147,9 +147,8 @@ class RingPlugin {
 
   RingPlugin(const attnhost::Problem& p, attnhost::Host host)
       : reference_(p), variant_(p),
-        ring_(shape(p), [this](int rank, int source) { return variant_.calls(rank, source); }, host, p->rank,
-              p->world_size, p->device_type == ATTNHOST_DEVICE_CUDA, p.get_string("cpu_accumulate") == "fp64",
-              p.get_bool("overlap")) {}
+        ring_(shape(p), [this](int rank, int source) { return variant_.calls(rank, source); },
+              schedule_options(p, host)) {}
 
   attnhost_layout layout(int32_t) { return variant_.layout().view(); }
   void forward(const attnhost_forward_args& a) { ring_.forward(a); }

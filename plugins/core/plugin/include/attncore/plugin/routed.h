@@ -49,8 +49,7 @@ struct RoutedPlan {
 class RoutedAttention {
  public:
   // `shape` as for RingAttention; every rank's local K/V has shape.local_kv slots.
-  RoutedAttention(const RingShape& shape, const RoutedPlan& plan, attnhost::Host host, int rank, int world_size,
-                  bool cuda, bool cpu_fp64, bool overlap);
+  RoutedAttention(const RingShape& shape, const RoutedPlan& plan, const ScheduleOptions& options);
 
   void forward(const attnhost_forward_args& a);
   void backward(const attnhost_backward_args& a);
@@ -78,6 +77,18 @@ class RoutedAttention {
   void zero_runs(void* base, const std::vector<TokenRun>& runs, void* stream);
   void add_runs(float* dst, const float* src, const std::vector<TokenRun>& runs, void* stream);
   size_t kv_token_elems() const { return static_cast<size_t>(s_.heads_kv) * s_.head_dim; }
+  // A pass's buffers (workspace.h). Both passes: two K/V receive buffers, when any round receives.
+  // The forward: its rows' fp32 output. The backward: its rows' terms, the own dK and dV in fp32
+  // (a sole call writes dK and dV itself and leaves their space, `sums_bytes` from own.k, to the
+  // sums of its block list's split key groups: BlockList::pieces); with remote rounds also the
+  // partials of a received piece and those other ranks send home.
+  struct Buffers {
+    KV receive[2]{};
+    RowBuffers rows;
+    KV own{}, part{}, home{};
+    size_t sums_bytes = 0;
+  };
+  Buffers layout(Carver& c, Pass pass, bool receives, size_t split_sums) const;
 
   RingShape s_;
   attnhost::Host host_;
@@ -85,12 +96,7 @@ class RoutedAttention {
   bool overlap_;
   std::unique_ptr<Engine> engine_;
   std::vector<Round> rounds_;  // [0, P)
-  // One arena: two K/V receive buffers (when any round receives), then the forward's or the
-  // backward's workspace (never both at once).
-  attnhost::HostBuffer arena_;
-  KV kv_[2]{};
-  char* work_ = nullptr;
-  size_t own_grads_bytes_ = 0;  // the backward's own dK and dV, or a sole call's split key groups' sums
+  Workspace<Buffers> work_;
 };
 
 }  // namespace attncore::plugin

@@ -45,8 +45,7 @@ class UlyssesAttention {
  public:
   // `plan` is the ring's, over the r ring members' blocks of `block_tokens` tokens (the head-sharded
   // tensors hold u * n >= block_tokens tokens; the rows past the block are padding).
-  UlyssesAttention(const UlyssesShape& shape, RingPlan plan, attnhost::Host host, int rank, int world_size, bool cuda,
-                   bool cpu_fp64, bool overlap);
+  UlyssesAttention(const UlyssesShape& shape, RingPlan plan, const ScheduleOptions& options);
   ~UlyssesAttention();
 
   void forward(const attnhost_forward_args& a);
@@ -88,10 +87,17 @@ class UlyssesAttention {
   bool overlap_;
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<RingAttention> ring_;
-  // Head-sharded tensors, group after group: Q, K, V, O, LSE (kept from the forward), dO, dQ, dK, dV;
-  // the staging of one all-to-all; the fp32 sums of replicated kv gradients.
-  attnhost::HostBuffer arena_;
-  char *q_, *k_, *v_, *o_, *lse_, *d_o_, *dq_, *dk_, *dv_, *staging_, *dkv_sum_;
+  // The head-sharded tensors, group after group: Q, K, V, O, LSE (kept from the forward), dO, dQ,
+  // dK, dV; the staging of one all-to-all; the fp32 sums of replicated kv gradients. The same for
+  // both passes (workspace.h): the backward reads what the forward keeps.
+  struct Buffers {
+    char *q = nullptr, *k = nullptr, *v = nullptr, *o = nullptr, *lse = nullptr, *d_o = nullptr, *dq = nullptr,
+         *dk = nullptr, *dv = nullptr, *staging = nullptr;
+    float *dk_sum = nullptr, *dv_sum = nullptr;
+  };
+  Buffers layout(Carver& c) const;
+  const Buffers& buffers() const { return work_.forward(); }
+  Workspace<Buffers> work_;
   const void* kept_[5] = {};    // the forward's q, k, v, o, lse: what q_ ... lse_ hold
 };
 

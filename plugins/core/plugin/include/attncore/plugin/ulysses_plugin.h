@@ -64,9 +64,8 @@ class UlyssesPlugin {
   UlyssesPlugin(const attnhost::Problem& p, attnhost::Host host)
       : reference_(p), u_(Variant::ulysses_degree(p)), plan_(make_plan(p, reference_.mask(), p->world_size / u_)),
         packed_(p.packed()), documents_(document_call(p, host)),
-        attention_(shape_of(p), [this](int member, int source) { return calls(member, source); }, host, p->rank,
-                   p->world_size, p->device_type == ATTNHOST_DEVICE_CUDA, p.get_string("cpu_accumulate") == "fp64",
-                   p.get_bool("overlap")) {}
+        attention_(shape_of(p), [this](int member, int source) { return calls(member, source); },
+                   schedule_options(p, host)) {}
 
   attnhost_layout layout(int32_t) { return layout_.view(); }
   void forward(const attnhost_forward_args& a) { attention_.forward(a); }

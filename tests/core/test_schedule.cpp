@@ -1,0 +1,97 @@
+// What every schedule is made with (attncore/plugin/schedule.h) and the one allocation it carves
+// its buffers from (attncore/plugin/workspace.h). Pure logic: runs everywhere.
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>
+
+#include "attncore/plugin/schedule.h"
+#include "attncore/plugin/workspace.h"
+
+#include <cstdint>
+#include <vector>
+
+using namespace attncore::plugin;
+
+namespace {
+
+attnhost_param_value param(const char* name, int32_t type, int64_t int_value, const char* string_value = nullptr) {
+  attnhost_param_value v{};
+  v.struct_size = sizeof(v);
+  v.name = name;
+  v.type = type;
+  v.int_value = int_value;
+  v.string_value = string_value;
+  return v;
+}
+
+attnhost::Problem problem(const std::vector<attnhost_param_value>& params, int32_t device) {
+  attnhost_problem p{};
+  p.struct_size = sizeof(p);
+  p.rank = 1;
+  p.world_size = 4;
+  p.device_type = device;
+  p.params = params.data();
+  p.num_params = static_cast<int32_t>(params.size());
+  return attnhost::Problem(p);
+}
+
+}  // namespace
+
+TEST_CASE("schedule options come from the problem, and a parameter a plugin does not take keeps its default") {
+  const std::vector<attnhost_param_value> all = {
+      param("overlap", ATTNHOST_PARAM_BOOL, 0), param("cpu_accumulate", ATTNHOST_PARAM_STRING, 0, "fp64"),
+      param("engine", ATTNHOST_PARAM_STRING, 0, "cudnn"), param("partials", ATTNHOST_PARAM_STRING, 0, "dtype")};
+  const ScheduleOptions o = schedule_options(problem(all, ATTNHOST_DEVICE_CUDA), attnhost::Host{});
+  CHECK(o.rank == 1);
+  CHECK(o.world_size == 4);
+  CHECK(o.cuda);
+  CHECK_FALSE(o.overlap);
+  CHECK(o.cpu_fp64);
+  CHECK(o.engine.choice == EngineChoice::cudnn);
+  CHECK(o.engine.dtype_partials);
+
+  const ScheduleOptions none = schedule_options(problem({}, ATTNHOST_DEVICE_CPU), attnhost::Host{});
+  CHECK_FALSE(none.cuda);
+  CHECK(none.overlap);
+  CHECK_FALSE(none.cpu_fp64);
+  CHECK(none.engine.choice == EngineChoice::native);
+  CHECK_FALSE(none.engine.dtype_partials);
+}
+
+namespace {
+
+// A schedule's buffers: one both passes take first, then one of the forward's or two of the backward's.
+struct Buffers {
+  char* shared = nullptr;
+  float* forward = nullptr;
+  float *backward_a = nullptr, *backward_b = nullptr;
+};
+
+Buffers layout(Carver& c, Pass pass) {
+  Buffers b;
+  b.shared = c.take(100);
+  if (pass == Pass::forward) b.forward = c.take<float>(1000);
+  else {
+    b.backward_a = c.take<float>(300);
+    b.backward_b = c.take<float>(257);
+  }
+  return b;
+}
+
+}  // namespace
+
+TEST_CASE("a workspace is as large as its larger pass; buffers start on 256 bytes, a shared one at one address") {
+  CHECK(Workspace<Buffers>::bytes(layout) == 256 + 1024);  // forward: 256 + 1024; backward: 256 + 512 + 512
+  std::vector<char> memory(Workspace<Buffers>::bytes(layout) + 256);
+  char* base = memory.data() + (256 - reinterpret_cast<uintptr_t>(memory.data()) % 256) % 256;
+  Carver f(base), b(base);
+  const Buffers forward = layout(f, Pass::forward), backward = layout(b, Pass::backward);
+  CHECK(forward.shared == base);
+  CHECK(backward.shared == base);
+  CHECK(reinterpret_cast<char*>(forward.forward) == base + 256);
+  CHECK(reinterpret_cast<char*>(backward.backward_a) == base + 256);
+  CHECK(reinterpret_cast<char*>(backward.backward_b) == base + 256 + 512);
+  CHECK(b.used() == 256 + 512 + 512);
+  Carver counting;
+  CHECK(layout(counting, Pass::forward).shared == nullptr);
+  CHECK(counting.used() == 256 + 1024);
+}
