@@ -1,6 +1,9 @@
 #include "schedule.h"
 
 #include <algorithm>
+#include <functional>
+#include <numeric>
+#include <queue>
 #include <utility>
 
 namespace varlen {
@@ -43,6 +46,10 @@ StepCall finish(std::vector<Planned> planned, bool masked, int64_t local_tokens)
   return call;
 }
 
+// The local rows a step's calls cover: all of them with the rank's own block, else the split
+// sequences' (the placed ones attend their own block alone).
+int64_t rows_of(const Sharding& sh, int rank, int source) { return source == rank ? sh.local_tokens() : sh.split_slots(); }
+
 // Causal, no left window: one call a step (schedule.h).
 std::vector<StepCall> plan_causal(const Sharding& sh, int rank, int source) {
   std::vector<Planned> planned;
@@ -64,7 +71,7 @@ std::vector<StepCall> plan_causal(const Sharding& sh, int rank, int source) {
     }
   }
   if (planned.empty()) return {};
-  return {finish(std::move(planned), source == rank, sh.local_tokens())};
+  return {finish(std::move(planned), source == rank, rows_of(sh, rank, source))};
 }
 
 // Any mask: (chunk, chunk) segments at true positions, as many calls as a chunk needs.
@@ -101,7 +108,7 @@ std::vector<StepCall> plan_chunks(const Sharding& sh, const SequenceMask& mask, 
     }
   }
   std::vector<StepCall> out;
-  for (Open& o : calls) out.push_back(finish(std::move(o.planned), true, sh.local_tokens()));
+  for (Open& o : calls) out.push_back(finish(std::move(o.planned), true, rows_of(sh, rank, source)));
   return out;
 }
 
@@ -111,6 +118,44 @@ std::vector<StepCall> plan_step(const Sharding& sharding, const SequenceMask& ma
                                 bool deterministic) {
   if (sharding.zigzag() && mask.causal && mask.window_left < 0) return plan_causal(sharding, rank, source);
   return plan_chunks(sharding, mask, rank, source, deterministic);
+}
+
+std::vector<int> place_sequences(const std::vector<int64_t>& cu, const SequenceMask& mask, int world_size) {
+  const size_t n = cu.size() - 1;
+  std::vector<int64_t> pairs(n);
+  for (size_t s = 0; s < n; ++s) pairs[s] = mask.of(cu[s + 1] - cu[s]).pairs(0, cu[s + 1] - cu[s], 0, cu[s + 1] - cu[s]);
+  std::vector<size_t> order(n);
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return pairs[a] > pairs[b]; });
+  const double share = static_cast<double>(std::accumulate(pairs.begin(), pairs.end(), int64_t{0})) / world_size;
+  // The owners when the first `split` of `order` are split and the rest placed, and the most pairs
+  // a rank then computes.
+  const auto place = [&](size_t split, std::vector<int>& owner) {
+    double split_pairs = 0;
+    for (size_t i = 0; i < split; ++i) split_pairs += static_cast<double>(pairs[order[i]]);
+    using Load = std::pair<double, int>;  // (pairs so far, rank): the least first
+    std::priority_queue<Load, std::vector<Load>, std::greater<Load>> ranks;
+    for (int r = 0; r < world_size; ++r) ranks.push({split_pairs / world_size, r});
+    owner.assign(n, -1);
+    for (size_t i = split; i < n; ++i) {
+      Load least = ranks.top();
+      ranks.pop();
+      owner[order[i]] = least.second;
+      least.first += static_cast<double>(pairs[order[i]]);
+      ranks.push(least);
+    }
+    double most = 0;
+    for (; !ranks.empty(); ranks.pop()) most = std::max(most, ranks.top().first);
+    return most;
+  };
+  // The fewest split, counted up from none: the most is not monotonic in the count (eight equal
+  // sequences place evenly on two ranks, but not seven beside an eighth split), and the search
+  // ends after the few long sequences of a realistic mix. All split meets any slack.
+  std::vector<int> owner;
+  for (size_t split = 0; split < n; ++split)
+    if (place(split, owner) <= (1 + kPlacementSlack) * share) return owner;
+  place(n, owner);
+  return owner;
 }
 
 int64_t total_pairs(const Sharding& sharding, const SequenceMask& mask) {

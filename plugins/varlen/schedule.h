@@ -47,6 +47,14 @@ struct SequenceMask {
   attncore::plugin::DenseMask of(int64_t length) const { return {length, causal, window_left, window_right}; }
 };
 
+// Which sequences to place whole, and on which rank (Sharding's owner; -1: split). The sequences
+// with the most pairs are split over every rank, as few as need be for the others, placed whole by
+// their pairs (the longest first, each on the rank with the least work so far), to give no rank more
+// than kPlacementSlack over an equal share of the pairs. A placed sequence costs no communication
+// and runs in one piece, where a split one is cut into 2P chunks that meet in every step.
+inline constexpr double kPlacementSlack = 0.02;
+std::vector<int> place_sequences(const std::vector<int64_t>& cu_seqlens, const SequenceMask& mask, int world_size);
+
 // The calls `rank` makes with the block of `source`, in the order to make them.
 std::vector<StepCall> plan_step(const Sharding& sharding, const SequenceMask& mask, int rank, int source,
                                 bool deterministic);

@@ -1,8 +1,10 @@
-// varlen: packed variable-length sequences on the ring (docs/VARIANTS.md). Every sequence is split
-// over all ranks (zigzag within it when causal, sharding.h); K/V blocks go round the ring of
-// plugins/core/plugin (RingAttention: double-buffered, overlapped, fp32 merges, dK/dV travelling
-// home), and each step attends only pairs of one sequence (schedule.h). The segment lists of every
-// step are made and uploaded once, when the instance is created.
+// varlen: packed variable-length sequences on the ring (docs/VARIANTS.md). Short sequences are
+// placed whole on the ranks, balanced by their pairs; the longest are split over all ranks (zigzag
+// within them when causal), as few as the balance needs (sharding.h, place_sequences). K/V blocks of
+// the split sequences go round the ring of plugins/core/plugin (RingAttention: double-buffered,
+// overlapped, fp32 merges, dK/dV travelling home), and each step attends only pairs of one sequence
+// (schedule.h). The segment lists of every step are made and uploaded once, when the instance is
+// created.
 #include "schedule.h"
 #include "sharding.h"
 
@@ -12,6 +14,7 @@
 
 #include <attnhost/plugin.hpp>
 
+#include <iterator>
 #include <limits>
 #include <string>
 #include <vector>
@@ -32,6 +35,25 @@ varlen::SequenceMask sequence_mask(const attnhost::Problem& p) {
   return {p->causal != 0, p->window_left, p->window_right};
 }
 
+varlen::Sharding sharding_of(const attnhost::Problem& p) {
+  const std::vector<int64_t> cu = cu_seqlens(p);
+  std::vector<int> owner;
+  if (p.get_string("dispatch") == "balanced") owner = varlen::place_sequences(cu, sequence_mask(p), p->world_size);
+  return varlen::Sharding(cu, p->world_size, p->causal != 0, std::move(owner));
+}
+
+using attncore::plugin::ring_param;
+inline constexpr attnhost_param_spec kParams[] = {
+    ring_param("overlap"),
+    ring_param("cpu_accumulate"),
+    ring_param("engine"),
+    ring_param("partials"),
+    {ATTNHOST_STRUCT_SIZE(attnhost_param_spec, choices), "dispatch", ATTNHOST_PARAM_STRING, "\"balanced\"",
+     "balanced: short sequences placed whole on the ranks by their pairs, only as many of the longest split over "
+     "every rank as the balance needs; split: every sequence split over every rank",
+     "balanced|split"},
+};
+
 class Varlen {
  public:
   static const attnhost_plugin_info& info() {
@@ -39,15 +61,15 @@ class Varlen {
         ATTNHOST_STRUCT_SIZE(attnhost_plugin_info, params),
         "varlen",
         "1.0.0",
-        "packed variable-length ring attention: every sequence split over the ranks (zigzag when causal), "
-        "per-sequence segments, fp32 merges",
+        "packed variable-length ring attention: short sequences whole on a rank, balanced by pairs, long ones "
+        "split over the ranks (zigzag when causal); per-sequence segments, fp32 merges",
         {ATTNHOST_STRUCT_SIZE(attnhost_capabilities, head_dims), attncore::plugin::kRingDevices,
          attncore::plugin::kRingDtypes,
          ATTNHOST_FEATURE_CAUSAL | ATTNHOST_FEATURE_NONCAUSAL | ATTNHOST_FEATURE_WINDOW | ATTNHOST_FEATURE_GQA |
              ATTNHOST_FEATURE_VARLEN | ATTNHOST_FEATURE_BACKWARD | ATTNHOST_FEATURE_DETERMINISTIC,
          1, 0, 0, nullptr},
-        attncore::plugin::kNumPackedRingParams,
-        attncore::plugin::kRingParams,
+        static_cast<int32_t>(std::size(kParams)),
+        kParams,
     };
     return info;
   }
@@ -76,46 +98,17 @@ class Varlen {
       fail(ATTNHOST_ERR_INVALID_ARGUMENT, "cu_seqlens ends at " + std::to_string(cu.back()) + ", not at seqlen " +
                                               std::to_string(p->seqlen_q));
     // Segments index local slots with 32-bit integers.
-    const varlen::Sharding sharding(cu, p->world_size, p->causal != 0);
+    const varlen::Sharding sharding = sharding_of(p);
     if (sharding.local_tokens() > std::numeric_limits<int32_t>::max())
       fail(ATTNHOST_ERR_UNSUPPORTED, std::to_string(sharding.local_tokens()) + " tokens a rank (with padding) is more "
                                          "than 2^31 - 1: use more ranks");
   }
 
   Varlen(const attnhost::Problem& p, attnhost::Host host)
-      : problem_(p), mask_(sequence_mask(p)), sharding_(cu_seqlens(p), p->world_size, p->causal != 0),
-        layout_(sharding_.layout(p->rank)),
+      : problem_(p), mask_(sequence_mask(p)), sharding_(sharding_of(p)),
+        layout_(sharding_.layout(p->rank)), steps_(plan_steps(p, host)),
         ring_(shape(p), [this](int rank, int source) { return calls(rank, source); },
               attncore::plugin::schedule_options(p, host)) {
-    // Every step's calls, their segments in one upload to the instance's device.
-    std::vector<std::vector<varlen::StepCall>> plans(p->world_size);
-    std::vector<attncore::Segment> all;
-    for (int source = 0; source < p->world_size; ++source) {
-      plans[source] = varlen::plan_step(sharding_, mask_, p->rank, source, p->deterministic != 0);
-      for (const varlen::StepCall& c : plans[source]) {
-        all.insert(all.end(), c.forward.begin(), c.forward.end());
-        all.insert(all.end(), c.backward.begin(), c.backward.end());
-      }
-    }
-    segments_ = attnhost::HostBuffer(host, all.size() * sizeof(attncore::Segment));
-    if (!all.empty())
-      attncore::plugin::Engine::make(p->device_type == ATTNHOST_DEVICE_CUDA, false)
-          ->upload(segments_.get(), all.data(), segments_.bytes());
-    const int64_t n = sharding_.local_tokens();
-    const attncore::Segment* at = segments_.as<attncore::Segment>();
-    steps_.resize(p->world_size);
-    for (int source = 0; source < p->world_size; ++source)
-      for (const varlen::StepCall& c : plans[source]) {
-        BlockCall call{0, n, 0, n, 0, 0, c.masked};
-        call.segments = at;
-        call.num_segments = static_cast<int32_t>(c.forward.size());
-        at += c.forward.size();
-        call.backward_segments = at;
-        call.num_backward_segments = static_cast<int32_t>(c.backward.size());
-        at += c.backward.size();
-        call.pairs = c.pairs;
-        steps_[source].push_back(call);
-      }
     total_pairs_ = varlen::total_pairs(sharding_, mask_) * p->heads_q;
   }
 
@@ -142,12 +135,50 @@ class Varlen {
   }
 
  private:
+  // Every step's calls, their segments in one upload to the instance's device (into segments_).
+  std::vector<std::vector<BlockCall>> plan_steps(const attnhost::Problem& p, attnhost::Host host) {
+    std::vector<std::vector<varlen::StepCall>> plans(p->world_size);
+    std::vector<attncore::Segment> all;
+    for (int source = 0; source < p->world_size; ++source) {
+      plans[source] = varlen::plan_step(sharding_, mask_, p->rank, source, p->deterministic != 0);
+      for (const varlen::StepCall& c : plans[source]) {
+        all.insert(all.end(), c.forward.begin(), c.forward.end());
+        all.insert(all.end(), c.backward.begin(), c.backward.end());
+      }
+    }
+    segments_ = attnhost::HostBuffer(host, all.size() * sizeof(attncore::Segment));
+    if (!all.empty())
+      attncore::plugin::Engine::make(p->device_type == ATTNHOST_DEVICE_CUDA, false)
+          ->upload(segments_.get(), all.data(), segments_.bytes());
+    const attncore::Segment* at = segments_.as<attncore::Segment>();
+    std::vector<std::vector<BlockCall>> steps(p->world_size);
+    for (int source = 0; source < p->world_size; ++source)
+      for (const varlen::StepCall& c : plans[source]) {
+        const int64_t n = extent(p->rank, source);
+        BlockCall call{0, n, 0, n, 0, 0, c.masked};
+        call.segments = at;
+        call.num_segments = static_cast<int32_t>(c.forward.size());
+        at += c.forward.size();
+        call.backward_segments = at;
+        call.num_backward_segments = static_cast<int32_t>(c.backward.size());
+        at += c.backward.size();
+        call.pairs = c.pairs;
+        steps[source].push_back(call);
+      }
+    return steps;
+  }
+
+  // The rows and columns a step's calls span: every slot with the rank's own block; with another's,
+  // the split sequences' slots alone, which are all of the block that travels.
+  int64_t extent(int rank, int source) const {
+    return rank == source ? sharding_.local_tokens() : sharding_.split_slots();
+  }
   // This rank's calls as uploaded; another rank's only as far as the ring asks (which columns of the
-  // block it reaches: all of them when it makes any call).
+  // block it reaches: all it spans when it makes any call).
   std::vector<BlockCall> calls(int rank, int source) const {
     if (rank == problem_->rank) return steps_[source];
     if (varlen::plan_step(sharding_, mask_, rank, source, false).empty()) return {};
-    const int64_t n = sharding_.local_tokens();
+    const int64_t n = extent(rank, source);
     return {BlockCall{0, n, 0, n, 0, 0, true}};
   }
 
@@ -162,6 +193,8 @@ class Varlen {
     s.softmax_scale = static_cast<float>(p->softmax_scale);
     s.mask = {0, mask_.causal, mask_.window_left, mask_.window_right};  // pairs come with each call
     s.deterministic = p->deterministic != 0;
+    // Where little is split, the gradients of the split slots go home rather than round the ring.
+    attncore::plugin::set_block_reach(s, [this](int rank, int source) { return calls(rank, source); }, p->world_size);
     return s;
   }
 
@@ -169,8 +202,8 @@ class Varlen {
   varlen::SequenceMask mask_;
   varlen::Sharding sharding_;
   attnhost::Layout layout_;
-  std::vector<std::vector<BlockCall>> steps_;  // by source rank
   attnhost::HostBuffer segments_;              // what steps_ point into, on the device
+  std::vector<std::vector<BlockCall>> steps_;  // by source rank
   int64_t total_pairs_ = 0;
   attncore::plugin::RingAttention ring_;
   attnhost::SpanList spans_;

@@ -79,7 +79,7 @@ Buffers layout(Carver& c, Pass pass) {
 
 }  // namespace
 
-TEST_CASE("a workspace is as large as its larger pass; buffers start on 256 bytes, a shared one at one address") {
+TEST_CASE("a workspace is as large as its larger pass, its buffers start on 256 bytes, a shared one at one address") {
   CHECK(Workspace<Buffers>::bytes(layout) == 256 + 1024);  // forward: 256 + 1024; backward: 256 + 512 + 512
   std::vector<char> memory(Workspace<Buffers>::bytes(layout) + 256);
   char* base = memory.data() + (256 - reinterpret_cast<uintptr_t>(memory.data()) % 256) % 256;

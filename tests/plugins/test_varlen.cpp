@@ -5,6 +5,8 @@
 
 #include "suite/varlen.h"
 
+#include "schedule.h"
+
 #include <numeric>
 
 using attnhost::DeviceKind;
@@ -164,22 +166,28 @@ TEST_CASE("varlen: padding never changes a result") {
 }
 
 TEST_CASE("varlen: every rank attends the same pairs, counted exactly") {
-  // Lengths divisible by 2P: the zigzag gives each rank exactly 1/P of the causal pairs, and each
-  // rank counts exactly what it computes (the rank counts sum to the brute-force total).
-  for (int P : {2, 3, 4}) {
-    const std::vector<int64_t> lengths = {48, 24 * 8, 24};
-    for (bool causal : {true, false}) {
-      Shape s;
-      s.causal = causal;
-      CAPTURE(P);
-      CAPTURE(causal);
-      attnhost::CaseResult r = run_on(DeviceKind::cpu, varlen_case(lengths, {P}, s));
-      test::all_pass(r);
-      const auto& run = r.runs[0];
-      CHECK(run.total_pairs == brute_force_pairs(lengths, s) * s.heads);
-      CHECK(run.max_rank_pairs * P == run.total_pairs);
+  // Every sequence split, lengths divisible by 2P: the zigzag gives each rank exactly 1/P of the
+  // causal pairs, and each rank counts exactly what it computes (the rank counts sum to the
+  // brute-force total). Balanced dispatch: within its slack of that.
+  for (int P : {2, 3, 4})
+    for (const char* dispatch : {"split", "balanced"}) {
+      const std::vector<int64_t> lengths = {48, 24 * 8, 24};
+      for (bool causal : {true, false}) {
+        Shape s;
+        s.causal = causal;
+        CAPTURE(P);
+        CAPTURE(causal);
+        CAPTURE(dispatch);
+        attnhost::suite::Case c = varlen_case(lengths, {P}, s);
+        c.params["dispatch"] = std::string(dispatch);
+        attnhost::CaseResult r = run_on(DeviceKind::cpu, c);
+        test::all_pass(r);
+        const auto& run = r.runs[0];
+        CHECK(run.total_pairs == brute_force_pairs(lengths, s) * s.heads);
+        if (std::string(dispatch) == "split") CHECK(run.max_rank_pairs * P == run.total_pairs);
+        else CHECK(static_cast<double>(run.max_rank_pairs) * P / run.total_pairs <= 1 + varlen::kPlacementSlack);
+      }
     }
-  }
   // A documents mix, padded: still within a few percent of perfect balance.
   const std::vector<int64_t> mix = documents(2000, 800, 3);
   attnhost::CaseResult r = run_on(DeviceKind::cpu, varlen_case(mix, {4}, Shape{2, 2, 8, true}));
@@ -187,12 +195,33 @@ TEST_CASE("varlen: every rank attends the same pairs, counted exactly") {
   CHECK(static_cast<double>(r.runs[0].max_rank_pairs) * 4 / r.runs[0].total_pairs < 1.03);
 }
 
-TEST_CASE("varlen: what goes round the ring is each rank's shard, once a step") {
-  // P - 1 forward steps send K and V of the local slots (tokens and padding); the backward sends
-  // them again and the fp32 dK, dV after every one of its P steps.
+TEST_CASE("varlen: short sequences are placed whole, the longest split only as the balance needs") {
+  const auto placed = [](std::vector<int64_t> lengths, int P) {
+    std::vector<int64_t> cu = {0};
+    for (int64_t L : lengths) cu.push_back(cu.back() + L);
+    return varlen::place_sequences(cu, {true, -1, -1}, P);
+  };
+  // Eight equal sequences on two ranks: four whole on each, none split.
+  CHECK(placed(std::vector<int64_t>(8, 16), 2) == std::vector<int>{0, 1, 0, 1, 0, 1, 0, 1});
+  // One long sequence among short ones: it alone is split (no rank could take it whole and stay
+  // within the slack), the short ones placed around it.
+  const std::vector<int> owner = placed({16, 256, 16, 16, 16, 16, 16, 16, 16}, 2);
+  CHECK(owner[1] == -1);
+  CHECK(std::count(owner.begin(), owner.end(), 0) == 4);
+  CHECK(std::count(owner.begin(), owner.end(), 1) == 4);
+  // One sequence, as a batch of one is: split. On one rank: placed.
+  CHECK(placed({1000}, 4) == std::vector<int>{-1});
+  CHECK(placed({1000, 3}, 1) == std::vector<int>{0, 0});
+}
+
+TEST_CASE("varlen: what goes round the ring is each rank's split sequences, once a step") {
+  // Every sequence split: P - 1 forward steps send K and V of the local slots (tokens and padding);
+  // the backward sends them again and the fp32 dK, dV after every one of its P steps.
   const std::vector<int64_t> lengths = {1, 2, 9, 47, 121};
   Shape s;
-  attnhost::CaseResult r = run_on(DeviceKind::cpu, varlen_case(lengths, {1, 2, 3, 4}, s));
+  attnhost::suite::Case split = varlen_case(lengths, {1, 2, 3, 4}, s);
+  split.params["dispatch"] = std::string("split");
+  attnhost::CaseResult r = run_on(DeviceKind::cpu, split);
   test::all_pass(r);
   for (const auto& run : r.runs) {
     const int P = run.world_size;
@@ -206,6 +235,19 @@ TEST_CASE("varlen: what goes round the ring is each rank's shard, once a step") 
       // K/V, then dK/dV: P - 1 hops in fp32 and the last one home in bf16
       CHECK(run.sent_bytes_bwd[rank] == (P > 1 ? (P - 1) * 2 * kv * 2 + (P - 1) * 2 * kv * 4 + 2 * kv * 2 : 0));
     }
+  }
+  // Balanced: the one long sequence is split (2 x 64 slots a rank), the short ones stay home, and
+  // only the split slots travel, K and V a hop.
+  attnhost::CaseResult b = run_on(DeviceKind::cpu, varlen_case({16, 256, 16, 16, 16, 16, 16, 16, 16}, {2}, s));
+  test::all_pass(b);
+  const uint64_t split_kv = uint64_t{128} * s.kv_heads * s.head_dim;
+  for (int rank = 0; rank < 2; ++rank) CHECK(b.runs[0].sent_bytes_fwd[rank] == 2 * split_kv * 2);
+  // Nothing split: nothing travels.
+  attnhost::CaseResult none = run_on(DeviceKind::cpu, varlen_case(std::vector<int64_t>(8, 16), {2}, s));
+  test::all_pass(none);
+  for (int rank = 0; rank < 2; ++rank) {
+    CHECK(none.runs[0].sent_bytes_fwd[rank] == 0);
+    CHECK(none.runs[0].sent_bytes_bwd[rank] == 0);
   }
 }
 
