@@ -174,7 +174,9 @@ std::string features_string(uint32_t f) {
 std::string dtypes_string(uint32_t d) {
   return join_bits(d, {{ATTNHOST_CAP_DTYPE(ATTNHOST_DTYPE_BF16), "bf16"},
                        {ATTNHOST_CAP_DTYPE(ATTNHOST_DTYPE_FP16), "fp16"},
-                       {ATTNHOST_CAP_DTYPE(ATTNHOST_DTYPE_FP32), "fp32"}});
+                       {ATTNHOST_CAP_DTYPE(ATTNHOST_DTYPE_FP32), "fp32"},
+                       {ATTNHOST_CAP_DTYPE(ATTNHOST_DTYPE_FP8_E4M3), "fp8_e4m3"},
+                       {ATTNHOST_CAP_DTYPE(ATTNHOST_DTYPE_FP8_E5M2), "fp8_e5m2"}});
 }
 
 std::string devices_string(uint32_t d) {

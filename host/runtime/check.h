@@ -40,7 +40,9 @@ struct CheckPlan {
 // One rank's outputs, copied to host memory, with the layouts that place them.
 struct RankOutputs {
   Instance::Layout q_layout, kv_layout;
-  int32_t dtype = ATTNHOST_DTYPE_BF16;
+  int32_t dtype = ATTNHOST_DTYPE_BF16;        // of the outputs
+  int32_t input_dtype = ATTNHOST_DTYPE_BF16;  // of dO (FP8 problems: FP8, times descale_do)
+  double descale_do = 1;
   int64_t batch = 1;
   int32_t heads_q = 1, heads_kv = 1, head_dim = 1;
   std::vector<char> o, lse, dq, dk, dv, d_o; // dq..d_o empty without gradients

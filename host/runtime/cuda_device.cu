@@ -41,6 +41,8 @@ __global__ void generate_kernel(void* dst, data::Params p, uint32_t tensor, int6
       }
     if constexpr (kDtype == ATTNHOST_DTYPE_BF16) static_cast<uint16_t*>(dst)[i] = data::to_bf16(v);
     else if constexpr (kDtype == ATTNHOST_DTYPE_FP16) static_cast<uint16_t*>(dst)[i] = data::to_fp16(v);
+    else if constexpr (kDtype == ATTNHOST_DTYPE_FP8_E4M3 || kDtype == ATTNHOST_DTYPE_FP8_E5M2)
+      static_cast<uint8_t*>(dst)[i] = data::to_fp8(v * data::fp8_scale(p, fp8_format(kDtype)), fp8_format(kDtype));
     else static_cast<float*>(dst)[i] = v;
   }
 }
@@ -157,6 +159,8 @@ class CudaDevice final : public Device {
     };
     if (s.dtype == ATTNHOST_DTYPE_BF16) args(generate_kernel<ATTNHOST_DTYPE_BF16>);
     else if (s.dtype == ATTNHOST_DTYPE_FP16) args(generate_kernel<ATTNHOST_DTYPE_FP16>);
+    else if (s.dtype == ATTNHOST_DTYPE_FP8_E4M3) args(generate_kernel<ATTNHOST_DTYPE_FP8_E4M3>);
+    else if (s.dtype == ATTNHOST_DTYPE_FP8_E5M2) args(generate_kernel<ATTNHOST_DTYPE_FP8_E5M2>);
     else args(generate_kernel<ATTNHOST_DTYPE_FP32>);
     check_cuda(cudaGetLastError(), "generate kernel");
     check_cuda(cudaStreamSynchronize(streams_[0]), "generate kernel");

@@ -119,4 +119,64 @@ ATTNHOST_HD float from_fp16(uint16_t h) {
   return bits_float(sign | ((exp + 112u) << 23) | (mant << 13));
 }
 
+// The 8-bit float formats (OCP FP8): mantissa bits, exponent bias, and the largest finite code
+// without its sign. e4m3 has no infinity (S.1111.111 is NaN); e5m2's top exponent holds
+// infinities and NaNs, as in IEEE.
+struct Fp8Format {
+  uint32_t mantissa, bias, max_code;
+};
+ATTNHOST_HD Fp8Format e4m3() { return {3, 7, 0x7e}; }   // largest 448
+ATTNHOST_HD Fp8Format e5m2() { return {2, 15, 0x7b}; }  // largest 57344
+
+// Round-to-nearest-even float -> FP8 bits, by integer operations only. Beyond the largest finite
+// value it saturates (a tensor's scale keeps its values inside); NaN stays NaN.
+ATTNHOST_HD uint8_t to_fp8(float f, Fp8Format fmt) {
+  const uint32_t u = float_bits(f);
+  const uint32_t sign = (u >> 24) & 0x80u, a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return static_cast<uint8_t>(sign | 0x7fu);
+  const uint32_t drop = 23u - fmt.mantissa;  // float mantissa bits the format drops
+  uint32_t code;
+  if ((a >> 23) + fmt.bias <= 127u) {        // subnormal or zero in the format
+    // In units of the smallest subnormal, 2^(1 - bias - mantissa): the float's mantissa shifted.
+    const uint32_t shift = 151u - fmt.bias - fmt.mantissa - (a >> 23);
+    if (a < 0x00800000u || shift > 25u) return static_cast<uint8_t>(sign);
+    const uint32_t mant = (a & 0x7fffffu) | 0x800000u;
+    const uint32_t rem = mant & ((1u << shift) - 1u), half = 1u << (shift - 1u);
+    code = mant >> shift;
+    if (rem > half || (rem == half && (code & 1u))) ++code;  // 2^mantissa: the smallest normal
+  } else {
+    uint32_t r = a - ((127u - fmt.bias) << 23);  // rebias the exponent
+    r += ((1u << (drop - 1u)) - 1u) + ((r >> drop) & 1u);
+    code = r >> drop;
+  }
+  if (code > fmt.max_code) code = fmt.max_code;
+  return static_cast<uint8_t>(sign | code);
+}
+
+ATTNHOST_HD float from_fp8(uint8_t b, Fp8Format fmt) {
+  const uint32_t sign = static_cast<uint32_t>(b & 0x80u) << 24;
+  const uint32_t exp = (b & 0x7fu) >> fmt.mantissa, mant = b & ((1u << fmt.mantissa) - 1u);
+  const uint32_t top = (1u << (7u - fmt.mantissa)) - 1u;
+  if (fmt.max_code == e4m3().max_code ? (b & 0x7fu) == 0x7fu : exp == top)
+    return bits_float(sign | 0x7f800000u | (fmt.max_code == e4m3().max_code || mant ? 0x400000u : 0u));
+  if (exp == 0) {  // mant x 2^(1 - bias - mantissa), exact in float
+    const float v = static_cast<float>(mant) * bits_float((128u - fmt.bias - fmt.mantissa) << 23);
+    return sign ? -v : v;
+  }
+  return bits_float(sign | ((exp + 127u - fmt.bias) << 23) | (mant << (23u - fmt.mantissa)));
+}
+
+// The largest |value| the generator makes with these parameters: uniform in [-scale, scale), or
+// the standardized sum of four 16-bit uniforms, at most 131070 units.
+ATTNHOST_HD float value_bound(const Params& p) {
+  return p.distribution == kUniform ? p.scale : 131070.0f * (p.scale * 2.6429161e-05f);
+}
+
+// A tensor's FP8 scale: the largest power of two that keeps value_bound within the format's
+// largest finite value. A power of two keeps x * scale and the descale exact.
+ATTNHOST_HD float fp8_scale(const Params& p, Fp8Format fmt) {
+  const float largest = from_fp8(static_cast<uint8_t>(fmt.max_code), fmt);
+  return bits_float(float_bits(largest / value_bound(p)) & 0x7f800000u);
+}
+
 }  // namespace attnhost::data

@@ -49,6 +49,8 @@ double load_element(const void* base, int32_t dtype, size_t i) {
     case ATTNHOST_DTYPE_FP16: return data::from_fp16(static_cast<const uint16_t*>(base)[i]);
     case ATTNHOST_DTYPE_FP32: return static_cast<const float*>(base)[i];
     case ATTNHOST_DTYPE_FP64: return static_cast<const double*>(base)[i];
+    case ATTNHOST_DTYPE_FP8_E4M3:
+    case ATTNHOST_DTYPE_FP8_E5M2: return data::from_fp8(static_cast<const uint8_t*>(base)[i], fp8_format(dtype));
     default: return std::numeric_limits<double>::quiet_NaN();
   }
 }
@@ -58,12 +60,17 @@ double generated_element(const data::Params& params, uint32_t tensor, int32_t dt
   float v = data::element_value(params, tensor, batch, token, head, dim);
   if (dtype == ATTNHOST_DTYPE_BF16) return data::from_bf16(data::to_bf16(v));
   if (dtype == ATTNHOST_DTYPE_FP16) return data::from_fp16(data::to_fp16(v));
+  if (is_fp8(dtype)) {
+    const float scale = data::fp8_scale(params, fp8_format(dtype));
+    return static_cast<double>(data::from_fp8(data::to_fp8(v * scale, fp8_format(dtype)), fp8_format(dtype))) / scale;
+  }
   return v;
 }
 
 void generate_cpu(void* dst, const GenerateSpec& s) {
   const size_t row = static_cast<size_t>(s.heads) * s.head_dim;
-  const size_t elem = s.dtype == ATTNHOST_DTYPE_FP32 ? 4 : 2;
+  const size_t elem = s.dtype == ATTNHOST_DTYPE_FP32 ? 4 : is_fp8(s.dtype) ? 1 : 2;
+  const float fp8_scale = is_fp8(s.dtype) ? data::fp8_scale(s.params, fp8_format(s.dtype)) : 1.f;
   std::memset(dst, 0, static_cast<size_t>(s.batch) * s.local_tokens * row * elem);
   for (int64_t b = 0; b < s.batch; ++b)
     for (const attnhost_token_range& r : s.ranges)
@@ -75,6 +82,7 @@ void generate_cpu(void* dst, const GenerateSpec& s) {
             size_t i = base + static_cast<size_t>(h) * s.head_dim + d;
             if (s.dtype == ATTNHOST_DTYPE_BF16) static_cast<uint16_t*>(dst)[i] = data::to_bf16(v);
             else if (s.dtype == ATTNHOST_DTYPE_FP16) static_cast<uint16_t*>(dst)[i] = data::to_fp16(v);
+            else if (is_fp8(s.dtype)) static_cast<uint8_t*>(dst)[i] = data::to_fp8(v * fp8_scale, fp8_format(s.dtype));
             else static_cast<float*>(dst)[i] = v;
           }
       }

@@ -36,6 +36,18 @@ class Marker {
   virtual double since(const Marker& start) const = 0;
 };
 
+// FP8 problems (ABI 1.4): the inputs (Q, K, V, dO) in the problem's FP8 dtype, each scaled by
+// data::fp8_scale; the outputs (O, dQ, dK, dV) in bf16.
+ATTNHOST_HD bool is_fp8(int32_t dtype) { return dtype == ATTNHOST_DTYPE_FP8_E4M3 || dtype == ATTNHOST_DTYPE_FP8_E5M2; }
+ATTNHOST_HD data::Fp8Format fp8_format(int32_t dtype) {
+  return dtype == ATTNHOST_DTYPE_FP8_E5M2 ? data::e5m2() : data::e4m3();
+}
+inline int32_t output_dtype(int32_t dtype) { return is_fp8(dtype) ? ATTNHOST_DTYPE_BF16 : dtype; }
+// What an input element stands for per unit of its storage: 1 / its FP8 scale, or 1.
+inline double input_descale(const data::Params& params, int32_t dtype) {
+  return is_fp8(dtype) ? 1.0 / data::fp8_scale(params, fp8_format(dtype)) : 1.0;
+}
+
 // Where generated data goes: a local [B, tokens, H, D] (or LSE-like [B, H, tokens]) tensor.
 struct GenerateSpec {
   data::Params params;
@@ -97,10 +109,11 @@ int cuda_device_count();          // 0 when no driver or no GPU
 
 // Fill on the CPU: shared by the CPU device and the reference check.
 void generate_cpu(void* dst, const GenerateSpec& spec);
-// One element as the plugin sees it (rounded to dtype), widened to double.
+// One element as the plugin sees it (rounded to dtype; an FP8 one times its descale), widened to
+// double.
 double generated_element(const data::Params& params, uint32_t tensor, int32_t dtype, int64_t batch,
                          int64_t token, int32_t head, int32_t dim);
-// Element i of a buffer of dtype, widened to double.
+// Element i of a buffer of dtype, widened to double (an FP8 element as stored, not descaled).
 double load_element(const void* base, int32_t dtype, size_t i);
 
 }  // namespace attnhost

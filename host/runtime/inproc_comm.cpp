@@ -19,7 +19,7 @@ size_t dtype_bytes(int32_t dtype) {
     case ATTNHOST_DTYPE_BF16: case ATTNHOST_DTYPE_FP16: return 2;
     case ATTNHOST_DTYPE_FP32: case ATTNHOST_DTYPE_INT32: return 4;
     case ATTNHOST_DTYPE_FP64: case ATTNHOST_DTYPE_INT64: return 8;
-    case ATTNHOST_DTYPE_UINT8: return 1;
+    case ATTNHOST_DTYPE_UINT8: case ATTNHOST_DTYPE_FP8_E4M3: case ATTNHOST_DTYPE_FP8_E5M2: return 1;
     default: throw RuntimeFailure(ATTNHOST_ERR_INVALID_ARGUMENT, "unknown dtype " + std::to_string(dtype));
   }
 }

@@ -32,6 +32,8 @@ ncclDataType_t nccl_type(int32_t dtype) {
     case ATTNHOST_DTYPE_INT32: return ncclInt32;
     case ATTNHOST_DTYPE_INT64: return ncclInt64;
     case ATTNHOST_DTYPE_UINT8: return ncclUint8;
+    case ATTNHOST_DTYPE_FP8_E4M3: return ncclFloat8e4m3;
+    case ATTNHOST_DTYPE_FP8_E5M2: return ncclFloat8e5m2;
     default: throw RuntimeFailure(ATTNHOST_ERR_INVALID_ARGUMENT, "NCCL: unknown dtype " + std::to_string(dtype));
   }
 }

@@ -12,6 +12,8 @@ int32_t dtype_from_name(const std::string& name) {
   if (name == "bf16") return ATTNHOST_DTYPE_BF16;
   if (name == "fp16") return ATTNHOST_DTYPE_FP16;
   if (name == "fp32") return ATTNHOST_DTYPE_FP32;
+  if (name == "fp8_e4m3") return ATTNHOST_DTYPE_FP8_E4M3;
+  if (name == "fp8_e5m2") return ATTNHOST_DTYPE_FP8_E5M2;
   return 0;
 }
 

@@ -36,7 +36,7 @@ int64_t count_nonfinite(RankState& state, void* base, int32_t dtype, const Insta
 }  // namespace
 
 void check_outputs(RankState& state, RunResult& result) {
-  const int32_t dt = state.problem.dtype;
+  const int32_t dt = output_dtype(state.problem.dtype);
   state.env.device.poison(state.buffers.o, dt, state.buffers.nq);
   state.env.device.poison(state.buffers.lse, ATTNHOST_DTYPE_FP32, state.buffers.nlse);
   if (state.gradients) {
@@ -64,6 +64,8 @@ void check_outputs(RankState& state, RunResult& result) {
   out.q_layout = state.lq;
   out.kv_layout = state.lkv;
   out.dtype = dt;
+  out.input_dtype = state.problem.dtype;
+  out.descale_do = input_descale(state.data, state.problem.dtype);
   out.batch = state.problem.batch;
   out.heads_q = state.problem.heads_q;
   out.heads_kv = state.problem.heads_kv;
@@ -79,7 +81,7 @@ void check_outputs(RankState& state, RunResult& result) {
     fetch(out.dq, state.buffers.dq, state.buffers.nq * el);
     fetch(out.dk, state.buffers.dk, state.buffers.nkv * el);
     fetch(out.dv, state.buffers.dv, state.buffers.nkv * el);
-    fetch(out.d_o, state.buffers.d_o, state.buffers.nq * el);
+    fetch(out.d_o, state.buffers.d_o, state.buffers.nq * dtype_bytes(out.input_dtype));
   }
   std::vector<std::string> packed = state.env.group.gather(pack_samples(plan, out));
   if (state.env.rank != 0) return;

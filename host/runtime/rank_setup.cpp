@@ -28,7 +28,8 @@ void setup_rank(RankState& state) {
   state.lkv = state.instance->layout(ATTNHOST_LAYOUT_KV);
   const bool packed = state.problem.num_seqs > 0;
   const int64_t B = state.problem.batch, D = state.problem.head_dim;
-  const size_t el = dtype_bytes(state.problem.dtype);
+  const int32_t dt = state.problem.dtype, out_dt = output_dtype(dt);
+  const size_t el = dtype_bytes(dt), out_el = dtype_bytes(out_dt);
   const size_t nq = static_cast<size_t>(B) * state.lq.local_tokens * state.problem.heads_q * D;
   const size_t nkv = static_cast<size_t>(B) * state.lkv.local_tokens * state.problem.heads_kv * D;
   const size_t nlse = static_cast<size_t>(B) * state.problem.heads_q * state.lq.local_tokens;
@@ -38,13 +39,13 @@ void setup_rank(RankState& state) {
   state.buffers.q = state.buffers.take(nq * el);
   state.buffers.k = state.buffers.take(nkv * el);
   state.buffers.v = state.buffers.take(nkv * el);
-  state.buffers.o = state.buffers.take(nq * el);
+  state.buffers.o = state.buffers.take(nq * out_el);
   state.buffers.lse = state.buffers.take(nlse * 4);
   state.buffers.d_o = state.buffers.take(nq * el);
   if (state.instance->has_backward()) {
-    state.buffers.dq = state.buffers.take(nq * el);
-    state.buffers.dk = state.buffers.take(nkv * el);
-    state.buffers.dv = state.buffers.take(nkv * el);
+    state.buffers.dq = state.buffers.take(nq * out_el);
+    state.buffers.dk = state.buffers.take(nkv * out_el);
+    state.buffers.dv = state.buffers.take(nkv * out_el);
   }
   auto gen = [&](void* dst, uint32_t tensor, const Instance::Layout& l, int32_t heads) {
     GenerateSpec s{state.data, tensor, state.problem.dtype, B, l.local_tokens, heads, state.problem.head_dim, l.ranges};
@@ -55,7 +56,7 @@ void setup_rank(RankState& state) {
   gen(state.buffers.v, data::kV, state.lkv, state.problem.heads_kv);
   gen(state.buffers.d_o, data::kDO, state.lq, state.problem.heads_q);
   // Outputs start as NaN: an element the plugin never writes cannot pass the check.
-  state.env.device.poison(state.buffers.o, state.problem.dtype, nq);
+  state.env.device.poison(state.buffers.o, out_dt, nq);
   state.env.device.poison(state.buffers.lse, ATTNHOST_DTYPE_FP32, nlse);
 
   const int dev = state.env.device.ordinal();
@@ -64,19 +65,24 @@ void setup_rank(RankState& state) {
   };
   std::vector<int64_t> lse_shape = packed ? std::vector<int64_t>{state.problem.heads_q, state.lq.local_tokens}
                                           : std::vector<int64_t>{B, state.problem.heads_q, state.lq.local_tokens};
-  int32_t dt = state.problem.dtype;
-  state.fwd.struct_size = ATTNHOST_STRUCT_SIZE(attnhost_forward_args, lse);
+  state.fwd.struct_size = ATTNHOST_STRUCT_SIZE(attnhost_forward_args, fp8);
   state.fwd.q = make_tensor(state.buffers.q, state.problem, dt, qshape(state.problem.heads_q, state.lq), dev);
   state.fwd.k = make_tensor(state.buffers.k, state.problem, dt, qshape(state.problem.heads_kv, state.lkv), dev);
   state.fwd.v = make_tensor(state.buffers.v, state.problem, dt, qshape(state.problem.heads_kv, state.lkv), dev);
-  state.fwd.o = make_tensor(state.buffers.o, state.problem, dt, qshape(state.problem.heads_q, state.lq), dev);
+  state.fwd.o = make_tensor(state.buffers.o, state.problem, out_dt, qshape(state.problem.heads_q, state.lq), dev);
   state.fwd.lse = make_tensor(state.buffers.lse, state.problem, ATTNHOST_DTYPE_FP32, lse_shape, dev);
-  state.bwd.struct_size = ATTNHOST_STRUCT_SIZE(attnhost_backward_args, dv);
+  state.bwd.struct_size = ATTNHOST_STRUCT_SIZE(attnhost_backward_args, fp8);
   state.bwd.q = state.fwd.q; state.bwd.k = state.fwd.k; state.bwd.v = state.fwd.v; state.bwd.o = state.fwd.o; state.bwd.lse = state.fwd.lse;
   state.bwd.d_o = make_tensor(state.buffers.d_o, state.problem, dt, qshape(state.problem.heads_q, state.lq), dev);
-  state.bwd.dq = make_tensor(state.buffers.dq, state.problem, dt, qshape(state.problem.heads_q, state.lq), dev);
-  state.bwd.dk = make_tensor(state.buffers.dk, state.problem, dt, qshape(state.problem.heads_kv, state.lkv), dev);
-  state.bwd.dv = make_tensor(state.buffers.dv, state.problem, dt, qshape(state.problem.heads_kv, state.lkv), dev);
+  state.bwd.dq = make_tensor(state.buffers.dq, state.problem, out_dt, qshape(state.problem.heads_q, state.lq), dev);
+  state.bwd.dk = make_tensor(state.buffers.dk, state.problem, out_dt, qshape(state.problem.heads_kv, state.lkv), dev);
+  state.bwd.dv = make_tensor(state.buffers.dv, state.problem, out_dt, qshape(state.problem.heads_kv, state.lkv), dev);
+  if (is_fp8(dt)) {  // every input generated alike, so one descale serves all four
+    state.fp8.struct_size = ATTNHOST_STRUCT_SIZE(attnhost_fp8_scaling, descale_do);
+    const float descale = static_cast<float>(input_descale(state.data, dt));
+    state.fp8.descale_q = state.fp8.descale_k = state.fp8.descale_v = state.fp8.descale_do = descale;
+    state.fwd.fp8 = state.bwd.fp8 = &state.fp8;
+  }
 }
 
 }  // namespace attnhost

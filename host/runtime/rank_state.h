@@ -60,6 +60,7 @@ struct RankState {
   Buffers buffers;
   attnhost_forward_args fwd{};
   attnhost_backward_args bwd{};
+  attnhost_fp8_scaling fp8{};            // an FP8 problem's descales, which fwd and bwd point to
   bool gradients = false;                // the backward runs (timed or checked)
   uint64_t sent_fwd = 0, sent_bwd = 0;   // bytes this rank sends in one pass
   std::exception_ptr failure;

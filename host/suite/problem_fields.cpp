@@ -168,7 +168,7 @@ void reject_repeated_values(const Setting& setting, const toml::array& array, co
 }
 
 const std::vector<std::string>& dtype_names() {
-  static const std::vector<std::string> names = {"bf16", "fp16", "fp32"};
+  static const std::vector<std::string> names = {"bf16", "fp16", "fp32", "fp8_e4m3", "fp8_e5m2"};
   return names;
 }
 

@@ -53,7 +53,7 @@ struct Problem {
   int32_t heads_q = 0;
   int32_t heads_kv = 0;             // == heads_q unless given
   int32_t head_dim = 0;
-  std::string dtype = "bf16";       // bf16 | fp16 | fp32
+  std::string dtype = "bf16";       // bf16 | fp16 | fp32 | fp8_e4m3 | fp8_e5m2
   bool causal = false;
   int64_t window_left = -1, window_right = -1;
   std::optional<double> softmax_scale;

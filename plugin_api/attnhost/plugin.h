@@ -51,7 +51,7 @@ extern "C" {
  * Versions
  * ------------------------------------------------------------------------------------------- */
 #define ATTNHOST_ABI_MAJOR 1
-#define ATTNHOST_ABI_MINOR 3
+#define ATTNHOST_ABI_MINOR 4
 
 /* Size of a struct up to and including its last known field (PJRT's STRUCT_SIZE). Use it to fill
  * struct_size so that a struct compiled against an older header reports its older, smaller size. */
@@ -79,7 +79,13 @@ typedef enum attnhost_dtype {
   ATTNHOST_DTYPE_FP64 = 4,
   ATTNHOST_DTYPE_INT32 = 5,
   ATTNHOST_DTYPE_INT64 = 6,
-  ATTNHOST_DTYPE_UINT8 = 7
+  ATTNHOST_DTYPE_UINT8 = 7,
+  /* ABI 1.4: 8-bit floats (OCP FP8). e4m3: 4 exponent bits, 3 mantissa bits, largest 448, no
+   * infinity (S.1111.111 is NaN); e5m2: 5 and 2, largest 57344, IEEE-like infinities and NaNs. A
+   * problem of an FP8 dtype has its Q, K, V and dO in it, scaled per tensor (attnhost_fp8_scaling),
+   * and its outputs in bf16. */
+  ATTNHOST_DTYPE_FP8_E4M3 = 8,
+  ATTNHOST_DTYPE_FP8_E5M2 = 9
 } attnhost_dtype;
 
 typedef enum attnhost_device_type {
@@ -343,8 +349,18 @@ typedef struct attnhost_host_api {
 
 /* ---------------------------------------------------------------------------------------------
  * Arguments of forward and backward. Tensors are local (this rank's tokens, see layout), on the
- * instance's device, contiguous, in problem dtype unless stated.
+ * instance's device, contiguous, in problem dtype unless stated. Each tensor's dtype field says
+ * which: in an FP8 problem the inputs (q, k, v, d_o) are FP8 and the outputs (o, dq, dk, dv) bf16.
  * ------------------------------------------------------------------------------------------- */
+
+/* ABI 1.4: the scaling of an FP8 problem's inputs. A tensor in FP8 holds x * scale, rounded to the
+ * format, with one scale per tensor chosen so that its largest |x| fits; the value it stands for is
+ * its element times the descale (1 / scale) given here. */
+typedef struct attnhost_fp8_scaling {
+  uint32_t struct_size;
+  float descale_q, descale_k, descale_v, descale_do;
+} attnhost_fp8_scaling;
+
 typedef struct attnhost_forward_args {
   uint32_t struct_size;
   attnhost_tensor q;   /* [B, Sq_local, Hq, D]  (packed: [Tq_local, Hq, D]) */
@@ -352,6 +368,7 @@ typedef struct attnhost_forward_args {
   attnhost_tensor v;   /* [B, Skv_local, Hkv, D] */
   attnhost_tensor o;   /* out: [B, Sq_local, Hq, D] */
   attnhost_tensor lse; /* out: [B, Hq, Sq_local] fp32, natural log; -inf for a row with no key */
+  const attnhost_fp8_scaling* fp8; /* ABI 1.4: an FP8 problem's scaling; NULL for any other */
 } attnhost_forward_args;
 
 typedef struct attnhost_backward_args {
@@ -363,6 +380,7 @@ typedef struct attnhost_backward_args {
   attnhost_tensor dq;  /* out */
   attnhost_tensor dk;  /* out */
   attnhost_tensor dv;  /* out */
+  const attnhost_fp8_scaling* fp8; /* ABI 1.4: an FP8 problem's scaling; NULL for any other */
 } attnhost_backward_args;
 
 /* ---------------------------------------------------------------------------------------------

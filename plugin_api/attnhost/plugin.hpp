@@ -73,7 +73,7 @@ inline size_t dtype_size(int32_t dtype) {
     case ATTNHOST_DTYPE_BF16: case ATTNHOST_DTYPE_FP16: return 2;
     case ATTNHOST_DTYPE_FP32: case ATTNHOST_DTYPE_INT32: return 4;
     case ATTNHOST_DTYPE_FP64: case ATTNHOST_DTYPE_INT64: return 8;
-    case ATTNHOST_DTYPE_UINT8: return 1;
+    case ATTNHOST_DTYPE_UINT8: case ATTNHOST_DTYPE_FP8_E4M3: case ATTNHOST_DTYPE_FP8_E5M2: return 1;
     default: return 0;
   }
 }
@@ -87,6 +87,8 @@ inline const char* dtype_name(int32_t dtype) {
     case ATTNHOST_DTYPE_INT32: return "int32";
     case ATTNHOST_DTYPE_INT64: return "int64";
     case ATTNHOST_DTYPE_UINT8: return "uint8";
+    case ATTNHOST_DTYPE_FP8_E4M3: return "fp8_e4m3";
+    case ATTNHOST_DTYPE_FP8_E5M2: return "fp8_e5m2";
     default: return "invalid";
   }
 }

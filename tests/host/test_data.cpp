@@ -46,6 +46,76 @@ TEST_CASE("bf16 rounding is round-to-nearest-even") {
   CHECK(std::isnan(data::from_bf16(data::to_bf16(std::nanf("")))));
 }
 
+// FP8 by brute force: the nearest finite value of the format, ties to the even code, the largest
+// finite beyond it.
+uint8_t nearest_fp8(float x, data::Fp8Format f) {
+  int best = -1;
+  double best_distance = 0;
+  for (int c = 0; c < 256; ++c) {
+    const float v = data::from_fp8(static_cast<uint8_t>(c), f);
+    if (!std::isfinite(v)) continue;
+    const double d = std::fabs(static_cast<double>(v) - x);
+    if (best < 0 || d < best_distance || (d == best_distance && (c & 1) == 0)) {
+      best = c;
+      best_distance = d;
+    }
+  }
+  return static_cast<uint8_t>(best);
+}
+
+TEST_CASE("fp8 rounding is round-to-nearest-even, saturating, with subnormals, in both formats") {
+  for (data::Fp8Format f : {data::e4m3(), data::e5m2()}) {
+    for (int c = 0; c < 256; ++c) {  // every finite code round-trips
+      const float v = data::from_fp8(static_cast<uint8_t>(c), f);
+      if (std::isfinite(v) && v != 0) CHECK(data::to_fp8(v, f) == c);
+    }
+    std::mt19937 rng(11);
+    std::uniform_real_distribution<float> wide(-70000.f, 70000.f), narrow(-0.02f, 0.02f), mid(-500.f, 500.f);
+    for (int i = 0; i < 30000; ++i)
+      for (float x : {wide(rng), narrow(rng), mid(rng)}) {
+        INFO("x = ", x, " mantissa bits ", f.mantissa);
+        CHECK(data::from_fp8(data::to_fp8(x, f), f) == data::from_fp8(nearest_fp8(x, f), f));
+      }
+    CHECK(std::isnan(data::from_fp8(data::to_fp8(std::nanf(""), f), f)));
+  }
+  CHECK(data::to_fp8(448.f, data::e4m3()) == 0x7e);
+  CHECK(data::to_fp8(1000.f, data::e4m3()) == 0x7e);             // saturates
+  CHECK(data::to_fp8(std::ldexp(1.f, -9), data::e4m3()) == 0x01);  // the smallest subnormal
+  CHECK(data::to_fp8(1.0625f, data::e4m3()) == 0x38);             // halfway between 1 and 1.125: even
+  CHECK(data::to_fp8(57344.f, data::e5m2()) == 0x7b);
+  CHECK(std::isinf(data::from_fp8(0x7c, data::e5m2())));
+}
+
+TEST_CASE("an FP8 input is its value scaled by a power of two within the format, rounded, and the reference reads it back") {
+  for (int32_t dist : {data::kNormal, data::kUniform})
+    for (int32_t dtype : {ATTNHOST_DTYPE_FP8_E4M3, ATTNHOST_DTYPE_FP8_E5M2}) {
+      data::Params p;
+      p.distribution = dist;
+      p.scale = dist == data::kUniform ? 3.f : 1.f;
+      const data::Fp8Format f = fp8_format(dtype);
+      const float scale = data::fp8_scale(p, f);
+      int exponent = 0;
+      CHECK(std::frexp(scale, &exponent) == 0.5f);  // a power of two
+      CHECK(data::value_bound(p) * scale <= data::from_fp8(static_cast<uint8_t>(f.max_code), f));
+      CHECK(data::value_bound(p) * scale * 2 > data::from_fp8(static_cast<uint8_t>(f.max_code), f));
+      CHECK(input_descale(p, dtype) == 1.0 / scale);
+      GenerateSpec spec{p, data::kK, dtype, 2, 40, 3, 16, {{100, 0, 40}}};
+      std::vector<uint8_t> stored(2 * 40 * 3 * 16);
+      generate_cpu(stored.data(), spec);
+      for (int64_t b = 0; b < 2; ++b)
+        for (int64_t t = 0; t < 40; ++t)
+          for (int32_t d = 0; d < 16; ++d) {
+            const size_t i = ((b * 40 + t) * 3 + 2) * 16 + d;
+            const double seen = generated_element(p, data::kK, dtype, b, 100 + t, 2, d);
+            CHECK(seen == load_element(stored.data(), dtype, i) * input_descale(p, dtype));
+            const float exact = data::element_value(p, data::kK, b, 100 + t, 2, d);
+            CHECK(std::fabs(seen - exact) <= std::fabs(exact) / (1 << (f.mantissa + 1)) + 1e-3);
+          }
+    }
+  CHECK(output_dtype(ATTNHOST_DTYPE_FP8_E4M3) == ATTNHOST_DTYPE_BF16);
+  CHECK(output_dtype(ATTNHOST_DTYPE_FP16) == ATTNHOST_DTYPE_FP16);
+}
+
 TEST_CASE("generated values depend on the global token, not on where it is stored") {
   data::Params p;
   p.seed = 42;
@@ -93,14 +163,15 @@ TEST_CASE("the normal distribution has mean 0 and variance 1 and tensors and see
 TEST_CASE("gpu: the CUDA kernel generates bit-identical data to the CPU with zero padding" * doctest::test_suite("gpu")) {
   REQUIRE_MESSAGE(attnhost::cuda_device_count() > 0, "no GPU visible");
   auto device = attnhost::make_cuda_device(0);
-  for (int32_t dtype : {ATTNHOST_DTYPE_BF16, ATTNHOST_DTYPE_FP16, ATTNHOST_DTYPE_FP32})
+  for (int32_t dtype : {ATTNHOST_DTYPE_BF16, ATTNHOST_DTYPE_FP16, ATTNHOST_DTYPE_FP32, ATTNHOST_DTYPE_FP8_E4M3,
+                        ATTNHOST_DTYPE_FP8_E5M2})
     for (int32_t dist : {data::kNormal, data::kUniform}) {
       data::Params p;
       p.seed = 1234567;
       p.distribution = dist;
       p.scale = dist == data::kUniform ? 7.5f : 1.0f;
       GenerateSpec spec{p, data::kV, dtype, 3, 300, 5, 72, {{1000, 4, 200}, {70000, 210, 80}}};
-      const size_t bytes = 3 * 300 * 5 * 72 * (dtype == ATTNHOST_DTYPE_FP32 ? 4 : 2);
+      const size_t bytes = 3 * 300 * 5 * 72 * attnhost::dtype_size(dtype);
       std::vector<char> want(bytes), got(bytes);
       generate_cpu(want.data(), spec);
       void* buffer = device->alloc(bytes);

@@ -145,6 +145,9 @@ TEST_CASE("a plugin that refuses the problem, and a capability the plugin lacks"
   fp16.problem.dtype = "fp16";
   CHECK(run(fp16).runs[0].error == "plugin 'faulty' does not support fp16 (supports bf16,fp32)");
   CHECK_FALSE(run(fp16).failed());
+  suite::Case fp8 = faulty("none", {1});
+  fp8.problem.dtype = "fp8_e4m3";
+  CHECK(run(fp8).runs[0].error == "plugin 'faulty' does not support fp8_e4m3 (supports bf16,fp32)");
 }
 
 TEST_CASE("kernel names in the breakdown keep what follows an anonymous namespace") {

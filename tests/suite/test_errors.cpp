@@ -89,8 +89,8 @@ TEST_CASE("errors: impossible problem values") {
         "t.toml:7:11: 'window' values must be -1 (unbounded) or at least 0, got -2");
   CHECK(error_of(kInline + "window = [1, 2, 3]\n") == "t.toml:7:10: 'window' must be [left, right], got 3 values");
   CHECK(error_of(kInline + "dtype = \"bf61\"\n") == "t.toml:7:9: unknown dtype 'bf61' (did you mean 'bf16'?)");
-  CHECK(error_of(kInline + "dtype = \"bf32\"\n") == "t.toml:7:9: unknown dtype 'bf32' (expected bf16, fp16 or fp32)");
-  CHECK(error_of(kInline + "dtype = \"int8\"\n") == "t.toml:7:9: unknown dtype 'int8' (expected bf16, fp16 or fp32)");
+  CHECK(error_of(kInline + "dtype = \"bf32\"\n") == "t.toml:7:9: unknown dtype 'bf32' (expected bf16, fp16, fp32, fp8_e4m3 or fp8_e5m2)");
+  CHECK(error_of(kInline + "dtype = \"int8\"\n") == "t.toml:7:9: unknown dtype 'int8' (expected bf16, fp16, fp32, fp8_e4m3 or fp8_e5m2)");
   CHECK(error_of(kInline + "softmax_scale = 0\n") == "t.toml:7:17: 'softmax_scale' must be positive, got 0");
   CHECK(error_of(kInline + "seqlen_kv = 0\n") == "t.toml:7:13: 'seqlen_kv' must be at least 1, got 0");
 }
