@@ -12,6 +12,7 @@ namespace {
 
 float load(const void* p, int32_t dtype, int64_t i) {
   if (dtype == 3) return static_cast<const float*>(p)[i];
+  if (dtype == 8 || dtype == 9) return fp8_to_float(static_cast<const uint8_t*>(p)[i], dtype);
   uint16_t h = static_cast<const uint16_t*>(p)[i];
   uint32_t bits;
   if (dtype == 1) {
@@ -28,6 +29,9 @@ float load(const void* p, int32_t dtype, int64_t i) {
   std::memcpy(&f, &bits, 4);
   return f;
 }
+
+// An input element times its tensor's descale.
+float load(const void* p, int32_t dtype, float descale, int64_t i) { return load(p, dtype, i) * descale; }
 
 void store(void* p, int32_t dtype, int64_t i, float f) {
   if (dtype == 3) {
@@ -58,7 +62,7 @@ int64_t local_row(const Geometry& g, int64_t b, int64_t slot, int32_t h, int32_t
 }
 
 template <class Acc>
-void forward_rows(const Geometry& g, int32_t dtype, const void* q, const void* k, const void* v, void* o, float* lse) {
+void forward_rows(const Geometry& g, const Types& ty, const void* q, const void* k, const void* v, void* o, float* lse) {
   const int D = g.head_dim;
   std::vector<Acc> qv(D), acc(D);
   for (int64_t b = 0; b < g.batch; ++b)
@@ -69,28 +73,28 @@ void forward_rows(const Geometry& g, int32_t dtype, const void* q, const void* k
         float* lse_out = &lse[(b * g.heads_q + h) * g.chunk_q + slot];
         Interval keys = i < g.seqlen_q ? keys_of(g, i) : Interval{0, 0};
         for (int d = 0; d < D; ++d) {
-          qv[d] = static_cast<Acc>(load(q, dtype, row + d));
+          qv[d] = static_cast<Acc>(load(q, ty.in, ty.descale_q, row + d));
           acc[d] = 0;
         }
         Acc m = -std::numeric_limits<Acc>::infinity(), l = 0;
         for (int64_t j = keys.lo; j < keys.hi; ++j) {  // online softmax
           const int64_t kr = gathered_row(g, b, j, g.kv_head(h));
           Acc s = 0;
-          for (int d = 0; d < D; ++d) s += qv[d] * static_cast<Acc>(load(k, dtype, kr + d));
+          for (int d = 0; d < D; ++d) s += qv[d] * static_cast<Acc>(load(k, ty.in, ty.descale_k, kr + d));
           s *= static_cast<Acc>(g.scale);
           Acc m_new = std::max(m, s);
           Acc correction = std::exp(m - m_new), p = std::exp(s - m_new);
           l = l * correction + p;
-          for (int d = 0; d < D; ++d) acc[d] = acc[d] * correction + p * static_cast<Acc>(load(v, dtype, kr + d));
+          for (int d = 0; d < D; ++d) acc[d] = acc[d] * correction + p * static_cast<Acc>(load(v, ty.in, ty.descale_v, kr + d));
           m = m_new;
         }
-        for (int d = 0; d < D; ++d) store(o, dtype, row + d, l > 0 ? static_cast<float>(acc[d] / l) : 0.f);
+        for (int d = 0; d < D; ++d) store(o, ty.out, row + d, l > 0 ? static_cast<float>(acc[d] / l) : 0.f);
         *lse_out = l > 0 ? static_cast<float>(m + std::log(l)) : -std::numeric_limits<float>::infinity();
       }
 }
 
 template <class Acc>
-void backward_rows(const Geometry& g, int32_t dtype, const void* q, const void* k, const void* v, const void* o,
+void backward_rows(const Geometry& g, const Types& ty, const void* q, const void* k, const void* v, const void* o,
                    const float* lse, const void* d_o, void* dq, float* dk_part, float* dv_part) {
   const int D = g.head_dim;
   std::vector<Acc> qv(D), dov(D), dqv(D);
@@ -103,45 +107,45 @@ void backward_rows(const Geometry& g, int32_t dtype, const void* q, const void* 
         const Acc row_lse = lse[(b * g.heads_q + h) * g.chunk_q + slot];
         Acc delta = 0;
         for (int d = 0; d < D; ++d) {
-          qv[d] = static_cast<Acc>(load(q, dtype, row + d));
-          dov[d] = static_cast<Acc>(load(d_o, dtype, row + d));
-          delta += dov[d] * static_cast<Acc>(load(o, dtype, row + d));
+          qv[d] = static_cast<Acc>(load(q, ty.in, ty.descale_q, row + d));
+          dov[d] = static_cast<Acc>(load(d_o, ty.in, ty.descale_do, row + d));
+          delta += dov[d] * static_cast<Acc>(load(o, ty.out, 1.f, row + d));
           dqv[d] = 0;
         }
         for (int64_t j = keys.lo; j < keys.hi; ++j) {
           const int64_t kr = gathered_row(g, b, j, g.kv_head(h));
           Acc s = 0, dp = 0;
           for (int d = 0; d < D; ++d) {
-            s += qv[d] * static_cast<Acc>(load(k, dtype, kr + d));
-            dp += dov[d] * static_cast<Acc>(load(v, dtype, kr + d));
+            s += qv[d] * static_cast<Acc>(load(k, ty.in, ty.descale_k, kr + d));
+            dp += dov[d] * static_cast<Acc>(load(v, ty.in, ty.descale_v, kr + d));
           }
           const Acc p = std::exp(s * static_cast<Acc>(g.scale) - row_lse);
           const Acc ds = p * (dp - delta) * static_cast<Acc>(g.scale);
           for (int d = 0; d < D; ++d) {
-            dqv[d] += ds * static_cast<Acc>(load(k, dtype, kr + d));
+            dqv[d] += ds * static_cast<Acc>(load(k, ty.in, ty.descale_k, kr + d));
             dk_part[kr + d] += static_cast<float>(ds * qv[d]);
             dv_part[kr + d] += static_cast<float>(p * dov[d]);
           }
         }
-        for (int d = 0; d < D; ++d) store(dq, dtype, row + d, static_cast<float>(dqv[d]));
+        for (int d = 0; d < D; ++d) store(dq, ty.out, row + d, static_cast<float>(dqv[d]));
       }
 }
 
 }  // namespace
 
-void forward_cpu(const Geometry& g, int32_t dtype, const void* q, const void* k, const void* v, void* o, float* lse,
+void forward_cpu(const Geometry& g, const Types& ty, const void* q, const void* k, const void* v, void* o, float* lse,
                  bool fp64) {
-  if (fp64) forward_rows<double>(g, dtype, q, k, v, o, lse);
-  else forward_rows<float>(g, dtype, q, k, v, o, lse);
+  if (fp64) forward_rows<double>(g, ty, q, k, v, o, lse);
+  else forward_rows<float>(g, ty, q, k, v, o, lse);
 }
 
-void backward_cpu(const Geometry& g, int32_t dtype, const void* q, const void* k, const void* v, const void* o,
+void backward_cpu(const Geometry& g, const Types& ty, const void* q, const void* k, const void* v, const void* o,
                   const float* lse, const void* d_o, void* dq, float* dk_part, float* dv_part, bool fp64) {
   const int64_t n = static_cast<int64_t>(g.world_size) * g.batch * g.chunk_kv * g.heads_kv * g.head_dim;
   std::memset(dk_part, 0, n * sizeof(float));
   std::memset(dv_part, 0, n * sizeof(float));
-  if (fp64) backward_rows<double>(g, dtype, q, k, v, o, lse, d_o, dq, dk_part, dv_part);
-  else backward_rows<float>(g, dtype, q, k, v, o, lse, d_o, dq, dk_part, dv_part);
+  if (fp64) backward_rows<double>(g, ty, q, k, v, o, lse, d_o, dq, dk_part, dv_part);
+  else backward_rows<float>(g, ty, q, k, v, o, lse, d_o, dq, dk_part, dv_part);
 }
 
 void convert_cpu(const float* in, void* out, int32_t dtype, int64_t n) {

@@ -15,9 +15,13 @@ namespace {
 
 __device__ float load(const void* p, int32_t dtype, int64_t i) {
   if (dtype == 1) return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+  if (dtype == 8 || dtype == 9) return fp8_to_float(static_cast<const uint8_t*>(p)[i], dtype);
   if (dtype == 2) return __half2float(static_cast<const __half*>(p)[i]);
   return static_cast<const float*>(p)[i];
 }
+
+// An input element times its tensor's descale.
+__device__ float load(const void* p, int32_t dtype, float descale, int64_t i) { return load(p, dtype, i) * descale; }
 
 __device__ void store(void* p, int32_t dtype, int64_t i, float f) {
   if (dtype == 1) static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(f);
@@ -29,7 +33,7 @@ __device__ int64_t local_row(const Geometry& g, int64_t b, int64_t slot, int32_t
   return ((b * g.chunk_q + slot) * g.heads_q + h) * g.head_dim;
 }
 
-__global__ void forward_kernel(Geometry g, int32_t dtype, const void* q, const void* k, const void* v, void* o, float* lse) {
+__global__ void forward_kernel(Geometry g, Types ty, const void* q, const void* k, const void* v, void* o, float* lse) {
   const int64_t rows = g.batch * g.heads_q * g.chunk_q;
   const int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (t >= rows) return;
@@ -45,19 +49,19 @@ __global__ void forward_kernel(Geometry g, int32_t dtype, const void* q, const v
   for (int64_t j = keys.lo; j < keys.hi; ++j) {
     const int64_t kr = gathered_row(g, b, j, g.kv_head(h));
     float s = 0.f;
-    for (int d = 0; d < g.head_dim; ++d) s += load(q, dtype, row + d) * load(k, dtype, kr + d);
+    for (int d = 0; d < g.head_dim; ++d) s += load(q, ty.in, ty.descale_q, row + d) * load(k, ty.in, ty.descale_k, kr + d);
     s *= g.scale;
     const float m_new = fmaxf(m, s);
     const float correction = __expf(m - m_new), p = __expf(s - m_new);
     l = l * correction + p;
-    for (int d = 0; d < g.head_dim; ++d) acc[d] = acc[d] * correction + p * load(v, dtype, kr + d);
+    for (int d = 0; d < g.head_dim; ++d) acc[d] = acc[d] * correction + p * load(v, ty.in, ty.descale_v, kr + d);
     m = m_new;
   }
-  for (int d = 0; d < g.head_dim; ++d) store(o, dtype, row + d, l > 0.f ? acc[d] / l : 0.f);
+  for (int d = 0; d < g.head_dim; ++d) store(o, ty.out, row + d, l > 0.f ? acc[d] / l : 0.f);
   lse[(b * g.heads_q + h) * g.chunk_q + slot] = l > 0.f ? m + logf(l) : -INFINITY;
 }
 
-__global__ void dq_kernel(Geometry g, int32_t dtype, const void* q, const void* k, const void* v, const void* o,
+__global__ void dq_kernel(Geometry g, Types ty, const void* q, const void* k, const void* v, const void* o,
                           const float* lse, const void* d_o, void* dq) {
   const int64_t rows = g.batch * g.heads_q * g.chunk_q;
   const int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
@@ -71,25 +75,25 @@ __global__ void dq_kernel(Geometry g, int32_t dtype, const void* q, const void* 
   const float row_lse = lse[(b * g.heads_q + h) * g.chunk_q + slot];
   float delta = 0.f, acc[kMaxHeadDim];
   for (int d = 0; d < g.head_dim; ++d) {
-    delta += load(d_o, dtype, row + d) * load(o, dtype, row + d);
+    delta += load(d_o, ty.in, ty.descale_do, row + d) * load(o, ty.out, 1.f, row + d);
     acc[d] = 0.f;
   }
   for (int64_t j = keys.lo; j < keys.hi; ++j) {
     const int64_t kr = gathered_row(g, b, j, g.kv_head(h));
     float s = 0.f, dp = 0.f;
     for (int d = 0; d < g.head_dim; ++d) {
-      s += load(q, dtype, row + d) * load(k, dtype, kr + d);
-      dp += load(d_o, dtype, row + d) * load(v, dtype, kr + d);
+      s += load(q, ty.in, ty.descale_q, row + d) * load(k, ty.in, ty.descale_k, kr + d);
+      dp += load(d_o, ty.in, ty.descale_do, row + d) * load(v, ty.in, ty.descale_v, kr + d);
     }
     const float p = __expf(s * g.scale - row_lse);
     const float ds = p * (dp - delta) * g.scale;
-    for (int d = 0; d < g.head_dim; ++d) acc[d] += ds * load(k, dtype, kr + d);
+    for (int d = 0; d < g.head_dim; ++d) acc[d] += ds * load(k, ty.in, ty.descale_k, kr + d);
   }
-  for (int d = 0; d < g.head_dim; ++d) store(dq, dtype, row + d, acc[d]);
+  for (int d = 0; d < g.head_dim; ++d) store(dq, ty.out, row + d, acc[d]);
 }
 
 // One thread per (batch, kv head, key) over this rank's query rows: no atomics, deterministic.
-__global__ void dkdv_kernel(Geometry g, int32_t dtype, const void* q, const void* k, const void* v, const void* o,
+__global__ void dkdv_kernel(Geometry g, Types ty, const void* q, const void* k, const void* v, const void* o,
                             const float* lse, const void* d_o, float* dk_part, float* dv_part) {
   const int64_t cols = g.batch * g.heads_kv * g.seqlen_kv;
   const int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
@@ -109,16 +113,16 @@ __global__ void dkdv_kernel(Geometry g, int32_t dtype, const void* q, const void
       const int64_t row = local_row(g, b, slot, h);
       float s = 0.f, dp = 0.f, delta = 0.f;
       for (int d = 0; d < g.head_dim; ++d) {
-        const float dov = load(d_o, dtype, row + d);
-        s += load(q, dtype, row + d) * load(k, dtype, kr + d);
-        dp += dov * load(v, dtype, kr + d);
-        delta += dov * load(o, dtype, row + d);
+        const float dov = load(d_o, ty.in, ty.descale_do, row + d);
+        s += load(q, ty.in, ty.descale_q, row + d) * load(k, ty.in, ty.descale_k, kr + d);
+        dp += dov * load(v, ty.in, ty.descale_v, kr + d);
+        delta += dov * load(o, ty.out, 1.f, row + d);
       }
       const float p = __expf(s * g.scale - lse[(b * g.heads_q + h) * g.chunk_q + slot]);
       const float ds = p * (dp - delta) * g.scale;
       for (int d = 0; d < g.head_dim; ++d) {
-        dk[d] += ds * load(q, dtype, row + d);
-        dv[d] += p * load(d_o, dtype, row + d);
+        dk[d] += ds * load(q, ty.in, ty.descale_q, row + d);
+        dv[d] += p * load(d_o, ty.in, ty.descale_do, row + d);
       }
     }
   for (int d = 0; d < g.head_dim; ++d) {
@@ -140,15 +144,15 @@ unsigned blocks(int64_t n, int threads) { return static_cast<unsigned>((n + thre
 
 }  // namespace
 
-void forward_cuda(const Geometry& g, int32_t dtype, const void* q, const void* k, const void* v, void* o, float* lse,
+void forward_cuda(const Geometry& g, const Types& ty, const void* q, const void* k, const void* v, void* o, float* lse,
                   int threads, void* stream) {
   const int64_t rows = g.batch * g.heads_q * g.chunk_q;
   if (rows == 0) return;
-  forward_kernel<<<blocks(rows, threads), threads, 0, static_cast<cudaStream_t>(stream)>>>(g, dtype, q, k, v, o, lse);
+  forward_kernel<<<blocks(rows, threads), threads, 0, static_cast<cudaStream_t>(stream)>>>(g, ty, q, k, v, o, lse);
   check(cudaGetLastError(), "naive_attention forward kernel");
 }
 
-void backward_cuda(const Geometry& g, int32_t dtype, const void* q, const void* k, const void* v, const void* o,
+void backward_cuda(const Geometry& g, const Types& ty, const void* q, const void* k, const void* v, const void* o,
                    const float* lse, const void* d_o, void* dq, float* dk_part, float* dv_part, int threads,
                    void* stream) {
   auto s = static_cast<cudaStream_t>(stream);
@@ -156,8 +160,8 @@ void backward_cuda(const Geometry& g, int32_t dtype, const void* q, const void* 
   const int64_t gathered = static_cast<int64_t>(g.world_size) * g.batch * g.chunk_kv * g.heads_kv * g.head_dim;
   check(cudaMemsetAsync(dk_part, 0, gathered * sizeof(float), s), "cudaMemsetAsync");  // padding stays zero
   check(cudaMemsetAsync(dv_part, 0, gathered * sizeof(float), s), "cudaMemsetAsync");
-  if (rows > 0) dq_kernel<<<blocks(rows, threads), threads, 0, s>>>(g, dtype, q, k, v, o, lse, d_o, dq);
-  if (cols > 0) dkdv_kernel<<<blocks(cols, threads), threads, 0, s>>>(g, dtype, q, k, v, o, lse, d_o, dk_part, dv_part);
+  if (rows > 0) dq_kernel<<<blocks(rows, threads), threads, 0, s>>>(g, ty, q, k, v, o, lse, d_o, dq);
+  if (cols > 0) dkdv_kernel<<<blocks(cols, threads), threads, 0, s>>>(g, ty, q, k, v, o, lse, d_o, dk_part, dv_part);
   check(cudaGetLastError(), "naive_attention backward kernels");
 }
 

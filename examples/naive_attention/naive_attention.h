@@ -6,6 +6,7 @@
 // fast kernel.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
 #if defined(__CUDACC__)
@@ -17,6 +18,23 @@
 namespace naive {
 
 constexpr int32_t kMaxHeadDim = 256;
+
+// The element types of a call (attnhost dtype values): the inputs' (Q, K, V, dO) and the outputs'
+// (O, dQ, dK, dV). They differ in an FP8 problem: FP8 inputs, each tensor with the descale that
+// turns its elements into the values they stand for, and bf16 outputs.
+struct Types {
+  int32_t in, out;
+  float descale_q = 1, descale_k = 1, descale_v = 1, descale_do = 1;
+};
+
+// An FP8 element (dtype 8: e4m3, 9: e5m2) as the float it encodes, before its tensor's descale.
+NAIVE_HD float fp8_to_float(uint8_t b, int32_t dtype) {
+  const int man = dtype == 8 ? 3 : 2, bias = dtype == 8 ? 7 : 15, top = dtype == 8 ? 15 : 31;
+  const int exp = (b & 0x7f) >> man, m = b & ((1 << man) - 1);
+  const float sign = (b & 0x80) ? -1.f : 1.f;
+  if (dtype == 8 ? (b & 0x7f) == 0x7f : exp == top) return m || dtype == 8 ? NAN : sign * INFINITY;
+  return sign * ldexpf(static_cast<float>(exp ? (1 << man) + m : m), (exp ? exp : 1) - bias - man);
+}
 
 // Everything a kernel needs to know about the problem and this rank's share of it.
 struct Geometry {
@@ -81,17 +99,17 @@ NAIVE_HD int64_t gathered_row(const Geometry& g, int64_t b, int64_t j, int32_t k
 
 // ---- the two back ends ------------------------------------------------------------------------
 // dtype: 1 bf16, 2 fp16, 3 fp32 (attnhost_dtype). `k`, `v` are gathered; `o` in dtype, lse fp32.
-void forward_cpu(const Geometry& g, int32_t dtype, const void* q, const void* k, const void* v, void* o, float* lse,
+void forward_cpu(const Geometry& g, const Types& ty, const void* q, const void* k, const void* v, void* o, float* lse,
                  bool fp64);
 // dq in dtype; dk_part, dv_part fp32 gathered layout (zeroed here), reduced by the caller.
-void backward_cpu(const Geometry& g, int32_t dtype, const void* q, const void* k, const void* v, const void* o,
+void backward_cpu(const Geometry& g, const Types& ty, const void* q, const void* k, const void* v, const void* o,
                   const float* lse, const void* d_o, void* dq, float* dk_part, float* dv_part, bool fp64);
 void convert_cpu(const float* in, void* out, int32_t dtype, int64_t n);
 
 #if NAIVE_HAVE_CUDA
-void forward_cuda(const Geometry& g, int32_t dtype, const void* q, const void* k, const void* v, void* o, float* lse,
+void forward_cuda(const Geometry& g, const Types& ty, const void* q, const void* k, const void* v, void* o, float* lse,
                   int threads, void* stream);
-void backward_cuda(const Geometry& g, int32_t dtype, const void* q, const void* k, const void* v, const void* o,
+void backward_cuda(const Geometry& g, const Types& ty, const void* q, const void* k, const void* v, const void* o,
                    const float* lse, const void* d_o, void* dq, float* dk_part, float* dv_part, int threads, void* stream);
 void convert_cuda(const float* in, void* out, int32_t dtype, int64_t n, void* stream);
 void copy_cuda(void* dst, const void* src, int64_t bytes, void* stream);

@@ -12,7 +12,21 @@ namespace {
 using attnhost::fail;
 
 constexpr uint32_t kDtypes = ATTNHOST_CAP_DTYPE(ATTNHOST_DTYPE_BF16) | ATTNHOST_CAP_DTYPE(ATTNHOST_DTYPE_FP16) |
-                             ATTNHOST_CAP_DTYPE(ATTNHOST_DTYPE_FP32);
+                             ATTNHOST_CAP_DTYPE(ATTNHOST_DTYPE_FP32) | ATTNHOST_CAP_DTYPE(ATTNHOST_DTYPE_FP8_E4M3) |
+                             ATTNHOST_CAP_DTYPE(ATTNHOST_DTYPE_FP8_E5M2);
+
+// The call's element types, and an FP8 problem's descales (ABI 1.4: absent from a 1.3 host's
+// arguments, which never carry FP8).
+template <class Args> naive::Types types_of(const Args& a, int32_t out) {
+  naive::Types t{a.q.dtype, out};
+  if (ATTNHOST_HAS_FIELD(&a, Args, fp8) && a.fp8) {
+    t.descale_q = a.fp8->descale_q;
+    t.descale_k = a.fp8->descale_k;
+    t.descale_v = a.fp8->descale_v;
+    t.descale_do = a.fp8->descale_do;
+  }
+  return t;
+}
 
 class NaiveAttention {
  public:
@@ -99,13 +113,13 @@ class NaiveAttention {
     int32_t range = host_.range_begin("attention", ATTNHOST_RANGE_COMPUTE, host_.stream(0));
 #if NAIVE_HAVE_CUDA
     if (cuda_) {
-      naive::forward_cuda(device_g_or_g(), a.q.dtype, a.q.data, k_all_.get(), v_all_.get(), a.o.data,
+      naive::forward_cuda(device_g_or_g(), types_of(a, a.o.dtype), a.q.data, k_all_.get(), v_all_.get(), a.o.data,
                           static_cast<float*>(a.lse.data), threads_, host_.stream(0));
       host_.range_end(range, host_.stream(0));
       return;
     }
 #endif
-    naive::forward_cpu(g_, a.q.dtype, a.q.data, k_all_.get(), v_all_.get(), a.o.data, static_cast<float*>(a.lse.data), fp64_);
+    naive::forward_cpu(g_, types_of(a, a.o.dtype), a.q.data, k_all_.get(), v_all_.get(), a.o.data, static_cast<float*>(a.lse.data), fp64_);
     host_.range_end(range, host_.stream(0));
   }
 
@@ -117,12 +131,12 @@ class NaiveAttention {
     int32_t range = host_.range_begin("gradients", ATTNHOST_RANGE_COMPUTE, s);
 #if NAIVE_HAVE_CUDA
     if (cuda_)
-      naive::backward_cuda(device_g_or_g(), a.q.dtype, a.q.data, k_all_.get(), v_all_.get(), a.o.data,
+      naive::backward_cuda(device_g_or_g(), types_of(a, a.dq.dtype), a.q.data, k_all_.get(), v_all_.get(), a.o.data,
                            static_cast<const float*>(a.lse.data), a.d_o.data, a.dq.data, dk_part_.as<float>(),
                            dv_part_.as<float>(), threads_, s);
     else
 #endif
-      naive::backward_cpu(g_, a.q.dtype, a.q.data, k_all_.get(), v_all_.get(), a.o.data,
+      naive::backward_cpu(g_, types_of(a, a.dq.dtype), a.q.data, k_all_.get(), v_all_.get(), a.o.data,
                           static_cast<const float*>(a.lse.data), a.d_o.data, a.dq.data, dk_part_.as<float>(),
                           dv_part_.as<float>(), fp64_);
     host_.range_end(range, s);

@@ -92,6 +92,32 @@ TEST_CASE("sliding window, non-causal, MQA, a length that does not divide, fp32 
   for (const RunResult& run : p.runs) CHECK_MESSAGE(run.status == "PASSED", run.error);
 }
 
+TEST_CASE("FP8 inputs: naive attention passes against the reference of the dequantized inputs, outputs in bf16") {
+  for (const char* dtype : {"fp8_e4m3", "fp8_e5m2"}) {
+    suite::Case c = make_case("naive_attention", {1, 2}, 80, 4, 2, 32);
+    c.problem.dtype = dtype;
+    CaseResult r = run(c);
+    for (const RunResult& run : r.runs) {
+      INFO(dtype, " at world size ", run.world_size, ": ", run.error);
+      CHECK(run.status == "PASSED");
+      for (const TensorCheck& t : run.check.tensors) {
+        INFO(t.tensor);
+        // The plugin computes from the same FP8 values in fp32: what is left is the bf16 outputs'
+        // rounding, far below the FP8 bounds.
+        if (t.tensor != "LSE") CHECK(t.rel_l2_err < 4e-3);
+        if (t.tensor == "O") CHECK(t.tol_rel_l2 == doctest::Approx(std::string(dtype) == "fp8_e4m3" ? 0.0722 : 0.1443).epsilon(0.01));
+      }
+    }
+  }
+  // The reference must read the inputs dequantized: the same inputs read without their descale
+  // (a plugin that ignores it) fail.
+  suite::Case ignored = faulty("ignore_fp8_descale", {1});
+  ignored.problem.dtype = "fp8_e4m3";
+  CHECK(run(ignored).runs[0].status == "FAILED");
+  ignored.params["fault"] = std::string("none");
+  CHECK(run(ignored).runs[0].status == "PASSED");
+}
+
 TEST_CASE("one wrong element of O is caught at every world size") {
   CaseResult r = run(faulty("o_element", {1, 2}));
   for (const RunResult& run : r.runs) {
@@ -143,11 +169,11 @@ TEST_CASE("a plugin that refuses the problem, and a capability the plugin lacks"
   CHECK(r.runs[0].error == "plugin 'faulty' refused the problem: faulty refuses every problem");
   suite::Case fp16 = faulty("none", {1});
   fp16.problem.dtype = "fp16";
-  CHECK(run(fp16).runs[0].error == "plugin 'faulty' does not support fp16 (supports bf16,fp32)");
+  CHECK(run(fp16).runs[0].error == "plugin 'faulty' does not support fp16 (supports bf16,fp32,fp8_e4m3)");
   CHECK_FALSE(run(fp16).failed());
   suite::Case fp8 = faulty("none", {1});
-  fp8.problem.dtype = "fp8_e4m3";
-  CHECK(run(fp8).runs[0].error == "plugin 'faulty' does not support fp8_e4m3 (supports bf16,fp32)");
+  fp8.problem.dtype = "fp8_e5m2";
+  CHECK(run(fp8).runs[0].error == "plugin 'faulty' does not support fp8_e5m2 (supports bf16,fp32,fp8_e4m3)");
 }
 
 TEST_CASE("kernel names in the breakdown keep what follows an anonymous namespace") {

@@ -22,13 +22,15 @@ class Faulty {
     static const attnhost_param_spec params[] = {
         {ATTNHOST_STRUCT_SIZE(attnhost_param_spec, choices), "fault", ATTNHOST_PARAM_STRING, "\"none\"",
          "the planted fault",
-         "none|o_element|dk_element|rank1_o|forward_error|backward_error|alloc_huge|segfault|abort|hang|refuse"},
+         "none|o_element|dk_element|rank1_o|forward_error|backward_error|alloc_huge|segfault|abort|hang|refuse|"
+         "ignore_fp8_descale"},
     };
     static const attnhost_plugin_info info = {
         ATTNHOST_STRUCT_SIZE(attnhost_plugin_info, params), "faulty", "1.0.0",
         "test plugin: dense attention with one planted fault",
         {ATTNHOST_STRUCT_SIZE(attnhost_capabilities, head_dims), ATTNHOST_CAP_DEVICE_CPU,
-         ATTNHOST_CAP_DTYPE(ATTNHOST_DTYPE_BF16) | ATTNHOST_CAP_DTYPE(ATTNHOST_DTYPE_FP32),
+         ATTNHOST_CAP_DTYPE(ATTNHOST_DTYPE_BF16) | ATTNHOST_CAP_DTYPE(ATTNHOST_DTYPE_FP32) |
+             ATTNHOST_CAP_DTYPE(ATTNHOST_DTYPE_FP8_E4M3),
          ATTNHOST_FEATURE_CAUSAL | ATTNHOST_FEATURE_NONCAUSAL | ATTNHOST_FEATURE_GQA | ATTNHOST_FEATURE_BACKWARD, 1,
          0, 0, nullptr},
         1, params};
@@ -60,6 +62,18 @@ class Faulty {
 
   attnhost_layout layout(int32_t) { return layout_.view(); }
 
+  // The element types, with an FP8 problem's descales unless the fault drops them.
+  template <class Args> naive::Types types(const Args& a, int32_t out) const {
+    naive::Types t{a.q.dtype, out};
+    if (a.fp8 && fault_ != "ignore_fp8_descale") {
+      t.descale_q = a.fp8->descale_q;
+      t.descale_k = a.fp8->descale_k;
+      t.descale_v = a.fp8->descale_v;
+      t.descale_do = a.fp8->descale_do;
+    }
+    return t;
+  }
+
   void forward(const attnhost_forward_args& a) {
     if (fault_ == "forward_error") fail(ATTNHOST_ERR_INTERNAL, "planted forward error");
     if (fault_ == "alloc_huge") attnhost::HostBuffer huge(host_, size_t{1} << 50);  // 1 PiB
@@ -67,7 +81,7 @@ class Faulty {
     if (fault_ == "abort") std::abort();
     if (fault_ == "hang") std::this_thread::sleep_for(std::chrono::hours(1));
     gather(a.k.data, a.v.data);
-    naive::forward_cpu(g_, a.q.dtype, a.q.data, k_.get(), v_.get(), a.o.data, static_cast<float*>(a.lse.data), false);
+    naive::forward_cpu(g_, types(a, a.o.dtype), a.q.data, k_.get(), v_.get(), a.o.data, static_cast<float*>(a.lse.data), false);
     const bool rank_fault = fault_ == "rank1_o" && problem_->rank == 1;
     if (fault_ == "o_element" || rank_fault) corrupt(a.o, 3 * problem_->head_dim + 1);  // row 3, element 1
   }
@@ -76,7 +90,7 @@ class Faulty {
     if (fault_ == "backward_error") fail(ATTNHOST_ERR_INTERNAL, "planted backward error");
     gather(a.k.data, a.v.data);
     const attnhost_problem& r = problem_.raw();
-    naive::backward_cpu(g_, a.q.dtype, a.q.data, k_.get(), v_.get(), a.o.data, static_cast<const float*>(a.lse.data),
+    naive::backward_cpu(g_, types(a, a.dq.dtype), a.q.data, k_.get(), v_.get(), a.o.data, static_cast<const float*>(a.lse.data),
                         a.d_o.data, a.dq.data, dk_.as<float>(), dv_.as<float>(), false);
     const size_t local = static_cast<size_t>(r.batch) * g_.chunk_kv * r.heads_kv * r.head_dim;
     host_.reduce_scatter(dk_.get(), dk_sum_.get(), local, ATTNHOST_DTYPE_FP32, ATTNHOST_REDUCE_SUM, nullptr);
