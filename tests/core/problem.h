@@ -27,6 +27,8 @@ struct Tensor {
   DType dtype = DType::fp32;
   int64_t B = 0, S = 0, H = 0, D = 0, pad = 0;
   std::vector<uint8_t> bytes;
+  // FP8: what an element stands for per unit; set() stores v / descale, get() gives it back.
+  double descale = 1;
 
   Tensor() = default;
   Tensor(DType t, int64_t b, int64_t s, int64_t h, int64_t d, int64_t pad_ = 0)
@@ -45,6 +47,8 @@ struct Tensor {
     case DType::bf16: { uint16_t x; std::memcpy(&x, &bytes[size_t(e) * 2], 2); return bf16_to_float(x); }
     case DType::fp16: { uint16_t x; std::memcpy(&x, &bytes[size_t(e) * 2], 2); return fp16_to_float(x); }
     case DType::fp32: { float x; std::memcpy(&x, &bytes[size_t(e) * 4], 4); return x; }
+    case DType::fp8_e4m3: case DType::fp8_e5m2:
+      return fp8_to_float(bytes[size_t(e)], dtype == DType::fp8_e4m3) * descale;
     default: { double x; std::memcpy(&x, &bytes[size_t(e) * 8], 8); return x; }
     }
   }
@@ -54,8 +58,19 @@ struct Tensor {
     case DType::bf16: { uint16_t x = float_to_bf16(float(v)); std::memcpy(&bytes[size_t(e) * 2], &x, 2); break; }
     case DType::fp16: { uint16_t x = float_to_fp16(float(v)); std::memcpy(&bytes[size_t(e) * 2], &x, 2); break; }
     case DType::fp32: { float x = float(v); std::memcpy(&bytes[size_t(e) * 4], &x, 4); break; }
+    case DType::fp8_e4m3: case DType::fp8_e5m2: bytes[size_t(e)] = nearest_fp8(v / descale); break;
     default: std::memcpy(&bytes[size_t(e) * 8], &v, 8);
     }
+  }
+  // The FP8 code nearest v (saturating), by search: the core only reads FP8.
+  uint8_t nearest_fp8(double v) const {
+    int best = 0;
+    for (int c = 1; c < 256; ++c) {
+      const double x = fp8_to_float(uint8_t(c), dtype == DType::fp8_e4m3);
+      if (std::isfinite(x) && std::abs(x - v) < std::abs(fp8_to_float(uint8_t(best), dtype == DType::fp8_e4m3) - v))
+        best = c;
+    }
+    return uint8_t(best);
   }
   void fill_normal(std::mt19937_64& rng, double stddev) {
     std::normal_distribution<double> n(0.0, stddev);
@@ -111,6 +126,9 @@ struct Problem {
     f.q = q.ref();
     f.k = k.ref();
     f.v = v.ref();
+    f.descale_q = float(q.descale);
+    f.descale_k = float(k.descale);
+    f.descale_v = float(v.descale);
     f.o = o.ref();
     f.o_fp32 = o_fp32;
     f.lse = lse.ref();
@@ -131,6 +149,7 @@ struct Problem {
     g.o = o;
     g.o_fp32 = o_fp32;
     g.d_o = d_o_ref;
+    g.descale_do = float(d_o.descale);
     g.delta = delta;
     return g;
   }
@@ -148,6 +167,10 @@ struct Problem {
     g.k = k.ref();
     g.v = v.ref();
     g.d_o = d_o.ref();
+    g.descale_q = float(q.descale);
+    g.descale_k = float(k.descale);
+    g.descale_v = float(v.descale);
+    g.descale_do = float(d_o.descale);
     g.lse = lse.ref();
     g.delta = delta.ref();
     g.dq = dq.ref();
@@ -166,6 +189,8 @@ struct Problem {
     k = Tensor(dtype, B, Skv, Hkv, D, pad);
     v = Tensor(dtype, B, Skv, Hkv, D, pad);
     d_o = Tensor(dtype, B, Sq, Hq, D, pad);
+    if (is_fp8(dtype))  // values of a few units stored around 64: the descale matters
+      for (Tensor* t : {&q, &k, &v, &d_o}) t->descale = 1.0 / 64;
     q.fill_normal(rng, stddev);
     k.fill_normal(rng, stddev);
     v.fill_normal(rng, 1.0);
@@ -310,7 +335,7 @@ enum class DeltaFrom { o_fp32, o_dtype };
 // the call must not touch keeps), then delta and the backward.
 template <class Acc> Outputs cpu_outputs(Problem& p, bool grads, DeltaFrom from, float poison) {
   Outputs r;
-  r.o = Tensor(p.dtype, p.B, p.Sq, p.Hq, p.D);
+  r.o = Tensor(output_dtype(p.dtype), p.B, p.Sq, p.Hq, p.D);
   r.o32 = Tensor(DType::fp32, p.B, p.Sq, p.Hq, p.D);
   r.o.fill(poison);
   r.o32.fill(poison);

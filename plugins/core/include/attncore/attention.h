@@ -23,10 +23,17 @@
 
 namespace attncore {
 
-// Values equal attnhost_dtype's, so a plugin can cast.
-enum class DType : int32_t { bf16 = 1, fp16 = 2, fp32 = 3, fp64 = 4 };
+// Values equal attnhost_dtype's, so a plugin can cast. The FP8 formats (OCP e4m3 and e5m2) are
+// inputs only: a call in FP8 reads Q, K, V and dO in it, each times its tensor's descale (the
+// params' descale_*), and writes its outputs in output_dtype.
+enum class DType : int32_t { bf16 = 1, fp16 = 2, fp32 = 3, fp64 = 4, fp8_e4m3 = 8, fp8_e5m2 = 9 };
 
-inline int dtype_bytes(DType t) { return t == DType::fp64 ? 8 : t == DType::fp32 ? 4 : 2; }
+inline int dtype_bytes(DType t) {
+  return t == DType::fp64 ? 8 : t == DType::fp32 ? 4 : t == DType::fp8_e4m3 || t == DType::fp8_e5m2 ? 1 : 2;
+}
+inline bool is_fp8(DType t) { return t == DType::fp8_e4m3 || t == DType::fp8_e5m2; }
+// The type a call of input type `t` writes O, and dK and dV with write_dkdv, in.
+inline DType output_dtype(DType t) { return is_fp8(t) ? DType::bf16 : t; }
 
 // A [batch, token, head, dim] view with dim contiguous.
 struct TensorRef {
@@ -113,6 +120,8 @@ struct ForwardParams {
   const Segment* segments = nullptr; // device memory for CUDA calls, host memory for CPU calls
   int32_t num_segments = 0;
   const BlockList* blocks = nullptr; // pointers inside live where segments live
+  // Appended. FP8 inputs: what an element of Q, K and V stands for per unit (1: not FP8).
+  float descale_q = 1.f, descale_k = 1.f, descale_v = 1.f;
 };
 
 struct BackwardParams {
@@ -154,6 +163,9 @@ struct BackwardParams {
   // columns instead. The call clears what it uses; nothing is kept between calls.
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
+  // Appended. FP8 inputs: what an element of Q, K, V and dO stands for per unit (1: not FP8). The
+  // outputs written in a dtype (write_dkdv, write_grads) take output_dtype(dtype).
+  float descale_q = 1.f, descale_k = 1.f, descale_v = 1.f, descale_do = 1.f;
 };
 
 // The workspace a backward call can use (BackwardParams::workspace): 0 unless it writes dK and dV
@@ -184,7 +196,7 @@ struct Error : std::runtime_error {
 // delta[b, h, i] = sum_d dO[b, i, h, d] * O[b, i, h, d] in fp32: the row term of the softmax
 // gradient, computed from the final output.
 struct DeltaParams {
-  DType dtype = DType::bf16; // dO, and O unless o_fp32
+  DType dtype = DType::bf16; // dO, and O (in output_dtype) unless o_fp32
   int32_t batch = 1, heads = 1, head_dim = 128;
   int64_t seqlen = 0;
   TensorRef o, d_o;
@@ -195,6 +207,7 @@ struct DeltaParams {
   // go out while the pass waits on its loads, instead of in a pass of their own.
   void* zero = nullptr;
   size_t zero_bytes = 0;
+  float descale_do = 1.f;  // appended: FP8 dO, what an element stands for per unit
 };
 
 // In place, fp32: (o_acc, lse_acc) <- merge((o_acc, lse_acc), (o_part, lse_part)) with
@@ -219,7 +232,7 @@ struct ConvertParams {
   TensorRef src, dst;
 };
 
-// The CPU reference takes any head_dim >= 1 and bf16, fp16 or fp32 inputs.
+// The CPU reference takes any head_dim >= 1 and bf16, fp16, fp32 or FP8 inputs.
 std::string check_supported_cpu(DType dtype, int32_t head_dim);
 
 } // namespace attncore

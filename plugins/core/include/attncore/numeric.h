@@ -1,4 +1,4 @@
-// bf16 and fp16 on the host, by hand: the CPU reference must build without CUDA headers, and its
+// bf16, fp16 and FP8 on the host, by hand: the CPU reference must build without CUDA headers, and its
 // rounding must match the GPU's (round to nearest even, NaN stays NaN, overflow goes to inf).
 #pragma once
 
@@ -45,6 +45,19 @@ inline uint16_t float_to_fp16(float f) {
   const uint32_t rem = x & 0x1fffu;
   if (rem > 0x1000u || (rem == 0x1000u && (r & 1u))) ++r; // a carry rolls into the exponent
   return uint16_t(sign | r);
+}
+
+// An FP8 element as the float it encodes (OCP formats; e4m3: no infinity, S.1111.111 is NaN).
+inline float fp8_to_float(uint8_t b, bool e4m3) {
+  const uint32_t man = e4m3 ? 3 : 2, bias = e4m3 ? 7 : 15, top = e4m3 ? 15 : 31;
+  const uint32_t sign = uint32_t(b & 0x80u) << 24, exp = (b & 0x7fu) >> man, mant = b & ((1u << man) - 1u);
+  if (e4m3 ? (b & 0x7fu) == 0x7fu : exp == top)
+    return std::bit_cast<float>(sign | 0x7f800000u | (e4m3 || mant ? 0x400000u : 0u));
+  if (exp == 0) { // mant x 2^(1 - bias - man), exact in float
+    const float v = float(mant) * std::bit_cast<float>((128u - bias - man) << 23);
+    return sign ? -v : v;
+  }
+  return std::bit_cast<float>(sign | ((exp + 127u - bias) << 23) | (mant << (23u - man)));
 }
 
 } // namespace attncore

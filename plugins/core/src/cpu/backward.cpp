@@ -2,7 +2,7 @@
 // final LSE and delta, so P = exp(scale q.k - LSE) is recomputed exactly as the forward saw it.
 //   dP = dO V^T,  dS = P * (dP - delta),  dQ += scale dS K,  dK += scale dS^T Q,  dV += P^T dO.
 // Gradients of one (batch, kv head) are summed in Acc over every query head of its group and added
-// to the fp32 accumulators once (or, for dK and dV with write_dkdv, written in the input dtype).
+// to the fp32 accumulators once (or, for dK and dV with write_dkdv, written in the output dtype).
 #include "attncore/cpu.h"
 
 #include <algorithm>
@@ -16,8 +16,8 @@ namespace attncore::cpu {
 using namespace detail;
 
 template <class Acc> void compute_delta(const DeltaParams& p) {
-  if (p.dtype != DType::bf16 && p.dtype != DType::fp16 && p.dtype != DType::fp32)
-    fail("compute_delta: dtype must be bf16, fp16 or fp32");
+  if (p.dtype != DType::bf16 && p.dtype != DType::fp16 && p.dtype != DType::fp32 && !is_fp8(p.dtype))
+    fail("compute_delta: dtype must be bf16, fp16, fp32 or FP8");
   if (p.batch < 1 || p.heads < 1 || p.head_dim < 1 || p.seqlen < 0) fail("compute_delta: bad shape");
   if (p.zero_bytes > 0) {
     if (!p.zero) fail("compute_delta: zero is null");
@@ -31,8 +31,8 @@ template <class Acc> void compute_delta(const DeltaParams& p) {
     for (int32_t h = 0; h < p.heads; ++h) {
       float* delta = stat_ptr(p.delta, b, h);
       for (int64_t i = 0; i < p.seqlen; ++i) {
-        load(p.o_fp32 ? DType::fp32 : p.dtype, p.o.data, offset(p.o, b, i, h), D, o.data());
-        load(p.dtype, p.d_o.data, offset(p.d_o, b, i, h), D, d_o.data());
+        load(p.o_fp32 ? DType::fp32 : output_dtype(p.dtype), p.o.data, offset(p.o, b, i, h), D, o.data());
+        load(p.dtype, p.d_o.data, offset(p.d_o, b, i, h), D, d_o.data(), p.descale_do);
         Acc sum = 0;
         for (int d = 0; d < D; ++d) sum += o[d] * d_o[d];
         delta[i] = float(sum);
@@ -83,9 +83,9 @@ template <class Acc> void backward(const BackwardParams& p) {
   for (int64_t b = 0; b < p.batch; ++b) {
     for (int32_t hk = 0; hk < p.heads_kv; ++hk) {
       for (int64_t j = 0; j < S; ++j) {
-        load(p.dtype, p.k.data, offset(p.k, b, j, hk), D, &k[size_t(j) * D]);
+        load(p.dtype, p.k.data, offset(p.k, b, j, hk), D, &k[size_t(j) * D], p.descale_k);
         for (int d = 0; d < D; ++d) kt[size_t(d) * S + j] = k[size_t(j) * D + d];
-        load(p.dtype, p.v.data, offset(p.v, b, j, hk), D, row.data());
+        load(p.dtype, p.v.data, offset(p.v, b, j, hk), D, row.data(), p.descale_v);
         for (int d = 0; d < D; ++d) vt[size_t(d) * S + j] = row[d];
       }
       std::fill(dk.begin(), dk.end(), Acc(0));
@@ -97,8 +97,8 @@ template <class Acc> void backward(const BackwardParams& p) {
           for (int64_t r0 = reg.row_begin; r0 < reg.row_end; r0 += kRowTile) {
             const int rows = int(std::min<int64_t>(kRowTile, reg.row_end - r0));
             for (int r = 0; r < rows; ++r) {
-              load(p.dtype, p.q.data, offset(p.q, b, r0 + r, hq), D, &q[size_t(r) * D]);
-              load(p.dtype, p.d_o.data, offset(p.d_o, b, r0 + r, hq), D, &d_o[size_t(r) * D]);
+              load(p.dtype, p.q.data, offset(p.q, b, r0 + r, hq), D, &q[size_t(r) * D], p.descale_q);
+              load(p.dtype, p.d_o.data, offset(p.d_o, b, r0 + r, hq), D, &d_o[size_t(r) * D], p.descale_do);
               lse[r] = Acc(lse_h[r0 + r]);
               delta[r] = Acc(delta_h[r0 + r]);
             }
@@ -166,7 +166,7 @@ template <class Acc> void backward(const BackwardParams& p) {
       for (int64_t j = 0; j < S; ++j) {
         if (p.write_dkdv) { // written: every key a call owns, zeros where no query sees it
           if (!owned[j]) continue;
-          const DType out = p.write_dkdv_fp32 ? DType::fp32 : p.dtype;
+          const DType out = p.write_dkdv_fp32 ? DType::fp32 : output_dtype(p.dtype);
           for (int d = 0; d < D; ++d) dk[size_t(j) * D + d] *= scale;
           store(out, p.dk.data, offset(p.dk, b, j, hk), D, &dk[size_t(j) * D]);
           store(out, p.dv.data, offset(p.dv, b, j, hk), D, &dv[size_t(j) * D]);

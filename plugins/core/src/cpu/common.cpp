@@ -5,8 +5,8 @@
 namespace attncore {
 
 std::string check_supported_cpu(DType dtype, int32_t head_dim) {
-  if (dtype != DType::bf16 && dtype != DType::fp16 && dtype != DType::fp32)
-    return "attncore cpu: dtype must be bf16, fp16 or fp32";
+  if (dtype != DType::bf16 && dtype != DType::fp16 && dtype != DType::fp32 && !is_fp8(dtype))
+    return "attncore cpu: dtype must be bf16, fp16, fp32, fp8_e4m3 or fp8_e5m2";
   if (head_dim < 1) return "attncore cpu: head_dim must be at least 1";
   return {};
 }

@@ -30,9 +30,16 @@ inline float* stat_ptr(const RowStatsRef& r, int64_t b, int64_t h) {
   return r.data + b * r.batch_stride + h * r.head_stride;
 }
 
-// Reads `n` elements of dtype `t` at element offset `off` into Acc.
-template <class Acc> void load(DType t, const void* base, int64_t off, int n, Acc* out) {
+// Reads `n` elements of dtype `t` at element offset `off` into Acc, each times `descale` (an FP8
+// tensor's; 1 for any other).
+template <class Acc> void load(DType t, const void* base, int64_t off, int n, Acc* out, float descale = 1.f) {
   switch (t) {
+  case DType::fp8_e4m3:
+  case DType::fp8_e5m2: {
+    const uint8_t* s = static_cast<const uint8_t*>(base) + off;
+    for (int i = 0; i < n; ++i) out[i] = Acc(fp8_to_float(s[i], t == DType::fp8_e4m3)) * Acc(descale);
+    break;
+  }
   case DType::bf16: {
     const uint16_t* s = static_cast<const uint16_t*>(base) + off;
     for (int i = 0; i < n; ++i) out[i] = Acc(bf16_to_float(s[i]));

@@ -83,7 +83,7 @@ template <class Acc> void forward(const ForwardParams& p) {
   const int group = p.heads_q / p.heads_kv;
   const Acc scale = resolve_scale(p.softmax_scale, D);
   const int64_t S = p.seqlen_kv;
-  const DType out_type = p.o_fp32 ? DType::fp32 : p.dtype;
+  const DType out_type = p.o_fp32 ? DType::fp32 : output_dtype(p.dtype);
   const std::vector<Region> regs = regions(p.seqlen_q, S, p.mask, p.segments, p.num_segments);
 
   std::vector<Acc> kt(size_t(S) * D), v(size_t(S) * D), row(static_cast<size_t>(D));
@@ -94,9 +94,9 @@ template <class Acc> void forward(const ForwardParams& p) {
   for (int64_t b = 0; b < p.batch; ++b) {
     for (int32_t hk = 0; hk < p.heads_kv; ++hk) {
       for (int64_t j = 0; j < S; ++j) {
-        load(p.dtype, p.k.data, offset(p.k, b, j, hk), D, row.data());
+        load(p.dtype, p.k.data, offset(p.k, b, j, hk), D, row.data(), p.descale_k);
         for (int d = 0; d < D; ++d) kt[size_t(d) * S + j] = row[d];
-        load(p.dtype, p.v.data, offset(p.v, b, j, hk), D, &v[size_t(j) * D]);
+        load(p.dtype, p.v.data, offset(p.v, b, j, hk), D, &v[size_t(j) * D], p.descale_v);
       }
       for (int32_t hq = hk * group; hq < (hk + 1) * group; ++hq) {
         float* lse = stat_ptr(p.lse, b, hq);
@@ -105,7 +105,7 @@ template <class Acc> void forward(const ForwardParams& p) {
             const int rows = int(std::min<int64_t>(kRowTile, reg.row_end - r0));
             for (int r = 0; r < rows; ++r) {
               Acc* qr = &t.q[size_t(r) * D];
-              load(p.dtype, p.q.data, offset(p.q, b, r0 + r, hq), D, qr);
+              load(p.dtype, p.q.data, offset(p.q, b, r0 + r, hq), D, qr, p.descale_q);
               for (int d = 0; d < D; ++d) qr[d] *= scale;
             }
             t.reset(rows);
