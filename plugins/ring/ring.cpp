@@ -17,7 +17,7 @@ class Ring {
         "1.0.0",
         "ring attention: contiguous shards, K/V blocks passed round a ring, overlapped, fp32 merges",
         {ATTNHOST_STRUCT_SIZE(attnhost_capabilities, head_dims), attncore::plugin::kRingDevices,
-         attncore::plugin::kRingDtypes,
+         attncore::plugin::kRingDtypesFp8,
          ATTNHOST_FEATURE_CAUSAL | ATTNHOST_FEATURE_NONCAUSAL | ATTNHOST_FEATURE_WINDOW | ATTNHOST_FEATURE_GQA |
              ATTNHOST_FEATURE_BACKWARD | ATTNHOST_FEATURE_DETERMINISTIC,
          1, 0, 0, nullptr},

@@ -19,7 +19,7 @@ class Zigzag {
         "1.0.0",
         "zigzag ring attention: two chunks per rank (r and 2P-1-r), causal work balanced across ranks",
         {ATTNHOST_STRUCT_SIZE(attnhost_capabilities, head_dims), attncore::plugin::kRingDevices,
-         attncore::plugin::kRingDtypes,
+         attncore::plugin::kRingDtypesFp8,
          ATTNHOST_FEATURE_CAUSAL | ATTNHOST_FEATURE_WINDOW | ATTNHOST_FEATURE_GQA | ATTNHOST_FEATURE_BACKWARD |
              ATTNHOST_FEATURE_DETERMINISTIC,
          1, 0, 0, nullptr},

@@ -241,6 +241,38 @@ TEST_CASE("bytes sent: a forward sends each K/V block on (P - 1 hops), a backwar
   }
 }
 
+TEST_CASE("ring and zigzag in FP8 on the CPU: K/V travel in FP8, gradients home in bf16, at world sizes 1 to 4") {
+  for (const char* dtype : {"fp8_e4m3", "fp8_e5m2"})
+    for (const char* plugin : {"ring", "zigzag"}) {
+      INFO(plugin, " ", dtype);
+      attnhost::CaseResult r = run_on(DeviceKind::cpu, dense_case(plugin, {1, 2, 3, 4}, 240, 4, 2, 32, true, dtype));
+      test::all_pass(r);
+      test::error_does_not_grow(r);
+      // The same FP8 values in fp32 arithmetic: what is left is the bf16 outputs' rounding.
+      for (const auto& run : r.runs) CHECK(test::error_of(run, "O") < 4e-3);
+    }
+  // Head slices (a batch of one), windows whose gradients go home, and a full ring: their buffers
+  // hold bf16 outputs beside FP8 inputs.
+  auto sliced = dense_case("ring", {2, 3}, 96, 8, 4, 16, true, "fp8_e4m3");
+  sliced.problem.batch = 1;
+  sliced.params["head_slices"] = int64_t{2};
+  test::all_pass(run_on(DeviceKind::cpu, sliced));
+  auto window = dense_case("zigzag", {2, 4}, 256, 4, 2, 16, true, "fp8_e4m3");
+  window.problem.window_left = 12;
+  test::all_pass(run_on(DeviceKind::cpu, window));
+  test::all_pass(run_on(DeviceKind::cpu, dense_case("ring", {3}, 96, 4, 2, 16, false, "fp8_e5m2")));
+  // K/V hops carry one byte an element: half of bf16's (the bf16 test above), dK/dV unchanged.
+  auto c = dense_case("ring", {3}, 96, 4, 2, 16, false, "fp8_e4m3");
+  attnhost::CaseResult b = run_on(DeviceKind::cpu, c);
+  test::all_pass(b);
+  const uint64_t kv_block = 2ull * 32 * 2 * 16;  // B x local tokens x Hkv x D x 1 byte
+  const uint64_t grads = 2 * (2 * kv_block) * 2 * 2 + 2 * (2 * kv_block);  // two hops in fp32, home in bf16
+  for (int rank = 0; rank < 3; ++rank) {
+    CHECK(b.runs[0].sent_bytes_fwd[rank] == 2 * kv_block * 2);
+    CHECK(b.runs[0].sent_bytes_bwd[rank] == 2 * kv_block * 2 + grads);
+  }
+}
+
 TEST_CASE("bytes sent: a window sends only the keys it reaches, and their gradients go straight home") {
   // 256 tokens on two ranks, a window of 16: rank 1's first queries reach rank 0's last 16 keys.
   const uint64_t columns = 2ull * 16 * 2 * 16;  // B x 16 tokens x Hkv x D, per tensor

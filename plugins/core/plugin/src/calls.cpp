@@ -5,15 +5,23 @@
 
 namespace attncore::plugin {
 
-TensorRef LocalViews::q(void* base, int64_t row0, bool fp32) const {
+int32_t output_dtype(const RingShape& s) {
+  return s.dtype == ATTNHOST_DTYPE_FP8_E4M3 || s.dtype == ATTNHOST_DTYPE_FP8_E5M2 ? ATTNHOST_DTYPE_BF16 : s.dtype;
+}
+
+size_t elem_size(const RingShape& s, Elem e) {
+  return e == Elem::fp32 ? 4 : attnhost::dtype_size(e == Elem::input ? s.dtype : output_dtype(s));
+}
+
+TensorRef LocalViews::q(void* base, int64_t row0, Elem e) const {
   const int64_t token = static_cast<int64_t>(s.heads_q) * s.head_dim;
-  const size_t el = fp32 ? 4 : attnhost::dtype_size(s.dtype);
+  const size_t el = elem_size(s, e);
   return {static_cast<char*>(base) + row0 * token * el, s.local_q * token, token, s.head_dim};
 }
 
-TensorRef LocalViews::kv(void* base, int64_t col0, bool fp32) const {
+TensorRef LocalViews::kv(void* base, int64_t col0, Elem e) const {
   const int64_t token = static_cast<int64_t>(s.heads_kv) * s.head_dim;
-  const size_t el = fp32 ? 4 : attnhost::dtype_size(s.dtype);
+  const size_t el = elem_size(s, e);
   return {static_cast<char*>(base) + col0 * token * el, s.local_kv * token, token, s.head_dim};
 }
 
@@ -33,7 +41,8 @@ Mask LocalViews::mask(const BlockCall& c) const {
   return m;
 }
 
-ForwardParams forward_params(const RingShape& s, const BlockCall& c, void* q, void* k, void* v) {
+ForwardParams forward_params(const RingShape& s, const BlockCall& c, void* q, void* k, void* v,
+                             const attnhost_fp8_scaling* fp8) {
   const LocalViews views{s};
   ForwardParams p;
   p.dtype = core_dtype(s.dtype);
@@ -44,9 +53,14 @@ ForwardParams forward_params(const RingShape& s, const BlockCall& c, void* q, vo
   p.seqlen_q = c.q_end - c.q_begin;
   p.seqlen_kv = c.kv_end - c.kv_begin;
   p.softmax_scale = s.softmax_scale;
-  p.q = views.q(q, c.q_begin, false);
-  p.k = views.kv(k, c.kv_begin, false);
-  p.v = views.kv(v, c.kv_begin, false);
+  p.q = views.q(q, c.q_begin, Elem::input);
+  p.k = views.kv(k, c.kv_begin, Elem::input);
+  p.v = views.kv(v, c.kv_begin, Elem::input);
+  if (fp8) {
+    p.descale_q = fp8->descale_q;
+    p.descale_k = fp8->descale_k;
+    p.descale_v = fp8->descale_v;
+  }
   p.mask = views.mask(c);
   p.segments = c.segments;
   p.num_segments = c.num_segments;
@@ -66,16 +80,22 @@ BackwardParams backward_params(const RingShape& s, const BlockCall& c, const att
   p.seqlen_q = c.q_end - c.q_begin;
   p.seqlen_kv = c.kv_end - c.kv_begin;
   p.softmax_scale = s.softmax_scale;
-  p.q = views.q(a.q.data, c.q_begin, false);
-  p.k = views.kv(k, c.kv_begin, false);
-  p.v = views.kv(v, c.kv_begin, false);
-  p.d_o = views.q(a.d_o.data, c.q_begin, false);
-  p.o = views.q(a.o.data, c.q_begin, false);  // the final output: the cuDNN engine recomputes delta from it
+  p.q = views.q(a.q.data, c.q_begin, Elem::input);
+  p.k = views.kv(k, c.kv_begin, Elem::input);
+  p.v = views.kv(v, c.kv_begin, Elem::input);
+  p.d_o = views.q(a.d_o.data, c.q_begin, Elem::input);
+  p.o = views.q(a.o.data, c.q_begin, Elem::output);  // the final output: the cuDNN engine recomputes delta from it
+  if (const attnhost_fp8_scaling* fp8 = fp8_scaling(a)) {
+    p.descale_q = fp8->descale_q;
+    p.descale_k = fp8->descale_k;
+    p.descale_v = fp8->descale_v;
+    p.descale_do = fp8->descale_do;
+  }
   p.lse = views.stats(static_cast<float*>(a.lse.data), c.q_begin);
   p.delta = views.stats(delta, c.q_begin);
-  p.dq = views.q(dq, c.q_begin, true);
-  p.dk = views.kv(dk, c.kv_begin, true);
-  p.dv = views.kv(dv, c.kv_begin, true);
+  p.dq = views.q(dq, c.q_begin, Elem::fp32);
+  p.dk = views.kv(dk, c.kv_begin, Elem::fp32);
+  p.dv = views.kv(dv, c.kv_begin, Elem::fp32);
   p.mask = views.mask(c);
   p.segments = c.backward_segments ? c.backward_segments : c.segments;
   p.num_segments = c.backward_segments ? c.num_backward_segments : c.num_segments;
@@ -91,8 +111,8 @@ bool covers_all_keys(const RingShape& s, const BlockCall& c) {
 
 void write_dkdv_into(BackwardParams& p, const RingShape& s, const BlockCall& c, const attnhost_backward_args& a) {
   const LocalViews views{s};
-  p.dk = views.kv(a.dk.data, c.kv_begin, false);
-  p.dv = views.kv(a.dv.data, c.kv_begin, false);
+  p.dk = views.kv(a.dk.data, c.kv_begin, Elem::output);
+  p.dv = views.kv(a.dv.data, c.kv_begin, Elem::output);
   p.write_dkdv = true;
 }
 
@@ -125,8 +145,9 @@ void compute_local_delta(const RingShape& s, Engine& engine, const attnhost_back
   dp.heads = s.heads_q;
   dp.head_dim = s.head_dim;
   dp.seqlen = s.local_q;
-  dp.o = views.q(a.o.data, 0, false);
-  dp.d_o = views.q(a.d_o.data, 0, false);
+  dp.o = views.q(a.o.data, 0, Elem::output);
+  dp.d_o = views.q(a.d_o.data, 0, Elem::input);
+  if (const attnhost_fp8_scaling* fp8 = fp8_scaling(a)) dp.descale_do = fp8->descale_do;
   dp.delta = views.stats(delta, 0);
   dp.zero = dq;
   dp.zero_bytes = local_sizes(s).q * 4;
@@ -136,13 +157,13 @@ void compute_local_delta(const RingShape& s, Engine& engine, const attnhost_back
 void convert_out(const RingShape& s, Engine& engine, const float* src, void* dst, bool kv, void* stream) {
   const LocalViews views{s};
   ConvertParams cv;
-  cv.dtype = core_dtype(s.dtype);
+  cv.dtype = core_dtype(output_dtype(s));
   cv.batch = s.batch;
   cv.heads = kv ? s.heads_kv : s.heads_q;
   cv.head_dim = s.head_dim;
   cv.seqlen = kv ? s.local_kv : s.local_q;
-  cv.src = kv ? views.kv(const_cast<float*>(src), 0, true) : views.q(const_cast<float*>(src), 0, true);
-  cv.dst = kv ? views.kv(dst, 0, false) : views.q(dst, 0, false);
+  cv.src = kv ? views.kv(const_cast<float*>(src), 0, Elem::fp32) : views.q(const_cast<float*>(src), 0, Elem::fp32);
+  cv.dst = kv ? views.kv(dst, 0, Elem::output) : views.q(dst, 0, Elem::output);
   engine.convert(cv, stream);
 }
 
@@ -202,7 +223,7 @@ void OutputAccumulator::run(ForwardParams p, const OutputCall& oc, void* stream)
   const BlockCall& c = oc.call;
   const bool first = !written(c.q_begin, c.q_end);
   if (oc.direct && !first) attnhost::fail(ATTNHOST_ERR_INTERNAL, "schedule: a direct call on rows written already");
-  p.o = oc.direct ? views.q(o_, c.q_begin, false) : views.q(first ? o_acc_ : o_part_, c.q_begin, true);
+  p.o = oc.direct ? views.q(o_, c.q_begin, Elem::output) : views.q(first ? o_acc_ : o_part_, c.q_begin, Elem::fp32);
   p.o_fp32 = !oc.direct;
   p.lse = views.stats(first ? lse_ : lse_part_, c.q_begin);
   engine_.forward(p, stream);
@@ -215,7 +236,7 @@ void OutputAccumulator::run(ForwardParams p, const OutputCall& oc, void* stream)
   m.heads = s_.heads_q;
   m.head_dim = s_.head_dim;
   m.seqlen = p.seqlen_q;
-  m.o_acc = views.q(o_acc_, c.q_begin, true);
+  m.o_acc = views.q(o_acc_, c.q_begin, Elem::fp32);
   m.lse_acc = views.stats(lse_, c.q_begin);
   m.o_part = p.o;
   m.lse_part = p.lse;
@@ -246,10 +267,10 @@ void OutputAccumulator::finish(void* stream) {
     at = std::max(at, e);
   }
   if (at < s_.local_q) gaps.emplace_back(at, s_.local_q);
-  const size_t el = attnhost::dtype_size(s_.dtype);  // zero is all-zero bits in every dtype
+  const size_t el = elem_size(s_, Elem::output);  // zero is all-zero bits in every dtype
   for (auto [begin, end] : gaps)
     for (int32_t b = 0; b < s_.batch; ++b) {
-      TensorRef o = views.q(o_, begin, false);
+      TensorRef o = views.q(o_, begin, Elem::output);
       engine_.zero(static_cast<char*>(o.data) + b * o.batch_stride * el, (end - begin) * o.token_stride * el, stream);
       for (int32_t h = 0; h < s_.heads_q; ++h)
         engine_.fill(lse_ + (static_cast<int64_t>(b) * s_.heads_q + h) * s_.local_q + begin,
@@ -260,13 +281,13 @@ void OutputAccumulator::finish(void* stream) {
     return convert_out(s_, engine_, o_acc_, o_, false, stream);
   for (auto [begin, end] : fp32) {
     ConvertParams cv;
-    cv.dtype = core_dtype(s_.dtype);
+    cv.dtype = core_dtype(output_dtype(s_));
     cv.batch = s_.batch;
     cv.heads = s_.heads_q;
     cv.head_dim = s_.head_dim;
     cv.seqlen = end - begin;
-    cv.src = views.q(o_acc_, begin, true);
-    cv.dst = views.q(o_, begin, false);
+    cv.src = views.q(o_acc_, begin, Elem::fp32);
+    cv.dst = views.q(o_, begin, Elem::output);
     engine_.convert(cv, stream);
   }
 }

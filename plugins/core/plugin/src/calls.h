@@ -11,20 +11,28 @@
 
 namespace attncore::plugin {
 
+// What a view's elements are: the problem's inputs (Q, K, V, dO, in its dtype), its outputs (O,
+// dQ, dK, dV: the same type, but bf16 for FP8 inputs), or fp32 accumulators.
+enum class Elem { input, output, fp32 };
+size_t elem_size(const RingShape& s, Elem e);
+int32_t output_dtype(const RingShape& s);  // the outputs' attnhost dtype
+
 // [batch, local token, head, dim] views of one shape's local tensors (Q-like: local_q tokens,
 // heads_q; K/V-like: local_kv tokens, heads_kv), and [batch, head, token] row statistics.
 struct LocalViews {
   const RingShape& s;
-  TensorRef q(void* base, int64_t row0, bool fp32) const;
-  TensorRef kv(void* base, int64_t col0, bool fp32) const;
+  TensorRef q(void* base, int64_t row0, Elem e) const;
+  TensorRef kv(void* base, int64_t col0, Elem e) const;
   RowStatsRef stats(float* base, int64_t row0) const;
   // The call's mask: the shape's causal/window when the call is masked, at the call's positions.
   Mask mask(const BlockCall& c) const;
 };
 
 // The core's parameters of call `c`: rows of q from c.q_begin, columns of k and v (the block in
-// hand) from c.kv_begin. The forward's o and lse are left for the caller.
-ForwardParams forward_params(const RingShape& s, const BlockCall& c, void* q, void* k, void* v);
+// hand) from c.kv_begin, with an FP8 problem's descales (`fp8`, else null). The forward's o and
+// lse are left for the caller.
+ForwardParams forward_params(const RingShape& s, const BlockCall& c, void* q, void* k, void* v,
+                             const attnhost_fp8_scaling* fp8);
 // Gradients go to dq (rows from c.q_begin) and dk, dv (columns from c.kv_begin), all fp32. The
 // segments are the call's backward ones (BlockCall::backward_segments); skip a call whose list is
 // empty rather than passing it here (no segments would mean the whole rectangle).
@@ -39,6 +47,12 @@ void write_dkdv_into(BackwardParams& p, const RingShape& s, const BlockCall& c, 
 
 // Elements of a rank's Q-like and K/V-like tensors of shape `s`, and its rows of statistics (LSE,
 // delta).
+// The FP8 scaling a call's arguments carry (ABI 1.4), or null: absent from an older host's
+// arguments, and null for any problem but an FP8 one.
+template <class Args> const attnhost_fp8_scaling* fp8_scaling(const Args& a) {
+  return ATTNHOST_HAS_FIELD(&a, Args, fp8) ? a.fp8 : nullptr;
+}
+
 struct LocalSizes {
   size_t q, kv, rows;
 };

@@ -12,6 +12,8 @@ DType core_dtype(int32_t d) {
     case ATTNHOST_DTYPE_BF16: return DType::bf16;
     case ATTNHOST_DTYPE_FP16: return DType::fp16;
     case ATTNHOST_DTYPE_FP32: return DType::fp32;
+    case ATTNHOST_DTYPE_FP8_E4M3: return DType::fp8_e4m3;
+    case ATTNHOST_DTYPE_FP8_E5M2: return DType::fp8_e5m2;
     default: attnhost::fail(ATTNHOST_ERR_UNSUPPORTED, std::string("dtype ") + attnhost::dtype_name(d) + " is not supported");
   }
 }

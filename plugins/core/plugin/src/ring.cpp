@@ -103,10 +103,12 @@ void set_block_reach(RingShape& s, const RingPlan& plan, int world_size) {
 
 RingAttention::Packed RingAttention::take_packed(Carver& c, const RingShape& s) {
   const LocalSizes n = local_sizes(s);
-  const size_t el = attnhost::dtype_size(s.dtype);
+  const size_t in = elem_size(s, Elem::input), out = elem_size(s, Elem::output);
   Packed p;
-  for (void** buffer : {&p.q, &p.o, &p.d_o, &p.dq}) *buffer = c.take(n.q * el);
-  for (void** buffer : {&p.k, &p.v, &p.dk, &p.dv}) *buffer = c.take(n.kv * el);
+  for (void** buffer : {&p.q, &p.d_o}) *buffer = c.take(n.q * in);
+  for (void** buffer : {&p.o, &p.dq}) *buffer = c.take(n.q * out);
+  for (void** buffer : {&p.k, &p.v}) *buffer = c.take(n.kv * in);
+  for (void** buffer : {&p.dk, &p.dv}) *buffer = c.take(n.kv * out);
   p.lse = c.take<float>(n.rows * 4);
   return p;
 }
@@ -210,10 +212,11 @@ std::vector<RingAttention::Slice> RingAttention::slices() const {
   return out;
 }
 
-void RingAttention::move_heads(void* packed, void* full, Kind kind, const Slice& slice, bool pack, void* stream) {
+void RingAttention::move_heads(void* packed, void* full, Kind kind, size_t el, const Slice& slice, bool pack,
+                               void* stream) {
   const RingShape& s = slice.shape;
   const int32_t group = s_.heads_q / s_.heads_kv;
-  const size_t row = s_.head_dim * attnhost::dtype_size(s_.dtype);
+  const size_t row = s_.head_dim * el;
   int64_t rows = int64_t{s.batch} * s.local_q;
   int32_t heads = s_.heads_q, h0 = slice.h0 * group, n = s.heads_q;
   size_t unit = row;
@@ -234,14 +237,14 @@ void RingAttention::move_heads(void* packed, void* full, Kind kind, const Slice&
 void RingAttention::pack(const Slice& slice, std::vector<Swap>& swaps, void* stream) {
   for (Swap& w : swaps) {
     w.full = w.t->data;
-    if (w.input) move_heads(w.buffer, w.full, w.kind, slice, true, stream);
+    if (w.input) move_heads(w.buffer, w.full, w.kind, attnhost::dtype_size(w.t->dtype), slice, true, stream);
     w.t->data = w.buffer;
   }
 }
 
 void RingAttention::unpack(const Slice& slice, const std::vector<Swap>& swaps, void* stream) {
   for (const Swap& w : swaps)
-    if (!w.input) move_heads(w.buffer, w.full, w.kind, slice, false, stream);
+    if (!w.input) move_heads(w.buffer, w.full, w.kind, attnhost::dtype_size(w.t->dtype), slice, false, stream);
 }
 
 void RingAttention::exchange(const void* send_k, const void* send_v, void* recv_k, void* recv_v, int32_t dtype,
@@ -295,7 +298,7 @@ void RingAttention::forward_slice(const RingShape& s, const attnhost_forward_arg
     for (const OutputCall& c : plans[step]) {
       std::string name = "attention step " + std::to_string(step);
       int32_t range = host_.range_begin(name.c_str(), ATTNHOST_RANGE_COMPUTE, compute);
-      ForwardParams p = forward_params(s, c.call, a.q.data, cur.k, cur.v);
+      ForwardParams p = forward_params(s, c.call, a.q.data, cur.k, cur.v, fp8_scaling(a));
       p.k = view(held(step, source(step), cur.k), c.call.kv_begin, s);
       p.v = view(held(step, source(step), cur.v), c.call.kv_begin, s);
       out.run(p, c, compute);  // direct, first on its rows, or merged
@@ -371,8 +374,8 @@ void RingAttention::backward_slice(const RingShape& s, const attnhost_backward_a
       if (sole) write_dkdv_into(p, s, c, a);
       else p.write_dkdv = p.write_dkdv_fp32 = writes;
       if (sole && s.kv_grads_fp32) {
-        p.dk = LocalViews{s}.kv(a.dk.data, c.kv_begin, true);
-        p.dv = LocalViews{s}.kv(a.dv.data, c.kv_begin, true);
+        p.dk = LocalViews{s}.kv(a.dk.data, c.kv_begin, Elem::fp32);
+        p.dv = LocalViews{s}.kv(a.dv.data, c.kv_begin, Elem::fp32);
         p.write_dkdv_fp32 = true;
       }
       engine_->backward(p, compute);
@@ -400,10 +403,13 @@ void RingAttention::backward_slice(const RingShape& s, const attnhost_backward_a
       grads_ready = engine_->record(comm);
       engine_->wait(compute, kv_ready);
     } else {
-      // The last hop takes finished sums home, so they are rounded to the problem dtype before it
+      // The last hop takes finished sums home, so they are rounded to the output dtype before it
       // rather than after (the same values): half the bytes of the one hop nothing can hide, and
-      // they land in dK and dV. The K/V buffer of step P - 2 is free to stage them.
-      const KV arriving = w.grads[2], staged = s.kv_grads_fp32 ? grad : w.receive[world_ % 2];
+      // they land in dK and dV. The K/V buffer of step P - 2 is free to stage them; with FP8 K/V
+      // it is too small for bf16, and the pair sent at step P - 2 (free once grads_ready) stages.
+      const bool wider = elem_size(s, Elem::output) > elem_size(s, Elem::input);
+      const KV arriving = w.grads[2];
+      const KV staged = s.kv_grads_fp32 ? grad : wider ? w.grads[(step + 1) % 2] : w.receive[world_ % 2];
       engine_->wait(compute, grads_ready);
       engine_->add(static_cast<float*>(grad.k), static_cast<float*>(arriving.k), kv_elems, compute);
       engine_->add(static_cast<float*>(grad.v), static_cast<float*>(arriving.v), kv_elems, compute);
@@ -412,8 +418,8 @@ void RingAttention::backward_slice(const RingShape& s, const attnhost_backward_a
         convert_out(s, *engine_, static_cast<float*>(grad.v), staged.v, true, compute);
       }
       engine_->wait(comm, compute);
-      exchange(staged.k, staged.v, a.dk.data, a.dv.data, s.kv_grads_fp32 ? ATTNHOST_DTYPE_FP32 : s.dtype, kv_elems, comm,
-               "dK dV", step);
+      exchange(staged.k, staged.v, a.dk.data, a.dv.data, s.kv_grads_fp32 ? ATTNHOST_DTYPE_FP32 : output_dtype(s),
+               kv_elems, comm, "dK dV", step);
       grads_ready = engine_->record(comm);
     }
   }
@@ -480,8 +486,8 @@ void RingAttention::backward_home(const RingShape& s, const attnhost_backward_ar
             p.dk = compact(sum.k, kept, piece.kv_begin);
             p.dv = compact(sum.v, kept, piece.kv_begin);
           } else if (s.kv_grads_fp32) {
-            p.dk = LocalViews{s}.kv(a.dk.data, piece.kv_begin, true);
-            p.dv = LocalViews{s}.kv(a.dv.data, piece.kv_begin, true);
+            p.dk = LocalViews{s}.kv(a.dk.data, piece.kv_begin, Elem::fp32);
+            p.dv = LocalViews{s}.kv(a.dv.data, piece.kv_begin, Elem::fp32);
             p.write_dkdv_fp32 = p.write_dkdv = true;
           } else {
             write_dkdv_into(p, s, piece, a);
@@ -565,13 +571,13 @@ void RingAttention::backward_home(const RingShape& s, const attnhost_backward_ar
         continue;
       }
       ConvertParams cv;
-      cv.dtype = core_dtype(s.dtype);
+      cv.dtype = core_dtype(output_dtype(s));
       cv.batch = s.batch;
       cv.heads = s.heads_kv;
       cv.head_dim = s.head_dim;
       cv.seqlen = kept.size();
       cv.src = compact(total, kept, kept.lo);
-      cv.dst = LocalViews{s}.kv(out, kept.lo, false);
+      cv.dst = LocalViews{s}.kv(out, kept.lo, Elem::output);
       engine_->convert(cv, compute);
     }
   convert_out(s, *engine_, dq, a.dq.data, false, compute);

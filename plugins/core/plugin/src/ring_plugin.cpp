@@ -60,11 +60,13 @@ void choose_slices(RingShape& s, int world_size) {
   if (auto_batch) s.batch_slices = 1;
   if (auto_heads) s.head_slices = 1;
   if (world_size == 1 || (!auto_batch && !auto_heads)) return;
-  const double el = static_cast<double>(attnhost::dtype_size(s.dtype));
-  const double q = double(s.batch) * s.local_q * s.heads_q * s.head_dim * el;
-  const double kv = double(s.batch) * s.local_kv * s.heads_kv * s.head_dim * el;
+  // Inputs (Q, dO, K, V, and the blocks) in the problem's dtype, outputs in theirs (bf16 for FP8).
+  const double in = static_cast<double>(attnhost::dtype_size(s.dtype)), out = in < 2 ? 2 : in;
+  const double q_elems = double(s.batch) * s.local_q * s.heads_q * s.head_dim;
+  const double kv_elems = double(s.batch) * s.local_kv * s.heads_kv * s.head_dim;
+  const double q = q_elems * (in + out) / 2, kv = kv_elems * (in + out) / 2;  // per tensor, on average
   const double lse = double(s.batch) * s.heads_q * s.local_q * 4;
-  const double working_set = 4 * q + 4 * kv + 4 * kv;  // Q O dO dQ, K V dK dV, two K/V blocks
+  const double working_set = 4 * q + 4 * kv + 4 * kv_elems * in;  // Q O dO dQ, K V dK dV, two K/V blocks
   const auto fits = [&] {
     return 4 * q + 4 * kv + lse + double(RingAttention::workspace_bytes(s, world_size)) <= 1.3 * working_set;
   };

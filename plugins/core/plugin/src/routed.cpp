@@ -138,7 +138,7 @@ void RoutedAttention::forward(const attnhost_forward_args& a) {
     for (const OutputCall& c : plans[t]) {
       std::string name = "attention round " + std::to_string(t);
       int32_t range = host_.range_begin(name.c_str(), ATTNHOST_RANGE_COMPUTE, compute);
-      out.run(forward_params(s_, c.call, a.q.data, cur.k, cur.v), c, compute);
+      out.run(forward_params(s_, c.call, a.q.data, cur.k, cur.v, fp8_scaling(a)), c, compute);
       host_.range_end(range, compute);
     }
     if (t + 1 < world_ && !rounds_[t + 1].recv.empty()) engine_->wait(compute, comm);  // the next pieces arrived

@@ -189,7 +189,8 @@ class RingAttention {
   };
   void pack(const Slice& slice, std::vector<Swap>& swaps, void* stream);
   void unpack(const Slice& slice, const std::vector<Swap>& swaps, void* stream);
-  void move_heads(void* packed, void* full, Kind kind, const Slice& slice, bool pack, void* stream);
+  // `el`: the tensor's element size (its own dtype: an FP8 problem's outputs are bf16).
+  void move_heads(void* packed, void* full, Kind kind, size_t el, const Slice& slice, bool pack, void* stream);
   // The ring over one slice: `s` is its shape, the args point at its tensors. A backward that is
   // not `last` leaves its last dK/dV hop on the communication stream, under the next slice's first
   // step; the last one waits for it.
