@@ -1,4 +1,5 @@
 // The deterministic data: conversions match the hardware's, values do not depend on sharding.
+#include "runtime/comm.h"
 #include "runtime/data.h"
 #include "runtime/device.h"
 
@@ -171,7 +172,7 @@ TEST_CASE("gpu: the CUDA kernel generates bit-identical data to the CPU with zer
       p.distribution = dist;
       p.scale = dist == data::kUniform ? 7.5f : 1.0f;
       GenerateSpec spec{p, data::kV, dtype, 3, 300, 5, 72, {{1000, 4, 200}, {70000, 210, 80}}};
-      const size_t bytes = 3 * 300 * 5 * 72 * attnhost::dtype_size(dtype);
+      const size_t bytes = 3 * 300 * 5 * 72 * dtype_bytes(dtype);
       std::vector<char> want(bytes), got(bytes);
       generate_cpu(want.data(), spec);
       void* buffer = device->alloc(bytes);
