@@ -194,233 +194,285 @@ __device__ void stage_o(Softmax& sm, const AttnArgs& a, int batch, int head, int
   });
 }
 
+// The CTA's shared memory: Q, the rings of K and V tiles, the barriers, and the TileStep of each K
+// buffer.
+template <class T, int D, Tiles kTiles> struct ForwardShared {
+  unsigned char* base; // 1024-aligned; O is staged over it (store_o)
+  T* q;
+  T* k; // kStages tiles
+  T* v; // kStages tiles
+  uint64_t *q_full, *k_full, *v_full, *k_empty, *v_empty;
+  TileStep* steps; // the tile in each K buffer
+};
+
 template <class T, int D, Tiles kTiles>
-__global__ void __launch_bounds__(ForwardConfig<T, D, kTiles>::kThreads, ForwardConfig<T, D, kTiles>::kCtasPerSm)
-    flash_forward_sm90_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
-                              const __grid_constant__ CUtensorMap v_map, const __grid_constant__ CUtensorMap o_map,
-                              const __grid_constant__ AttnArgs a, bool o_bulk) {
-#if ATTNCORE_SM90_DEVICE
+__device__ __forceinline__ ForwardShared<T, D, kTiles> forward_shared(unsigned char* smem_raw) {
   using C = ForwardConfig<T, D, kTiles>;
-  constexpr int W = C::W;
-  extern __shared__ unsigned char smem_raw[];
   unsigned char* smem = align_smem<1024>(smem_raw);
-  T* sQ = reinterpret_cast<T*>(smem);
-  T* sK = reinterpret_cast<T*>(smem + C::kQBytes);                            // kStages tiles
-  T* sV = reinterpret_cast<T*>(smem + C::kQBytes + C::kStages * C::kKVBytes); // kStages tiles
+  ForwardShared<T, D, kTiles> sh;
+  sh.base = smem;
+  sh.q = reinterpret_cast<T*>(smem);
+  sh.k = reinterpret_cast<T*>(smem + C::kQBytes);
+  sh.v = reinterpret_cast<T*>(smem + C::kQBytes + C::kStages * C::kKVBytes);
   uint64_t* bars = reinterpret_cast<uint64_t*>(smem + C::kF32Stage + C::kF32StageBytes);
-  uint64_t* q_full = bars;
-  uint64_t* k_full = bars + 1;
-  uint64_t* v_full = k_full + C::kStages;
-  uint64_t* k_empty = v_full + C::kStages;
-  uint64_t* v_empty = k_empty + C::kStages;
-  TileStep* steps = reinterpret_cast<TileStep*>(v_empty + C::kStages); // the tile in each K buffer
+  sh.q_full = bars;
+  sh.k_full = bars + 1;
+  sh.v_full = sh.k_full + C::kStages;
+  sh.k_empty = sh.v_full + C::kStages;
+  sh.v_empty = sh.k_empty + C::kStages;
+  sh.steps = reinterpret_cast<TileStep*>(sh.v_empty + C::kStages);
+  return sh;
+}
 
-  const int tid = threadIdx.x, warp = warp_uniform(int(tid / 32)), lane = tid % 32, group = warp / 4;
-  const int head = blockIdx.y, batch = blockIdx.z, kv_head = head / a.group;
-  const int32_t x = int32_t(gridDim.x - 1 - blockIdx.x); // last tiles first: causal ones are heaviest
-
+// The CTA's query rows [m0, m1), the region they lie in, and, with a block list, their first query
+// block.
+struct ForwardRows {
   Region reg;
-  int32_t m0;
+  int32_t m0, m1;
+  bool blocks; // a block list
+  int32_t qb0;
+};
+
+// False for a CTA past the last segment's rows.
+template <class C> __device__ __forceinline__ bool locate_rows(const AttnArgs& a, ForwardRows& rows) {
+  const int32_t x = int32_t(gridDim.x - 1 - blockIdx.x); // last tiles first: causal ones are heaviest
   if (a.nseg > 0) {
     int32_t seg, tile;
-    if (!locate_tile(a.segs, a.nseg, x, C::kBlockM, true, seg, tile)) return;
-    reg = segment_region(a.segs[seg]);
-    m0 = reg.row_begin + tile * C::kBlockM;
+    if (!locate_tile(a.segs, a.nseg, x, C::kBlockM, true, seg, tile)) return false;
+    rows.reg = segment_region(a.segs[seg]);
+    rows.m0 = rows.reg.row_begin + tile * C::kBlockM;
   } else {
-    reg = whole_call(a.mask, a.seqlen_q, a.seqlen_kv);
-    m0 = x * C::kBlockM;
+    rows.reg = whole_call(a.mask, a.seqlen_q, a.seqlen_kv);
+    rows.m0 = x * C::kBlockM;
   }
-  const int32_t m1 = min(m0 + C::kBlockM, reg.row_end);
-  const bool blocks = a.blocks.heads > 0;
-  const int32_t qb0 = blocks ? m0 / a.blocks.block_q : 0;
+  rows.m1 = min(rows.m0 + C::kBlockM, rows.reg.row_end);
+  rows.blocks = a.blocks.heads > 0;
+  rows.qb0 = rows.blocks ? rows.m0 / a.blocks.block_q : 0;
+  return true;
+}
 
-  if (tid == 0) {
-    barrier_init(q_full, 1);
-    for (int s = 0; s < C::kStages; ++s) {
-      barrier_init(&k_full[s], 1);
-      barrier_init(&v_full[s], 1);
-      barrier_init(&k_empty[s], C::kConsumers * 4); // one arrival per consumer warp
-      barrier_init(&v_empty[s], C::kConsumers * 4);
+template <class T, int D, Tiles kTiles>
+__device__ __forceinline__ void init_barriers(const ForwardShared<T, D, kTiles>& sh) {
+  using C = ForwardConfig<T, D, kTiles>;
+  barrier_init(sh.q_full, 1);
+  for (int s = 0; s < C::kStages; ++s) {
+    barrier_init(&sh.k_full[s], 1);
+    barrier_init(&sh.v_full[s], 1);
+    barrier_init(&sh.k_empty[s], C::kConsumers * 4); // one arrival per consumer warp
+    barrier_init(&sh.v_empty[s], C::kConsumers * 4);
+  }
+  barrier_init_fence();
+}
+
+// The walk over the key tiles the CTA's rows see: a block list's, or the interval the mask allows.
+template <class T, int D, Tiles kTiles>
+__device__ __forceinline__ void start_walk(TileWalk<ForwardConfig<T, D, kTiles>::kBlockN>& walk, const AttnArgs& a,
+                                           const ForwardRows& rows, int head) {
+  if (rows.blocks) {
+    const int32_t row = (a.blocks.heads == 1 ? 0 : head) * a.blocks.num_q_blocks;
+    walk.inner.init_blocks(a.blocks, row + rows.qb0, row + (rows.m1 - 1) / a.blocks.block_q);
+  } else {
+    walk.inner.init_interval(a.mask, rows.reg, rows.m0, rows.m1);
+  }
+}
+
+// Q once (with the maps' prefetches).
+template <class T, int D, Tiles kTiles>
+__device__ __forceinline__ void load_q(const ForwardShared<T, D, kTiles>& sh, const CUtensorMap& q_map,
+                                       const CUtensorMap& k_map, const CUtensorMap& v_map, int32_t m0, int head,
+                                       int batch) {
+  using C = ForwardConfig<T, D, kTiles>;
+  constexpr int W = C::W;
+  tma_prefetch_map(&q_map);
+  tma_prefetch_map(&k_map);
+  tma_prefetch_map(&v_map);
+  barrier_expect_bytes(sh.q_full, C::kQBytes);
+  for (int cb = 0; cb < D / W; ++cb)
+    tma_load_4d(sh.q + cb * C::kBlockM * W, &q_map, sh.q_full, cb * W, m0, head, batch);
+}
+
+// K and V of tile t into stage s, V once the consumers are done with the stage's last V.
+template <class T, int D, Tiles kTiles>
+__device__ __forceinline__ void load_kv(const ForwardShared<T, D, kTiles>& sh, const CUtensorMap& k_map,
+                                        const CUtensorMap& v_map, uint32_t s, uint32_t phase, const TileStep& t,
+                                        int kv_head, int batch) {
+  using C = ForwardConfig<T, D, kTiles>;
+  constexpr int W = C::W;
+  sh.steps[s] = t; // published by the arrive below (release), read after the consumers' wait
+  T* k_tile = sh.k + s * (C::kKVBytes / sizeof(T));
+  T* v_tile = sh.v + s * (C::kKVBytes / sizeof(T));
+  barrier_expect_bytes(&sh.k_full[s], C::kKVBytes);
+  for (int cb = 0; cb < D / W; ++cb)
+    tma_load_4d(k_tile + cb * C::kBlockN * W, &k_map, &sh.k_full[s], cb * W, t.c0, kv_head, batch);
+  barrier_wait(&sh.v_empty[s], phase ^ 1);
+  barrier_expect_bytes(&sh.v_full[s], C::kKVBytes);
+  for (int cb = 0; cb < D / W; ++cb)
+    tma_load_4d(v_tile + cb * C::kBlockN * W, &v_map, &sh.v_full[s], cb * W, t.c0, kv_head, batch);
+}
+
+// The producer, one thread, the only walker of the key tiles: Q once, then K and V of every tile the
+// rows see into the rings, each tile's TileStep riding with its K buffer. (walk and t are the
+// kernel's: as this function's own, the wide configuration's kernels compiled to other machine code.)
+template <class T, int D, Tiles kTiles>
+__device__ __forceinline__ void produce_tiles(const ForwardShared<T, D, kTiles>& sh, const AttnArgs& a,
+                                              const ForwardRows& rows, const CUtensorMap& q_map,
+                                              const CUtensorMap& k_map, const CUtensorMap& v_map, int head,
+                                              int kv_head, int batch,
+                                              TileWalk<ForwardConfig<T, D, kTiles>::kBlockN>& walk, TileStep& t) {
+  using C = ForwardConfig<T, D, kTiles>;
+  start_walk<T, D, kTiles>(walk, a, rows, head);
+  load_q(sh, q_map, k_map, v_map, rows.m0, head, batch);
+  for (uint32_t step = 0;; ++step) {
+    const uint32_t s = step % C::kStages, phase = (step / C::kStages) & 1;
+    const bool more = walk.next(t, a.mask, rows.reg, rows.m0, rows.m1, a.blocks);
+    barrier_wait(&sh.k_empty[s], phase ^ 1);
+    if (!more) { // the end: a step with no tile
+      sh.steps[s].c0 = -1;
+      barrier_arrive(&sh.k_full[s]);
+      break;
     }
-    barrier_init_fence();
+    load_kv(sh, k_map, v_map, s, phase, t, kv_head, batch);
   }
-  __syncthreads();
+}
 
-  if (group == 0) { // producer: the only walker; each tile's TileStep rides with its K buffer
-    regs_dealloc<C::kProducerRegs>();
-    if (warp == 0 && lane == 0) {
-      TileWalk<C::kBlockN> walk;
-      if (blocks) {
-        const int32_t row = (a.blocks.heads == 1 ? 0 : head) * a.blocks.num_q_blocks;
-        walk.inner.init_blocks(a.blocks, row + qb0, row + (m1 - 1) / a.blocks.block_q);
-      } else {
-        walk.inner.init_interval(a.mask, reg, m0, m1);
-      }
-      tma_prefetch_map(&q_map);
-      tma_prefetch_map(&k_map);
-      tma_prefetch_map(&v_map);
-      barrier_expect_bytes(q_full, C::kQBytes);
-      for (int cb = 0; cb < D / W; ++cb) tma_load_4d(sQ + cb * C::kBlockM * W, &q_map, q_full, cb * W, m0, head, batch);
-      TileStep t;
-      for (uint32_t step = 0;; ++step) {
-        const uint32_t s = step % C::kStages, phase = (step / C::kStages) & 1;
-        const bool more = walk.next(t, a.mask, reg, m0, m1, a.blocks);
-        barrier_wait(&k_empty[s], phase ^ 1);
-        if (!more) { // the end: a step with no tile
-          steps[s].c0 = -1;
-          barrier_arrive(&k_full[s]);
-          break;
-        }
-        steps[s] = t; // published by the arrive below (release), read after the consumers' wait
-        T* k_tile = sK + s * (C::kKVBytes / sizeof(T));
-        T* v_tile = sV + s * (C::kKVBytes / sizeof(T));
-        barrier_expect_bytes(&k_full[s], C::kKVBytes);
-        for (int cb = 0; cb < D / W; ++cb)
-          tma_load_4d(k_tile + cb * C::kBlockN * W, &k_map, &k_full[s], cb * W, t.c0, kv_head, batch);
-        barrier_wait(&v_empty[s], phase ^ 1);
-        barrier_expect_bytes(&v_full[s], C::kKVBytes);
-        for (int cb = 0; cb < D / W; ++cb)
-          tma_load_4d(v_tile + cb * C::kBlockN * W, &v_map, &v_full[s], cb * W, t.c0, kv_head, batch);
-      }
-    }
-    return;
-  }
+// A consumer warpgroup's rows and shared-memory descriptors, made once: a k-step or a stage only
+// adds a constant to a descriptor.
+struct ForwardOperands {
+  int wg, warp_in_wg;
+  int32_t r_lo, r_hi; // this warpgroup's rows
+  bool has_rows;
+  int list; // the query block of a block list (selects below, not list[...])
+  uint64_t q_desc, k_desc, v_desc;
+};
 
-  // consumers
-  regs_alloc<C::kConsumerRegs>();
-  const int wg = group - 1, warp_in_wg = warp % 4;
-  const int32_t r_lo = m0 + 64 * wg, r_hi = min(r_lo + 64, m1); // this warpgroup's rows
-  const bool has_rows = r_hi > r_lo;
-  const int list = blocks && r_lo / a.blocks.block_q != qb0 ? 1 : 0; // (selects below, not list[...])
+template <class T, int D, Tiles kTiles>
+__device__ __forceinline__ ForwardOperands forward_operands(const ForwardShared<T, D, kTiles>& sh, const AttnArgs& a,
+                                                            const ForwardRows& rows, int warp, int group) {
+  using C = ForwardConfig<T, D, kTiles>;
+  constexpr int W = C::W;
+  ForwardOperands op;
+  op.wg = group - 1;
+  op.warp_in_wg = warp % 4;
+  op.r_lo = rows.m0 + 64 * op.wg;
+  op.r_hi = min(op.r_lo + 64, rows.m1);
+  op.has_rows = op.r_hi > op.r_lo;
+  op.list = rows.blocks && op.r_lo / a.blocks.block_q != rows.qb0 ? 1 : 0;
+  op.q_desc = desc_k_major<W>(sh.q, C::kBlockM, 64 * op.wg);
+  op.k_desc = desc_k_major<W>(sh.k, C::kBlockN, 0);
+  op.v_desc = desc_mn_major<W>(sh.v, C::kBlockN);
+  return op;
+}
 
-  // The tile of step `step`, once its K is in: false at the end.
-  const auto next_tile = [&](uint32_t step, TileStep& t) {
-    barrier_wait(&k_full[step % C::kStages], (step / C::kStages) & 1);
-    t = steps[step % C::kStages];
-    return warp_uniform(t.c0 >= 0);
-  };
+// A consumer's registers: S (issued, the hardware's until the caller waits), the softmax's state
+// with O, P as A fragments of the second product, and O's rescale.
+template <class T, int D, Tiles kTiles> struct ForwardRegs {
+  using C = ForwardConfig<T, D, kTiles>;
+  float sc[1][C::kSTiles][4];
+  OnlineSoftmax<1, C::kOTiles> sm;
+  uint32_t p[C::kBlockN / 16][4];
+  float alpha[1][2];
+};
+
+// The steps of a consumer warpgroup (64 of the CTA's rows) over a key tile, on its operands and
+// registers. The kernel runs them in its tile loop: with the loop in a function of its own, the wide
+// configuration's kernels compiled to other machine code.
+template <class T, int D, Tiles kTiles> struct ForwardConsumer {
+  using C = ForwardConfig<T, D, kTiles>;
+  static constexpr int W = C::W;
+  static constexpr uint32_t kAll = (1u << ((C::kBlockN + 63) / 64)) - 1; // every 64-column part of a tile
+  static constexpr uint32_t kStageStep = desc_offset(C::kKVBytes);
 
   // Which of a tile's pairs this warpgroup must hide: the halves a block list does not list for
   // its query block, the halves that need element masking, the columns past the region.
-  constexpr uint32_t kAll = (1u << ((C::kBlockN + 63) / 64)) - 1; // every 64-column part of a tile
   struct Use {
     bool needs_mask; // (warp-uniform: it decides a branch between the products)
     uint32_t listed, masked;
   };
-  const auto use_of = [&](const TileStep& t) {
+
+  const ForwardShared<T, D, kTiles>& sh;
+  const AttnArgs& a;
+  const ForwardRows& rows;
+  const ForwardOperands& op;
+  ForwardRegs<T, D, kTiles>& r;
+  const int &tid, &lane;
+
+  // The tile of step `step`, once its K is in: false at the end.
+  __device__ __forceinline__ bool next_tile(uint32_t step, TileStep& t) {
+    barrier_wait(&sh.k_full[step % C::kStages], (step / C::kStages) & 1);
+    t = sh.steps[step % C::kStages];
+    return warp_uniform(t.c0 >= 0);
+  }
+
+  __device__ __forceinline__ Use use_of(const TileStep& t) {
     Use u;
-    if (blocks) {
-      u.listed = list ? t.listed[1] : t.listed[0];
-      u.masked = list ? t.masked[1] : t.masked[0];
+    if (rows.blocks) {
+      u.listed = op.list ? t.listed[1] : t.listed[0];
+      u.masked = op.list ? t.masked[1] : t.masked[0];
     } else {
       u.listed = kAll;
-      u.masked = has_rows && all_visible(a.mask, reg.row_pos(r_lo), reg.row_pos(r_hi - 1), reg.col_pos(t.c0),
-                                         reg.col_pos(t.c0 + C::kBlockN - 1)) ? 0u : kAll;
+      u.masked = op.has_rows && all_visible(a.mask, rows.reg.row_pos(op.r_lo), rows.reg.row_pos(op.r_hi - 1),
+                                         rows.reg.col_pos(t.c0), rows.reg.col_pos(t.c0 + C::kBlockN - 1))
+                     ? 0u
+                     : kAll;
     }
     u.needs_mask = warp_uniform(u.listed != kAll || u.masked != 0 || t.cross);
     return u;
-  };
+  }
 
-  // Shared-memory descriptors, made once: a k-step or a stage only adds a constant.
-  const uint64_t q_desc = desc_k_major<W>(sQ, C::kBlockM, 64 * wg);
-  const uint64_t k_desc = desc_k_major<W>(sK, C::kBlockN, 0);
-  const uint64_t v_desc = desc_mn_major<W>(sV, C::kBlockN);
-  constexpr uint32_t kStageStep = desc_offset(C::kKVBytes);
-
-  // S = Q K^T, issued (its registers are the hardware's until the caller waits).
-  float sc[1][C::kSTiles][4];
-  const auto issue_scores = [&](uint32_t s) {
-    const uint64_t k_stage = k_desc + s * kStageStep;
+  // S = Q K^T, issued.
+  __device__ __forceinline__ void issue_scores(uint32_t s) {
+    const uint64_t k_stage = op.k_desc + s * kStageStep;
     wgmma_fence();
 #pragma unroll
     for (int k0 = 0; k0 < D; k0 += 16)
-      Wgmma<T, C::kBlockN>::template ss<0, 0>(sc[0], q_desc + k_major_step<W>(C::kBlockM, k0),
+      Wgmma<T, C::kBlockN>::template ss<0, 0>(r.sc[0], op.q_desc + k_major_step<W>(C::kBlockM, k0),
                                               k_stage + k_major_step<W>(C::kBlockN, k0), k0 > 0);
     wgmma_commit();
-  };
+  }
+
   // O += P V, issued.
-  OnlineSoftmax<1, C::kOTiles> sm;
-  uint32_t p[C::kBlockN / 16][4]; // P as A fragments of the second product
-  const auto issue_pv = [&](uint32_t s) {
-    const uint64_t v_stage = v_desc + s * kStageStep;
+  __device__ __forceinline__ void issue_pv(uint32_t s) {
+    const uint64_t v_stage = op.v_desc + s * kStageStep;
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < C::kBlockN / 16; ++kk)
-      Wgmma<T, D>::template rs<1>(sm.o[0], p[kk], v_stage + mn_major_step<W>(16 * kk), true);
+      Wgmma<T, D>::template rs<1>(r.sm.o[0], r.p[kk], v_stage + mn_major_step<W>(16 * kk), true);
     wgmma_commit();
-  };
+  }
+
   // The scores back: mask, the softmax update (O untouched), alpha for O.
-  float alpha[1][2];
-  const auto softmax_update = [&](const TileStep& t, const Use& u) {
-    fence_registers(sc[0]);
-    if (u.needs_mask) mask_tile(sc, a.mask, reg, r_lo + 16 * warp_in_wg, t.c0, u.listed, u.masked, lane);
-    sm.update(sc, a.scale_log2, alpha);
-  };
-  const auto to_p = [&] {
+  __device__ __forceinline__ void softmax_update(const TileStep& t, const Use& u) {
+    fence_registers(r.sc[0]);
+    if (u.needs_mask)
+      mask_tile(r.sc, a.mask, rows.reg, op.r_lo + 16 * op.warp_in_wg, t.c0, u.listed, u.masked, lane);
+    r.sm.update(r.sc, a.scale_log2, r.alpha);
+  }
+
+  __device__ __forceinline__ void to_p() {
 #pragma unroll
-    for (int kk = 0; kk < C::kBlockN / 16; ++kk) c_to_a<T>(p[kk], sc[0][2 * kk], sc[0][2 * kk + 1]);
-  };
+    for (int kk = 0; kk < C::kBlockN / 16; ++kk) c_to_a<T>(r.p[kk], r.sc[0][2 * kk], r.sc[0][2 * kk + 1]);
+  }
+
   // Rows of V past a segment's end are zeroed before P V reads them (zero_rows_past): K's are
   // harmless (their scores are masked by a select), V's would reach O as 0 x V. Rare: one tile a
   // segment end; both consumers zero and meet at named barrier 1.
-  const auto v_rows = [&](const TileStep& t) {
-    return warp_uniform(t.c0 + C::kBlockN > reg.col_end && reg.col_end < a.seqlen_kv ? int(reg.col_end - t.c0)
-                                                                                       : C::kBlockN);
-  };
-  const auto clean_v = [&](uint32_t s, int rows) {
-    if (rows < C::kBlockN) {
-      zero_rows_past<W, D, C::kBlockN>(sV + s * (C::kKVBytes / sizeof(T)), rows, tid - 128, C::kConsumers * 128);
+  __device__ __forceinline__ int v_rows(const TileStep& t) {
+    return warp_uniform(t.c0 + C::kBlockN > rows.reg.col_end && rows.reg.col_end < a.seqlen_kv
+                            ? int(rows.reg.col_end - t.c0)
+                            : C::kBlockN);
+  }
+  __device__ __forceinline__ void clean_v(uint32_t s, int v_rows) {
+    if (v_rows < C::kBlockN) {
+      zero_rows_past<W, D, C::kBlockN>(sh.v + s * (C::kKVBytes / sizeof(T)), v_rows, tid - 128, C::kConsumers * 128);
       named_barrier_sync(1, C::kConsumers * 128);
     }
-  };
-  const auto release = [&](uint64_t* empty) {
+  }
+
+  __device__ __forceinline__ void release(uint64_t* empty) {
     __syncwarp();
     if (lane == 0) barrier_arrive(empty);
-  };
-
-  // Both warpgroups compute every tile the walk yields (at least one of them sees part of it; the
-  // mask hides the rest): a product skipped on a run-time condition makes ptxas wait after every
-  // product (C7515). The loop runs one tile ahead inside the warpgroup: the scores of tile n are
-  // exponentiated while the tensor cores still add P V of tile n - 1 into O.
-  sm.init();
-  barrier_wait(q_full, 0);
-  TileStep t;
-  if (next_tile(0, t)) {
-    issue_scores(0);
-    wgmma_wait<0>();
-    release(&k_empty[0]);
-    softmax_update(t, use_of(t)); // O is still 0: no rescale
-    to_p();
-    uint32_t s = 0, phase = 0; // the stage of the tile whose P V is next
-    int pv_rows = v_rows(t);
-    for (uint32_t step = 1; next_tile(step, t); ++step) {
-      const uint32_t sn = step % C::kStages, pn = (step / C::kStages) & 1;
-      const Use u = use_of(t);
-      issue_scores(sn);
-      if constexpr (C::kRescaleUnderScores) sm.rescale(alpha);
-      barrier_wait(&v_full[s], phase);
-      clean_v(s, pv_rows);
-      issue_pv(s);
-      wgmma_wait<1>(); // the scores (committed first) are back; P V may still run
-      release(&k_empty[sn]);
-      softmax_update(t, u);
-      wgmma_wait<0>();
-      fence_registers(sm.o[0]);
-      release(&v_empty[s]);
-      if constexpr (!C::kRescaleUnderScores) sm.rescale(alpha);
-      to_p();
-      s = sn;
-      phase = pn;
-      pv_rows = v_rows(t);
-    }
-    if constexpr (C::kRescaleUnderScores) sm.rescale(alpha);
-    barrier_wait(&v_full[s], phase);
-    clean_v(s, pv_rows);
-    issue_pv(s);
-    wgmma_wait<0>();
-    fence_registers(sm.o[0]);
-    release(&v_empty[s]);
   }
+
   // O leaves through the copy engine where it can (o_bulk): staged in shared memory as a load lays
   // a tile, then one bulk store per column block, not 32 scattered stores a thread.
   //  - In dtype: in this warpgroup's rows of Q's buffer, which its last product has read.
@@ -429,31 +481,115 @@ __global__ void __launch_bounds__(ForwardConfig<T, D, kTiles>::kThreads, Forward
   //    copy it issued has been waited for).
   // Only blocks of 64 whole rows, or blocks that end at the tensor's end (the copy engine drops
   // rows past it): rows past a segment's end belong to another segment.
-  const int32_t row0 = r_lo + 16 * warp_in_wg;
-  if (o_bulk && a.o_fp32 && !C::kOwnF32Stage) named_barrier_sync(2, C::kConsumers * 128);
-  if (o_bulk && has_rows && warp_uniform(r_lo + 64 <= reg.row_end || reg.row_end == a.seqlen_q)) {
-    const unsigned char* stage;
-    uint32_t block_bytes;
-    if (a.o_fp32) {
-      stage = smem + (C::kOwnF32Stage ? C::kF32Stage : 0) + wg * 64 * D * 4;
-      block_bytes = 64 * C::kF32Cols * 4;
-      stage_o<float, C::kF32Cols>(sm, a, batch, head, r_lo, row0, m1, lane, smem_addr(stage), block_bytes);
+  __device__ __forceinline__ void store_o(const CUtensorMap& o_map, bool o_bulk, int head, int batch) {
+    const int32_t row0 = op.r_lo + 16 * op.warp_in_wg;
+    if (o_bulk && a.o_fp32 && !C::kOwnF32Stage) named_barrier_sync(2, C::kConsumers * 128);
+    if (o_bulk && op.has_rows && warp_uniform(op.r_lo + 64 <= rows.reg.row_end || rows.reg.row_end == a.seqlen_q)) {
+      const unsigned char* stage;
+      uint32_t block_bytes;
+      if (a.o_fp32) {
+        stage = sh.base + (C::kOwnF32Stage ? C::kF32Stage : 0) + op.wg * 64 * D * 4;
+        block_bytes = 64 * C::kF32Cols * 4;
+        stage_o<float, C::kF32Cols>(r.sm, a, batch, head, op.r_lo, row0, rows.m1, lane, smem_addr(stage), block_bytes);
+      } else {
+        stage = sh.base + 64 * op.wg * W * sizeof(T);
+        block_bytes = C::kBlockM * W * sizeof(T);
+        stage_o<T, W>(r.sm, a, batch, head, op.r_lo, row0, rows.m1, lane, smem_addr(stage), block_bytes);
+      }
+      fence_async_shared();
+      named_barrier_sync(3 + op.wg, 128);
+      if (op.warp_in_wg == 0 && lane == 0) {
+        const int cols = a.o_fp32 ? C::kF32Cols : W;
+        for (int cb = 0; cb < D / cols; ++cb)
+          tma_store_4d(&o_map, stage + cb * block_bytes, cb * cols, op.r_lo, head, batch);
+        bulk_commit();
+        bulk_wait_read(); // the CTA's shared memory must outlive the copy's reads
+      }
     } else {
-      stage = smem + 64 * wg * W * sizeof(T);
-      block_bytes = C::kBlockM * W * sizeof(T);
-      stage_o<T, W>(sm, a, batch, head, r_lo, row0, m1, lane, smem_addr(stage), block_bytes);
+      r.sm.template store<T>(a, batch, head, row0, rows.m1, lane);
     }
-    fence_async_shared();
-    named_barrier_sync(3 + wg, 128);
-    if (warp_in_wg == 0 && lane == 0) {
-      const int cols = a.o_fp32 ? C::kF32Cols : W;
-      for (int cb = 0; cb < D / cols; ++cb) tma_store_4d(&o_map, stage + cb * block_bytes, cb * cols, r_lo, head, batch);
-      bulk_commit();
-      bulk_wait_read(); // the CTA's shared memory must outlive the copy's reads
-    }
-  } else {
-    sm.template store<T>(a, batch, head, row0, m1, lane);
   }
+};
+
+template <class T, int D, Tiles kTiles>
+__global__ void __launch_bounds__(ForwardConfig<T, D, kTiles>::kThreads, ForwardConfig<T, D, kTiles>::kCtasPerSm)
+    flash_forward_sm90_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
+                              const __grid_constant__ CUtensorMap v_map, const __grid_constant__ CUtensorMap o_map,
+                              const __grid_constant__ AttnArgs a, bool o_bulk) {
+#if ATTNCORE_SM90_DEVICE
+  using C = ForwardConfig<T, D, kTiles>;
+  // 1. Shared memory, this thread's role, the CTA's rows, the barriers.
+  extern __shared__ unsigned char smem_raw[];
+  const ForwardShared<T, D, kTiles> sh = forward_shared<T, D, kTiles>(smem_raw);
+  const int tid = threadIdx.x, warp = warp_uniform(int(tid / 32)), lane = tid % 32, group = warp / 4;
+  const int head = blockIdx.y, batch = blockIdx.z, kv_head = head / a.group;
+  ForwardRows rows;
+  if (!locate_rows<C>(a, rows)) return;
+  if (tid == 0) init_barriers(sh);
+  __syncthreads();
+
+  // 2. The producer: Q, then K and V of every tile the walk yields.
+  if (group == 0) {
+    regs_dealloc<C::kProducerRegs>();
+    if (warp == 0 && lane == 0) {
+      TileWalk<C::kBlockN> walk;
+      TileStep t;
+      produce_tiles(sh, a, rows, q_map, k_map, v_map, head, kv_head, batch, walk, t);
+    }
+    return;
+  }
+
+  // 3. The consumers: for every tile S = Q K^T, the softmax, O += P V (ForwardConsumer's steps).
+  regs_alloc<C::kConsumerRegs>();
+  const ForwardOperands op = forward_operands(sh, a, rows, warp, group);
+  ForwardRegs<T, D, kTiles> r;
+  using Consumer = ForwardConsumer<T, D, kTiles>;
+  Consumer consumer{sh, a, rows, op, r, tid, lane};
+  // Both warpgroups compute every tile the walk yields (at least one of them sees part of it; the
+  // mask hides the rest): a product skipped on a run-time condition makes ptxas wait after every
+  // product (C7515). The loop runs one tile ahead inside the warpgroup: the scores of tile n are
+  // exponentiated while the tensor cores still add P V of tile n - 1 into O.
+  r.sm.init();
+  barrier_wait(sh.q_full, 0);
+  TileStep t;
+  if (consumer.next_tile(0, t)) {
+    consumer.issue_scores(0);
+    wgmma_wait<0>();
+    consumer.release(&sh.k_empty[0]);
+    consumer.softmax_update(t, consumer.use_of(t)); // O is still 0: no rescale
+    consumer.to_p();
+    uint32_t s = 0, phase = 0; // the stage of the tile whose P V is next
+    int pv_rows = consumer.v_rows(t);
+    for (uint32_t step = 1; consumer.next_tile(step, t); ++step) {
+      const uint32_t sn = step % C::kStages, pn = (step / C::kStages) & 1;
+      const typename Consumer::Use u = consumer.use_of(t);
+      consumer.issue_scores(sn);
+      if constexpr (C::kRescaleUnderScores) r.sm.rescale(r.alpha);
+      barrier_wait(&sh.v_full[s], phase);
+      consumer.clean_v(s, pv_rows);
+      consumer.issue_pv(s);
+      wgmma_wait<1>(); // the scores (committed first) are back; P V may still run
+      consumer.release(&sh.k_empty[sn]);
+      consumer.softmax_update(t, u);
+      wgmma_wait<0>();
+      fence_registers(r.sm.o[0]);
+      consumer.release(&sh.v_empty[s]);
+      if constexpr (!C::kRescaleUnderScores) r.sm.rescale(r.alpha);
+      consumer.to_p();
+      s = sn;
+      phase = pn;
+      pv_rows = consumer.v_rows(t);
+    }
+    if constexpr (C::kRescaleUnderScores) r.sm.rescale(r.alpha);
+    barrier_wait(&sh.v_full[s], phase);
+    consumer.clean_v(s, pv_rows);
+    consumer.issue_pv(s);
+    wgmma_wait<0>();
+    fence_registers(r.sm.o[0]);
+    consumer.release(&sh.v_empty[s]);
+  }
+  // 4. O / l out.
+  consumer.store_o(o_map, o_bulk, head, batch);
 #endif
 }
 
