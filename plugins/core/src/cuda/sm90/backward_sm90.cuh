@@ -34,141 +34,12 @@
 #include <cstring>
 
 #include "../args.h"
-#include "../device.cuh"
 #include "../launch.h"
 #include "../pieces.h"
-#include "../tiles.cuh"
-#include "hopper.cuh"
+#include "backward_sm90_steps.cuh"
 #include "tensor_map.h"
-#include "wgmma_ops.cuh"
 
 namespace attncore::cuda::sm90 {
-
-// kBlockM_: queries a step, 64; or 128 at d64, 80 at d128, in the long calls launch_backward_sm90 names.
-template <class T, int D, int kBlockM_ = 64> struct BackwardConfig {
-  static constexpr int kConsumers = 2;
-  static constexpr int kThreads = (kConsumers + 1) * 128;
-  // Up to d128 each consumer owns 64 keys. At d256, dK and dV of 64 keys (256 registers a thread)
-  // do not fit one consumer: both consumers take the same 64 keys, each holding dK and dV for half
-  // the head dim; both compute the whole S^T and dP^T (7 products' work for 5), and one stage of
-  // Q and dO leaves room for the dQ part.
-  static constexpr bool kSharedKeys = D > 128;
-  static constexpr int kBlockN = kSharedKeys ? 64 : 64 * kConsumers; // keys per CTA
-  static constexpr int kBlockM = kBlockM_;                            // queries per step
-  static constexpr int kStages = kSharedKeys ? 1 : 2;
-  static constexpr int kKeys0 = kSharedKeys ? 0 : 64; // first key of consumer wg: kKeys0 * wg
-  static constexpr int kGradCols = kSharedKeys ? D / 2 : D; // dK, dV columns of a consumer
-  static constexpr int W = swizzle_cols(D);
-  static constexpr int kMTiles = kBlockM / 8; // n8 tiles of S^T (its columns are queries)
-  static constexpr int kOTiles = kGradCols / 8;
-  static constexpr int kReducers = 3 * 32; // warps 1-3 of warpgroup 0
-  static constexpr uint32_t kKVBytes = kBlockN * D * sizeof(T);  // K or V
-  static constexpr uint32_t kQBytes = kBlockM * D * sizeof(T);   // Q or dO, one stage
-  // dQ split by columns between the consumers where half the head dim is whole swizzle blocks
-  // (d128, d256): no part to sum. At d128 each consumer's product covers all 128 keys, reading both
-  // consumers' dS^T (shared, double-buffered); at d256 the keys are shared and each consumer reads
-  // its own dS^T. Otherwise each consumer's product covers its own keys and the reducer sums the
-  // two parts.
-  static constexpr bool kSplitDq = (D / 2) % W == 0;
-  static constexpr bool kDsShared = kSplitDq && !kSharedKeys; // dQ reads both consumers' dS^T
-  static constexpr int kDqCols = kSplitDq ? D / 2 : D;
-  static constexpr int kDsBuffers = kDsShared ? 2 : 1;
-  static constexpr int kDqParts = kSplitDq ? 1 : kConsumers;
-  // One consumer's dS^T, [kBlockM / 64][64 keys][64 queries]; with 80-query steps dS, [80 queries][64 keys].
-  static constexpr uint32_t kDsBytes = 64 * kBlockM * sizeof(T);
-  // Who adds a dQ part into the accumulator, and so its layout (dq_part_offset). The copy engine
-  // at d96, d128, d256 (measured faster than vector atomics): D / 32 chunks of [kBlockM rows][32 fp32]
-  // as it lays out such a box (tma_reduce_add_4d). Else the atomic reducer, on padded rows
-  // (kDqPitch floats: 8 words apart, a half warp's 8-byte stores hit distinct banks), which keeps
-  // its address arithmetic short: at d64 the two parts each reduced in L2 measured slower than
-  // summed first (315.8 against 337-344 TFLOP/s), and d80 is not whole chunks.
-  static constexpr bool kDqByCopyEngine = D % 32 == 0 && D >= 96;
-  static constexpr int kDqPitch = D + 8;
-  static constexpr uint32_t kDqBytes = kBlockM * (kDqByCopyEngine ? D : kDqPitch) * 4; // one part
-  // dK's product after dQ's, so that dQ's part is stored while the tensor cores run dK
-  // (FlashAttention-3's order): dS^T stays in registers through dQ's product, which at d256 (dQ's
-  // 128 columns beside dK's and dV's) does not fit and serializes every product.
-  static constexpr bool kDkAfterDq = !kSharedKeys;
-  // Shared-memory bandwidth bounds a step (docs/KERNELS.md, "Shared memory bounds the backward step"). S^T = K Q^T and dP^T = V dO^T take
-  // their first kKeyRegSteps / kValueRegSteps k-steps (16 columns each) of this consumer's K and V
-  // from registers, A fragments loaded once a key tile, so those steps read only Q or dO there. As
-  // many as fit beside dK and dV without spills and measured fastest (docs/KERNELS.md, "K and V as register operands"):
-  // all of K and V at d64 and d80, one step of each at d96, two steps of K at d128 (three or more
-  // spilled in the step loop; all of K serialized the products); none at d256 (two steps measured
-  // no faster), nor with 128- or 80-query steps (S^T and dP^T take 128 or 80 registers; at 80 one
-  // step of K spilled 28 bytes, docs/KERNELS.md, "K and V as register operands").
-  static constexpr int kKeyRegSteps = kSharedKeys || kBlockM > 64 ? 0 : D <= 80 ? D / 16 : D == 96 ? 1 : 2;
-  static constexpr int kValueRegSteps = kSharedKeys || kBlockM > 64 ? 0 : D <= 80 ? D / 16 : D == 96 ? 1 : 0;
-  // Registers of warpgroup 0 (producer and dQ reducer) and of each consumer: 24 + 2 x 240 = 3 x 168.
-  // Where the reducer adds dQ by atomics (d64, d80) it spilled at 24 and held the consumers at their
-  // handoff: 40 + 2 x 232 there, +2-5% at d64 and d80 (the tall d64 steps equal; docs/KERNELS.md,
-  // "The dQ reducer's registers"). At 24, two units of four floats in flight a reducer thread spilled and lost 25-30%.
-  static constexpr int kProducerRegs = D <= 80 ? 40 : 24, kConsumerRegs = D <= 80 ? 232 : 240;
-  static_assert(D % 16 == 0 && kGradCols <= 128, "a consumer's dK and dV (64 keys) stay in registers");
-  static_assert(kKVBytes % 1024 == 0 && kQBytes % 1024 == 0 && kDsBytes % 1024 == 0, "1024-byte tiles");
-  // 80-query steps (d128, long rows without a block list: FlashAttention-3's tile for full masks).
-  // dQ's 80 rows are not whole 64-row products, so dQ is made transposed, dQ^T = K^T dS^T (the
-  // consumer's 64 columns by the step's 80 queries), with dS stored query-major ([80 queries][64
-  // keys] for each consumer) as its K-major B operand, and the part stored transposed into the copy
-  // engine's rows.
-  static constexpr bool kDqT = kBlockM == 80;
-  // Block lists only with 64-query steps: launch_backward_sm90 gives the 128- and 80-query steps
-  // calls without one, and their walks are compiled without the block-list path.
-  static constexpr bool kBlockLists = kBlockM == 64;
-  static_assert(kBlockM == 64 || (kBlockM == 128 && !kSplitDq && !kDqByCopyEngine && !kSharedKeys) ||
-                    (kDqT && kDsShared && kDqByCopyEngine),
-                "128-query steps: each consumer's dQ part over its own keys, added by the atomic reducer; 80-query "
-                "steps: dQ made transposed, split by columns, added by the copy engine");
-};
-
-// What the producer tells the consumers about a step, beside its Q and dO. head < 0: the key tile
-// has no more steps.
-template <int kRows> struct StepRecord {
-  int32_t head, r0;
-  uint32_t flags; // bit i: key block i of the tile is active; bit 2 + i: it needs element masking
-  int32_t pad;
-  float lse2[kRows];  // the rows' LSE in log2 units; +inf for a row without keys or past the region
-  float delta[kRows]; // 0 past the region
-};
-
-// Byte offset of (row, col) in a dQ part. For the copy engine: 128-byte rows of 32 columns, 16-byte
-// unit u of row r at u ^ (r % 8) (its 128-byte swizzle; the consumers store into it in the order of
-// stage_rotation, or, with 80-query steps, a float at a time down the columns). Else padded rows (8
-// words apart: a half warp's 8-byte stores of 4 rows land in distinct banks).
-template <class C> __device__ __forceinline__ uint32_t dq_part_offset(int row, int col) {
-  if constexpr (C::kDqByCopyEngine)
-    return uint32_t((col / 32) * C::kBlockM * 128 + row * 128 + ((((col % 32) / 4) ^ (row & 7)) << 4) + (col % 4) * 4);
-  else
-    return uint32_t((row * C::kDqPitch + col) * 4);
-}
-
-// How the reducer adds the dQ parts into the fp32 accumulator: float2 or float4 atomics (by warps
-// 1-3, the parts summed first), or whole chunks by the copy engine (warp 1 alone issues them).
-enum class DqAdd : int { pairs, quads, copy_engine };
-
-// What the consumers tell the reducer about a dQ part: rows [r0, r0 + rows) of query head `head`.
-// head < 0: nothing more.
-struct DqRecord {
-  int32_t head, r0, rows, pad;
-};
-
-template <class T, int D, int kBlockM> struct BackwardSmem {
-  using C = BackwardConfig<T, D, kBlockM>;
-  static constexpr size_t kK = 0;
-  static constexpr size_t kV = kK + C::kKVBytes;
-  static constexpr size_t kQ = kV + C::kKVBytes;
-  static constexpr size_t kDO = kQ + C::kStages * C::kQBytes;
-  static constexpr size_t kDS = kDO + C::kStages * C::kQBytes;
-  static constexpr size_t kDQ = kDS + C::kDsBuffers * C::kConsumers * C::kDsBytes;
-  static constexpr size_t kSteps = kDQ + C::kDqParts * C::kDqBytes;
-  static constexpr size_t kDqRec = kSteps + C::kStages * sizeof(StepRecord<kBlockM>);
-  static constexpr size_t kBars = kDqRec + sizeof(DqRecord);
-  static constexpr size_t kPiece = kBars + (4 + 2 * C::kStages) * sizeof(uint64_t);
-  static constexpr size_t kEnd = kPiece + sizeof(TilePiece);
-  static constexpr size_t kBytes = 1024 /* alignment */ + kEnd;
-  static_assert(kBytes <= 227 * 1024, "must fit a Hopper CTA");
-  static_assert(kDQ % 1024 == 0, "dQ parts aligned as the copy engine's 128-byte swizzle needs");
-};
 
 template <class T, int D, int kBlockM>
 __global__ void __launch_bounds__(BackwardConfig<T, D, kBlockM>::kThreads, 1)
@@ -181,166 +52,29 @@ __global__ void __launch_bounds__(BackwardConfig<T, D, kBlockM>::kThreads, 1)
   using L = BackwardSmem<T, D, kBlockM>;
   using Record = StepRecord<kBlockM>;
   constexpr int W = C::W;
+  // 1. Shared memory (BackwardSmem::Regions), this thread's role, the barriers.
   extern __shared__ unsigned char smem_raw[];
   unsigned char* smem = align_smem<1024>(smem_raw);
-  T* sK = reinterpret_cast<T*>(smem + L::kK);
-  T* sV = reinterpret_cast<T*>(smem + L::kV);
-  T* sQ = reinterpret_cast<T*>(smem + L::kQ);   // kStages tiles
-  T* sdO = reinterpret_cast<T*>(smem + L::kDO); // kStages tiles
-  // [buffer][consumer]: [64 keys][kBlockM queries] tiles; with 80-query steps [80 queries][64 keys]
-  T* sdS = reinterpret_cast<T*>(smem + L::kDS);
-  float* sDq = reinterpret_cast<float*>(smem + L::kDQ);
-  Record* steps = reinterpret_cast<Record*>(smem + L::kSteps);
-  DqRecord* dq_rec = reinterpret_cast<DqRecord*>(smem + L::kDqRec);
-  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + L::kBars);
-  uint64_t* kv_full = bars;
-  uint64_t* kv_empty = bars + 1;
-  uint64_t* dq_full = bars + 2;
-  uint64_t* dq_empty = bars + 3;
-  uint64_t* q_full = bars + 4;
-  uint64_t* q_empty = q_full + C::kStages;
+  const auto [sK, sV, sQ, sdO, sdS, sDq, steps, dq_rec, piece, kv_full, kv_empty, dq_full, dq_empty, q_full, q_empty] =
+      L::regions(smem);
 
   const int tid = threadIdx.x, warp = warp_uniform(int(tid / 32)), lane = tid % 32, group = warp / 4;
   const int kv_head = blockIdx.y, batch = blockIdx.z;
-  // With a block list cut in pieces, this CTA's piece, in shared memory: held in registers by
-  // every role, or loaded where each role needs it, it spilled the producer (24 registers) at d128.
-  TilePiece* piece = reinterpret_cast<TilePiece*>(smem + L::kPiece);
 
-  if (tid == 0) {
-    barrier_init(kv_full, 1);
-    barrier_init(kv_empty, C::kConsumers * 4); // one arrival per consumer warp
-    barrier_init(dq_full, C::kConsumers * 4);
-    barrier_init(dq_empty, dq_add == DqAdd::copy_engine ? 1 : C::kReducers / 32); // one per reducer warp
-    for (int s = 0; s < C::kStages; ++s) {
-      barrier_init(&q_full[s], 1);
-      barrier_init(&q_empty[s], C::kConsumers * 4);
-    }
-    barrier_init_fence();
-    if (a.blocks.pieces) *piece = tile_piece<C::kBlockN>(a.blocks.pieces, int32_t(blockIdx.x));
-  }
+  if (tid == 0) init_barriers<C>(kv_full, kv_empty, dq_full, dq_empty, q_full, q_empty, piece, a, dq_add);
   __syncthreads();
-
-  // The key tiles of this CTA, in the same order for every role: one, or a stride over segments.
-  const auto tile_at = [&](int32_t i, Region& reg, int32_t& n0) {
-    const int32_t x = int32_t(blockIdx.x) + i * int32_t(gridDim.x);
-    if (a.nseg == 0) {
-      reg = whole_call(a.mask, a.seqlen_q, a.seqlen_kv);
-      n0 = a.blocks.pieces ? piece->n0 : x * C::kBlockN;
-      return i == 0 && n0 < a.seqlen_kv;
-    }
-    int32_t seg, tile;
-    if (!locate_tile(a.segs, a.nseg, x, C::kBlockN, false, seg, tile)) return false;
-    reg = segment_region(a.segs[seg]);
-    n0 = reg.col_begin + tile * C::kBlockN;
-    return true;
-  };
 
   if (group == 0) {
     regs_dealloc<C::kProducerRegs>();
-    if (warp == 0) { // producer
-      uint32_t step = 0;
-      Region reg;
-      int32_t n0;
-      for (int32_t i = 0; tile_at(i, reg, n0); ++i) {
-        barrier_wait(kv_empty, (i & 1) ^ 1);
-        if (lane == 0) {
-          barrier_expect_bytes(kv_full, 2 * C::kKVBytes);
-          for (int cb = 0; cb < D / W; ++cb) {
-            tma_load_4d(sK + cb * C::kBlockN * W, &k_map, kv_full, cb * W, n0, kv_head, batch);
-            tma_load_4d(sV + cb * C::kBlockN * W, &v_map, kv_full, cb * W, n0, kv_head, batch);
-          }
-        }
-        QWalk<C::kBlockM, C::kBlockN> walk;
-        const BlockArgs no_list{};
-        const BlockArgs& blocks = C::kBlockLists ? a.blocks : no_list;
-        walk.init(a.mask, reg, blocks, kv_head * a.group, a.group, n0);
-        for (;; ++step) {
-          const uint32_t s = step % C::kStages;
-          QStep q;
-          const bool more = walk.next(q, a.mask, reg, blocks, n0);
-          barrier_wait(&q_empty[s], ((step / C::kStages) & 1) ^ 1);
-          Record& rec = steps[s];
-          if (!more) {
-            if (lane == 0) {
-              rec.head = -1;
-              barrier_arrive(&q_full[s]);
-            }
-            ++step;
-            break;
-          }
-          // The step's copies first, so that their latency runs under the lanes' loads of the rows'
-          // LSE and delta; lane 0's arrive below completes the phase with their bytes.
-          if (lane == 0) {
-            barrier_expect_tx(&q_full[s], 2 * C::kQBytes);
-            T* q_tile = sQ + s * (C::kQBytes / sizeof(T));
-            T* do_tile = sdO + s * (C::kQBytes / sizeof(T));
-            for (int cb = 0; cb < D / W; ++cb) {
-              tma_load_4d(q_tile + cb * C::kBlockM * W, &q_map, &q_full[s], cb * W, q.r0, q.head, batch);
-              tma_load_4d(do_tile + cb * C::kBlockM * W, &do_map, &q_full[s], cb * W, q.r0, q.head, batch);
-            }
-          }
-          const float* lse = a.lse.data + batch * a.lse.batch_stride + q.head * a.lse.head_stride;
-          const float* dlt = a.delta.data + batch * a.delta.batch_stride + q.head * a.delta.head_stride;
-#pragma unroll
-          for (int h = 0; h < (C::kBlockM + 31) / 32; ++h) {
-            if (32 * h + 32 > C::kBlockM && lane + 32 * h >= C::kBlockM) continue; // 80 rows: the last 16
-            const int32_t r = q.r0 + lane + 32 * h;
-            float lse2 = INFINITY, delta = 0.f;
-            if (r < reg.row_end) {
-              const float l = lse[r];
-              lse2 = l == -INFINITY ? INFINITY : l * kLog2e; // a row without keys: P = 0
-              delta = dlt[r];
-            }
-            rec.lse2[lane + 32 * h] = lse2;
-            rec.delta[lane + 32 * h] = delta;
-          }
-          if (lane == 0) {
-            rec.head = q.head;
-            rec.r0 = q.r0;
-            rec.flags = uint32_t(q.active[0]) | uint32_t(q.active[1]) << 1 | uint32_t(q.masked[0]) << 2 |
-                        uint32_t(q.masked[1]) << 3;
-          }
-          __syncwarp(); // the lanes' stores, then lane 0's arrive publishes them (release)
-          if (lane == 0) barrier_arrive(&q_full[s]);
-        }
-      }
-    } else if (dq_add != DqAdd::copy_engine || warp == 1) { // dQ reducer
+    if (warp == 0) { // 2. The producer: K and V a key tile; Q, dO and the record a step.
+      produce_steps<C, D, T>(smem, k_map, v_map, q_map, do_map, a, kv_head, batch, lane);
+    } else if (dq_add != DqAdd::copy_engine || warp == 1) { // 3. The dQ reducer: each step's part into dQ.
       const int rt = tid - 32; // 0 .. kReducers - 1
       for (uint32_t round = 0;; ++round) {
         barrier_wait(dq_full, round & 1);
         const DqRecord rec = *dq_rec;
         if (rec.head < 0) break;
-        float* dq = static_cast<float*>(a.dq.data) + batch * a.dq.batch_stride + rec.head * a.dq.head_stride;
-        if (dq_add == DqAdd::copy_engine) {
-          // Whole chunks of the step's rows: rows past the region add zeros (their P and dS are 0),
-          // rows past the tensor are dropped. One thread: each lane's instruction would be a reduction.
-          if (lane == 0) {
-            for (int part = 0; part < C::kDqParts; ++part) {
-              const unsigned char* chunks = reinterpret_cast<const unsigned char*>(sDq) + part * C::kDqBytes;
-              for (int c = 0; c < D / 32; ++c)
-                tma_reduce_add_4d(&dq_map, chunks + c * C::kBlockM * 128, c * 32, rec.r0, rec.head, batch);
-            }
-            bulk_commit();
-            bulk_wait_read();
-          }
-        } else {
-          const unsigned char* parts = reinterpret_cast<const unsigned char*>(sDq);
-          for (int i = rt; i < rec.rows * (D / 4); i += C::kReducers) {
-            const int row = i / (D / 4), col = (i % (D / 4)) * 4;
-            float4 x = *reinterpret_cast<const float4*>(parts + dq_part_offset<C>(row, col));
-            if constexpr (C::kDqParts == 2) {
-              const float4 y = *reinterpret_cast<const float4*>(parts + C::kDqBytes + dq_part_offset<C>(row, col));
-              x = make_float4(x.x + y.x, x.y + y.y, x.z + y.z, x.w + y.w);
-            }
-            float* dst = dq + int64_t(rec.r0 + row) * a.dq.token_stride + col;
-            if (dq_add == DqAdd::quads) {
-              atomicAdd(reinterpret_cast<float4*>(dst), x);
-            } else {
-              atomicAdd(reinterpret_cast<float2*>(dst), make_float2(x.x, x.y));
-              atomicAdd(reinterpret_cast<float2*>(dst + 2), make_float2(x.z, x.w));
-            }
-          }
-        }
+        add_dq_part<C, D>(rec, a, dq_map, dq_add, sDq, batch, rt, lane);
         __syncwarp();
         if (lane == 0) barrier_arrive(dq_empty);
       }
@@ -350,74 +84,31 @@ __global__ void __launch_bounds__(BackwardConfig<T, D, kBlockM>::kThreads, 1)
     return;
   }
 
-  // consumers
+  // 4. The consumers: per key tile, every step of queries (steps 1-7 of backward_sm90_steps.cuh), then
+  // dK and dV out.
   regs_alloc<C::kConsumerRegs>();
   const int wg = group - 1, warp_in_wg = warp % 4;
   const int keys0 = C::kKeys0 * wg;          // this consumer's first key in the tile
   const int key0 = keys0 + 16 * warp_in_wg; // this warp's
-  // Where the consumer's dK/dV columns start (d256: its half), and that half as a descriptor offset
-  // into an MN-major tile of `rows` rows.
-  const int col0 = C::kSharedKeys ? wg * (D / 2) : 0;
-  const auto half_of = [&](int rows) { return desc_offset(uint32_t((col0 / W) * rows * W * 2)); };
-
-  const uint64_t k_desc = desc_k_major<W>(sK, C::kBlockN, keys0);
-  const uint64_t v_desc = desc_k_major<W>(sV, C::kBlockN, keys0);
-  // K as dQ's B: this consumer's keys (dQ by keys), or every key and this consumer's columns.
-  const uint64_t kb_desc = desc_mn_major<W>(sK, C::kBlockN) +
-                           (C::kSplitDq ? desc_offset(uint32_t(wg * (D / 2 / W) * C::kBlockN * W * 2))
-                                        : mn_major_step<W>(keys0));
-  const uint64_t q_desc = desc_k_major<W>(sQ, C::kBlockM, 0);       // Q as S^T's B
-  const uint64_t do_desc = desc_k_major<W>(sdO, C::kBlockM, 0);     // dO as dP^T's B
-  const uint64_t qb_desc = desc_mn_major<W>(sQ, C::kBlockM) + half_of(C::kBlockM);   // Q as dK's B
-  const uint64_t dob_desc = desc_mn_major<W>(sdO, C::kBlockM) + half_of(C::kBlockM); // dO as dV's B
-  const uint64_t ds_desc = desc_mn_major<64>(sdS, 64); // dS (= (dS^T)^T) as dQ's A; + tile steps
-  const uint64_t ds_qmajor_desc = desc_k_major<64>(sdS, C::kBlockM, 0); // kDqT: dS, query-major, as dQ^T's B
-  constexpr uint32_t kDsTile = desc_offset(C::kDsBytes);
-  constexpr uint32_t kQStage = desc_offset(C::kQBytes);
-  // This warp's first row of dS^T, and this lane's first element of its dQ part (shared addresses;
-  // ds_row0 to dq_unit serve the 64- and 128-query steps, dqt_lane the 80-query ones).
+  const int col0 = C::kSharedKeys ? wg * (D / 2) : 0; // where the consumer's dK/dV columns start (d256: its half)
+  const auto [k_desc, v_desc, kb_desc, q_desc, do_desc, qb_desc, dob_desc, ds_desc, ds_qmajor_desc] =
+      operand_descriptors<C, D>(sK, sV, sQ, sdO, sdS, wg, keys0, col0);
+  // This warp's first row of dS^T, and this lane's addresses in its dQ part (shared addresses).
   const uint32_t ds_row0 = smem_addr(sdS) + uint32_t(wg * C::kDsBytes + 16 * warp_in_wg * 128);
-  // This lane's element (row 16 w + lane / 4, column c0 + 2 (lane % 4)) of its dQ part, and the
-  // swizzled 16-byte unit of the n8 tile it stores q-th of each four, in the order of
-  // stage_rotation (rows r and r + 8 share it): every store's address is then one of four registers
-  // plus a constant.
-  const int dq_c0 = C::kSplitDq ? wg * (D / 2) : 0; // a multiple of 32
-  const uint32_t dq_part = smem_addr(sDq) + (C::kSplitDq ? 0u : uint32_t(wg) * C::kDqBytes);
-  const uint32_t dq_lane0 =
-      C::kDqByCopyEngine
-          ? dq_part + uint32_t((dq_c0 / 32) * C::kBlockM * 128 + (16 * warp_in_wg + (lane >> 2)) * 128 + (lane & 1) * 8)
-          : dq_part + dq_part_offset<C>(16 * warp_in_wg + (lane >> 2), dq_c0 + (lane & 3) * 2);
-  const int dq_rot = stage_rotation(lane);
-  uint32_t dq_unit[4];
-#pragma unroll
-  for (int q = 0; q < 4; ++q) dq_unit[q] = uint32_t(stage_unit(lane, q) << 4);
-  // kDqT: this lane's element e of dQ^T's n8 tile 0, (column dq_c0 + 16 w + lane / 4 + 8 (e / 2), query
-  // 2 (lane % 4) + e % 2), in the part (dq_part_offset).
-  uint32_t dqt_lane[4];
-#pragma unroll
-  for (int e = 0; e < 4; ++e)
-    dqt_lane[e] = dq_part +
-                  dq_part_offset<C>(2 * (lane & 3) + (e & 1), dq_c0 + 16 * warp_in_wg + (lane >> 2) + 8 * (e >> 1));
+  uint32_t dq_lane0, dq_unit[4], dqt_lane[4];
+  int dq_rot;
+  dq_part_addresses<C, D>(dq_lane0, dq_unit, dqt_lane, dq_rot, sDq, wg, warp_in_wg, lane);
 
   float dk[C::kOTiles][4], dv[C::kOTiles][4];
   uint32_t step = 0, round = 0;
   Region reg;
   int32_t n0;
-  for (int32_t i = 0; tile_at(i, reg, n0); ++i) {
-#pragma unroll
-    for (int j = 0; j < C::kOTiles; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) dk[j][e] = dv[j][e] = 0.f;
+  for (int32_t i = 0; key_tile<C>(a, piece, i, reg, n0); ++i) {
+    zero_grads<C>(dk, dv);
     // With a block list of 64-key blocks, each consumer's keys are one block of the tile.
     const int list = C::kBlockLists && a.blocks.heads > 0 && (n0 + keys0) / a.blocks.block_kv != n0 / a.blocks.block_kv ? 1 : 0;
     barrier_wait(kv_full, i & 1);
-    // Rows past a segment's end inside the tensor are zeroed before any product reads them
-    // (zero_rows_past): K's would reach dQ, V's dP, as 0 x NaN. Both consumers meet at barrier 3.
-    if (warp_uniform(n0 + C::kBlockN > reg.col_end && reg.col_end < a.seqlen_kv)) {
-      zero_rows_past<W, D, C::kBlockN>(sK, reg.col_end - n0, tid - 128, C::kConsumers * 128);
-      zero_rows_past<W, D, C::kBlockN>(sV, reg.col_end - n0, tid - 128, C::kConsumers * 128);
-      named_barrier_sync(3, C::kConsumers * 128);
-    }
+    clean_kv<C, D>(sK, sV, a, reg, n0, tid);
     // This warp's 16 keys of K and V as A fragments of S^T and dP^T (kKeyRegSteps, kValueRegSteps).
     uint32_t ka[a_steps(C::kKeyRegSteps)][4], va[a_steps(C::kValueRegSteps)][4];
     load_a_fragments<W, C::kBlockN, C::kKeyRegSteps>(ka, sK, key0, lane);
@@ -434,125 +125,24 @@ __global__ void __launch_bounds__(BackwardConfig<T, D, kBlockM>::kThreads, 1)
         ++step;
         break;
       }
-      // The same for rows of Q and dO past a segment's end (Q's would make P^T 0 x NaN, dO's dP^T).
-      if (warp_uniform(r0 + C::kBlockM > reg.row_end && reg.row_end < a.seqlen_q)) {
-        zero_rows_past<W, D, C::kBlockM>(sQ + s * (C::kQBytes / sizeof(T)), reg.row_end - r0, tid - 128,
-                                         C::kConsumers * 128);
-        zero_rows_past<W, D, C::kBlockM>(sdO + s * (C::kQBytes / sizeof(T)), reg.row_end - r0, tid - 128,
-                                         C::kConsumers * 128);
-        named_barrier_sync(3, C::kConsumers * 128);
-      }
+      clean_q_do<C, D>(sQ, sdO, a, s, reg, r0, tid);
       const uint32_t flags = rec.flags;
       const bool active = (flags >> list) & 1u, masked = (flags >> (2 + list)) & 1u;
       const bool needs_mask = warp_uniform(!active || masked || n0 + keys0 + 64 > reg.col_end);
 
-      // S^T = K Q^T and dP^T = V dO^T for this consumer's 64 keys and the step's queries.
       float st[C::kMTiles][4], dpt[C::kMTiles][4];
-      wgmma_fence();
-#pragma unroll
-      for (int k0 = 0; k0 < D; k0 += 16)
-        wgmma_step<T, C::kBlockM, C::kKeyRegSteps>(st, ka, k_desc + k_major_step<W>(C::kBlockN, k0),
-                                                   q_desc + s * kQStage + k_major_step<W>(C::kBlockM, k0), k0);
-      wgmma_commit();
-#pragma unroll
-      for (int k0 = 0; k0 < D; k0 += 16)
-        wgmma_step<T, C::kBlockM, C::kValueRegSteps>(dpt, va, v_desc + k_major_step<W>(C::kBlockN, k0),
-                                                     do_desc + s * kQStage + k_major_step<W>(C::kBlockM, k0), k0);
-      wgmma_commit();
-
-      // P^T = exp2(S^T c - LSE2), 0 outside the mask; as A fragments of dV's product.
-      wgmma_wait<1>();
-      fence_registers(st);
-      // The mask for each of the lane's two keys n (rows of S^T) as a band of query offsets: element
-      // (n, m = 8 j + 2 (lane % 4) + e % 2) is visible iff -(8 j + e % 2) lies in band[e / 2].
-      Band band[2];
-      if (needs_mask) {
-        const int32_t base = reg.diff(r0, n0 + key0); // (row r0 + m, key n0 + key0 + n): base + n - m
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int n = (lane >> 2) + 8 * h;
-          const Band b = masked ? band_from(a.mask, base + n - (lane & 3) * 2) : full_band();
-          band[h] = active && n0 + key0 + n < reg.col_end ? b : empty_band();
-        }
-      }
-#pragma unroll
-      for (int j = 0; j < C::kMTiles; ++j) {
-        const int m = j * 8 + (lane & 3) * 2;
-        const float2 l2 = *reinterpret_cast<const float2*>(&rec.lse2[m]);
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          float p = fast_exp2(fmaf(st[j][e], a.scale_log2, -((e & 1) ? l2.y : l2.x)));
-          if (needs_mask) p = in_band(band[e >> 1], -(j * 8 + (e & 1))) ? p : 0.f;
-          st[j][e] = p;
-        }
-      }
+      scores_and_dp<C, T, D>(st, dpt, ka, va, k_desc, v_desc, q_desc, do_desc, s); // 1.
       uint32_t pa[C::kMTiles / 2][4];
-#pragma unroll
-      for (int kk = 0; kk < C::kMTiles / 2; ++kk) c_to_a<T>(pa[kk], st[2 * kk], st[2 * kk + 1]);
-
-      // dS^T = P^T (dP^T - delta).
-      wgmma_wait<0>();
-      fence_registers(dpt);
-#pragma unroll
-      for (int j = 0; j < C::kMTiles; ++j) {
-        const float2 dl = *reinterpret_cast<const float2*>(&rec.delta[j * 8 + (lane & 3) * 2]);
-#pragma unroll
-        for (int e = 0; e < 4; ++e) dpt[j][e] = st[j][e] * (dpt[j][e] - ((e & 1) ? dl.y : dl.x));
-      }
+      probabilities<C, T>(pa, st, a, rec.lse2, reg, needs_mask, active, masked, r0, n0, key0, lane); // 2.
       uint32_t dsa[C::kMTiles / 2][4];
-#pragma unroll
-      for (int kk = 0; kk < C::kMTiles / 2; ++kk) c_to_a<T>(dsa[kk], dpt[2 * kk], dpt[2 * kk + 1]);
+      score_grads<C, T>(dsa, dpt, st, rec.delta, lane); // 3.
 
       // dV += P^T dO, dK += dS^T Q (here, or after dQ's product: kDkAfterDq).
-      const auto dk_product = [&] {
-#pragma unroll
-        for (int kk = 0; kk < C::kBlockM / 16; ++kk)
-          Wgmma<T, C::kGradCols>::template rs<1>(dk, dsa[kk], qb_desc + s * kQStage + mn_major_step<W>(16 * kk), true);
-      };
-      const auto release_stage = [&] {
-        fence_registers(dk);
-        fence_registers(dsa);
-        __syncwarp();
-        if (lane == 0) barrier_arrive(&q_empty[s]); // Q, dO and the record are free again
-      };
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < C::kBlockM / 16; ++kk)
-        Wgmma<T, C::kGradCols>::template rs<1>(dv, pa[kk], dob_desc + s * kQStage + mn_major_step<W>(16 * kk), true);
-      if constexpr (!C::kDkAfterDq) dk_product();
-      wgmma_commit();
-
-      // dS^T (or, with 80-query steps, dS) into shared memory for dQ's product.
+      const auto dk_product = [&] { issue_dk_product<C, T>(dk, dsa, qb_desc, s); };
+      const auto release_stage = [&] { release_q_stage<C>(dk, dsa, &q_empty[s], lane); };
+      dv_dk_products<C, T>(dv, pa, dob_desc, s, dk_product); // 4.
       const uint32_t ds_buf = C::kDsShared ? (round & 1) : 0;
-      if constexpr (C::kDqT) {
-        // Transposed (stmatrix .trans): dS, rows the step's queries, 128-byte rows of the consumer's
-        // 64 keys. Lane l addresses query row l % 8 (+ 8 for matrices 2 and 3) of matrix l / 8, whose
-        // 8 keys (+ 8 for matrices 1 and 3) are one 16-byte unit; the row's swizzle is l % 8 again.
-        const int mat = lane >> 3, row = lane & 7;
-        const uint32_t row_addr = smem_addr(sdS) + (ds_buf * C::kConsumers + wg) * C::kDsBytes +
-                                  uint32_t((row + 8 * (mat >> 1)) * 128 + (((2 * warp_in_wg + (mat & 1)) ^ row) << 4));
-#pragma unroll
-        for (int kk = 0; kk < C::kMTiles / 2; ++kk)
-          stmatrix_x4_trans(row_addr + uint32_t(kk * 16 * 128), dsa[kk]);
-      } else {
-        // dS^T (rows: the consumer's keys, swizzled 128-byte rows of 64 queries; a block of 64 such
-        // rows for each 64 queries of the step), as dQ's A operand dS. Lane l addresses row l % 8 of
-        // matrix l / 8: keys + 8 for matrices 1 and 3, queries + 8 (the next 16-byte chunk) for
-        // matrices 2 and 3.
-        const int mat = lane >> 3, row = lane & 7;
-        const uint32_t row_addr =
-            ds_row0 + ds_buf * C::kConsumers * C::kDsBytes + uint32_t((row + 8 * (mat & 1)) * 128);
-#pragma unroll
-        for (int kk = 0; kk < C::kMTiles / 2; ++kk)
-          if constexpr (C::kBlockM == 64) // (written apart: the d96-d128 kernels lost 2-4% when ptxas saw the general form)
-            stmatrix_x4(row_addr + uint32_t(((2 * kk + (mat >> 1)) ^ row) * 16), dsa[kk]);
-          else
-            stmatrix_x4(row_addr + uint32_t((kk / 4) * 64 * 128 + ((2 * (kk % 4) + (mat >> 1)) ^ row) * 16), dsa[kk]);
-      }
-      fence_async_shared();
-      if constexpr (C::kDsShared) named_barrier_sync(1, 2 * 128); // both consumers' dS^T are in
-      else named_barrier_sync(1 + wg, 128);
-
+      store_ds<C>(dsa, sdS, ds_row0, ds_buf, wg, warp_in_wg, lane); // 5.
       if constexpr (!C::kDkAfterDq) { // one stage of Q and dO: free it for the next step's load now
         wgmma_wait<0>();
         fence_registers(dv);
@@ -560,45 +150,10 @@ __global__ void __launch_bounds__(BackwardConfig<T, D, kBlockM>::kThreads, 1)
         release_stage();
       }
 
-      // dQ part = dS K: over this consumer's keys, or over every key for this consumer's columns; with
-      // 80-query steps its transpose, for this consumer's columns.
-      // Tall steps: dq for the step's first 64 queries, dq_hi for the next 64. (Apart rather than
-      // as one array over both: the d96-d128 kernels lost 2-4% when ptxas saw the general form.)
-      constexpr bool kTall = C::kBlockM == 128;
-      // dq: [n8 tiles of the part's columns][4]; transposed (kDqT), [n8 tiles of the step's queries][4]
-      // over this consumer's 64 columns.
-      float dq[C::kDqT ? C::kBlockM / 8 : C::kDqCols / 8][4], dq_hi[kTall ? C::kDqCols / 8 : 1][4];
-      wgmma_fence();
-      if constexpr (C::kDqT) {
-        // dQ^T = K^T dS^T: A is K's column block of this consumer (M-major), B the dS tiles of both
-        // consumers (K-major, 64 keys each).
-#pragma unroll
-        for (int kk = 0; kk < C::kBlockN / 16; ++kk)
-          Wgmma<T, C::kBlockM>::template ss<1, 0>(
-              dq, kb_desc + mn_major_step<W>(16 * kk),
-              ds_qmajor_desc + (ds_buf * C::kConsumers + kk / 4) * kDsTile +
-                  k_major_step<64>(C::kBlockM, 16 * (kk % 4)),
-              kk > 0);
-      } else if constexpr (C::kDsShared) {
-#pragma unroll
-        for (int kk = 0; kk < C::kBlockN / 16; ++kk)
-          Wgmma<T, C::kDqCols>::template ss<1, 1>(
-              dq, ds_desc + (ds_buf * C::kConsumers + kk / 4) * kDsTile + mn_major_step<64>(16 * (kk % 4)),
-              kb_desc + mn_major_step<W>(16 * kk), kk > 0);
-      } else {
-#pragma unroll
-        for (int kk = 0; kk < 64 / 16; ++kk)
-          Wgmma<T, C::kDqCols>::template ss<1, 1>(dq, ds_desc + wg * kDsTile + mn_major_step<64>(16 * kk),
-                                                  kb_desc + mn_major_step<W>(16 * kk), kk > 0);
-        if constexpr (kTall) {
-#pragma unroll
-          for (int kk = 0; kk < 64 / 16; ++kk)
-            Wgmma<T, C::kDqCols>::template ss<1, 1>(
-                dq_hi, ds_desc + wg * kDsTile + desc_offset(64 * 128) + mn_major_step<64>(16 * kk),
-                kb_desc + mn_major_step<W>(16 * kk), kk > 0);
-        }
-      }
-      wgmma_commit();
+      constexpr bool kTall = kTallSteps<C>;
+      DqTiles<C> dq;
+      DqHiTiles<C> dq_hi;
+      dq_product<C, T>(dq, dq_hi, kb_desc, ds_desc, ds_qmajor_desc, ds_buf, wg); // 6.
       if constexpr (C::kDkAfterDq) {
         dk_product();
         wgmma_commit();
@@ -611,37 +166,9 @@ __global__ void __launch_bounds__(BackwardConfig<T, D, kBlockM>::kThreads, 1)
       fence_registers(dv);
       fence_registers(pa);
 
-      // The part, times the softmax scale, to the reducer once it is done with the last parts.
+      // 7. The part, times the softmax scale, to the reducer once it is done with the last parts.
       barrier_wait(dq_empty, (round & 1) ^ 1);
-      if constexpr (C::kDqT) {
-        // Element e of dQ^T's n8 tile j is (column dq_c0 + 16 w + lane / 4 + 8 (e / 2), query 8 j +
-        // 2 (lane % 4) + e % 2): one float a store, at dqt_lane[e] plus 8 j rows (conflict-free: the
-        // eight columns of a store span two 16-byte units, which the four rows' swizzles spread over
-        // all 32 banks).
-#pragma unroll
-        for (int j = 0; j < C::kBlockM / 8; ++j)
-#pragma unroll
-          for (int e = 0; e < 4; ++e)
-            st_shared_b32(dqt_lane[e] + uint32_t(j * 8 * 128), __float_as_uint(a.scale * dq[j][e]));
-      } else {
-        if constexpr (C::kDqByCopyEngine) rotate_tiles(dq, dq_rot); // slot j: the tile dq_unit[j % 4] holds
-#pragma unroll
-        for (int j = 0; j < C::kDqCols / 8; ++j)
-#pragma unroll
-          for (int hh = 0; hh < 2; ++hh)
-            st_shared_v2(dq_lane0 + (C::kDqByCopyEngine
-                                         ? dq_unit[j % 4] + uint32_t((j / 4) * C::kBlockM * 128 + hh * 8 * 128)
-                                         : uint32_t((8 * hh * C::kDqPitch + j * 8) * 4)),
-                         a.scale * dq[j][2 * hh], a.scale * dq[j][2 * hh + 1]);
-      }
-      if constexpr (kTall) { // (the atomic reducer's padded rows)
-#pragma unroll
-        for (int j = 0; j < C::kDqCols / 8; ++j)
-#pragma unroll
-          for (int hh = 0; hh < 2; ++hh)
-            st_shared_v2(dq_lane0 + uint32_t(((64 + 8 * hh) * C::kDqPitch + j * 8) * 4), a.scale * dq_hi[j][2 * hh],
-                         a.scale * dq_hi[j][2 * hh + 1]);
-      }
+      store_dq_part<C>(dq, dq_hi, a.scale, dq_lane0, dq_unit, dqt_lane, dq_rot);
       if (wg == 0 && warp_in_wg == 0 && lane == 0) *dq_rec = DqRecord{head, r0, min(C::kBlockM, reg.row_end - r0), 0};
       if constexpr (C::kDqByCopyEngine) fence_async_shared(); // the copy engine reads the part
       __syncwarp();
@@ -653,36 +180,12 @@ __global__ void __launch_bounds__(BackwardConfig<T, D, kBlockM>::kThreads, 1)
       ++round;
     }
 
-    // dK (times scale) and dV into the fp32 accumulators, atomic since segments may share keys; or
-    // written (write_dkdv: this CTA alone makes these keys' gradients); or, for a piece of a split
-    // key group in such a call, added into the group's sums, which write_split_sums writes.
-    __syncwarp();
-    if (lane == 0) barrier_arrive(kv_empty); // the last product that read K and V has returned
-#pragma unroll
-    for (int j = 0; j < C::kOTiles; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) dk[j][e] *= a.scale;
-    const int32_t key = n0 + key0 + (lane >> 2);
-    const int col = col0 + (lane & 3) * 2;
-    const int32_t slot = a.split_dk.data ? piece->slot : -1;
-    if (slot >= 0) {
-      const int32_t g0 = n0 / kPieceKeys * kPieceKeys;
-      put_grad_tile<T>(split_slot(a.split_dk, slot, a.split_slot_stride), batch, kv_head, key - g0,
-                       reg.col_end - g0, col, dk, GradOut::add_fp32);
-      put_grad_tile<T>(split_slot(a.split_dv, slot, a.split_slot_stride), batch, kv_head, key - g0,
-                       reg.col_end - g0, col, dv, GradOut::add_fp32);
-    } else {
-      put_grad_tile<T>(a.dk, batch, kv_head, key, reg.col_end, col, dk, a.dkdv_out);
-      put_grad_tile<T>(a.dv, batch, kv_head, key, reg.col_end, col, dv, a.dkdv_out);
-    }
+    store_dkdv<C, T>(dk, dv, a, piece, kv_empty, reg, n0, key0, col0, kv_head, batch, lane);
   }
-  // Tell the reducer there is nothing more, once it is done with the last parts.
-  barrier_wait(dq_empty, (round & 1) ^ 1);
-  if (wg == 0 && warp_in_wg == 0 && lane == 0) dq_rec->head = -1;
-  __syncwarp();
-  if (lane == 0) barrier_arrive(dq_full);
+  end_reducer(dq_rec, dq_full, dq_empty, round, wg == 0 && warp_in_wg == 0 && lane == 0, lane);
 #endif
 }
+
 
 template <class T, int D, int kBlockM>
 void launch_backward_config(const BackwardParams& p, cudaStream_t stream) {
