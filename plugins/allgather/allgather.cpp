@@ -21,16 +21,11 @@ namespace {
 using namespace attncore;
 using namespace attncore::plugin;
 
-inline constexpr attnhost_param_spec kParams[] = {
-    ring_param("overlap"),
-    ring_param("cpu_accumulate"),
-    ring_param("engine"),
-    ring_param("partials"),
-    {ATTNHOST_STRUCT_SIZE(attnhost_param_spec, choices), "head_groups", ATTNHOST_PARAM_INT, "0",
-     "gather K/V in this many groups of kv heads, each under the previous group's attention; 0: the fewest "
-     "that keep a rank's memory within 1.5x of its working set plus one gathered group",
-     nullptr},
-};
+inline constexpr auto kParams = with_packed_ring_params(std::array{attnhost_param_spec{
+    ATTNHOST_STRUCT_SIZE(attnhost_param_spec, choices), "head_groups", ATTNHOST_PARAM_INT, "0",
+    "gather K/V in this many groups of kv heads, each under the previous group's attention; 0: the fewest "
+    "that keep a rank's memory within 1.5x of its working set plus one gathered group",
+    nullptr}});
 
 class Allgather {
  public:
@@ -44,8 +39,8 @@ class Allgather {
          ATTNHOST_FEATURE_CAUSAL | ATTNHOST_FEATURE_NONCAUSAL | ATTNHOST_FEATURE_WINDOW | ATTNHOST_FEATURE_GQA |
              ATTNHOST_FEATURE_BACKWARD | ATTNHOST_FEATURE_DETERMINISTIC,
          1, 0, 0, nullptr},
-        5,
-        kParams,
+        static_cast<int32_t>(kParams.size()),
+        kParams.data(),
     };
     return info;
   }

@@ -42,17 +42,11 @@ varlen::Sharding sharding_of(const attnhost::Problem& p) {
   return varlen::Sharding(cu, p->world_size, p->causal != 0, std::move(owner));
 }
 
-using attncore::plugin::ring_param;
-inline constexpr attnhost_param_spec kParams[] = {
-    ring_param("overlap"),
-    ring_param("cpu_accumulate"),
-    ring_param("engine"),
-    ring_param("partials"),
-    {ATTNHOST_STRUCT_SIZE(attnhost_param_spec, choices), "dispatch", ATTNHOST_PARAM_STRING, "\"balanced\"",
-     "balanced: short sequences placed whole on the ranks by their pairs, only as many of the longest split over "
-     "every rank as the balance needs; split: every sequence split over every rank",
-     "balanced|split"},
-};
+inline constexpr auto kParams = attncore::plugin::with_packed_ring_params(std::array{attnhost_param_spec{
+    ATTNHOST_STRUCT_SIZE(attnhost_param_spec, choices), "dispatch", ATTNHOST_PARAM_STRING, "\"balanced\"",
+    "balanced: short sequences placed whole on the ranks by their pairs, only as many of the longest split over "
+    "every rank as the balance needs; split: every sequence split over every rank",
+    "balanced|split"}});
 
 class Varlen {
  public:
@@ -68,8 +62,8 @@ class Varlen {
          ATTNHOST_FEATURE_CAUSAL | ATTNHOST_FEATURE_NONCAUSAL | ATTNHOST_FEATURE_WINDOW | ATTNHOST_FEATURE_GQA |
              ATTNHOST_FEATURE_VARLEN | ATTNHOST_FEATURE_BACKWARD | ATTNHOST_FEATURE_DETERMINISTIC,
          1, 0, 0, nullptr},
-        static_cast<int32_t>(std::size(kParams)),
-        kParams,
+        static_cast<int32_t>(kParams.size()),
+        kParams.data(),
     };
     return info;
   }

@@ -16,6 +16,7 @@
 #include <attnhost/plugin.hpp>
 
 #include <algorithm>
+#include <array>
 #include <string_view>
 #include <vector>
 
@@ -54,7 +55,18 @@ consteval attnhost_param_spec ring_param(std::string_view name) {
   throw "no ring parameter of that name";
 }
 inline constexpr int32_t kNumRingParams = 6;        // ring, zigzag: all of them
-inline constexpr int32_t kNumPackedRingParams = 4;  // varlen: all but the slices (its batch is one sequence)
+inline constexpr int32_t kNumPackedRingParams = 4;  // all but the slices: what any schedule on the ring takes
+
+// A plugin's parameters: the first kNumPackedRingParams of kRingParams (overlap, cpu_accumulate,
+// engine, partials), then its own.
+template <size_t N>
+consteval std::array<attnhost_param_spec, kNumPackedRingParams + N> with_packed_ring_params(
+    const std::array<attnhost_param_spec, N>& own) {
+  std::array<attnhost_param_spec, kNumPackedRingParams + N> params{};
+  for (int32_t i = 0; i < kNumPackedRingParams; ++i) params[i] = kRingParams[i];
+  for (size_t i = 0; i < N; ++i) params[kNumPackedRingParams + i] = own[i];
+  return params;
+}
 
 inline constexpr uint32_t kRingDtypes = ATTNHOST_CAP_DTYPE(ATTNHOST_DTYPE_BF16) |
                                         ATTNHOST_CAP_DTYPE(ATTNHOST_DTYPE_FP16) |

@@ -19,21 +19,18 @@ namespace attncore::plugin {
 
 // The ring's parameters that apply across Ulysses groups (overlap, cpu_accumulate, engine,
 // partials), then the pipeline's, then usp's group size (last, so ulysses can leave it out).
-inline constexpr std::array<attnhost_param_spec, kNumPackedRingParams + 2> kUlyssesParams = [] {
-  std::array<attnhost_param_spec, kNumPackedRingParams + 2> params{};
-  for (int32_t i = 0; i < kNumPackedRingParams; ++i) params[i] = kRingParams[i];
-  params[kNumPackedRingParams] = {
-      ATTNHOST_STRUCT_SIZE(attnhost_param_spec, choices), "head_groups", ATTNHOST_PARAM_INT, "0",
-      "heads go through the all-to-alls in this many groups, each group's exchange under the previous group's "
-      "attention; 0: two where they cut a rank's kv heads evenly, else one",
-      nullptr};
-  params[kNumPackedRingParams + 1] = {
-      ATTNHOST_STRUCT_SIZE(attnhost_param_spec, choices), "ulysses_degree", ATTNHOST_PARAM_INT, "0",
-      "ranks of a Ulysses group (all-to-all inside it, a zigzag ring across the groups); it divides the world "
-      "size (a smaller world is one group); 0: the ranks on one machine",
-      nullptr};
-  return params;
-}();
+inline constexpr std::array<attnhost_param_spec, kNumPackedRingParams + 2> kUlyssesParams =
+    with_packed_ring_params(std::array{
+        attnhost_param_spec{ATTNHOST_STRUCT_SIZE(attnhost_param_spec, choices), "head_groups", ATTNHOST_PARAM_INT,
+                            "0",
+                            "heads go through the all-to-alls in this many groups, each group's exchange under the "
+                            "previous group's attention; 0: two where they cut a rank's kv heads evenly, else one",
+                            nullptr},
+        attnhost_param_spec{ATTNHOST_STRUCT_SIZE(attnhost_param_spec, choices), "ulysses_degree",
+                            ATTNHOST_PARAM_INT, "0",
+                            "ranks of a Ulysses group (all-to-all inside it, a zigzag ring across the groups); it "
+                            "divides the world size (a smaller world is one group); 0: the ranks on one machine",
+                            nullptr}});
 inline constexpr int32_t kNumUlyssesParams = kNumPackedRingParams + 1;  // ulysses: all but ulysses_degree
 inline constexpr int32_t kNumUspParams = kNumPackedRingParams + 2;
 
