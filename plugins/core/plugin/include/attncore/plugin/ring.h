@@ -148,8 +148,8 @@ class RingAttention {
   // The view of `b` from block column `column`, [batch, token, head, D].
   TensorRef view(const Columns& b, int64_t column, const RingShape& s) const;
   static size_t block_bytes(const RingShape& s);  // one receive buffer of K or V
-  // A slice of heads packed into buffers of its own: Q-like and K/V-like [batch, tokens, heads, D] in
-  // the problem dtype, LSE [batch, heads, tokens].
+  // A slice of heads packed into buffers of its own: Q-like and K/V-like [batch, tokens, heads, D],
+  // inputs in the problem dtype and outputs in theirs (bf16 for FP8), LSE [batch, heads, tokens].
   struct Packed {
     void *q = nullptr, *o = nullptr, *d_o = nullptr, *dq = nullptr, *k = nullptr, *v = nullptr, *dk = nullptr,
          *dv = nullptr;
