@@ -58,7 +58,7 @@ class Varlen {
         "packed variable-length ring attention: short sequences whole on a rank, balanced by pairs, long ones "
         "split over the ranks (zigzag when causal); per-sequence segments, fp32 merges",
         {ATTNHOST_STRUCT_SIZE(attnhost_capabilities, head_dims), attncore::plugin::kRingDevices,
-         attncore::plugin::kRingDtypes,
+         attncore::plugin::kRingDtypesFp8,
          ATTNHOST_FEATURE_CAUSAL | ATTNHOST_FEATURE_NONCAUSAL | ATTNHOST_FEATURE_WINDOW | ATTNHOST_FEATURE_GQA |
              ATTNHOST_FEATURE_VARLEN | ATTNHOST_FEATURE_BACKWARD | ATTNHOST_FEATURE_DETERMINISTIC,
          1, 0, 0, nullptr},

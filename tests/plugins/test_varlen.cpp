@@ -251,6 +251,16 @@ TEST_CASE("varlen: what goes round the ring is each rank's split sequences, once
   }
 }
 
+TEST_CASE("varlen in FP8 on the CPU: documents placed and split, at world sizes 1 to 4") {
+  for (const char* dtype : {"fp8_e4m3", "fp8_e5m2"}) {
+    Shape s;
+    s.dtype = dtype;
+    attnhost::CaseResult r = run_on(DeviceKind::cpu, varlen_case(documents(900, 400, 5), {1, 2, 3, 4}, s));
+    test::all_pass(r);
+    test::error_does_not_grow(r);
+  }
+}
+
 TEST_CASE("varlen: one unpacked sequence, no overlap, and what it refuses") {
   auto one = test::dense_case("varlen", {1, 3}, 130, 4, 2, 16, true);
   one.problem.batch = 1;

@@ -71,8 +71,8 @@ consteval std::array<attnhost_param_spec, kNumPackedRingParams + N> with_packed_
 inline constexpr uint32_t kRingDtypes = ATTNHOST_CAP_DTYPE(ATTNHOST_DTYPE_BF16) |
                                         ATTNHOST_CAP_DTYPE(ATTNHOST_DTYPE_FP16) |
                                         ATTNHOST_CAP_DTYPE(ATTNHOST_DTYPE_FP32);
-// ring and zigzag take FP8 inputs too (K/V travel in FP8; partials, merges and gradients stay fp32,
-// outputs bf16); the core runs FP8 on the CPU path so far, and validate says so on a GPU.
+// ring, zigzag and varlen take FP8 inputs too (K/V travel in FP8; partials, merges and gradients
+// stay fp32, outputs bf16); the core runs FP8 on the CPU path so far, and validate says so on a GPU.
 inline constexpr uint32_t kRingDtypesFp8 =
     kRingDtypes | ATTNHOST_CAP_DTYPE(ATTNHOST_DTYPE_FP8_E4M3) | ATTNHOST_CAP_DTYPE(ATTNHOST_DTYPE_FP8_E5M2);
 inline constexpr uint32_t kRingDevices = ATTNHOST_CAP_DEVICE_CPU
