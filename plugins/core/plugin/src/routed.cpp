@@ -9,6 +9,7 @@ namespace attncore::plugin {
 
 RoutedAttention::RoutedAttention(const RingShape& shape, const RoutedPlan& plan, const ScheduleOptions& options)
     : s_(shape), host_(options.host), rank_(options.rank), world_(options.world_size), overlap_(options.overlap),
+      // The core's own kernels whatever options.engine says: cuDNN takes no block lists.
       engine_(Engine::make(options.cuda, options.cpu_fp64, EngineOptions{EngineChoice::native, options.host})) {
   bool receives = false;
   for (int t = 0; t < world_; ++t) {
