@@ -120,6 +120,17 @@ Problem make(const Case& c, uint64_t seed, int64_t pad = 0) {
   return p;
 }
 
+// Each case a subcase, checked both ways, the seeds counted up from `seed`.
+template <size_t N> void check_cases(const Case (&cases)[N], uint64_t seed) {
+  for (const Case& c : cases) {
+    SUBCASE(c.name) {
+      Problem p = make(c, seed);
+      check_both(p);
+    }
+    ++seed;
+  }
+}
+
 } // namespace
 
 TEST_CASE("bf16 and fp16 conversions round to nearest even") {
@@ -167,14 +178,7 @@ TEST_CASE("cpu forward and backward match naive float64 attention") {
       {"window zero (self only)", D::bf16, 1, 1, 1, 16, 40, 40, true, 0, 0, 0, 0},
       {"window with offsets, some rows empty", D::fp16, 1, 2, 1, 48, 60, 50, false, 5, 5, 0, 30},
   };
-  uint64_t seed = 1;
-  for (const Case& c : cases) {
-    SUBCASE(c.name) {
-      Problem p = make(c, seed);
-      check_both(p);
-    }
-    ++seed;
-  }
+  check_cases(cases, 1);
 }
 
 TEST_CASE("cpu: FP8 inputs are read times their tensors' descales, outputs written in bf16") {
@@ -184,14 +188,7 @@ TEST_CASE("cpu: FP8 inputs are read times their tensors' descales, outputs writt
       {"e5m2 full", D::fp8_e5m2, 2, 2, 2, 64, 30, 50, false, -1, -1, 0, 0},
       {"e4m3 window", D::fp8_e4m3, 1, 2, 1, 16, 80, 80, false, 9, 3, 0, 0},
   };
-  uint64_t seed = 700;
-  for (const Case& c : cases) {
-    SUBCASE(c.name) {
-      Problem p = make(c, seed);
-      check_both(p);
-    }
-    ++seed;
-  }
+  check_cases(cases, 700);
   CHECK(check_supported_cpu(DType::fp8_e4m3, 64).empty());
   CHECK(check_supported(DType::fp8_e4m3, 64) ==
         "attncore: FP8 runs on the CPU path only so far; the CUDA kernels take bf16 or fp16");

@@ -6,7 +6,7 @@
 namespace attncore::plugin {
 
 int32_t output_dtype(const RingShape& s) {
-  return s.dtype == ATTNHOST_DTYPE_FP8_E4M3 || s.dtype == ATTNHOST_DTYPE_FP8_E5M2 ? ATTNHOST_DTYPE_BF16 : s.dtype;
+  return static_cast<int32_t>(attncore::output_dtype(core_dtype(s.dtype)));  // DType's values are attnhost's
 }
 
 size_t elem_size(const RingShape& s, Elem e) {

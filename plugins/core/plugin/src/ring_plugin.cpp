@@ -1,5 +1,7 @@
 #include "attncore/plugin/ring_plugin.h"
 
+#include "calls.h"
+
 namespace attncore::plugin {
 
 void validate_dense(const attnhost::Problem& p) {
@@ -61,7 +63,7 @@ void choose_slices(RingShape& s, int world_size) {
   if (auto_heads) s.head_slices = 1;
   if (world_size == 1 || (!auto_batch && !auto_heads)) return;
   // Inputs (Q, dO, K, V, and the blocks) in the problem's dtype, outputs in theirs (bf16 for FP8).
-  const double in = static_cast<double>(attnhost::dtype_size(s.dtype)), out = in < 2 ? 2 : in;
+  const double in = static_cast<double>(elem_size(s, Elem::input)), out = static_cast<double>(elem_size(s, Elem::output));
   const double q_elems = double(s.batch) * s.local_q * s.heads_q * s.head_dim;
   const double kv_elems = double(s.batch) * s.local_kv * s.heads_kv * s.head_dim;
   const double q = q_elems * (in + out) / 2, kv = kv_elems * (in + out) / 2;  // per tensor, on average
