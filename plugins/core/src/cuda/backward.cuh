@@ -38,7 +38,6 @@ template <class T, int D, int kMTiles, int kBlockM>
 __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, const Region& reg, int32_t n0,
                           int kv_head, int batch, const CUtensorMap* dq_map) {
   using C = BackwardConfig<T, D, kMTiles, kBlockM>;
-  using Tile = typename C::Tile;
   using PTile = typename C::PTile;
   T* sK = reinterpret_cast<T*>(smem);
   T* sV = reinterpret_cast<T*>(smem + C::kV);
@@ -83,36 +82,17 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
   // With a block list of 64-key blocks, the two halves of a 128-key tile follow their own columns.
   const int list = a.blocks.heads > 0 && (n0 + wrow0) / a.blocks.block_kv != n0 / a.blocks.block_kv ? 1 : 0;
 
-  // Q, dO, and the rows' statistics of one step into stage `st`. Rows past the region get
-  // LSE = +inf (so P = 0) and delta = 0: they add nothing, whatever their Q.
-  const auto load_step = [&](int st, const QStep& s) {
-    const int64_t qoff = batch * a.q.batch_stride + s.head * a.q.head_stride + int64_t(s.r0) * a.q.token_stride;
-    const int64_t ooff = batch * a.d_o.batch_stride + s.head * a.d_o.head_stride + int64_t(s.r0) * a.d_o.token_stride;
-    unsigned char* buf = stage0 + st * C::kStageBytes;
-    load_tile_async<C::kBlockM, Tile, C::kThreads>(reinterpret_cast<T*>(buf), static_cast<const T*>(a.q.data) + qoff,
-                                                   a.q.token_stride, reg.row_end - s.r0, tid);
-    load_tile_async<C::kBlockM, Tile, C::kThreads>(reinterpret_cast<T*>(buf + C::kDo),
-                                                   static_cast<const T*>(a.d_o.data) + ooff, a.d_o.token_stride,
-                                                   reg.row_end - s.r0, tid);
-    // The rows' LSE and delta come by copies too: loaded and stored by threads, the loads' latency
-    // held every warp at the next barrier (ncu). Past the region they are zero, which
-    // adds nothing: there Q and dO are zero, so P = 1 but dP = 0, dS = 0 and P^T dO = 0.
-    if (tid < 2 * C::kBlockM) {
-      const int row = tid % C::kBlockM;
-      const bool ok = s.r0 + row < reg.row_end;
-      const float* src = tid < C::kBlockM ? a.lse.data + batch * a.lse.batch_stride + s.head * a.lse.head_stride
-                                          : a.delta.data + batch * a.delta.batch_stride + s.head * a.delta.head_stride;
-      float* dst = reinterpret_cast<float*>(buf + (tid < C::kBlockM ? C::kLse : C::kDelta)) + row;
-      cp_async_4(dst, ok ? src + s.r0 + row : src, ok);
-    }
-  };
+  // load_step with the tile's invariants bound. Called directly rather than through this lambda
+  // (which holds reg's address), it compiled to other code at D = 128 and 256: the walk's registers
+  // in another order.
+  const auto load_stage = [&](int st, const QStep& s) { load_step<T, C>(a, stage0, reg, batch, tid, st, s); };
 
   float dk[C::kGradMTiles][C::kOutTiles][4], dv[C::kGradMTiles][C::kOutTiles][4];
   clear_grads<C>(dk, dv);
 
   QStep cur;
   bool have = walk.next(cur, a.mask, reg, a.blocks, n0);
-  if (have) load_step(0, cur);
+  if (have) load_stage(0, cur);
   cp_async_commit();
   int st = 0;
   while (have) {
@@ -146,7 +126,7 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
     // The next step's copies, their address arithmetic under S^T's products rather than between
     // the barrier and them (+0.4-1.5%, level at D = 96; after dP^T's, D = 128 lost 7%).
     if (stages == 2) {
-      if (have_next) load_step(st ^ 1, nxt);
+      if (have_next) load_stage(st ^ 1, nxt);
       cp_async_commit();
     }
     // 3. P^T = exp(S^T - LSE), masked (all zero for a warp whose keys this step does not visit), into
@@ -178,49 +158,21 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
     bool dk_done = kDkBeforeDq;
     if (a.accumulate_dq) {
       constexpr int kDqGroup = C::kDqGroup;
+      // The row helpers are lambdas made here (backward_steps.cuh, "the steps of dkdv_tile", says why).
       float* const dq_g = static_cast<float*>(a.dq.data) + batch * a.dq.batch_stride + cur.head * a.dq.head_stride;
       const auto dq_row = [&](int32_t r) { return dq_g + int64_t(r) * a.dq.token_stride + dq_col0 + (lane & 3) * 2; };
 #pragma unroll
       for (int m0 = 0; m0 < C::kDqRows; m0 += 16 * kDqGroup) {
         const auto row_of = [&](int mt, int hh) { return cur.r0 + qrow0 + m0 + 16 * mt + (lane >> 2) + hh * 8; };
-        float dq[kDqGroup][C::kDqTiles][4];
-        dq_product<T, D, C, kScaleInDs>(a, ds_rows, k_cols, m0, dq);
-#if ATTNCORE_SM90_DEVICE
-        if constexpr (kDqBoxCode) {
-          if (dq_map) {
-            add_dq_box<C>(dq, dq_box, dq_map, dq_col0, cur.r0 + qrow0, cur.head, batch, lane);
-            continue; // boxes hold all of a warp's rows: this is the loop's only pass
-          }
-        }
-#endif
-        const auto put_row = [&](int mt, int hh, float* row) {
-#pragma unroll
-          for (int j = 0; j < C::kDqTiles; ++j) atomic_add2(row + j * 8, dq[mt][j][2 * hh], dq[mt][j][2 * hh + 1]);
-        };
-        if constexpr (kAtomicsInDk) {
-          // Row i after dK's k-step i, with no branch (a branch would keep them apart from the
-          // products): a row past the region adds its dQ, exactly 0 (its dO, delta and so dS are 0),
-          // to the region's last row.
-          static_assert(2 * kDqGroup <= kBlockM / 16, "a row a k-step");
-          accumulate_dk<T, D, kMTiles, kBlockM, C>(p_rows, do_cols, stage, dk, [&](int i) {
-            if (i < 2 * kDqGroup) put_row(i / 2, i % 2, dq_row(min(row_of(i / 2, i % 2), reg.row_end - 1)));
-          });
-          dk_done = true;
-        } else {
-#pragma unroll
-          for (int mt = 0; mt < kDqGroup; ++mt)
-#pragma unroll
-            for (int hh = 0; hh < 2; ++hh) {
-              const int32_t r = row_of(mt, hh);
-              if (r < reg.row_end) put_row(mt, hh, dq_row(r));
-            }
-        }
+        add_dq_group<T, D, kMTiles, kBlockM, C, kScaleInDs, kDqBoxCode, kAtomicsInDk>(
+            a, reg, cur, batch, lane, qrow0, dq_col0, ds_rows, k_cols, dq_box, dq_map, p_rows, do_cols, stage, dk,
+            dk_done, dq_row, row_of, m0);
       }
     }
     if (!dk_done) accumulate_dk<T, D, kMTiles, kBlockM, C>(p_rows, do_cols, stage, dk, NoOp{});
     if (stages == 1) {
       __syncthreads(); // the only stage is free again
-      if (have_next) load_step(0, nxt);
+      if (have_next) load_stage(0, nxt);
       cp_async_commit();
     }
     cur = nxt;
@@ -307,7 +259,9 @@ __global__ void __launch_bounds__(DqConfig<T, D, kMTiles>::kThreads, 1)
   float lse2[MT][2], delta[MT][2];
   row_stats<C>(a, head, batch, lane, m0, m1, warp_row0, lse2, delta);
 
-  // 2. The key tiles the rows see, K and V double-buffered.
+  // 2. The key tiles the rows see, K and V double-buffered. Steps 2-6 are written out here: made
+  //    functions taking their inputs by reference, each changed the kernel's machine code (the
+  //    walk's registers came out in another order).
   KvWalk<C::kBlockN> walk;
   int list = 0;
   if (a.blocks.heads > 0) {
@@ -318,27 +272,22 @@ __global__ void __launch_bounds__(DqConfig<T, D, kMTiles>::kThreads, 1)
   } else {
     walk.init_interval(a.mask, reg, m0, m1);
   }
-  const auto load_kv = [&](int st, int32_t c0) {
-    load_tile_async<C::kBlockN, Tile, C::kThreads>(reinterpret_cast<T*>(sK + st * C::kKBytes),
-                                                   k + int64_t(c0) * a.k.token_stride, a.k.token_stride,
-                                                   reg.col_end - c0, tid);
-    load_tile_async<C::kBlockN, Tile, C::kThreads>(reinterpret_cast<T*>(sV + st * C::kKBytes),
-                                                   v + int64_t(c0) * a.v.token_stride, a.v.token_stride,
-                                                   reg.col_end - c0, tid);
-  };
+  // load_kv with the invariants bound: called directly, the kernel compiled to other code (the
+  // walk's registers in another order), as dkdv_tile's load_step did.
+  const auto load_buffer = [&](int st, int32_t c0) { load_kv<T, C>(a, sK, sV, k, v, reg, tid, st, c0); };
 
   float dq[MT][C::kOTiles][4];
   clear_dq<C>(dq);
 
   KvStep cur;
   bool have = walk.next(cur, a.mask, reg, m0, m1, a.blocks);
-  if (have) load_kv(0, cur.c0);
+  if (have) load_buffer(0, cur.c0);
   cp_async_commit();
   int st = 0;
   while (have) {
     KvStep nxt;
     const bool have_next = walk.next(nxt, a.mask, reg, m0, m1, a.blocks);
-    if (have_next) load_kv(st ^ 1, nxt.c0);
+    if (have_next) load_buffer(st ^ 1, nxt.c0);
     cp_async_commit();
     cp_async_wait<1>();
     __syncthreads();

@@ -157,11 +157,12 @@ __device__ __forceinline__ void accumulate_grad(float (&out)[C::kGradMTiles][C::
 
 // ---- dK/dV: the steps of dkdv_tile -------------------------------------------------------------
 //
-// Each step takes its inputs in the form that leaves the kernels' machine code as it was before
-// the steps were split out (sm_80 and sm_90a, every head dim): mostly by reference, as a lambda
-// captures them. Passed by value, or gathered in a struct, the same steps reordered independent
-// instructions and renumbered registers at some head dims; for the same reason dkdv_tile keeps
-// load_step and dQ's row helpers as lambdas.
+// Each step takes its inputs mostly by reference, as a lambda captures them: passed by value, or
+// gathered in a struct, the same steps compiled to reordered independent instructions and
+// renumbered registers at some head dims. nvcc's code also depends on which lambdas the kernel
+// makes where, as they hold the addresses of what they capture: dkdv_tile calls load_step through
+// a lambda that binds its invariants, and makes dQ's row helpers (dq_row, row_of) itself; called
+// directly, or made in add_dq_group, the walk's registers came out in another order.
 
 // This lane's fragment addresses (smem_tile.h) for the warp's slices of the tile.
 template <class C>
@@ -192,6 +193,33 @@ __device__ __forceinline__ void load_kv_tile(const AttnArgs& a, T* sK, T* sV, co
                                                  reg.col_end - n0, tid);
   load_tile_async<C::kBlockN, Tile, C::kThreads>(sV, v + int64_t(n0) * a.v.token_stride, a.v.token_stride,
                                                  reg.col_end - n0, tid);
+}
+
+// Q, dO, and the rows' statistics of step s into stage st. Rows past the region get LSE = +inf
+// (so P = 0) and delta = 0: they add nothing, whatever their Q.
+template <class T, class C>
+__device__ __forceinline__ void load_step(const AttnArgs& a, unsigned char* const& stage0, const Region& reg,
+                                          const int& batch, const int& tid, int st, const QStep& s) {
+  using Tile = typename C::Tile;
+  const int64_t qoff = batch * a.q.batch_stride + s.head * a.q.head_stride + int64_t(s.r0) * a.q.token_stride;
+  const int64_t ooff = batch * a.d_o.batch_stride + s.head * a.d_o.head_stride + int64_t(s.r0) * a.d_o.token_stride;
+  unsigned char* buf = stage0 + st * C::kStageBytes;
+  load_tile_async<C::kBlockM, Tile, C::kThreads>(reinterpret_cast<T*>(buf), static_cast<const T*>(a.q.data) + qoff,
+                                                 a.q.token_stride, reg.row_end - s.r0, tid);
+  load_tile_async<C::kBlockM, Tile, C::kThreads>(reinterpret_cast<T*>(buf + C::kDo),
+                                                 static_cast<const T*>(a.d_o.data) + ooff, a.d_o.token_stride,
+                                                 reg.row_end - s.r0, tid);
+  // The rows' LSE and delta come by copies too: loaded and stored by threads, the loads' latency
+  // held every warp at the next barrier (ncu). Past the region they are zero, which
+  // adds nothing: there Q and dO are zero, so P = 1 but dP = 0, dS = 0 and P^T dO = 0.
+  if (tid < 2 * C::kBlockM) {
+    const int row = tid % C::kBlockM;
+    const bool ok = s.r0 + row < reg.row_end;
+    const float* src = tid < C::kBlockM ? a.lse.data + batch * a.lse.batch_stride + s.head * a.lse.head_stride
+                                        : a.delta.data + batch * a.delta.batch_stride + s.head * a.delta.head_stride;
+    float* dst = reinterpret_cast<float*>(buf + (tid < C::kBlockM ? C::kLse : C::kDelta)) + row;
+    cp_async_4(dst, ok ? src + s.r0 + row : src, ok);
+  }
 }
 
 template <class C> __device__ __forceinline__ void clear_grads(float (&dk)[C::kGradMTiles][C::kOutTiles][4],
@@ -422,6 +450,57 @@ __device__ __forceinline__ void dq_product(const AttnArgs& a, const uint32_t& ds
   }
 }
 
+// This lane's part of dQ's row (mt, hh) of the group, added atomically at row (dkdv_tile's dq_row).
+template <class C>
+__device__ __forceinline__ void add_dq_row(const float (&dq)[C::kDqGroup][C::kDqTiles][4], int mt, int hh, float* row) {
+#pragma unroll
+  for (int j = 0; j < C::kDqTiles; ++j) atomic_add2(row + j * 8, dq[mt][j][2 * hh], dq[mt][j][2 * hh + 1]);
+}
+
+// dQ += scale dS K for the group of this warp's rows from m0 (kDqGroup m16 tiles), by the copy
+// engine (dq_map, sm_90a code) or atomically. dq_row(r): this lane's first column of row r in the
+// accumulator; row_of(mt, hh): the row of this lane's half hh of m16 tile mt. kAtomicsInDk: the
+// atomics go between dK's k-steps (dkdv_tile, step 6, says why), and dK is then done.
+template <class T, int D, int kMTiles, int kBlockM, class C, bool kScaleInDs, bool kDqBoxCode, bool kAtomicsInDk,
+          class DqRow, class RowOf>
+__device__ __forceinline__ void add_dq_group(const AttnArgs& a, const Region& reg, const QStep& cur, const int& batch,
+                                             const int& lane, const int& qrow0, const int& dq_col0,
+                                             const uint32_t& ds_rows, const uint32_t& k_cols,
+                                             unsigned char* const& dq_box, const CUtensorMap* const& dq_map,
+                                             const uint32_t& p_rows, const uint32_t& do_cols, const uint32_t& stage,
+                                             float (&dk)[C::kGradMTiles][C::kOutTiles][4], bool& dk_done,
+                                             const DqRow& dq_row, const RowOf& row_of, const int& m0) {
+  constexpr int kDqGroup = C::kDqGroup;
+  float dq[kDqGroup][C::kDqTiles][4];
+  dq_product<T, D, C, kScaleInDs>(a, ds_rows, k_cols, m0, dq);
+#if ATTNCORE_SM90_DEVICE
+  if constexpr (kDqBoxCode) {
+    if (dq_map) {
+      add_dq_box<C>(dq, dq_box, dq_map, dq_col0, cur.r0 + qrow0, cur.head, batch, lane);
+      return; // boxes hold all of a warp's rows: this is the only group
+    }
+  }
+#endif
+  if constexpr (kAtomicsInDk) {
+    // Row i after dK's k-step i, with no branch (a branch would keep them apart from the
+    // products): a row past the region adds its dQ, exactly 0 (its dO, delta and so dS are 0),
+    // to the region's last row.
+    static_assert(2 * kDqGroup <= kBlockM / 16, "a row a k-step");
+    accumulate_dk<T, D, kMTiles, kBlockM, C>(p_rows, do_cols, stage, dk, [&](int i) {
+      if (i < 2 * kDqGroup) add_dq_row<C>(dq, i / 2, i % 2, dq_row(min(row_of(i / 2, i % 2), reg.row_end - 1)));
+    });
+    dk_done = true;
+  } else {
+#pragma unroll
+    for (int mt = 0; mt < kDqGroup; ++mt)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int32_t r = row_of(mt, hh);
+        if (r < reg.row_end) add_dq_row<C>(dq, mt, hh, dq_row(r));
+      }
+  }
+}
+
 // dK (scaled: here, or through dS) and dV into the fp32 accumulators, or written (write_dkdv:
 // segments that do not share keys). Without segments this CTA is the only writer of these keys;
 // with segments whose key ranges overlap it is not, hence the atomic adds (one add per element and
@@ -479,6 +558,20 @@ __device__ __forceinline__ void load_q_do(const AttnArgs& a, T* const& sQ, T* co
                                                  m1 - m0, tid);
   load_tile_async<C::kBlockM, Tile, C::kThreads>(sdO, static_cast<const T*>(a.d_o.data) + ooff, a.d_o.token_stride,
                                                  m1 - m0, tid);
+}
+
+// K and V of the key tile from c0 into buffer st (sK, sV: two buffers each).
+template <class T, class C>
+__device__ __forceinline__ void load_kv(const AttnArgs& a, unsigned char* const& sK, unsigned char* const& sV,
+                                        const T* const& k, const T* const& v, const Region& reg, const int& tid, int st,
+                                        int32_t c0) {
+  using Tile = typename C::Tile;
+  load_tile_async<C::kBlockN, Tile, C::kThreads>(reinterpret_cast<T*>(sK + st * C::kKBytes),
+                                                 k + int64_t(c0) * a.k.token_stride, a.k.token_stride,
+                                                 reg.col_end - c0, tid);
+  load_tile_async<C::kBlockN, Tile, C::kThreads>(reinterpret_cast<T*>(sV + st * C::kKBytes),
+                                                 v + int64_t(c0) * a.v.token_stride, a.v.token_stride,
+                                                 reg.col_end - c0, tid);
 }
 
 // This lane's rows: LSE (log2 units; +inf where there is no key or no row) and delta.
