@@ -1,6 +1,6 @@
 // The Hopper backward's configuration, its shared-memory layout, and the named steps its kernel
-// (backward_sm90.cuh) calls: the barriers' setup, the producer's copies, the consumers' products and
-// their epilogue.
+// (backward_sm90.cuh) calls: the barriers' setup, the key tiles' walk, the producer, the dQ
+// reducer's adds, the consumers' products, their softmax gradient and their epilogue.
 #pragma once
 
 #include <cuda.h>
@@ -137,6 +137,38 @@ template <class T, int D, int kBlockM> struct BackwardSmem {
   static constexpr size_t kBytes = 1024 /* alignment */ + kEnd;
   static_assert(kBytes <= 227 * 1024, "must fit a Hopper CTA");
   static_assert(kDQ % 1024 == 0, "dQ parts aligned as the copy engine's 128-byte swizzle needs");
+
+  // The regions and barriers of a CTA's shared memory (smem: its 1024-byte aligned start).
+  struct Regions {
+    T *k, *v, *q, *d_o; // Q and dO: kStages tiles each
+    // [buffer][consumer]: [64 keys][kBlockM queries] tiles; with 80-query steps [80 queries][64 keys]
+    T* ds;
+    float* dq;
+    StepRecord<kBlockM>* steps;
+    DqRecord* dq_rec;
+    // With a block list cut in pieces, this CTA's piece, in shared memory: held in registers by
+    // every role, or loaded where each role needs it, it spilled the producer (24 registers) at d128.
+    TilePiece* piece;
+    uint64_t *kv_full, *kv_empty, *dq_full, *dq_empty, *q_full, *q_empty; // q_*: kStages each
+  };
+  __device__ static Regions regions(unsigned char* smem) {
+    uint64_t* bars = reinterpret_cast<uint64_t*>(smem + kBars);
+    return Regions{reinterpret_cast<T*>(smem + kK),
+                   reinterpret_cast<T*>(smem + kV),
+                   reinterpret_cast<T*>(smem + kQ),
+                   reinterpret_cast<T*>(smem + kDO),
+                   reinterpret_cast<T*>(smem + kDS),
+                   reinterpret_cast<float*>(smem + kDQ),
+                   reinterpret_cast<StepRecord<kBlockM>*>(smem + kSteps),
+                   reinterpret_cast<DqRecord*>(smem + kDqRec),
+                   reinterpret_cast<TilePiece*>(smem + kPiece),
+                   bars,
+                   bars + 1,
+                   bars + 2,
+                   bars + 3,
+                   bars + 4,
+                   bars + 4 + C::kStages};
+  }
 };
 
 // The barriers, and this CTA's piece of a block list cut in pieces.
@@ -156,8 +188,25 @@ __device__ __forceinline__ void init_barriers(uint64_t* kv_full, uint64_t* kv_em
   if (a.blocks.pieces) *piece = tile_piece<C::kBlockN>(a.blocks.pieces, int32_t(blockIdx.x));
 }
 
+// The key tiles of this CTA, in the same order for every role: one (the i == 0 call), or a stride
+// over segments. False past the last.
+template <class C>
+__device__ __forceinline__ bool key_tile(const AttnArgs& a, const TilePiece* piece, int32_t i, Region& reg, int32_t& n0) {
+  const int32_t x = int32_t(blockIdx.x) + i * int32_t(gridDim.x);
+  if (a.nseg == 0) {
+    reg = whole_call(a.mask, a.seqlen_q, a.seqlen_kv);
+    n0 = a.blocks.pieces ? piece->n0 : x * C::kBlockN;
+    return i == 0 && n0 < a.seqlen_kv;
+  }
+  int32_t seg, tile;
+  if (!locate_tile(a.segs, a.nseg, x, C::kBlockN, false, seg, tile)) return false;
+  reg = segment_region(a.segs[seg]);
+  n0 = reg.col_begin + tile * C::kBlockN;
+  return true;
+}
+
 // The producer's steps (warp 0 of warpgroup 0): K and V once a key tile; per step Q and dO into a
-// stage of the ring (the step's record beside them is written in the kernel).
+// stage of the ring, and the step's record beside them (produce_steps).
 // (Lane 0.) K and V of the key tile at n0.
 template <class C, int D, class T>
 __device__ __forceinline__ void load_kv(T* sK, T* sV, const CUtensorMap& k_map, const CUtensorMap& v_map,
@@ -184,21 +233,142 @@ __device__ __forceinline__ void load_q_do(T* sQ, T* sdO, const CUtensorMap& q_ma
   }
 }
 
-// The steps of a consumer warpgroup, in the kernel's order. Per key tile: zero_grads, clean_kv, K
-// and V fragments; per step of queries (stage s of the ring): clean_q_do, then
+// The producer (warp 0 of warpgroup 0): per key tile of the CTA, K and V, then per step of its
+// walk Q and dO into a stage of the ring and the step's record beside them; a record with head < 0
+// ends the tile. It takes the shared memory's start, not the kernel's pointers into it, and writes
+// the record here rather than in a function of its own: with either of those its 24 registers at
+// d256 spilled 8 more bytes of stores and 12 of loads (BackwardConfig::kProducerRegs).
+template <class C, int D, class T>
+__device__ __forceinline__ void produce_steps(unsigned char* smem, const CUtensorMap& k_map, const CUtensorMap& v_map,
+                                              const CUtensorMap& q_map, const CUtensorMap& do_map, const AttnArgs& a,
+                                              int kv_head, int batch, int lane) {
+  using L = BackwardSmem<T, D, C::kBlockM>;
+  using Record = StepRecord<C::kBlockM>;
+  T* sK = reinterpret_cast<T*>(smem + L::kK);
+  T* sV = reinterpret_cast<T*>(smem + L::kV);
+  T* sQ = reinterpret_cast<T*>(smem + L::kQ);
+  T* sdO = reinterpret_cast<T*>(smem + L::kDO);
+  Record* steps = reinterpret_cast<Record*>(smem + L::kSteps);
+  const TilePiece* piece = reinterpret_cast<const TilePiece*>(smem + L::kPiece);
+  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + L::kBars);
+  uint64_t* kv_full = bars;
+  uint64_t* kv_empty = bars + 1;
+  uint64_t* q_full = bars + 4;
+  uint64_t* q_empty = q_full + C::kStages;
+  uint32_t step = 0;
+  Region reg;
+  int32_t n0;
+  for (int32_t i = 0; key_tile<C>(a, piece, i, reg, n0); ++i) {
+    barrier_wait(kv_empty, (i & 1) ^ 1);
+    if (lane == 0) load_kv<C, D>(sK, sV, k_map, v_map, kv_full, n0, kv_head, batch);
+    QWalk<C::kBlockM, C::kBlockN> walk;
+    const BlockArgs no_list{};
+    const BlockArgs& blocks = C::kBlockLists ? a.blocks : no_list;
+    walk.init(a.mask, reg, blocks, kv_head * a.group, a.group, n0);
+    for (;; ++step) {
+      const uint32_t s = step % C::kStages;
+      QStep q;
+      const bool more = walk.next(q, a.mask, reg, blocks, n0);
+      barrier_wait(&q_empty[s], ((step / C::kStages) & 1) ^ 1);
+      Record& rec = steps[s];
+      if (!more) {
+        if (lane == 0) {
+          rec.head = -1;
+          barrier_arrive(&q_full[s]);
+        }
+        ++step;
+        break;
+      }
+      // The step's copies first, so that their latency runs under the lanes' loads of the rows'
+      // LSE and delta; lane 0's arrive below completes the phase with their bytes.
+      if (lane == 0) load_q_do<C, D>(sQ, sdO, q_map, do_map, &q_full[s], s, q, batch);
+      // The step's record: the rows' LSE (log2 units) and delta by the lanes, the rest by lane 0.
+      const float* lse = a.lse.data + batch * a.lse.batch_stride + q.head * a.lse.head_stride;
+      const float* dlt = a.delta.data + batch * a.delta.batch_stride + q.head * a.delta.head_stride;
+#pragma unroll
+      for (int h = 0; h < (C::kBlockM + 31) / 32; ++h) {
+        if (32 * h + 32 > C::kBlockM && lane + 32 * h >= C::kBlockM) continue; // 80 rows: the last 16
+        const int32_t r = q.r0 + lane + 32 * h;
+        float lse2 = INFINITY, delta = 0.f;
+        if (r < reg.row_end) {
+          const float l = lse[r];
+          lse2 = l == -INFINITY ? INFINITY : l * kLog2e; // a row without keys: P = 0
+          delta = dlt[r];
+        }
+        rec.lse2[lane + 32 * h] = lse2;
+        rec.delta[lane + 32 * h] = delta;
+      }
+      if (lane == 0) {
+        rec.head = q.head;
+        rec.r0 = q.r0;
+        rec.flags = uint32_t(q.active[0]) | uint32_t(q.active[1]) << 1 | uint32_t(q.masked[0]) << 2 |
+                    uint32_t(q.masked[1]) << 3;
+      }
+      __syncwarp(); // the lanes' stores, then lane 0's arrive publishes them (release)
+      if (lane == 0) barrier_arrive(&q_full[s]);
+    }
+  }
+}
+
+// The dQ reducer's adds of one part (rec: its rows and query head) into the fp32 dQ accumulator
+// (rt: this thread's index among the reducer's).
+template <class C, int D>
+__device__ __forceinline__ void add_dq_part(const DqRecord& rec, const AttnArgs& a, const CUtensorMap& dq_map,
+                                           DqAdd dq_add, const float* sDq, int batch, int rt, int lane) {
+  float* dq = static_cast<float*>(a.dq.data) + batch * a.dq.batch_stride + rec.head * a.dq.head_stride;
+  if (dq_add == DqAdd::copy_engine) {
+    // Whole chunks of the step's rows: rows past the region add zeros (their P and dS are 0),
+    // rows past the tensor are dropped. One thread: each lane's instruction would be a reduction.
+    if (lane == 0) {
+      for (int part = 0; part < C::kDqParts; ++part) {
+        const unsigned char* chunks = reinterpret_cast<const unsigned char*>(sDq) + part * C::kDqBytes;
+        for (int c = 0; c < D / 32; ++c)
+          tma_reduce_add_4d(&dq_map, chunks + c * C::kBlockM * 128, c * 32, rec.r0, rec.head, batch);
+      }
+      bulk_commit();
+      bulk_wait_read();
+    }
+  } else {
+    const unsigned char* parts = reinterpret_cast<const unsigned char*>(sDq);
+    for (int i = rt; i < rec.rows * (D / 4); i += C::kReducers) {
+      const int row = i / (D / 4), col = (i % (D / 4)) * 4;
+      float4 x = *reinterpret_cast<const float4*>(parts + dq_part_offset<C>(row, col));
+      if constexpr (C::kDqParts == 2) {
+        const float4 y = *reinterpret_cast<const float4*>(parts + C::kDqBytes + dq_part_offset<C>(row, col));
+        x = make_float4(x.x + y.x, x.y + y.y, x.z + y.z, x.w + y.w);
+      }
+      float* dst = dq + int64_t(rec.r0 + row) * a.dq.token_stride + col;
+      if (dq_add == DqAdd::quads) {
+        atomicAdd(reinterpret_cast<float4*>(dst), x);
+      } else {
+        atomicAdd(reinterpret_cast<float2*>(dst), make_float2(x.x, x.y));
+        atomicAdd(reinterpret_cast<float2*>(dst + 2), make_float2(x.z, x.w));
+      }
+    }
+  }
+}
+
+// The steps of a consumer warpgroup, in the kernel's order. Once: operand_descriptors,
+// dq_part_addresses; per key tile: zero_grads, clean_kv, K and V fragments; per step of queries
+// (stage s of the ring): clean_q_do, then
 //   1. scores_and_dp    S^T = K Q^T, dP^T = V dO^T, issued
-//   2. (in the kernel)  P^T = exp2(S^T c - LSE2), 0 outside the mask, as A fragments pa
-//   3. (in the kernel)  dS^T = P^T (dP^T - delta), as A fragments dsa
+//   2. probabilities    P^T = exp2(S^T c - LSE2), 0 outside the mask, as A fragments pa
+//   3. score_grads      dS^T = P^T (dP^T - delta), as A fragments dsa
 //   4. dv_dk_products   dV += P^T dO (and dK += dS^T Q where dK's product does not follow dQ's)
 //   5. store_ds         dS^T (or dS) into shared memory for dQ's product
 //   6. dq_product       dQ's part = dS K (or its transpose), issued
-//   7. (in the kernel)  the part, times the softmax scale, to the reducer
+//   7. store_dq_part    the part, times the softmax scale, into shared memory for the reducer
 // and at the end of the key tile store_dkdv; end_reducer once the tiles are done.
 // Each step takes what it reads as arguments (arrays by reference), not through a structure of the
-// consumer's state, and steps 2, 3 and 7, the producer's record and the reducer's adds stay in the
-// kernel's body: the kernel is tuned to its machine code, and with a structure, or with those as
-// functions, it compiled to other machine code (other registers in the producer's walk; with a
-// structure, 4 to 16 more bytes of spills at d96, d128 and d256).
+// consumer's state: with a structure the kernel spilled 4 to 16 more bytes at d96, d128 and d256.
+// The producer and the reducer share warpgroup 0's 24 registers a thread (40 at d64 and d80), and
+// their spills there move with how the whole kernel is cut into functions, even where a cut is
+// far from their code. The cuts here keep every instantiation's registers, spill bytes and stack
+// frame at those of the kernel in one piece (the machine code differs in register choice and
+// order, the instruction count by at most 0.2%). Cuts that spilled more, so kept out: step 7's
+// handshake (the wait for the reducer, the DqRecord, the arrive) in a function with its stores, 4
+// more bytes of spill stores and 8 of loads at d96; the reducer's round loop as a function, 8 more
+// bytes of spill loads at d96; the producer's, as produce_steps notes.
 template <class C> using GradTiles = float[C::kOTiles][4];
 template <class C> using ScoreTiles = float[C::kMTiles][4];
 template <class C> using FragTiles = uint32_t[C::kMTiles / 2][4];
@@ -241,6 +411,62 @@ __device__ __forceinline__ void clean_q_do(T* sQ, T* sdO, const AttnArgs& a, uin
   }
 }
 
+// A consumer's shared-memory operands as wgmma descriptors (stage 0; the steps add the stage's and
+// the k-step's offsets). The kernel takes the structure apart where it gets it (structured
+// bindings): its code is then that of the descriptors made one by one in the kernel.
+struct OperandDescriptors {
+  uint64_t k, v;      // K and V as the A of S^T and dP^T: this consumer's keys
+  uint64_t kb;        // K as dQ's B: this consumer's keys (dQ by keys), or every key and this consumer's columns
+  uint64_t q, d_o;    // Q and dO as the B of S^T and dP^T
+  uint64_t qb, dob;   // Q and dO as the B of dK and dV: this consumer's columns
+  uint64_t ds;        // dS (= (dS^T)^T) as dQ's A; + tile steps
+  uint64_t ds_qmajor; // kDqT: dS, query-major, as dQ^T's B
+};
+template <class C, int D, class T>
+__device__ __forceinline__ OperandDescriptors operand_descriptors(const T* sK, const T* sV, const T* sQ, const T* sdO,
+                                                                  const T* sdS, int wg, int keys0, int col0) {
+  constexpr int W = C::W;
+  // The consumer's half of an MN-major tile of `rows` rows (d256), as a descriptor offset.
+  const auto half_of = [&](int rows) { return desc_offset(uint32_t((col0 / W) * rows * W * 2)); };
+  return OperandDescriptors{
+      desc_k_major<W>(sK, C::kBlockN, keys0),
+      desc_k_major<W>(sV, C::kBlockN, keys0),
+      desc_mn_major<W>(sK, C::kBlockN) + (C::kSplitDq ? desc_offset(uint32_t(wg * (D / 2 / W) * C::kBlockN * W * 2))
+                                                      : mn_major_step<W>(keys0)),
+      desc_k_major<W>(sQ, C::kBlockM, 0),
+      desc_k_major<W>(sdO, C::kBlockM, 0),
+      desc_mn_major<W>(sQ, C::kBlockM) + half_of(C::kBlockM),
+      desc_mn_major<W>(sdO, C::kBlockM) + half_of(C::kBlockM),
+      desc_mn_major<64>(sdS, 64),
+      desc_k_major<64>(sdS, C::kBlockM, 0)};
+}
+
+// This lane's shared addresses in its dQ part: dq_lane0, dq_unit and dq_rot serve the stores of
+// 64- and 128-query steps, dqt_lane those of 80-query steps.
+template <class C, int D>
+__device__ __forceinline__ void dq_part_addresses(uint32_t& dq_lane0, uint32_t (&dq_unit)[4], uint32_t (&dqt_lane)[4],
+                                                  int& dq_rot, const float* sDq, int wg, int warp_in_wg, int lane) {
+  // This lane's element (row 16 w + lane / 4, column c0 + 2 (lane % 4)) of its dQ part, and the
+  // swizzled 16-byte unit of the n8 tile it stores q-th of each four, in the order of
+  // stage_rotation (rows r and r + 8 share it): every store's address is then one of four registers
+  // plus a constant.
+  const int dq_c0 = C::kSplitDq ? wg * (D / 2) : 0; // a multiple of 32
+  const uint32_t dq_part = smem_addr(sDq) + (C::kSplitDq ? 0u : uint32_t(wg) * C::kDqBytes);
+  dq_lane0 =
+      C::kDqByCopyEngine
+          ? dq_part + uint32_t((dq_c0 / 32) * C::kBlockM * 128 + (16 * warp_in_wg + (lane >> 2)) * 128 + (lane & 1) * 8)
+          : dq_part + dq_part_offset<C>(16 * warp_in_wg + (lane >> 2), dq_c0 + (lane & 3) * 2);
+  dq_rot = stage_rotation(lane);
+#pragma unroll
+  for (int q = 0; q < 4; ++q) dq_unit[q] = uint32_t(stage_unit(lane, q) << 4);
+  // kDqT: this lane's element e of dQ^T's n8 tile 0, (column dq_c0 + 16 w + lane / 4 + 8 (e / 2), query
+  // 2 (lane % 4) + e % 2), in the part (dq_part_offset).
+#pragma unroll
+  for (int e = 0; e < 4; ++e)
+    dqt_lane[e] = dq_part +
+                  dq_part_offset<C>(2 * (lane & 3) + (e & 1), dq_c0 + 16 * warp_in_wg + (lane >> 2) + 8 * (e >> 1));
+}
+
 // 1. S^T = K Q^T and dP^T = V dO^T for this consumer's 64 keys and the step's queries (ka, va: this
 // warp's 16 keys of K and V as A fragments, kKeyRegSteps, kValueRegSteps).
 template <class C, class T, int D, class KFrags, class VFrags>
@@ -260,6 +486,58 @@ __device__ __forceinline__ void scores_and_dp(ScoreTiles<C>& st, ScoreTiles<C>& 
     wgmma_step<T, C::kBlockM, C::kValueRegSteps>(dpt, va, v_desc + k_major_step<W>(C::kBlockN, k0),
                                                  do_desc + s * kQStage + k_major_step<W>(C::kBlockM, k0), k0);
   wgmma_commit();
+}
+
+// 2. P^T = exp2(S^T c - LSE2), 0 outside the mask; as A fragments pa of dV's product, and in st
+// (fp32) for dS^T. lse2: the step's StepRecord::lse2.
+template <class C, class T>
+__device__ __forceinline__ void probabilities(FragTiles<C>& pa, ScoreTiles<C>& st, const AttnArgs& a, const float* lse2,
+                                              const Region& reg, bool needs_mask, bool active, bool masked, int32_t r0,
+                                              int32_t n0, int key0, int lane) {
+  wgmma_wait<1>();
+  fence_registers(st);
+  // The mask for each of the lane's two keys n (rows of S^T) as a band of query offsets: element
+  // (n, m = 8 j + 2 (lane % 4) + e % 2) is visible iff -(8 j + e % 2) lies in band[e / 2].
+  Band band[2];
+  if (needs_mask) {
+    const int32_t base = reg.diff(r0, n0 + key0); // (row r0 + m, key n0 + key0 + n): base + n - m
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int n = (lane >> 2) + 8 * h;
+      const Band b = masked ? band_from(a.mask, base + n - (lane & 3) * 2) : full_band();
+      band[h] = active && n0 + key0 + n < reg.col_end ? b : empty_band();
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < C::kMTiles; ++j) {
+    const int m = j * 8 + (lane & 3) * 2;
+    const float2 l2 = *reinterpret_cast<const float2*>(&lse2[m]);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      float p = fast_exp2(fmaf(st[j][e], a.scale_log2, -((e & 1) ? l2.y : l2.x)));
+      if (needs_mask) p = in_band(band[e >> 1], -(j * 8 + (e & 1))) ? p : 0.f;
+      st[j][e] = p;
+    }
+  }
+#pragma unroll
+  for (int kk = 0; kk < C::kMTiles / 2; ++kk) c_to_a<T>(pa[kk], st[2 * kk], st[2 * kk + 1]);
+}
+
+// 3. dS^T = P^T (dP^T - delta) (pt: P^T in fp32; delta: the step's StepRecord::delta), as A
+// fragments dsa.
+template <class C, class T>
+__device__ __forceinline__ void score_grads(FragTiles<C>& dsa, ScoreTiles<C>& dpt, const ScoreTiles<C>& pt,
+                                            const float* delta, int lane) {
+  wgmma_wait<0>();
+  fence_registers(dpt);
+#pragma unroll
+  for (int j = 0; j < C::kMTiles; ++j) {
+    const float2 dl = *reinterpret_cast<const float2*>(&delta[j * 8 + (lane & 3) * 2]);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dpt[j][e] = pt[j][e] * (dpt[j][e] - ((e & 1) ? dl.y : dl.x));
+  }
+#pragma unroll
+  for (int kk = 0; kk < C::kMTiles / 2; ++kk) c_to_a<T>(dsa[kk], dpt[2 * kk], dpt[2 * kk + 1]);
 }
 
 // dK += dS^T Q, issued.
@@ -366,6 +644,43 @@ __device__ __forceinline__ void dq_product(DqTiles<C>& dq, DqHiTiles<C>& dq_hi, 
     }
   }
   wgmma_commit();
+}
+
+// 7. The part, times the softmax scale, into shared memory for the reducer (the kernel waits for
+// the reducer to be done with the last parts first). dq_lane0, dq_unit, dq_rot, dqt_lane: this
+// lane's addresses (dq_part_addresses); rotate_tiles reorders dq.
+template <class C>
+__device__ __forceinline__ void store_dq_part(DqTiles<C>& dq, DqHiTiles<C>& dq_hi, float scale, uint32_t dq_lane0,
+                                              const uint32_t (&dq_unit)[4], const uint32_t (&dqt_lane)[4], int dq_rot) {
+  if constexpr (C::kDqT) {
+    // Element e of dQ^T's n8 tile j is (column dq_c0 + 16 w + lane / 4 + 8 (e / 2), query 8 j +
+    // 2 (lane % 4) + e % 2): one float a store, at dqt_lane[e] plus 8 j rows (conflict-free: the
+    // eight columns of a store span two 16-byte units, which the four rows' swizzles spread over
+    // all 32 banks).
+#pragma unroll
+    for (int j = 0; j < C::kBlockM / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        st_shared_b32(dqt_lane[e] + uint32_t(j * 8 * 128), __float_as_uint(scale * dq[j][e]));
+  } else {
+    if constexpr (C::kDqByCopyEngine) rotate_tiles(dq, dq_rot); // slot j: the tile dq_unit[j % 4] holds
+#pragma unroll
+    for (int j = 0; j < C::kDqCols / 8; ++j)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh)
+        st_shared_v2(dq_lane0 + (C::kDqByCopyEngine
+                                     ? dq_unit[j % 4] + uint32_t((j / 4) * C::kBlockM * 128 + hh * 8 * 128)
+                                     : uint32_t((8 * hh * C::kDqPitch + j * 8) * 4)),
+                     scale * dq[j][2 * hh], scale * dq[j][2 * hh + 1]);
+  }
+  if constexpr (kTallSteps<C>) { // (the atomic reducer's padded rows)
+#pragma unroll
+    for (int j = 0; j < C::kDqCols / 8; ++j)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh)
+        st_shared_v2(dq_lane0 + uint32_t(((64 + 8 * hh) * C::kDqPitch + j * 8) * 4), scale * dq_hi[j][2 * hh],
+                     scale * dq_hi[j][2 * hh + 1]);
+  }
 }
 
 // dK (times scale) and dV into the fp32 accumulators, atomic since segments may share keys; or
