@@ -62,7 +62,7 @@ void backward_gpu(Problem& p, Stats lse, Stats delta, Tensor& dq, Tensor& dk, Te
 Outputs run_gpu(Problem& p, bool grads, bool deterministic, const Outputs* cpu_ref) {
   DeviceProblem dp(p);
   Outputs r;
-  r.o = Tensor(p.dtype, p.B, p.Sq, p.Hq, p.D);
+  r.o = Tensor(output_dtype(p.dtype), p.B, p.Sq, p.Hq, p.D);
   r.o32 = Tensor(DType::fp32, p.B, p.Sq, p.Hq, p.D);
   r.lse = Stats(p.B, p.Hq, p.Sq);
   r.lse32 = r.lse;
@@ -74,6 +74,11 @@ Outputs run_gpu(Problem& p, bool grads, bool deterministic, const Outputs* cpu_r
   lse32.buf->poison();
   ForwardParams f = p.forward_params(r.o, r.lse, false);
   dp.point(p, f);
+  // An FP8 forward's V^T, over poison: every byte the kernel reads is written first.
+  DeviceBuffer workspace(forward_workspace_bytes(f));
+  workspace.poison();
+  f.workspace = workspace.ptr;
+  f.workspace_bytes = workspace.bytes;
   f.o = o.ref;
   f.lse = lse.ref;
   forward_cuda(f, nullptr);
@@ -133,7 +138,7 @@ Problem two_heads_problem(std::mt19937_64& rng, DType dtype, int32_t D, int64_t 
 }
 
 void check_all(Problem& p, bool grads = true) {
-  REQUIRE(check_supported(p.dtype, p.D).empty());
+  REQUIRE((grads ? check_supported(p.dtype, p.D) : check_supported_forward(p.dtype, p.D)).empty());
   const Outputs want = run_cpu(p, grads);
   const Outputs got = run_gpu(p, grads, false, &want);
   check_forward(p, want, got);
@@ -196,6 +201,57 @@ TEST_CASE("gpu: every head dim and dtype, random shapes, causal and windows") {
 // Causal calls of 513-1024 rows (2048 at d64) take the Hopper forward's pair configuration
 // (pair_serves); the random shapes above stay under 300 rows. Lengths that are not multiples of a
 // tile, a query offset, and GQA.
+// The FP8 forward (Hopper, e4m3 Q, K, V with descales; bf16 and fp32 O) against the CPU reference
+// on the same quantized inputs: random shapes with causal, full and window masks, query offsets and
+// GQA, and rows long enough to run the tile pipeline; elsewhere, and for what it does not take, the
+// one-line refusals.
+TEST_CASE("gpu: FP8 e4m3 forward, head dims 64, 128 and 256") {
+  REQUIRE(device_count() > 0);
+  std::mt19937_64 rng(8);
+  Problem probe = random_problem(rng, DType::fp8_e4m3, 128, 1, 100);
+  if (std::string(native_kernels()) != "wgmma") {
+    CHECK_THROWS_WITH_AS(run_gpu(probe, false, false, nullptr), "attncore cuda: the FP8 forward needs a Hopper GPU (sm_90a kernels)",
+                         Error);
+    return;
+  }
+  for (int32_t D : {64, 128, 256})
+    for (int variant = 0; variant < 4; ++variant) {
+      Problem p = random_problem(rng, DType::fp8_e4m3, D, 1 + int(rng() % 3), variant == 3 ? 1200 : 300);
+      std::mt19937_64 data(rng());
+      p.randomize(data, /*pad=*/16 * int64_t(rng() % 2)); // rows of 16-byte multiples, as bulk copies read
+      if (variant == 0 || variant == 3) p.mask.causal = true;
+      if (variant == 2) {
+        p.mask.causal = rng() % 2 == 0;
+        p.mask.window_left = int64_t(rng() % 100);
+        p.mask.window_right = p.mask.causal ? -1 : int64_t(rng() % 50);
+      }
+      p.mask.q_pos0 = int64_t(rng() % 64);
+      p.mask.kv_pos0 = int64_t(rng() % 64);
+      CAPTURE(D);
+      CAPTURE(variant);
+      CAPTURE(p.Sq);
+      CAPTURE(p.Skv);
+      CAPTURE(p.Hq);
+      CAPTURE(p.Hkv);
+      check_all(p, false);
+    }
+  Problem e5m2 = random_problem(rng, DType::fp8_e5m2, 128, 1, 100);
+  CHECK_THROWS_WITH_AS(run_gpu(e5m2, false, false, nullptr),
+                       "attncore: the FP8 forward on CUDA takes e4m3 (e5m2 runs on the CPU path)", Error);
+  Problem d80 = random_problem(rng, DType::fp8_e4m3, 80, 1, 100);
+  CHECK_THROWS_AS(run_gpu(d80, false, false, nullptr), Error);
+  Problem padded = random_problem(rng, DType::fp8_e4m3, 128, 1, 100);
+  std::mt19937_64 data(rng());
+  padded.randomize(data, /*pad=*/8);
+  CHECK_THROWS_WITH_AS(run_gpu(padded, false, false, nullptr),
+                       "attncore cuda: FP8 q, k and v must be 16-byte aligned with strides that are multiples of 16 elements",
+                       Error);
+  Problem segs = segments_problem(rng, DType::fp8_e4m3, 128, true);
+  segs.segments = {{0, 300, 0, 300, 0, 0}, {300, 700, 300, 700, 0, 0}};
+  CHECK_THROWS_WITH_AS(run_gpu(segs, false, false, nullptr),
+                       "attncore: the FP8 forward on CUDA takes calls without segments", Error);
+}
+
 TEST_CASE("gpu: causal calls of 513 to 2048 rows (the Hopper forward's pair configuration at its widest)") {
   REQUIRE(device_count() > 0);
   std::mt19937_64 rng(1024);

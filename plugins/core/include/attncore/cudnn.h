@@ -5,6 +5,11 @@
 // What it serves, and what not. A call is served when its answer from cudnn_check is empty; every
 // other call gets a one-line reason and must go to the native kernels (never a failure):
 //  - bf16 or fp16; head_dim a multiple of 8 up to 256; GQA (heads_q a multiple of heads_kv);
+//  - FP8 e4m3 (cuDNN 9.1 on, not 9.10.0; Hopper or newer): the forward through cuDNN's FP8 graph,
+//    whose Hopper engines write O in FP8 only, so O lands in scratch (scaled by 1 / (2 descale_v))
+//    and one kernel writes it in bf16; the backward (head dim 128 on Hopper, FP8 gradients
+//    converted or added after) only with ATTNCORE_CUDNN_FP8_BACKWARD=force, since the call carries
+//    no amax history for the gradients' scales, which are then guesses: a timing line;
 //  - masks by global position (attention.h) that are fully visible (no mask), causal with
 //    q_pos0 - kv_pos0 = 0 (cuDNN's top-left causal mask) or > 0 (the same mask with its right
 //    bound shifted), or that a window leaves untouched inside the block. Not served: a causal

@@ -64,7 +64,8 @@ void check_tensor(const TensorRef& t, bool fp32, const char* name) {
 void check_shape(DType dtype, int32_t batch, int32_t heads_q, int32_t heads_kv, int32_t head_dim, int64_t seqlen_q,
                  int64_t seqlen_kv, float scale, const Segment* segments, int32_t num_segments, const BlockList* blocks,
                  bool backward) {
-  if (std::string e = check_supported(dtype, head_dim); !e.empty()) throw Error(e);
+  const std::string why = backward ? check_supported(dtype, head_dim) : check_supported_forward(dtype, head_dim);
+  if (!why.empty()) throw Error(why);
   if (batch < 1 || heads_q < 1 || heads_kv < 1 || batch > kMaxGridYZ || heads_q > kMaxGridYZ)
     fail("batch and heads must be in [1, 65535]");
   if (heads_q % heads_kv != 0)
@@ -108,6 +109,21 @@ template <class T> void dispatch_forward(const ForwardParams& p, cudaStream_t s)
   case 128: return launch_forward<T, 128>(p, s);
   case 256: return launch_forward<T, 256>(p, s);
   }
+}
+// FP8 runs on the Hopper kernels alone (wgmma's e4m3 products), whose bulk copies read rows of
+// 16-byte multiples.
+void dispatch_forward_fp8(const ForwardParams& p, cudaStream_t s) {
+#if ATTNCORE_HAVE_SM90
+  if (!sm90::hopper_path_enabled()) fail("the FP8 forward needs a Hopper GPU (sm_90a kernels)");
+  if (!sm90::tma_readable(p.q, 1) || !sm90::tma_readable(p.k, 1) || !sm90::tma_readable(p.v, 1))
+    fail("FP8 q, k and v must be 16-byte aligned with strides that are multiples of 16 elements");
+  switch (p.head_dim) {
+  case 64: return sm90::launch_forward_sm90_fp8<64>(p, s);
+  case 128: return sm90::launch_forward_sm90_fp8<128>(p, s);
+  case 256: return sm90::launch_forward_sm90_fp8<256>(p, s);
+  }
+#endif
+  fail("the FP8 forward needs a build with sm_90a kernels and a Hopper GPU");
 }
 template <class T> void dispatch_backward(const BackwardParams& p, cudaStream_t s) {
 #if ATTNCORE_HAVE_SM90
@@ -362,7 +378,8 @@ void forward_cuda(const ForwardParams& params, void* stream) {
   check_tensor(p.o, p.o_fp32, "o");
   if (!p.lse.data) fail("lse is null");
   const auto s = static_cast<cudaStream_t>(stream);
-  if (p.dtype == DType::bf16) dispatch_forward<__nv_bfloat16>(p, s);
+  if (is_fp8(p.dtype)) dispatch_forward_fp8(p, s);
+  else if (p.dtype == DType::bf16) dispatch_forward<__nv_bfloat16>(p, s);
   else dispatch_forward<__half>(p, s);
 }
 

@@ -58,6 +58,11 @@ ATTNCORE_DECLARE_SM90_HDIM(96)
 ATTNCORE_DECLARE_SM90_HDIM(128)
 ATTNCORE_DECLARE_SM90_HDIM(256)
 #undef ATTNCORE_DECLARE_SM90_HDIM
+// FP8 e4m3 inputs, bf16 (or fp32) O; head dims 64, 128, 256 (fwd_sm90_fp8_hdim*.cu).
+template <int D> void launch_forward_sm90_fp8(const ForwardParams& p, cudaStream_t stream);
+extern template void launch_forward_sm90_fp8<64>(const ForwardParams&, cudaStream_t);
+extern template void launch_forward_sm90_fp8<128>(const ForwardParams&, cudaStream_t);
+extern template void launch_forward_sm90_fp8<256>(const ForwardParams&, cudaStream_t);
 #define ATTNCORE_DECLARE_SM90_BWD_HDIM(D)                                                          \
   extern template void launch_backward_sm90<__nv_bfloat16, D>(const BackwardParams&, cudaStream_t); \
   extern template void launch_backward_sm90<__half, D>(const BackwardParams&, cudaStream_t);

@@ -265,9 +265,8 @@ __device__ __forceinline__ void init_barriers(const ForwardShared<T, D, kTiles>&
 }
 
 // The walk over the key tiles the CTA's rows see: a block list's, or the interval the mask allows.
-template <class T, int D, Tiles kTiles>
-__device__ __forceinline__ void start_walk(TileWalk<ForwardConfig<T, D, kTiles>::kBlockN>& walk, const AttnArgs& a,
-                                           const ForwardRows& rows, int head) {
+template <int kN>
+__device__ __forceinline__ void start_walk(TileWalk<kN>& walk, const AttnArgs& a, const ForwardRows& rows, int head) {
   if (rows.blocks) {
     const int32_t row = (a.blocks.heads == 1 ? 0 : head) * a.blocks.num_q_blocks;
     walk.inner.init_blocks(a.blocks, row + rows.qb0, row + (rows.m1 - 1) / a.blocks.block_q);
@@ -320,7 +319,7 @@ __device__ __forceinline__ void produce_tiles(const ForwardShared<T, D, kTiles>&
                                               int kv_head, int batch,
                                               TileWalk<ForwardConfig<T, D, kTiles>::kBlockN>& walk, TileStep& t) {
   using C = ForwardConfig<T, D, kTiles>;
-  start_walk<T, D, kTiles>(walk, a, rows, head);
+  start_walk(walk, a, rows, head);
   load_q(sh, q_map, k_map, v_map, rows.m0, head, batch);
   for (uint32_t step = 0;; ++step) {
     const uint32_t s = step % C::kStages, phase = (step / C::kStages) & 1;
@@ -333,6 +332,33 @@ __device__ __forceinline__ void produce_tiles(const ForwardShared<T, D, kTiles>&
     }
     load_kv(sh, k_map, v_map, s, phase, t, kv_head, batch);
   }
+}
+
+// Which of a key tile's pairs a consumer warpgroup (rows [r_lo, r_hi)) must hide: the 64-column
+// halves a block list does not list for its query block (`list`), the halves that need element
+// masking, the columns past the region.
+struct TileUse {
+  bool needs_mask; // (warp-uniform: it decides a branch between the products)
+  uint32_t listed, masked;
+};
+
+template <int kN>
+__device__ __forceinline__ TileUse tile_use(const TileStep& t, const AttnArgs& a, const ForwardRows& rows, int32_t r_lo,
+                                            int32_t r_hi, bool has_rows, int list) {
+  constexpr uint32_t kAll = (1u << ((kN + 63) / 64)) - 1; // every 64-column part of a tile
+  TileUse u;
+  if (rows.blocks) {
+    u.listed = list ? t.listed[1] : t.listed[0];
+    u.masked = list ? t.masked[1] : t.masked[0];
+  } else {
+    u.listed = kAll;
+    u.masked = has_rows && all_visible(a.mask, rows.reg.row_pos(r_lo), rows.reg.row_pos(r_hi - 1),
+                                       rows.reg.col_pos(t.c0), rows.reg.col_pos(t.c0 + kN - 1))
+                   ? 0u
+                   : kAll;
+  }
+  u.needs_mask = warp_uniform(u.listed != kAll || u.masked != 0 || t.cross);
+  return u;
 }
 
 // A consumer warpgroup's rows and shared-memory descriptors, made once: a k-step or a stage only
@@ -379,15 +405,9 @@ template <class T, int D, Tiles kTiles> struct ForwardRegs {
 template <class T, int D, Tiles kTiles> struct ForwardConsumer {
   using C = ForwardConfig<T, D, kTiles>;
   static constexpr int W = C::W;
-  static constexpr uint32_t kAll = (1u << ((C::kBlockN + 63) / 64)) - 1; // every 64-column part of a tile
   static constexpr uint32_t kStageStep = desc_offset(C::kKVBytes);
 
-  // Which of a tile's pairs this warpgroup must hide: the halves a block list does not list for
-  // its query block, the halves that need element masking, the columns past the region.
-  struct Use {
-    bool needs_mask; // (warp-uniform: it decides a branch between the products)
-    uint32_t listed, masked;
-  };
+  using Use = TileUse;
 
   const ForwardShared<T, D, kTiles>& sh;
   const AttnArgs& a;
@@ -404,19 +424,7 @@ template <class T, int D, Tiles kTiles> struct ForwardConsumer {
   }
 
   __device__ __forceinline__ Use use_of(const TileStep& t) {
-    Use u;
-    if (rows.blocks) {
-      u.listed = op.list ? t.listed[1] : t.listed[0];
-      u.masked = op.list ? t.masked[1] : t.masked[0];
-    } else {
-      u.listed = kAll;
-      u.masked = op.has_rows && all_visible(a.mask, rows.reg.row_pos(op.r_lo), rows.reg.row_pos(op.r_hi - 1),
-                                         rows.reg.col_pos(t.c0), rows.reg.col_pos(t.c0 + C::kBlockN - 1))
-                     ? 0u
-                     : kAll;
-    }
-    u.needs_mask = warp_uniform(u.listed != kAll || u.masked != 0 || t.cross);
-    return u;
+    return tile_use<C::kBlockN>(t, a, rows, op.r_lo, op.r_hi, op.has_rows, op.list);
   }
 
   // S = Q K^T, issued.

@@ -68,7 +68,7 @@ bool tma_readable(const TensorRef& t, int elem_bytes) {
 CUtensorMap make_tile_map(const TensorRef& t, DType dtype, int32_t batch, int64_t tokens, int32_t heads, int32_t dim,
                           int box_rows, int box_cols, CUtensorMapSwizzle swizzle) {
   // A dimension of extent 1 is never stepped along: any legal stride will do (0 is not one).
-  const uint64_t el = dtype == DType::fp32 ? 4 : 2;
+  const uint64_t el = uint64_t(dtype_bytes(dtype));
   const auto stride = [&](int64_t elems, int64_t extent) { return extent > 1 ? uint64_t(elems) * el : uint64_t(16); };
   const cuuint64_t dims[4] = {cuuint64_t(dim), cuuint64_t(tokens > 0 ? tokens : 1), cuuint64_t(heads),
                               cuuint64_t(batch)};
@@ -83,6 +83,7 @@ CUtensorMap make_tile_map(const TensorRef& t, DType dtype, int32_t batch, int64_
       encode ? encode(&map,
                       dtype == DType::fp32   ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32
                       : dtype == DType::bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                      : is_fp8(dtype)        ? CU_TENSOR_MAP_DATA_TYPE_UINT8 // bytes: the copy engine does not convert
                                              : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
                       4,
                       t.data, dims, strides, box, steps, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,

@@ -24,7 +24,7 @@ bool sm90a_device();
 // into) by the copy engine: base 16-byte aligned, strides non-negative multiples of 16 bytes below 2^40.
 bool tma_readable(const TensorRef& t, int elem_bytes = 2);
 
-// A 4-d map (dim, token, head, batch) over such a tensor (bf16, fp16, or fp32): boxes of
+// A 4-d map (dim, token, head, batch) over such a tensor (bf16, fp16, fp32 or FP8): boxes of
 // `box_rows` tokens x `box_cols` dims of one head, swizzled for the matrix instructions
 // (hopper.cuh). Throws attncore::Error when the driver refuses it.
 CUtensorMap make_tile_map(const TensorRef& t, DType dtype, int32_t batch, int64_t tokens, int32_t heads, int32_t dim,
