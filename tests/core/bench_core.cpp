@@ -1,10 +1,17 @@
 // Timing driver of the core's engines (not a test; the project's benchmark is the host). Prints one
 // line per (engine, shape, causal): median forward and backward times over CUDA events and TFLOP/s
-// by the FlashAttention convention (forward 4 D per attended pair, backward 2.5x). Random bf16 inputs.
+// by the FlashAttention convention (forward 4 D per attended pair, backward 2.5x). Random inputs.
 //   bench_core                      the reference shape B=4 H=32 S=16384 D=128, causal and not
 //   bench_core B H S D [...]        other shapes (groups of four); H may be Hq:Hkv (GQA)
 //   BENCH_CAUSAL=0 bench_core       only the non-causal (or =1: causal) runs
 //   BENCH_ENGINE=cudnn|both         the cuDNN engine (attncore/cudnn.h) instead of / besides native
+//   BENCH_DTYPE=fp8_e4m3            Q, K, V, dO in that dtype (bf16 by default; fp16, fp8_e4m3,
+//                                   fp8_e5m2): FP8 holds the generator's values times 2^7 (|x| <= 448,
+//                                   rounded to nearest), descales 2^-7; O and written gradients in
+//                                   output_dtype (bf16). The same FP8 calls go to both engines (the
+//                                   native forward's workspace, ForwardParams::workspace, allocated
+//                                   once); an engine that refuses one says so: "FAILED" and why
+//                                   (native), "n/a" and why (cuDNN)
 //   BENCH_BACKWARD=0                native forward only (a forward-kernel step times in seconds)
 //   BENCH_RUNS=N                    timed runs per figure (default 10 from S = 8192, else 20)
 //   BENCH_DELTA=1                   native: also time the delta pass alone, dQ's memset, both, and
@@ -17,12 +24,17 @@
 // what PyTorch's line times: dQ's accumulator cleared in the delta pass, dK and dV written in bf16
 // (write_dkdv), dQ converted to bf16 after.
 // cuDNN: "bwd write" writes bf16 gradients (what frameworks do); "bwd add" is the core's contract (zeroing the fp32
-// accumulators + cuDNN into scratch + the add kernels), what a ring step costs.
+// accumulators + cuDNN into scratch + the add kernels), what a ring step costs. FP8 on cuDNN: the forward
+// includes the kernel that turns cuDNN's FP8 O into bf16; the backward (the bf16 O to FP8 first, the
+// FP8 gradients written or added after) is served only with ATTNCORE_CUDNN_FP8_BACKWARD=force, for
+// timing: its gradient scales are the engine's guesses.
+#include <cuda_fp8.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <thread>
 #include <vector>
@@ -42,9 +54,31 @@ namespace {
     }                                                                                               \
   } while (0)
 
-// Random bf16 N(0,1)-ish values (sum of uniforms), filled by all cores, then uploaded.
-void* random_bf16(size_t n, uint64_t seed) {
-  std::vector<uint16_t> h(n);
+// FP8 inputs: the generator's values (|x| < 3.4) times 2^7 fill e4m3 (|x| <= 448) without saturating.
+constexpr float kFp8Scale = 128.f;
+
+attncore::DType bench_dtype() {
+  using attncore::DType;
+  const char* e = std::getenv("BENCH_DTYPE");
+  const std::string t = e ? e : "bf16";
+  if (t == "bf16") return DType::bf16;
+  if (t == "fp16") return DType::fp16;
+  if (t == "fp8_e4m3") return DType::fp8_e4m3;
+  if (t == "fp8_e5m2") return DType::fp8_e5m2;
+  std::fprintf(stderr, "BENCH_DTYPE=%s: bf16, fp16, fp8_e4m3 or fp8_e5m2\n", t.c_str());
+  std::exit(2);
+}
+
+const char* dtype_text(attncore::DType t) {
+  using attncore::DType;
+  return t == DType::bf16 ? "bf16" : t == DType::fp16 ? "fp16" : t == DType::fp8_e4m3 ? "fp8_e4m3" : "fp8_e5m2";
+}
+
+// Random N(0,1)-ish values (sum of uniforms) in `dtype` (FP8: times kFp8Scale), filled by all cores,
+// then uploaded.
+void* random_inputs(size_t n, uint64_t seed, attncore::DType dtype) {
+  const size_t elem = size_t(attncore::dtype_bytes(dtype));
+  std::vector<uint8_t> h(n * elem);
   const unsigned threads = std::max(1u, std::thread::hardware_concurrency());
   std::vector<std::thread> pool;
   for (unsigned t = 0; t < threads; ++t)
@@ -56,13 +90,21 @@ void* random_bf16(size_t n, uint64_t seed) {
           x ^= x << 13, x ^= x >> 7, x ^= x << 17;
           s += float(x >> 40) / float(1ull << 24);
         }
-        h[i] = attncore::float_to_bf16((s - 2.f) * 1.7f);
+        const float v = (s - 2.f) * 1.7f;
+        switch (dtype) {
+        case attncore::DType::fp8_e4m3: h[i] = __nv_cvt_float_to_fp8(v * kFp8Scale, __NV_SATFINITE, __NV_E4M3); break;
+        case attncore::DType::fp8_e5m2: h[i] = __nv_cvt_float_to_fp8(v * kFp8Scale, __NV_SATFINITE, __NV_E5M2); break;
+        default: {
+          const uint16_t b = dtype == attncore::DType::fp16 ? attncore::float_to_fp16(v) : attncore::float_to_bf16(v);
+          std::memcpy(&h[i * 2], &b, 2);
+        }
+        }
       }
     });
   for (auto& th : pool) th.join();
   void* d = nullptr;
-  CUDA_CHECK(cudaMalloc(&d, n * 2));
-  CUDA_CHECK(cudaMemcpy(d, h.data(), n * 2, cudaMemcpyHostToDevice));
+  CUDA_CHECK(cudaMalloc(&d, h.size()));
+  CUDA_CHECK(cudaMemcpy(d, h.data(), h.size(), cudaMemcpyHostToDevice));
   return d;
 }
 
@@ -112,12 +154,15 @@ struct Shape {
   int B, Hq, Hkv, S, D;
 };
 
-// One problem's buffers and parameter structs (bf16 [B, S, H, D], fp32 accumulators).
+// One problem's buffers and parameter structs ([B, S, H, D] in the dtype, O in its output dtype,
+// fp32 accumulators).
 struct Bench {
   Shape s;
   bool causal;
+  attncore::DType dtype;
   size_t nq, nkv;
   void *q, *k, *v, *d_o, *o, *o32, *dq, *dk, *dv;
+  void* fwd_ws = nullptr;  // the native FP8 forward's (ForwardParams::workspace)
   float *lse, *delta;
   std::vector<attncore::Segment> segs;  // BENCH_SEGMENTS: [begin, end) of each, in every batch entry
   attncore::Segment* d_segs = nullptr;
@@ -125,15 +170,15 @@ struct Bench {
   attncore::DeltaParams dp;
   attncore::BackwardParams g;
 
-  Bench(Shape shape, bool c) : s(shape), causal(c) {
+  Bench(Shape shape, bool c, attncore::DType t) : s(shape), causal(c), dtype(t) {
     using namespace attncore;
     nq = size_t(s.B) * s.S * s.Hq * s.D;
     nkv = size_t(s.B) * s.S * s.Hkv * s.D;
-    q = random_bf16(nq, 1);
-    k = random_bf16(nkv, 2);
-    v = random_bf16(nkv, 3);
-    d_o = random_bf16(nq, 4);
-    CUDA_CHECK(cudaMalloc(&o, nq * 2));
+    q = random_inputs(nq, 1, dtype);
+    k = random_inputs(nkv, 2, dtype);
+    v = random_inputs(nkv, 3, dtype);
+    d_o = random_inputs(nq, 4, dtype);
+    CUDA_CHECK(cudaMalloc(&o, nq * size_t(dtype_bytes(output_dtype(dtype)))));
     CUDA_CHECK(cudaMalloc(&o32, nq * 4));
     CUDA_CHECK(cudaMalloc(&dq, nq * 4));
     CUDA_CHECK(cudaMalloc(&dk, nkv * 4));
@@ -143,7 +188,9 @@ struct Bench {
     const auto qt = [&](void* p) { return TensorRef{p, int64_t(s.S) * s.Hq * s.D, int64_t(s.Hq) * s.D, s.D}; };
     const auto kvt = [&](void* p) { return TensorRef{p, int64_t(s.S) * s.Hkv * s.D, int64_t(s.Hkv) * s.D, s.D}; };
     const RowStatsRef lse_ref{lse, int64_t(s.Hq) * s.S, s.S}, delta_ref{delta, int64_t(s.Hq) * s.S, s.S};
-    f.dtype = DType::bf16;
+    const float descale = is_fp8(dtype) ? 1.f / kFp8Scale : 1.f;
+    f.dtype = dtype;
+    f.descale_q = f.descale_k = f.descale_v = descale;
     f.batch = s.B;
     f.heads_q = s.Hq;
     f.heads_kv = s.Hkv;
@@ -155,7 +202,13 @@ struct Bench {
     f.o = qt(o);
     f.lse = lse_ref;
     f.mask.causal = causal;
-    dp.dtype = DType::bf16;
+    if (const size_t n = forward_workspace_bytes(f)) {
+      CUDA_CHECK(cudaMalloc(&fwd_ws, n));
+      f.workspace = fwd_ws;
+      f.workspace_bytes = n;
+    }
+    dp.dtype = dtype;
+    dp.descale_do = descale;
     dp.batch = s.B;
     dp.heads = s.Hq;
     dp.head_dim = s.D;
@@ -163,7 +216,8 @@ struct Bench {
     dp.o = qt(o);
     dp.d_o = qt(d_o);
     dp.delta = delta_ref;
-    g.dtype = DType::bf16;
+    g.dtype = dtype;
+    g.descale_q = g.descale_k = g.descale_v = g.descale_do = descale;
     g.batch = s.B;
     g.heads_q = s.Hq;
     g.heads_kv = s.Hkv;
@@ -191,7 +245,7 @@ struct Bench {
     }
   }
   ~Bench() {
-    for (void* p : {q, k, v, d_o, o, o32, dq, dk, dv, static_cast<void*>(lse), static_cast<void*>(delta),
+    for (void* p : {q, k, v, d_o, o, o32, dq, dk, dv, fwd_ws, static_cast<void*>(lse), static_cast<void*>(delta),
                     static_cast<void*>(d_segs)})
       cudaFree(p);
   }
@@ -219,7 +273,9 @@ struct Bench {
   std::string name() const {
     char b[128];
     std::snprintf(b, sizeof b, "B=%d H=%d:%d S=%d D=%d causal=%d", s.B, s.Hq, s.Hkv, s.S, s.D, int(causal));
-    return segs.empty() ? b : std::string(b) + " segments of " + std::to_string(segs[0].q_end);
+    std::string n = b;
+    if (dtype != attncore::DType::bf16) n += std::string(" ") + dtype_text(dtype);
+    return segs.empty() ? n : n + " segments of " + std::to_string(segs[0].q_end);
   }
   std::string figure(float ms, double fl) const {
     char b[64];
@@ -228,18 +284,9 @@ struct Bench {
   }
 };
 
-void bench_native(Bench& x) {
+// The native backward's figures (" | bwd ... | bwd write ..."); throws attncore::Error as the kernels do.
+std::string native_backward(Bench& x, int runs) {
   using namespace attncore;
-  const int runs = timed_runs(x.s.S);
-  const float t_fwd = median_ms([&] { forward_cuda(x.f, nullptr); }, 3, runs);
-  if (const char* b = std::getenv("BENCH_BACKWARD"); b && b[0] == '0') { // and the forward of a ring's partial
-    const ForwardParams f32 = x.forward_fp32();
-    const float t_f32 = median_ms([&] { forward_cuda(f32, nullptr); }, 3, runs);
-    std::printf("native %s | fwd %s | fwd O fp32 %s\n", x.name().c_str(), x.figure(t_fwd, x.flops()).c_str(),
-                x.figure(t_f32, x.flops()).c_str());
-    std::fflush(stdout);
-    return;
-  }
   // dQ's accumulator is cleared by the delta pass (DeltaParams::zero), dK's and dV's apart.
   DeltaParams delta_clearing_dq = x.dp;
   delta_clearing_dq.zero = x.dq;
@@ -253,12 +300,12 @@ void bench_native(Bench& x) {
   const float t_bwd = median_ms([&] { backward(false); }, 2, runs);
   const float t_det = median_ms([&] { backward(true); }, 1, std::max(3, runs / 2));
   x.g.deterministic = false;
-  // bf16 dK, dV and dQ into the (larger) fp32 buffers' memory, same element strides: dK and dV over
-  // their accumulators, dQ over the fp32 O of the partial forward, unused here.
+  // dK, dV and dQ in the output dtype into the (larger) fp32 buffers' memory, same element strides: dK
+  // and dV over their accumulators, dQ over the fp32 O of the partial forward, unused here.
   BackwardParams w = x.g;
   w.write_dkdv = true;
   ConvertParams dq_out;
-  dq_out.dtype = DType::bf16;
+  dq_out.dtype = output_dtype(x.dtype);
   dq_out.batch = x.s.B;
   dq_out.heads = x.s.Hq;
   dq_out.head_dim = x.s.D;
@@ -273,10 +320,40 @@ void bench_native(Bench& x) {
       },
       2, runs);
   CUDA_CHECK(cudaDeviceSynchronize());
-  std::printf("native %s | fwd %s | bwd %s | bwd deterministic %s | bwd write %s\n", x.name().c_str(),
-              x.figure(t_fwd, x.flops()).c_str(), x.figure(t_bwd, 2.5 * x.flops()).c_str(),
-              x.figure(t_det, 2.5 * x.flops()).c_str(), x.figure(t_write, 2.5 * x.flops()).c_str());
-  if (const char* e = std::getenv("BENCH_DELTA"); e && e[0] == '1') { // the row pass before the backward
+  return " | bwd " + x.figure(t_bwd, 2.5 * x.flops()) + " | bwd deterministic " + x.figure(t_det, 2.5 * x.flops()) +
+         " | bwd write " + x.figure(t_write, 2.5 * x.flops());
+}
+
+void bench_native(Bench& x) {
+  using namespace attncore;
+  const int runs = timed_runs(x.s.S);
+  const float t_fwd = median_ms([&] { forward_cuda(x.f, nullptr); }, 3, runs);
+  // A direction the kernels refuse (FP8's backward, say) ends its own figure, not the forward's.
+  bool failed = false;
+  const auto or_failed = [&failed](const char* label, auto&& figures) -> std::string {
+    try {
+      return figures();
+    } catch (const Error& e) {
+      failed = true;
+      return std::string(" | ") + label + " FAILED: " + e.what();
+    }
+  };
+  if (const char* b = std::getenv("BENCH_BACKWARD"); b && b[0] == '0') { // and the forward of a ring's partial
+    const ForwardParams f32 = x.forward_fp32();
+    const std::string t_f32 = or_failed("fwd O fp32", [&] {
+      return " | fwd O fp32 " + x.figure(median_ms([&] { forward_cuda(f32, nullptr); }, 3, runs), x.flops());
+    });
+    std::printf("native %s | fwd %s%s\n", x.name().c_str(), x.figure(t_fwd, x.flops()).c_str(), t_f32.c_str());
+    std::fflush(stdout);
+    return;
+  }
+  const std::string bwd = or_failed("bwd", [&] { return native_backward(x, runs); });
+  std::printf("native %s | fwd %s%s\n", x.name().c_str(), x.figure(t_fwd, x.flops()).c_str(), bwd.c_str());
+  if (const char* e = std::getenv("BENCH_DELTA"); e && e[0] == '1' && !failed) {
+    // the row pass before the backward
+    DeltaParams delta_clearing_dq = x.dp;
+    delta_clearing_dq.zero = x.dq;
+    delta_clearing_dq.zero_bytes = x.nq * 4;
     const float t_delta = median_ms([&] { compute_delta_cuda(x.dp, nullptr); }, 3, runs);
     const float t_zero = median_ms([&] { CUDA_CHECK(cudaMemsetAsync(x.dq, 0, x.nq * 4)); }, 3, runs);
     const float t_both = median_ms(
@@ -312,14 +389,28 @@ void bench_cudnn(Bench& x, Scratch& scratch) {
     line += std::string(" | ") + label + " " + x.figure(t, x.flops());
     notes += std::string("\n  ") + label + ": " + cudnn_plan_info(*p);
   }
-  if (cudnn_supports(f)) forward_cudnn(f, nullptr, ws);  // O and LSE for the backward
-  else forward_cuda(f, nullptr);
+  // O and LSE for the backward, from whichever engine serves the forward
+  std::string no_forward;
+  if (cudnn_supports(f)) {
+    forward_cudnn(f, nullptr, ws);
+  } else {
+    try {
+      forward_cuda(f, nullptr);
+    } catch (const Error& e) {
+      no_forward = e.what();
+    }
+  }
   // backward: written in bf16, and added into the fp32 accumulators
   BackwardParams w = x.g, a = x.g;
   w.write_grads = true;  // bf16 gradients into the (larger) fp32 buffers' memory, same element strides
   for (const BackwardParams* p : {&w, &a}) {
     const char* label = p->write_grads ? "bwd write" : "bwd add";
     std::string why;
+    if (!no_forward.empty()) {
+      line += std::string(" | ") + label + " n/a";
+      notes += std::string("\n  ") + label + ": no forward made O and LSE for it: " + no_forward;
+      continue;
+    }
     if (!cudnn_supports(*p, &why)) {
       line += std::string(" | ") + label + " n/a";
       notes += std::string("\n  ") + label + ": " + why;
@@ -341,16 +432,17 @@ void bench_cudnn(Bench& x, Scratch& scratch) {
 }
 
 // Which graphs build for a shape, without timing (the docs' table of what cuDNN could and could not do).
-void probe(const Shape& s) {
+void probe(const Shape& s, attncore::DType dtype) {
   using namespace attncore;
   for (bool causal : {false, true}) {
-    Bench x(s, causal);
+    Bench x(s, causal, dtype);
     const ForwardParams f32 = x.forward_fp32();
     BackwardParams w = x.g, a = x.g;
     w.write_grads = true;
-    std::printf("probe cudnn %s %s\n  fwd O bf16: %s\n  fwd O fp32: %s\n  bwd write bf16: %s\n  bwd add fp32: %s\n",
-                cudnn_version_string().c_str(), x.name().c_str(), cudnn_plan_info(x.f).c_str(),
-                cudnn_plan_info(f32).c_str(), cudnn_plan_info(w).c_str(), cudnn_plan_info(a).c_str());
+    const char* out = dtype_text(output_dtype(dtype));
+    std::printf("probe cudnn %s %s\n  fwd O %s: %s\n  fwd O fp32: %s\n  bwd write %s: %s\n  bwd add fp32: %s\n",
+                cudnn_version_string().c_str(), x.name().c_str(), out, cudnn_plan_info(x.f).c_str(),
+                cudnn_plan_info(f32).c_str(), out, cudnn_plan_info(w).c_str(), cudnn_plan_info(a).c_str());
     std::fflush(stdout);
   }
 }
@@ -363,7 +455,8 @@ int main(int argc, char** argv) {
   if (probing) args.erase(args.begin());
   if (args.empty()) args = {"4", "32", "16384", "128"};
   if (args.size() % 4 != 0) {
-    std::fprintf(stderr, "usage: [BENCH_CAUSAL=0|1] [BENCH_ENGINE=native|cudnn|both] bench_core [--probe] [B H[:Hkv] S D]...\n");
+    std::fprintf(stderr, "usage: [BENCH_CAUSAL=0|1] [BENCH_ENGINE=native|cudnn|both] [BENCH_DTYPE=bf16|fp16|fp8_e4m3|fp8_e5m2] "
+                         "bench_core [--probe] [B H[:Hkv] S D]...\n");
     return 2;
   }
   std::vector<Shape> shapes;
@@ -376,12 +469,13 @@ int main(int argc, char** argv) {
   }
   const char* only = std::getenv("BENCH_CAUSAL");
   const std::string engine = std::getenv("BENCH_ENGINE") ? std::getenv("BENCH_ENGINE") : "native";
+  const attncore::DType dtype = bench_dtype();
   Scratch scratch;
   int failed = 0;
   for (const Shape& s : shapes) {
     if (probing) {
       try {
-        probe(s);
+        probe(s, dtype);
       } catch (const std::exception& err) {
         std::printf("probe: FAILED: %s\n", err.what());
         ++failed;
@@ -390,7 +484,7 @@ int main(int argc, char** argv) {
     }
     for (bool causal : {true, false}) {
       if (only && (only[0] == '1') != causal) continue;
-      Bench x(s, causal);
+      Bench x(s, causal, dtype);
       for (const char* e : {"native", "cudnn"}) {
         if (engine != e && engine != "both") continue;
         try {  // a failing engine ends its own line, not the run

@@ -1,10 +1,13 @@
 // The public cuDNN entry points (attncore/cudnn.h): what a call maps to, the per-device handle and
-// plan cache, the variant pack, and the work around cuDNN's graphs (statistics layout, gradient adds).
+// plan cache, the variant pack, and the work around cuDNN's graphs (statistics layout, gradient adds,
+// the FP8 graphs' factors and conversions).
 #include <cuda_runtime_api.h>
 #include <cudnn_graph.h>
 
+#include <array>
 #include <cmath>
 #include <cstdlib>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -52,6 +55,20 @@ std::string fp32_outputs_refused(bool backward) {
          "(write_grads=true)";
 }
 
+// FP8: cudnn-frontend serves its FP8 attention from 9.1 on, and not on 9.10.0 (a known bug there),
+// on Hopper and newer devices. Its FP8 backward on Hopper takes head_dim 128 only.
+constexpr int kFp8MinVersion = 90100;
+constexpr int kFp8BrokenVersion = 91000;
+constexpr int kFp8MinMajor = 9;
+constexpr int kFp8HopperBackwardDim = 128;
+
+// The FP8 backward's factors for dS and the gradients are the engine's guesses (fp8_backward_factors):
+// served only with ATTNCORE_CUDNN_FP8_BACKWARD=force, to time cuDNN's FP8 backward.
+bool fp8_backward_served() {
+  const char* force = std::getenv("ATTNCORE_CUDNN_FP8_BACKWARD");
+  return force && std::string(force) == "force";
+}
+
 constexpr int64_t kMaxLen = (int64_t(1) << 31) - 1;
 constexpr size_t kAlign = 256;
 
@@ -61,13 +78,23 @@ std::string version_string(int v) {
   return std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." + std::to_string(v % 100);
 }
 
-const char* dtype_name(DType t) { return t == DType::bf16 ? "bf16" : t == DType::fp16 ? "fp16" : "fp32"; }
+const char* dtype_name(DType t) {
+  switch (t) {
+  case DType::bf16: return "bf16";
+  case DType::fp16: return "fp16";
+  case DType::fp8_e4m3: return "fp8_e4m3";
+  case DType::fp8_e5m2: return "fp8_e5m2";
+  case DType::fp64: return "fp64";
+  default: return "fp32";
+  }
+}
 
 Layout layout(const TensorRef& t) { return {t.batch_stride, t.token_stride, t.head_stride}; }
 Layout packed_layout(int64_t tokens, int64_t heads, int64_t d) { return {tokens * heads * d, heads * d, d}; }
 
-bool aligned(const TensorRef& t, bool fp32) {
-  const int64_t unit = fp32 ? 4 : 8;  // 16 bytes
+// 16-byte aligned with 16-byte strides, for elements of `bytes` bytes.
+bool aligned(const TensorRef& t, int bytes) {
+  const int64_t unit = 16 / bytes;
   return t.data && reinterpret_cast<uintptr_t>(t.data) % 16 == 0 && t.batch_stride % unit == 0 &&
          t.token_stride % unit == 0 && t.head_stride % unit == 0;
 }
@@ -79,8 +106,14 @@ bool stats_packed(const RowStatsRef& r, int64_t batch, int64_t heads, int64_t ro
 // Checks shared by both directions; fills the shape's sizes, dtype and mask.
 std::string common_check(DType dtype, int32_t batch, int32_t hq, int32_t hkv, int32_t d, int64_t sq, int64_t skv,
                          float scale, const Mask& mask, int32_t num_segments, const BlockList* blocks, SdpaShape* s) {
-  if (dtype != DType::bf16 && dtype != DType::fp16)
-    return std::string("cuDNN engine: dtype ") + dtype_name(dtype) + " (cuDNN's fused attention takes bf16 or fp16)";
+  if (dtype == DType::fp8_e5m2)
+    return "cuDNN engine: dtype fp8_e5m2 (this engine builds cuDNN's FP8 graphs for fp8_e4m3 only)";
+  if (dtype != DType::bf16 && dtype != DType::fp16 && dtype != DType::fp8_e4m3)
+    return std::string("cuDNN engine: dtype ") + dtype_name(dtype) +
+           " (cuDNN's fused attention takes bf16, fp16 or fp8_e4m3)";
+  if (is_fp8(dtype) && (d < 16 || d > 256 || d % 16 != 0))
+    return "cuDNN engine: head_dim " + std::to_string(d) +
+           " with FP8 (cuDNN's FP8 attention takes multiples of 16 up to 256)";
   if (d < 8 || d > 256 || d % 8 != 0)
     return "cuDNN engine: head_dim " + std::to_string(d) + " (cuDNN's fused attention takes multiples of 8 up to 256)";
   if (batch < 1 || hq < 1 || hkv < 1 || hq % hkv != 0) return "cuDNN engine: heads_q must be a multiple of heads_kv";
@@ -91,7 +124,7 @@ std::string common_check(DType dtype, int32_t batch, int32_t hq, int32_t hkv, in
   if (scale < 0.f) return "cuDNN engine: softmax_scale must be positive (0 means 1/sqrt(head_dim))";
   CudnnMask m;
   if (std::string why = cudnn_mask(mask, sq, skv, &m); !why.empty()) return "cuDNN engine: " + why;
-  s->io = dtype == DType::bf16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_HALF;
+  s->io = dtype == DType::bf16 ? CUDNN_DATA_BFLOAT16 : dtype == DType::fp16 ? CUDNN_DATA_HALF : CUDNN_DATA_FP8_E4M3;
   s->b = batch;
   s->hq = hq;
   s->hkv = hkv;
@@ -103,11 +136,36 @@ std::string common_check(DType dtype, int32_t batch, int32_t hq, int32_t hkv, in
   return {};
 }
 
+// The current device's compute capability major, 0 when there is none.
+int device_major() {
+  int device = 0, major = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess)
+    return 0;
+  return major;
+}
+
+// What the FP8 graphs need beyond the shape: the cuDNN versions that serve them, a Hopper or newer
+// device, and descales that are positive and finite.
+std::string fp8_check(std::initializer_list<float> descales) {
+  const int v = cudnn_version();
+  if (v < kFp8MinVersion || v == kFp8BrokenVersion)
+    return "cuDNN engine: FP8 attention needs cuDNN 9.1 or later, not 9.10.0 (loaded: " + cudnn_version_string() + ")";
+  if (const int major = device_major(); major < kFp8MinMajor)
+    return major == 0 ? "cuDNN engine: FP8 attention: no CUDA device"
+                      : "cuDNN engine: FP8 attention needs a Hopper or newer GPU (this one is sm_" +
+                            std::to_string(major) + "x)";
+  for (float d : descales)
+    if (!(d > 0.f) || !std::isfinite(d)) return "cuDNN engine: FP8 descales must be positive and finite";
+  return {};
+}
+
 std::string shape_text(const SdpaShape& s) {
   std::string t = "B=" + std::to_string(s.b) + " Hq=" + std::to_string(s.hq) + " Hkv=" + std::to_string(s.hkv) +
                   " Sq=" + std::to_string(s.sq) + " Skv=" + std::to_string(s.skv) + " D=" + std::to_string(s.d) + " " +
-                  (s.io == CUDNN_DATA_BFLOAT16 ? "bf16" : "fp16");
+                  (s.io == CUDNN_DATA_BFLOAT16 ? "bf16" : s.io == CUDNN_DATA_HALF ? "fp16" : "fp8_e4m3");
   t += s.mask.causal ? (s.mask.shift ? " causal+" + std::to_string(s.mask.shift) : std::string(" causal")) : " no mask";
+  if (s.fp8()) return t + (s.backward ? " grads fp8" : " O fp8");
   if (!s.backward) t += s.o_fp32 ? " O fp32" : " O io";
   else t += std::string(s.grads_fp32 ? " grads fp32" : " grads io") + (s.padding ? " padding" : "");
   return t;
@@ -154,14 +212,16 @@ class DeviceContext {
     auto e = std::make_unique<Entry>();
     const std::string what = std::string(s.backward ? "backward" : "forward") + " graph (" + shape_text(s) + ")";
     try {
-      e->roles = s.backward ? cudnn::backward_graph(s) : cudnn::forward_graph(s);
+      if (s.fp8()) e->roles = s.backward ? cudnn::fp8_backward_graph(s) : cudnn::fp8_forward_graph(s);
+      else e->roles = s.backward ? cudnn::backward_graph(s) : cudnn::forward_graph(s);
       e->plan = GraphBuilder::build(e->roles.graph, handle_, what.c_str());
-      e->plan.engine = std::string(s.backward ? "composite backward graph, " : "composite forward graph, ") + e->plan.engine;
+      e->plan.engine = std::string(s.fp8() ? "FP8 " : "") +
+                       (s.backward ? "composite backward graph, " : "composite forward graph, ") + e->plan.engine;
       return e;
     } catch (const Error& x) {
       e->why = x.what();
     }
-    if (!s.backward && !s.mask.causal) {  // the single fused operation also takes an unmasked forward
+    if (!s.backward && !s.mask.causal && !s.fp8()) {  // the single fused operation also takes an unmasked forward
       SdpaShape fused = s;
       fused.fused_op = true;
       try {
@@ -216,16 +276,25 @@ Resolved resolve(const ForwardParams& p) {
   r.why = common_check(p.dtype, p.batch, p.heads_q, p.heads_kv, p.head_dim, p.seqlen_q, p.seqlen_kv, p.softmax_scale,
                        p.mask, p.num_segments, p.blocks, &s);
   if (!r.why.empty()) return r;
-  if (!aligned(p.q, false) || !aligned(p.k, false) || !aligned(p.v, false))
-    return no("cuDNN engine: q, k, v must be 16-byte aligned with strides that are multiples of 8 elements");
-  if (!aligned(p.o, p.o_fp32))
+  const bool fp8 = is_fp8(p.dtype);
+  if (fp8) {
+    r.why = fp8_check({p.descale_q, p.descale_k, p.descale_v});
+    if (!r.why.empty()) return r;
+    if (p.o_fp32)
+      return no("cuDNN engine: FP8 with O in fp32 (a partial to merge): cuDNN's Hopper engines write O in FP8, whose "
+                "rounding a merge would carry");
+  }
+  const int in_bytes = dtype_bytes(p.dtype);
+  if (!aligned(p.q, in_bytes) || !aligned(p.k, in_bytes) || !aligned(p.v, in_bytes))
+    return no("cuDNN engine: q, k, v must be 16-byte aligned with 16-byte strides");
+  if (!aligned(p.o, p.o_fp32 ? 4 : dtype_bytes(output_dtype(p.dtype))))
     return no("cuDNN engine: o must be 16-byte aligned with 16-byte strides");
   if (!p.lse.data) return no("cuDNN engine: lse is null");
   if (p.o_fp32 && !fp32_outputs_served()) return no(fp32_outputs_refused(false));
   s.q = layout(p.q);
   s.k = layout(p.k);
   s.v = layout(p.v);
-  s.o = layout(p.o);
+  s.o = fp8 ? packed_layout(p.seqlen_q, p.heads_q, p.head_dim) : layout(p.o);  // FP8: O lands in scratch
   s.o_fp32 = p.o_fp32;
   r.stats_packed = stats_packed(p.lse, p.batch, p.heads_q, p.seqlen_q);
   if (p.seqlen_q == 0) return r;  // nothing to do
@@ -250,13 +319,26 @@ Resolved resolve(const BackwardParams& p) {
   if (cudnn_version() < kBackwardMinVersion)
     return no("cuDNN engine: backward needs cuDNN 9.6 or later (loaded: " + cudnn_version_string() + ")");
   if (!p.o.data) return no("cuDNN engine: the final output O is not given (BackwardParams::o)");
-  if (!aligned(p.q, false) || !aligned(p.k, false) || !aligned(p.v, false) || !aligned(p.o, false) ||
-      !aligned(p.d_o, false))
-    return no("cuDNN engine: q, k, v, o, d_o must be 16-byte aligned with strides that are multiples of 8 elements");
+  const bool fp8 = is_fp8(p.dtype);
+  if (fp8) {
+    r.why = fp8_check({p.descale_q, p.descale_k, p.descale_v, p.descale_do});
+    if (!r.why.empty()) return r;
+    if (device_major() == kFp8MinMajor && p.head_dim != kFp8HopperBackwardDim)
+      return no("cuDNN engine: FP8 backward with head_dim " + std::to_string(p.head_dim) +
+                " (cuDNN's Hopper FP8 backward takes 128 only)");
+    if (!fp8_backward_served())
+      return no("cuDNN engine: FP8 backward: cuDNN writes FP8 gradients whose scales this engine can only guess "
+                "(no amax history in the call); ATTNCORE_CUDNN_FP8_BACKWARD=force serves it for timing");
+  }
+  const int in_bytes = dtype_bytes(p.dtype);
+  if (!aligned(p.q, in_bytes) || !aligned(p.k, in_bytes) || !aligned(p.v, in_bytes) || !aligned(p.d_o, in_bytes) ||
+      !aligned(p.o, dtype_bytes(output_dtype(p.dtype))))
+    return no("cuDNN engine: q, k, v, o, d_o must be 16-byte aligned with 16-byte strides");
   const bool fp32 = !p.write_grads;
-  if (fp32 && !fp32_outputs_served())
+  if (fp32 && !fp8 && !fp32_outputs_served())  // FP8 gradients are added by this engine's kernel
     return no(fp32_outputs_refused(true));
-  if (!aligned(p.dq, fp32) || !aligned(p.dk, fp32) || !aligned(p.dv, fp32))
+  const int grad_bytes = fp32 ? 4 : dtype_bytes(output_dtype(p.dtype));
+  if (!aligned(p.dq, grad_bytes) || !aligned(p.dk, grad_bytes) || !aligned(p.dv, grad_bytes))
     return no("cuDNN engine: dq, dk, dv must be 16-byte aligned with 16-byte strides");
   if (!p.lse.data) return no("cuDNN engine: lse is null");
   s.q = layout(p.q);
@@ -264,8 +346,12 @@ Resolved resolve(const BackwardParams& p) {
   s.v = layout(p.v);
   s.o = layout(p.o);
   s.d_o = layout(p.d_o);
-  s.grads_fp32 = fp32;
-  if (p.write_grads) {
+  s.grads_fp32 = fp32 && !fp8;
+  if (fp8) {  // O read and dQ, dK, dV written in FP8, in scratch: one plan for both gradient modes
+    s.o = packed_layout(p.seqlen_q, p.heads_q, p.head_dim);
+    s.dq = packed_layout(p.seqlen_q, p.heads_q, p.head_dim);
+    s.dk = s.dv = packed_layout(p.seqlen_kv, p.heads_kv, p.head_dim);
+  } else if (p.write_grads) {
     s.dq = layout(p.dq);
     s.dk = layout(p.dk);
     s.dv = layout(p.dv);
@@ -273,7 +359,8 @@ Resolved resolve(const BackwardParams& p) {
     s.dq = packed_layout(p.seqlen_q, p.heads_q, p.head_dim);
     s.dk = s.dv = packed_layout(p.seqlen_kv, p.heads_kv, p.head_dim);
   }
-  s.padding = cudnn_version() < kPaddingFixedVersion && p.seqlen_kv % 128 != 0;
+  // The frontend adds the padding workaround to its bf16/fp16 backward only.
+  s.padding = !fp8 && cudnn_version() < kPaddingFixedVersion && p.seqlen_kv % 128 != 0;
   r.stats_packed = stats_packed(p.lse, p.batch, p.heads_q, p.seqlen_q);
   if (p.seqlen_q == 0) return r;
   r.entry = &context().get(s);
@@ -301,6 +388,129 @@ char* get_workspace(const Workspace& ws, size_t bytes) {
   char* p = static_cast<char*>(ws.get(ws.context, bytes));
   if (!p) throw Error("cuDNN engine: the workspace allocator returned null for " + std::to_string(bytes) + " bytes");
   return p;
+}
+
+// ---- FP8: the factors the graphs read, and the conversions around them ----
+
+using cudnn::Convert;
+using Fp8Factors = std::array<float, cudnn::kFp8Slots>;
+static_assert(cudnn::kFp8Slots <= cudnn::kMaxFactors);
+
+constexpr float kE4m3Max = 448.f;  // e4m3's largest finite value
+
+// P is at most 1: times 448 it fills e4m3 without saturating. O is a convex combination of V's rows,
+// |O| <= 448 descale_v: stored as O / (2 descale_v) it stays inside e4m3 with a binade to spare for
+// P's rounding (a row's rounded P may sum past 1). Amax slots stay 0: the graphs write them.
+float o_descale(float descale_v) { return 2.f * descale_v; }
+
+Fp8Factors fp8_forward_factors(float descale_q, float descale_k, float descale_v) {
+  Fp8Factors f{};
+  f[cudnn::kDescaleQ] = descale_q;
+  f[cudnn::kDescaleK] = descale_k;
+  f[cudnn::kDescaleV] = descale_v;
+  f[cudnn::kScaleS] = kE4m3Max;
+  f[cudnn::kDescaleS] = 1.f / kE4m3Max;
+  f[cudnn::kScaleO] = 1.f / o_descale(descale_v);
+  return f;
+}
+
+// The largest power of two that maps `amax` to at most 448 (1 for a degenerate estimate).
+float fp8_scale_for(double amax) {
+  if (!(amax > 0) || !std::isfinite(amax)) return 1.f;
+  return float(std::exp2(std::floor(std::log2(kE4m3Max / amax))));
+}
+
+// dS and the gradients have no bound the call could know: per-tensor FP8 training scales them by
+// the amax of earlier steps, which the core's parameters do not carry. These are guesses for inputs
+// that use their format's range (amax a = 448 descale, RMS about a / 4): dS of a row that attends
+// one key, |P (dP - delta) scale| ~ scale sqrt(D) RMS(dO) RMS(V), and the gradients that row makes
+// (dS K, dS Q, dO), each with a factor 4 spare. Rows that spread their attention over many keys
+// give smaller dS, which FP8 then keeps with less precision or flushes.
+Fp8Factors fp8_backward_factors(const BackwardParams& p, float softmax_scale) {
+  Fp8Factors f = fp8_forward_factors(p.descale_q, p.descale_k, p.descale_v);
+  f[cudnn::kDescaleO] = o_descale(p.descale_v);
+  f[cudnn::kDescaleDO] = p.descale_do;
+  const auto amax = [](float descale) { return double(kE4m3Max) * descale; };
+  const double ds = softmax_scale * std::sqrt(double(p.head_dim)) * amax(p.descale_do) / 4 * amax(p.descale_v) / 4;
+  f[cudnn::kScaleDP] = fp8_scale_for(4 * ds);
+  f[cudnn::kDescaleDP] = 1.f / f[cudnn::kScaleDP];
+  f[cudnn::kScaleDQ] = fp8_scale_for(4 * ds * amax(p.descale_k));
+  f[cudnn::kScaleDK] = fp8_scale_for(4 * ds * amax(p.descale_q));
+  f[cudnn::kScaleDV] = fp8_scale_for(4 * amax(p.descale_do));
+  return f;
+}
+
+// The factors into their 16-byte slots (on the stream), and the slots the graph binds.
+void bind_fp8(const SdpaGraph& g, const Fp8Factors& f, char* slots, std::vector<int64_t>* uids,
+              std::vector<void*>* ptrs, void* stream) {
+  cudnn::fill_f32(reinterpret_cast<float*>(slots), cudnn::kFp8SlotBytes / 4, f.data(), cudnn::kFp8Slots, stream);
+  for (int i = 0; i < cudnn::kFp8Slots; ++i)
+    if (g.fp8[i]) {
+      uids->push_back(g.fp8[i]);
+      ptrs->push_back(slots + i * cudnn::kFp8SlotBytes);
+    }
+}
+
+// cuDNN writes O in FP8 into scratch; one kernel turns it into the caller's bf16 O.
+void forward_fp8(const ForwardParams& p, const Resolved& r, void* stream, const Workspace& ws) {
+  const SdpaShape& s = r.shape;
+  const SdpaGraph& g = r.entry->roles;
+  Carver carve;
+  const size_t engine_at = carve.take(size_t(r.entry->plan.workspace));
+  const size_t stats_at = r.stats_packed ? 0 : carve.take(size_t(s.b * s.hq * s.sq) * 4);
+  const size_t slots_at = carve.take(cudnn::kFp8Slots * cudnn::kFp8SlotBytes);
+  const size_t o_at = carve.take(size_t(s.b * s.sq * s.hq * s.d));
+  char* base = get_workspace(ws, carve.total());
+  float* stats = r.stats_packed ? p.lse.data : reinterpret_cast<float*>(base + stats_at);
+  std::vector<int64_t> uids = {g.q, g.k, g.v, g.o, g.stats};
+  std::vector<void*> ptrs = {p.q.data, p.k.data, p.v.data, base + o_at, stats};
+  bind_fp8(g, fp8_forward_factors(p.descale_q, p.descale_k, p.descale_v), base + slots_at, &uids, &ptrs, stream);
+  context().execute(r.entry->plan, uids, ptrs, base + engine_at, stream);
+  cudnn::convert(Convert::e4m3_to_bf16, p.o.data, p.o.batch_stride, p.o.token_stride, p.o.head_stride, base + o_at,
+                 s.o.batch, s.o.token, s.o.head, o_descale(p.descale_v), s.b, s.sq, s.hq, s.d, stream);
+  if (!r.stats_packed)
+    cudnn::copy_stats(p.lse.data, p.lse.batch_stride, p.lse.head_stride, stats, s.hq * s.sq, s.sq, s.b, s.hq, s.sq,
+                      stream);
+}
+
+// The caller's bf16 O goes to FP8 in scratch for cuDNN to read; cuDNN writes dQ, dK, dV in FP8 into
+// scratch; kernels write them in bf16 (write_grads) or add them into the fp32 accumulators.
+void backward_fp8(const BackwardParams& p, const Resolved& r, void* stream, const Workspace& ws) {
+  const SdpaShape& s = r.shape;
+  const SdpaGraph& g = r.entry->roles;
+  const size_t rows = size_t(s.b * s.hq * s.sq), q_elems = rows * size_t(s.d);
+  const size_t kv_elems = size_t(s.b * s.hkv * s.skv * s.d);
+  Carver carve;
+  const size_t engine_at = carve.take(size_t(r.entry->plan.workspace));
+  const size_t stats_at = r.stats_packed ? 0 : carve.take(rows * 4);
+  const size_t slots_at = carve.take(cudnn::kFp8Slots * cudnn::kFp8SlotBytes);
+  const size_t o_at = carve.take(q_elems), dq_at = carve.take(q_elems);
+  const size_t dk_at = carve.take(kv_elems), dv_at = carve.take(kv_elems);
+  char* base = get_workspace(ws, carve.total());
+
+  float* stats = p.lse.data;
+  if (!r.stats_packed) {
+    stats = reinterpret_cast<float*>(base + stats_at);
+    cudnn::copy_stats(stats, s.hq * s.sq, s.sq, p.lse.data, p.lse.batch_stride, p.lse.head_stride, s.b, s.hq, s.sq,
+                      stream);
+  }
+  const Fp8Factors f = fp8_backward_factors(p, s.scale);
+  cudnn::convert(Convert::bf16_to_e4m3, base + o_at, s.o.batch, s.o.token, s.o.head, p.o.data, p.o.batch_stride,
+                 p.o.token_stride, p.o.head_stride, 1.f / f[cudnn::kDescaleO], s.b, s.sq, s.hq, s.d, stream);
+  std::vector<int64_t> uids = {g.q, g.k, g.v, g.o, g.d_o, g.stats, g.dq, g.dk, g.dv};
+  std::vector<void*> ptrs = {p.q.data, p.k.data, p.v.data, base + o_at, p.d_o.data, stats,
+                             base + dq_at, base + dk_at, base + dv_at};
+  bind_fp8(g, f, base + slots_at, &uids, &ptrs, stream);
+  context().execute(r.entry->plan, uids, ptrs, base + engine_at, stream);
+  const Convert op = p.write_grads ? Convert::e4m3_to_bf16 : Convert::e4m3_add_fp32;
+  const auto out = [&](const TensorRef& dst, size_t at, const Layout& l, cudnn::Fp8Slot scale, int64_t tokens,
+                       int64_t heads) {
+    cudnn::convert(op, dst.data, dst.batch_stride, dst.token_stride, dst.head_stride, base + at, l.batch, l.token,
+                   l.head, 1.f / f[scale], s.b, tokens, heads, s.d, stream);
+  };
+  out(p.dq, dq_at, s.dq, cudnn::kScaleDQ, s.sq, s.hq);
+  out(p.dk, dk_at, s.dk, cudnn::kScaleDK, s.skv, s.hkv);
+  out(p.dv, dv_at, s.dv, cudnn::kScaleDV, s.skv, s.hkv);
 }
 
 } // namespace
@@ -341,6 +551,7 @@ void forward_cudnn(const ForwardParams& p, void* stream, const Workspace& ws) {
   const Resolved r = resolve(p);
   if (!r.why.empty()) throw Error(r.why);
   if (p.seqlen_q == 0) return;
+  if (r.shape.fp8()) return forward_fp8(p, r, stream, ws);
   const SdpaShape& s = r.shape;
   const SdpaGraph& g = r.entry->roles;
   Carver carve;
@@ -360,6 +571,7 @@ void backward_cudnn(const BackwardParams& p, void* stream, const Workspace& ws) 
   const Resolved r = resolve(p);
   if (!r.why.empty()) throw Error(r.why);
   if (p.seqlen_q == 0) return;
+  if (r.shape.fp8()) return backward_fp8(p, r, stream, ws);
   const SdpaShape& s = r.shape;
   const SdpaGraph& g = r.entry->roles;
   const size_t rows = size_t(s.b * s.hq * s.sq), q_elems = rows * size_t(s.d);
