@@ -382,6 +382,16 @@ class Carver {
   size_t total_ = 0;
 };
 
+// The LSE rows a backward graph reads, packed: the call's own where they are, else copied into
+// `scratch`.
+float* packed_stats(const Resolved& r, const RowStatsRef& lse, char* scratch, void* stream) {
+  if (r.stats_packed) return lse.data;
+  const SdpaShape& s = r.shape;
+  float* stats = reinterpret_cast<float*>(scratch);
+  cudnn::copy_stats(stats, s.hq * s.sq, s.sq, lse.data, lse.batch_stride, lse.head_stride, s.b, s.hq, s.sq, stream);
+  return stats;
+}
+
 char* get_workspace(const Workspace& ws, size_t bytes) {
   if (bytes == 0) return nullptr;
   if (!ws.get) throw Error("cuDNN engine: the call needs " + std::to_string(bytes) + " bytes of workspace and no allocator was given");
@@ -488,12 +498,7 @@ void backward_fp8(const BackwardParams& p, const Resolved& r, void* stream, cons
   const size_t dk_at = carve.take(kv_elems), dv_at = carve.take(kv_elems);
   char* base = get_workspace(ws, carve.total());
 
-  float* stats = p.lse.data;
-  if (!r.stats_packed) {
-    stats = reinterpret_cast<float*>(base + stats_at);
-    cudnn::copy_stats(stats, s.hq * s.sq, s.sq, p.lse.data, p.lse.batch_stride, p.lse.head_stride, s.b, s.hq, s.sq,
-                      stream);
-  }
+  float* stats = packed_stats(r, p.lse, base + stats_at, stream);
   const Fp8Factors f = fp8_backward_factors(p, s.scale);
   cudnn::convert(Convert::bf16_to_e4m3, base + o_at, s.o.batch, s.o.token, s.o.head, p.o.data, p.o.batch_stride,
                  p.o.token_stride, p.o.head_stride, 1.f / f[cudnn::kDescaleO], s.b, s.sq, s.hq, s.d, stream);
@@ -586,12 +591,7 @@ void backward_cudnn(const BackwardParams& p, void* stream, const Workspace& ws) 
   const size_t dk_at = scratch ? carve.take(kv_elems * 4) : 0, dv_at = scratch ? carve.take(kv_elems * 4) : 0;
   char* base = get_workspace(ws, carve.total());
 
-  float* stats = p.lse.data;
-  if (!r.stats_packed) {
-    stats = reinterpret_cast<float*>(base + stats_at);
-    cudnn::copy_stats(stats, s.hq * s.sq, s.sq, p.lse.data, p.lse.batch_stride, p.lse.head_stride, s.b, s.hq, s.sq,
-                      stream);
-  }
+  float* stats = packed_stats(r, p.lse, base + stats_at, stream);
   void* dq = scratch ? base + dq_at : p.dq.data;
   void* dk = scratch ? base + dk_at : p.dk.data;
   void* dv = scratch ? base + dv_at : p.dv.data;
