@@ -122,8 +122,8 @@ struct ForwardParams {
   const BlockList* blocks = nullptr; // pointers inside live where segments live
   // Appended. FP8 inputs: what an element of Q, K and V stands for per unit (1: not FP8).
   float descale_q = 1.f, descale_k = 1.f, descale_v = 1.f;
-  // Appended (2.1). Device memory for an FP8 forward on CUDA, which writes V with its keys
-  // contiguous here (the FP8 products read both operands K-major): at least
+  // Appended (3.0: the struct grew). Device memory for an FP8 forward on CUDA, which writes V
+  // with its keys contiguous here (the FP8 products read both operands K-major): at least
   // forward_workspace_bytes(*this) bytes. Nothing is kept between calls.
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
@@ -183,7 +183,7 @@ size_t backward_workspace_bytes(const BackwardParams& p);
 // Empty when the core's CUDA kernels support the configuration, forward and backward, else one line
 // naming what is supported.
 std::string check_supported(DType dtype, int32_t head_dim);
-// The same for a forward alone (appended, 2.1): FP8 e4m3 forwards run on Hopper at head dims 64,
+// The same for a forward alone (3.0): FP8 e4m3 forwards run on Hopper at head dims 64,
 // 128 and 256.
 std::string check_supported_forward(DType dtype, int32_t head_dim);
 
