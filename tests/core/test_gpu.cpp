@@ -137,6 +137,19 @@ Problem two_heads_problem(std::mt19937_64& rng, DType dtype, int32_t D, int64_t 
   return p;
 }
 
+// Causal, a random window (causal or not), or no mask; and random query and key offsets.
+enum class MaskKind { causal, window, full };
+void random_mask(std::mt19937_64& rng, Problem& p, MaskKind kind) {
+  p.mask.causal = kind == MaskKind::causal;
+  if (kind == MaskKind::window) {
+    p.mask.causal = rng() % 2 == 0;
+    p.mask.window_left = int64_t(rng() % 100);
+    p.mask.window_right = p.mask.causal ? -1 : int64_t(rng() % 50);
+  }
+  p.mask.q_pos0 = int64_t(rng() % 64);
+  p.mask.kv_pos0 = int64_t(rng() % 64);
+}
+
 void check_all(Problem& p, bool grads = true) {
   REQUIRE((grads ? check_supported(p.dtype, p.D) : check_supported_forward(p.dtype, p.D)).empty());
   const Outputs want = run_cpu(p, grads);
@@ -179,14 +192,7 @@ TEST_CASE("gpu: every head dim and dtype, random shapes, causal and windows") {
     for (int32_t D : {64, 80, 96, 128, 256})
       for (int variant = 0; variant < 3; ++variant) {
         Problem p = random_problem(rng, dt, D, 1 + int(rng() % 3), 300);
-        if (variant == 0) p.mask.causal = true;
-        if (variant == 1) {
-          p.mask.causal = rng() % 2 == 0;
-          p.mask.window_left = int64_t(rng() % 100);
-          p.mask.window_right = p.mask.causal ? -1 : int64_t(rng() % 50);
-        }
-        p.mask.q_pos0 = int64_t(rng() % 64);
-        p.mask.kv_pos0 = int64_t(rng() % 64);
+        random_mask(rng, p, variant == 0 ? MaskKind::causal : variant == 1 ? MaskKind::window : MaskKind::full);
         CAPTURE(name(dt));
         CAPTURE(D);
         CAPTURE(variant);
@@ -219,14 +225,7 @@ TEST_CASE("gpu: FP8 e4m3 forward, head dims 64, 128 and 256") {
       Problem p = random_problem(rng, DType::fp8_e4m3, D, 1 + int(rng() % 3), variant == 3 ? 1200 : 300);
       std::mt19937_64 data(rng());
       p.randomize(data, /*pad=*/16 * int64_t(rng() % 2)); // rows of 16-byte multiples, as bulk copies read
-      if (variant == 0 || variant == 3) p.mask.causal = true;
-      if (variant == 2) {
-        p.mask.causal = rng() % 2 == 0;
-        p.mask.window_left = int64_t(rng() % 100);
-        p.mask.window_right = p.mask.causal ? -1 : int64_t(rng() % 50);
-      }
-      p.mask.q_pos0 = int64_t(rng() % 64);
-      p.mask.kv_pos0 = int64_t(rng() % 64);
+      random_mask(rng, p, variant == 0 || variant == 3 ? MaskKind::causal : variant == 2 ? MaskKind::window : MaskKind::full);
       CAPTURE(D);
       CAPTURE(variant);
       CAPTURE(p.Sq);
