@@ -38,28 +38,18 @@ template <class T, int D, int kMTiles, int kBlockM>
 __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, const Region& reg, int32_t n0,
                           int kv_head, int batch, const CUtensorMap* dq_map) {
   using C = BackwardConfig<T, D, kMTiles, kBlockM>;
-  using PTile = typename C::PTile;
   T* sK = reinterpret_cast<T*>(smem);
   T* sV = reinterpret_cast<T*>(smem + C::kV);
   T* sP = reinterpret_cast<T*>(smem + C::kP); // P^T  [kBlockN] rows of PTile
   T* sdS = reinterpret_cast<T*>(smem + C::kDs); // dS^T
   unsigned char* stage0 = smem + C::kStage0;    // [stages] of Q, dO [kBlockM] rows of Tile, LSE, delta [kBlockM]
+  constexpr bool kDqBoxCode = dq_box_code<C>();
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int wr = warp & 3, wh = warp >> 2; // S^T and dP^T: key slice, query half
   const int wrow0 = wr * C::kWarpN;        // this warp's first key in the tile
-  // dV, dK: warp (ws, wc) of kWarps / kColSplit slices of keys by kColSplit of columns, the same as
-  // (wr, wh) where kColSplit = 2: keys grow0.., columns col0... dQ: slices of rows by kDqColSplit
-  // of columns: rows qrow0.., columns dq_col0...
-  constexpr int kSlices = C::kWarps / C::kColSplit;
-  const int ws = warp & (kSlices - 1), wc = warp >> (kSlices == 4 ? 2 : 1);
-  constexpr int kDqSlices = C::kWarps / C::kDqColSplit;
-  // Where dQ splits as dK and dV do, its indices are theirs (ws, col0), not the same values written
-  // in dQ's own form: that form changed the other head dims' code and cost d96 3.5% (docs/KERNELS.md,
-  // "Tiles per head dim").
-  constexpr bool kDqOwnSplit = C::kDqColSplit != C::kColSplit;
-  const int grow0 = ws * C::kGradKeys, qrow0 = (kDqOwnSplit ? warp & (kDqSlices - 1) : ws) * C::kDqRows,
-            col0 = wc * C::kOutCols, dq_col0 = kDqOwnSplit ? (warp / kDqSlices) * C::kDqCols : col0;
+  int grow0, qrow0, col0, dq_col0; // dV, dK: keys grow0.., columns col0..; dQ: rows qrow0.., columns dq_col0..
+  grad_slices<C>(warp, grow0, qrow0, col0, dq_col0);
   // This lane's fragment addresses (lane_fragments), made once; a stage adds st x kStageBytes.
   uint32_t k_rows, q_cols, p_rows, do_cols, ds_rows, k_cols;
   lane_fragments<C>(smem, lane, wh, wrow0, grow0, qrow0, col0, dq_col0, k_rows, q_cols, p_rows, do_cols, ds_rows,
@@ -67,53 +57,31 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
 
   // 1. K and V of the tile, and the walk over the query tiles that see it.
   load_kv_tile<T, C>(a, sK, sV, reg, n0, kv_head, batch, tid);
-
-  // dQ's box (where dq_map is given), in the sm_90a code only.
-#if ATTNCORE_SM90_DEVICE
-  constexpr bool kDqBoxCode = C::kDqBoxes;
-#else
-  constexpr bool kDqBoxCode = false;
-#endif
-  // Whether dS carries the softmax scale to dK and dQ (store_ds says why).
-  constexpr bool kScaleInDs = D == 64 || D == 128;
+  // dQ's box, made after the loads are issued: made before them, with the warp's other addresses,
+  // the kernels spilled more on sm_90a (D = 64: 12 + 12 bytes stored + loaded against 8 + 8;
+  // D = 128: 80 + 44 against 24 + 12).
   unsigned char* const dq_box = align_smem<1024>(smem + C::kDqBox0) + warp * C::kDqBoxBytes;
   QWalk<C::kBlockM, C::kBlockN> walk;
   walk.init(a.mask, reg, a.blocks, kv_head * a.group, a.group, n0);
   // With a block list of 64-key blocks, the two halves of a 128-key tile follow their own columns.
   const int list = a.blocks.heads > 0 && (n0 + wrow0) / a.blocks.block_kv != n0 / a.blocks.block_kv ? 1 : 0;
 
-  // load_step with the tile's invariants bound. Called directly rather than through this lambda
-  // (which holds reg's address), it compiled to other code at D = 128 and 256: the walk's registers
-  // in another order.
-  const auto load_stage = [&](int st, const QStep& s) { load_step<T, C>(a, stage0, reg, batch, tid, st, s); };
-
   float dk[C::kGradMTiles][C::kOutTiles][4], dv[C::kGradMTiles][C::kOutTiles][4];
   clear_grads<C>(dk, dv);
 
   QStep cur;
   bool have = walk.next(cur, a.mask, reg, a.blocks, n0);
-  if (have) load_stage(0, cur);
+  if (have) load_step<T, C>(a, stage0, reg, batch, tid, 0, cur);
   cp_async_commit();
   int st = 0;
   while (have) {
     QStep nxt;
     const bool have_next = walk.next(nxt, a.mask, reg, a.blocks, n0);
-    // One barrier opens a step: this stage's copies are in, and every warp is done with the last
-    // step (its stage, which the next copies refill, and sP, sdS). With two stages the next step's
-    // copies are issued in this step (below, after S^T's products), and no barrier closes a step
-    // (+0.3-2.6%, docs/KERNELS.md, "Order of work in a step").
-    cp_async_wait<0>();
-#if ATTNCORE_SM90_DEVICE
-    // The dQ box the copy engine read last step is free for this step's stores (the same wait as
-    // the copies' in the machine code: the barrier orders it before every lane's stores).
-    if (kDqBoxCode && dq_map) sm90::bulk_wait_read();
-#endif
-    __syncthreads();
+    open_step<kDqBoxCode>(dq_map); // one barrier: open_step says why
     const uint32_t stage = st * C::kStageBytes;
     // This lane's query columns' LSE and delta in the stage, read by column_stats just before their use.
     const float* stats = reinterpret_cast<const float*>(stage0 + stage + C::kLse) + C::kWarpM * wh + (lane & 3) * 2;
-    const bool active = list ? cur.active[1] : cur.active[0];
-    const bool masked = list ? cur.masked[1] : cur.masked[0];
+    const bool active = list ? cur.active[1] : cur.active[0], masked = list ? cur.masked[1] : cur.masked[0];
 
     // 2. S^T = K Q^T for this warp's keys and queries kWarpM wh... A warp whose keys this step does
     //    not visit (a block list's unlisted half of the tile) computes its products all the same and
@@ -125,67 +93,33 @@ __device__ void dkdv_tile(const AttnArgs& a, unsigned char* smem, int stages, co
     transposed_product<T, C, D>(p, k_rows, q_cols + stage, NoOp{});
     // The next step's copies, their address arithmetic under S^T's products rather than between
     // the barrier and them (+0.4-1.5%, level at D = 96; after dP^T's, D = 128 lost 7%).
-    if (stages == 2) {
-      if (have_next) load_stage(st ^ 1, nxt);
-      cp_async_commit();
-    }
+    if (stages == 2) load_next_step<T, C>(a, stage0, reg, batch, tid, st ^ 1, have_next, nxt);
     // 3. P^T = exp(S^T - LSE), masked (all zero for a warp whose keys this step does not visit), into
     //    shared memory, and 4. dP^T = V dO^T, the first under the second where it can be.
     float dp[C::kMTiles][C::kQTiles][4];
     probabilities_and_dp<T, C, D>(a, reg, n0, sP, lane, wh, wrow0, k_rows, q_cols, stage, stats, active, masked, base,
                                   check, p, dp);
     // 5. dS^T = P^T (dP^T - delta) into shared memory.
-    store_ds<T, C, kScaleInDs>(a, sdS, p, dp, stats, wrow0, lane, wh);
+    store_ds<T, C, C::kScaleInDs>(a, sdS, p, dp, stats, wrow0, lane, wh);
     __syncthreads();
 
     // 6. dV += P^T dO, dK += dS^T Q on this warp's keys and columns (rows of P^T and dS^T that this
-    //    step does not visit are zero), and dQ (7). Their order: dV, dQ, dK, where dQ goes to the copy
-    //    engine (sm_90a code, up to D = 128): its stores and bulk reduce then run under dK's products
-    //    (at D = 128, +5.5% against dK before dQ). With atomics, per head dim: an atomic reads its
-    //    operands late, so dQ's atomics issued together held the instructions after them that
-    //    rewrote their registers (7.5% of the stall samples at D = 64, ncu). Up to D = 96: dV, dQ,
-    //    then dK with dQ's atomics after its first k-steps, a row each (+1.5% at D = 64, +2.7% at
-    //    D = 96, +5.5% at D = 80; 0.5-0.8% slower at D = 128). D = 128: dV, dK, dQ. D = 256: dV, dQ,
-    //    dK (+1.5-2% there; 1-2% slower at D = 80-128). docs/KERNELS.md, "Order of work in a step".
-    constexpr bool kAtomicsInDk = D <= 96;
-    constexpr bool kDkBeforeDq = D == 128 && !kDqBoxCode;
-    accumulate_grad<T, D, kMTiles, kBlockM>(dv, p_rows, do_cols + stage);
-    if constexpr (kDkBeforeDq) accumulate_dk<T, D, kMTiles, kBlockM, C>(p_rows, do_cols, stage, dk, NoOp{});
-
-    // 7. dQ += scale dS K for this warp's rows and columns, by the copy engine (dq_map) or
-    //    atomically, kDqGroup m16 tiles of rows at a time: all of them (one B fragment for both, +1%
-    //    at D = 64 and 128), but one at D = 256, where two hold 64 more registers and spill 108 bytes.
-    bool dk_done = kDkBeforeDq;
-    if (a.accumulate_dq) {
-      constexpr int kDqGroup = C::kDqGroup;
-      // The row helpers are lambdas made here (backward_steps.cuh, "the steps of dkdv_tile", says why).
-      float* const dq_g = static_cast<float*>(a.dq.data) + batch * a.dq.batch_stride + cur.head * a.dq.head_stride;
-      const auto dq_row = [&](int32_t r) { return dq_g + int64_t(r) * a.dq.token_stride + dq_col0 + (lane & 3) * 2; };
-#pragma unroll
-      for (int m0 = 0; m0 < C::kDqRows; m0 += 16 * kDqGroup) {
-        const auto row_of = [&](int mt, int hh) { return cur.r0 + qrow0 + m0 + 16 * mt + (lane >> 2) + hh * 8; };
-        add_dq_group<T, D, kMTiles, kBlockM, C, kScaleInDs, kDqBoxCode, kAtomicsInDk>(
-            a, reg, cur, batch, lane, qrow0, dq_col0, ds_rows, k_cols, dq_box, dq_map, p_rows, do_cols, stage, dk,
-            dk_done, dq_row, row_of, m0);
-      }
-    }
-    if (!dk_done) accumulate_dk<T, D, kMTiles, kBlockM, C>(p_rows, do_cols, stage, dk, NoOp{});
+    //    step does not visit are zero), and 7. dQ += scale dS K, in the order grads_and_dq says.
+    grads_and_dq<T, D, kMTiles, kBlockM, C, kDqBoxCode>(a, reg, cur, batch, lane, qrow0, dq_col0, p_rows, do_cols,
+                                                         ds_rows, k_cols, stage, dq_box, dq_map, dk, dv);
     if (stages == 1) {
       __syncthreads(); // the only stage is free again
-      if (have_next) load_stage(0, nxt);
-      cp_async_commit();
+      load_next_step<T, C>(a, stage0, reg, batch, tid, 0, have_next, nxt);
     }
     cur = nxt;
     have = have_next;
     st ^= stages - 1;
   }
   cp_async_wait<0>();
-#if ATTNCORE_SM90_DEVICE
-  if (kDqBoxCode && dq_map) sm90::bulk_wait_read(); // the box is read before the CTA goes
-#endif
+  wait_dq_box_read<kDqBoxCode>(dq_map); // the box is read before the CTA goes
 
   // 8. dK and dV out.
-  write_dkdv<T, C, kScaleInDs>(a, reg, n0, kv_head, batch, lane, grow0, col0, dk, dv);
+  write_dkdv<T, C, C::kScaleInDs>(a, reg, n0, kv_head, batch, lane, grow0, col0, dk, dv);
 }
 
 template <class T, int D, int kMTiles, int kBlockM>
@@ -231,20 +165,11 @@ __global__ void __launch_bounds__(DqConfig<T, D, kMTiles>::kThreads, 1)
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int head = blockIdx.y, batch = blockIdx.z, kv_head = head / a.group;
-  const int32_t x = int32_t(gridDim.x - 1 - blockIdx.x);
 
   // 1. This CTA's rows [m0, m1) of its region; Q and dO, and the statistics of this lane's rows.
   Region reg;
   int32_t m0;
-  if (a.nseg > 0) {
-    int32_t seg, tile;
-    if (!locate_tile(a.segs, a.nseg, x, C::kBlockM, true, seg, tile)) return;
-    reg = segment_region(a.segs[seg]);
-    m0 = reg.row_begin + tile * C::kBlockM;
-  } else {
-    reg = whole_call(a.mask, a.seqlen_q, a.seqlen_kv);
-    m0 = x * C::kBlockM;
-  }
+  if (!locate_rows<C>(a, int32_t(gridDim.x - 1 - blockIdx.x), reg, m0)) return;
   const int32_t m1 = min(m0 + C::kBlockM, reg.row_end);
   const int32_t warp_row0 = warp * C::kWarpRows;
   // This lane's fragment addresses (smem_tile.h), made once; K/V buffer st adds st x kKBytes.
@@ -259,35 +184,22 @@ __global__ void __launch_bounds__(DqConfig<T, D, kMTiles>::kThreads, 1)
   float lse2[MT][2], delta[MT][2];
   row_stats<C>(a, head, batch, lane, m0, m1, warp_row0, lse2, delta);
 
-  // 2. The key tiles the rows see, K and V double-buffered. Steps 2-6 are written out here: made
-  //    functions taking their inputs by reference, each changed the kernel's machine code (the
-  //    walk's registers came out in another order).
+  // 2. The key tiles the rows see, K and V double-buffered.
   KvWalk<C::kBlockN> walk;
-  int list = 0;
-  if (a.blocks.heads > 0) {
-    const int32_t row = (a.blocks.heads == 1 ? 0 : head) * a.blocks.num_q_blocks;
-    const int32_t qb0 = m0 / a.blocks.block_q, qb1 = (m1 - 1) / a.blocks.block_q;
-    walk.init_blocks(a.blocks, row + qb0, row + qb1);
-    list = (m0 + warp_row0) / a.blocks.block_q == qb0 ? 0 : 1;
-  } else {
-    walk.init_interval(a.mask, reg, m0, m1);
-  }
-  // load_kv with the invariants bound: called directly, the kernel compiled to other code (the
-  // walk's registers in another order), as dkdv_tile's load_step did.
-  const auto load_buffer = [&](int st, int32_t c0) { load_kv<T, C>(a, sK, sV, k, v, reg, tid, st, c0); };
+  const int list = init_kv_walk<C>(a, reg, head, m0, m1, warp_row0, walk);
 
   float dq[MT][C::kOTiles][4];
   clear_dq<C>(dq);
 
   KvStep cur;
   bool have = walk.next(cur, a.mask, reg, m0, m1, a.blocks);
-  if (have) load_buffer(0, cur.c0);
+  if (have) load_kv<T, C>(a, sK, sV, k, v, reg, tid, 0, cur.c0);
   cp_async_commit();
   int st = 0;
   while (have) {
     KvStep nxt;
     const bool have_next = walk.next(nxt, a.mask, reg, m0, m1, a.blocks);
-    if (have_next) load_buffer(st ^ 1, nxt.c0);
+    if (have_next) load_kv<T, C>(a, sK, sV, k, v, reg, tid, st ^ 1, nxt.c0);
     cp_async_commit();
     cp_async_wait<1>();
     __syncthreads();
@@ -297,73 +209,11 @@ __global__ void __launch_bounds__(DqConfig<T, D, kMTiles>::kThreads, 1)
     if (active) {
       // 3. S = Q K^T, dP = dO V^T for this warp's rows.
       float s[MT][C::kSTiles][4], dp[MT][C::kSTiles][4];
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int j = 0; j < C::kSTiles; ++j)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) s[mt][j][e] = dp[mt][j][e] = 0.f;
-#pragma unroll
-      for (int k0 = 0; k0 < D; k0 += 16) {
-        uint32_t aq[MT][4], ao[MT][4];
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-          ldmatrix_x4(aq[mt], Tile::at(q_frag, 16 * mt, k0));
-          ldmatrix_x4(ao[mt], Tile::at(q_frag + C::kQBytes, 16 * mt, k0));
-        }
-#pragma unroll
-        for (int n0 = 0; n0 < C::kBlockN; n0 += 16) {
-          uint32_t bk[4], bv[4];
-          ldmatrix_x4(bk, Tile::at(k_nk + buf, n0, k0));
-          ldmatrix_x4(bv, Tile::at(v_nk + buf, n0, k0));
-#pragma unroll
-          for (int mt = 0; mt < MT; ++mt) {
-            mma_16x8x16<T>(s[mt][n0 / 8], aq[mt], bk[0], bk[1]);
-            mma_16x8x16<T>(s[mt][n0 / 8 + 1], aq[mt], bk[2], bk[3]);
-            mma_16x8x16<T>(dp[mt][n0 / 8], ao[mt], bv[0], bv[1]);
-            mma_16x8x16<T>(dp[mt][n0 / 8 + 1], ao[mt], bv[2], bv[3]);
-          }
-        }
-      }
+      scores_and_dp<T, C, D>(q_frag, k_nk, v_nk, buf, s, dp);
       // 4. dS = P (dP - delta), masked; it replaces S.
-      // Per row of the lane, a band of column offsets (tiles.cuh): element (r, 8 j + 2 (lane % 4) +
-      // e % 2) is visible iff 8 j + e % 2 lies in its row's band.
-      const int32_t base = reg.diff(m0 + warp_row0, cur.c0);
-      const bool check = masked || cur.cross;
-      Band band[MT][2];
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-          band[mt][h] = row_band(a.mask, masked, base, 16 * mt + 8 * h + (lane >> 2), reg.col_end - cur.c0, lane);
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int j = 0; j < C::kSTiles; ++j)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int hh = e >> 1;
-            const bool ok = !check || in_band(band[mt][hh], j * 8 + (e & 1));
-            const float p = ok ? fast_exp2(fmaf(s[mt][j][e], a.scale_log2, -lse2[mt][hh])) : 0.f;
-            s[mt][j][e] = p * (dp[mt][j][e] - delta[mt][hh]);
-          }
+      ds_from_scores<C>(a, reg, cur, m0, warp_row0, lane, masked, lse2, delta, s, dp);
       // 5. dQ += dS K.
-#pragma unroll
-      for (int k0 = 0; k0 < C::kBlockN; k0 += 16) {
-        uint32_t ads[MT][4];
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) c_to_a<T>(ads[mt], s[mt][k0 / 8], s[mt][k0 / 8 + 1]);
-#pragma unroll
-        for (int n0 = 0; n0 < D; n0 += 16) {
-          uint32_t b[4];
-          ldmatrix_x4_trans(b, Tile::at(k_kn + buf, k0, n0));
-#pragma unroll
-          for (int mt = 0; mt < MT; ++mt) {
-            mma_16x8x16<T>(dq[mt][n0 / 8], ads[mt], b[0], b[1]);
-            mma_16x8x16<T>(dq[mt][n0 / 8 + 1], ads[mt], b[2], b[3]);
-          }
-        }
-      }
+      add_ds_k<T, C, D>(s, k_kn, buf, dq);
     }
     __syncthreads();
     cur = nxt;
@@ -372,23 +222,8 @@ __global__ void __launch_bounds__(DqConfig<T, D, kMTiles>::kThreads, 1)
   }
   cp_async_wait<0>();
 
-  // 6. dQ out. This CTA owns its rows (rows lie in at most one segment): plain read-add-write.
-  float* dq_g = static_cast<float*>(a.dq.data) + batch * a.dq.batch_stride + head * a.dq.head_stride;
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      const int32_t r = m0 + warp_row0 + 16 * mt + (lane >> 2) + hh * 8;
-      if (r >= m1) continue;
-#pragma unroll
-      for (int j = 0; j < C::kOTiles; ++j) {
-        float2* p = reinterpret_cast<float2*>(dq_g + int64_t(r) * a.dq.token_stride + j * 8 + (lane & 3) * 2);
-        float2 x2 = *p;
-        x2.x += a.scale * dq[mt][j][2 * hh];
-        x2.y += a.scale * dq[mt][j][2 * hh + 1];
-        *p = x2;
-      }
-    }
+  // 6. dQ out, a plain read-add-write (write_dq says why).
+  write_dq<C>(a, head, batch, lane, m0, m1, warp_row0, dq);
 }
 
 template <class T, int D, int kMTiles, int kBlockM = 64>

@@ -43,6 +43,8 @@ template <class T, int D, int kMTiles_, int kBlockM_ = 64> struct BackwardConfig
   static constexpr int kDqColSplit = D == 128 ? 4 : kColSplit;
   static constexpr int kDqCols = D / kDqColSplit, kDqTiles = kDqCols / 8;
   static constexpr int kDqRows = kBlockM * kDqColSplit / kWarps; // rows of a warp's dQ
+  // Whether dS carries the softmax scale to dK and dQ (store_ds says why).
+  static constexpr bool kScaleInDs = D == 64 || D == 128;
   // Shared memory, in bytes: K, V, P^T, dS^T, then the stages, each Q, dO and their rows' LSE and
   // delta, so that a stage is one base plus constants. Q/dO are double-buffered where the device's
   // shared memory allows.
@@ -156,13 +158,33 @@ __device__ __forceinline__ void accumulate_grad(float (&out)[C::kGradMTiles][C::
 }
 
 // ---- dK/dV: the steps of dkdv_tile -------------------------------------------------------------
-//
-// Each step takes its inputs mostly by reference, as a lambda captures them: passed by value, or
-// gathered in a struct, the same steps compiled to reordered independent instructions and
-// renumbered registers at some head dims. nvcc's code also depends on which lambdas the kernel
-// makes where, as they hold the addresses of what they capture: dkdv_tile calls load_step through
-// a lambda that binds its invariants, and makes dQ's row helpers (dq_row, row_of) itself; called
-// directly, or made in add_dq_group, the walk's registers came out in another order.
+
+// dQ by the copy engine (where dkdv_tile is given a dq_map) is compiled in the sm_90a code only.
+template <class C> __device__ constexpr bool dq_box_code() {
+#if ATTNCORE_SM90_DEVICE
+  return C::kDqBoxes;
+#else
+  return false;
+#endif
+}
+
+// The warp's slices of dV, dK (kWarps / kColSplit slices of keys by kColSplit of columns: keys
+// grow0.., columns col0..) and dQ (slices of rows by kDqColSplit of columns: rows qrow0.., columns
+// dq_col0..). Where kColSplit = 2, (ws, wc) is the (wr, wh) of S^T and dP^T.
+template <class C>
+__device__ __forceinline__ void grad_slices(const int& warp, int& grow0, int& qrow0, int& col0, int& dq_col0) {
+  constexpr int kSlices = C::kWarps / C::kColSplit;
+  const int ws = warp & (kSlices - 1), wc = warp >> (kSlices == 4 ? 2 : 1);
+  constexpr int kDqSlices = C::kWarps / C::kDqColSplit;
+  // Where dQ splits as dK and dV do, its indices are theirs (ws, col0), not the same values written
+  // in dQ's own form: that form changed the other head dims' code and cost d96 3.5% (docs/KERNELS.md,
+  // "Tiles per head dim").
+  constexpr bool kDqOwnSplit = C::kDqColSplit != C::kColSplit;
+  grow0 = ws * C::kGradKeys;
+  qrow0 = (kDqOwnSplit ? warp & (kDqSlices - 1) : ws) * C::kDqRows;
+  col0 = wc * C::kOutCols;
+  dq_col0 = kDqOwnSplit ? (warp / kDqSlices) * C::kDqCols : col0;
+}
 
 // This lane's fragment addresses (smem_tile.h) for the warp's slices of the tile.
 template <class C>
@@ -220,6 +242,34 @@ __device__ __forceinline__ void load_step(const AttnArgs& a, unsigned char* cons
     float* dst = reinterpret_cast<float*>(buf + (tid < C::kBlockM ? C::kLse : C::kDelta)) + row;
     cp_async_4(dst, ok ? src + s.r0 + row : src, ok);
   }
+}
+
+// The next step's copies, where there is a next step, as one commit group (empty where there is not).
+template <class T, class C>
+__device__ __forceinline__ void load_next_step(const AttnArgs& a, unsigned char* const& stage0, const Region& reg,
+                                               const int& batch, const int& tid, int st, bool have_next,
+                                               const QStep& nxt) {
+  if (have_next) load_step<T, C>(a, stage0, reg, batch, tid, st, nxt);
+  cp_async_commit();
+}
+
+// Waits until the copy engine has read the warp's dQ box (its last bulk reduce), where it has one.
+template <bool kDqBoxCode> __device__ __forceinline__ void wait_dq_box_read(const CUtensorMap* const& dq_map) {
+#if ATTNCORE_SM90_DEVICE
+  if (kDqBoxCode && dq_map) sm90::bulk_wait_read();
+#endif
+}
+
+// One barrier opens a step: this stage's copies are in, and every warp is done with the last step
+// (its stage, which the next copies refill, and sP, sdS). With two stages the next step's copies
+// are issued in this step (after S^T's products), and no barrier closes a step (+0.3-2.6%,
+// docs/KERNELS.md, "Order of work in a step"). The dQ box the copy engine read last step is then
+// free for this step's stores (the same wait as the copies' in the machine code: the barrier
+// orders it before every lane's stores).
+template <bool kDqBoxCode> __device__ __forceinline__ void open_step(const CUtensorMap* const& dq_map) {
+  cp_async_wait<0>();
+  wait_dq_box_read<kDqBoxCode>(dq_map);
+  __syncthreads();
 }
 
 template <class C> __device__ __forceinline__ void clear_grads(float (&dk)[C::kGradMTiles][C::kOutTiles][4],
@@ -450,7 +500,28 @@ __device__ __forceinline__ void dq_product(const AttnArgs& a, const uint32_t& ds
   }
 }
 
-// This lane's part of dQ's row (mt, hh) of the group, added atomically at row (dkdv_tile's dq_row).
+// This lane's first column of row r in dQ's accumulator (dq_g: the step's batch and head).
+__device__ __forceinline__ float* dq_row(const AttnArgs& a, float* const& dq_g, const int& dq_col0, const int& lane,
+                                         int32_t r) {
+  return dq_g + int64_t(r) * a.dq.token_stride + dq_col0 + (lane & 3) * 2;
+}
+
+// Where this lane's rows of dQ lie: the group from m0 of the warp's rows qrow0.. of step cur. One
+// argument of references: with the four as arguments of dq_row_of's own, the kernel spilled more
+// (D = 128, sm_90a: 28 + 44 bytes stored + loaded, against 24 + 12).
+struct DqGroupRows {
+  const QStep& cur;
+  const int& qrow0;
+  const int& lane;
+  const int& m0;
+};
+
+// The row of this lane's half hh of m16 tile mt in the group.
+__device__ __forceinline__ int32_t dq_row_of(const DqGroupRows& g, int mt, int hh) {
+  return g.cur.r0 + g.qrow0 + g.m0 + 16 * mt + (g.lane >> 2) + hh * 8;
+}
+
+// This lane's part of dQ's row (mt, hh) of the group, added atomically at row (dq_row).
 template <class C>
 __device__ __forceinline__ void add_dq_row(const float (&dq)[C::kDqGroup][C::kDqTiles][4], int mt, int hh, float* row) {
 #pragma unroll
@@ -458,18 +529,16 @@ __device__ __forceinline__ void add_dq_row(const float (&dq)[C::kDqGroup][C::kDq
 }
 
 // dQ += scale dS K for the group of this warp's rows from m0 (kDqGroup m16 tiles), by the copy
-// engine (dq_map, sm_90a code) or atomically. dq_row(r): this lane's first column of row r in the
-// accumulator; row_of(mt, hh): the row of this lane's half hh of m16 tile mt. kAtomicsInDk: the
-// atomics go between dK's k-steps (dkdv_tile, step 6, says why), and dK is then done.
-template <class T, int D, int kMTiles, int kBlockM, class C, bool kScaleInDs, bool kDqBoxCode, bool kAtomicsInDk,
-          class DqRow, class RowOf>
+// engine (dq_map, sm_90a code) or atomically into dq_g (dq_row). kAtomicsInDk: the atomics go
+// between dK's k-steps, and dK is then done.
+template <class T, int D, int kMTiles, int kBlockM, class C, bool kScaleInDs, bool kDqBoxCode, bool kAtomicsInDk>
 __device__ __forceinline__ void add_dq_group(const AttnArgs& a, const Region& reg, const QStep& cur, const int& batch,
                                              const int& lane, const int& qrow0, const int& dq_col0,
                                              const uint32_t& ds_rows, const uint32_t& k_cols,
                                              unsigned char* const& dq_box, const CUtensorMap* const& dq_map,
                                              const uint32_t& p_rows, const uint32_t& do_cols, const uint32_t& stage,
                                              float (&dk)[C::kGradMTiles][C::kOutTiles][4], bool& dk_done,
-                                             const DqRow& dq_row, const RowOf& row_of, const int& m0) {
+                                             float* const& dq_g, const int& m0) {
   constexpr int kDqGroup = C::kDqGroup;
   float dq[kDqGroup][C::kDqTiles][4];
   dq_product<T, D, C, kScaleInDs>(a, ds_rows, k_cols, m0, dq);
@@ -481,13 +550,16 @@ __device__ __forceinline__ void add_dq_group(const AttnArgs& a, const Region& re
     }
   }
 #endif
+  const DqGroupRows rows{cur, qrow0, lane, m0};
   if constexpr (kAtomicsInDk) {
     // Row i after dK's k-step i, with no branch (a branch would keep them apart from the
     // products): a row past the region adds its dQ, exactly 0 (its dO, delta and so dS are 0),
     // to the region's last row.
     static_assert(2 * kDqGroup <= kBlockM / 16, "a row a k-step");
     accumulate_dk<T, D, kMTiles, kBlockM, C>(p_rows, do_cols, stage, dk, [&](int i) {
-      if (i < 2 * kDqGroup) add_dq_row<C>(dq, i / 2, i % 2, dq_row(min(row_of(i / 2, i % 2), reg.row_end - 1)));
+      if (i < 2 * kDqGroup)
+        add_dq_row<C>(dq, i / 2, i % 2,
+                      dq_row(a, dq_g, dq_col0, lane, min(dq_row_of(rows, i / 2, i % 2), reg.row_end - 1)));
     });
     dk_done = true;
   } else {
@@ -495,10 +567,59 @@ __device__ __forceinline__ void add_dq_group(const AttnArgs& a, const Region& re
     for (int mt = 0; mt < kDqGroup; ++mt)
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
-        const int32_t r = row_of(mt, hh);
-        if (r < reg.row_end) add_dq_row<C>(dq, mt, hh, dq_row(r));
+        const int32_t r = dq_row_of(rows, mt, hh);
+        if (r < reg.row_end) add_dq_row<C>(dq, mt, hh, dq_row(a, dq_g, dq_col0, lane, r));
       }
   }
+}
+
+// dQ += scale dS K for this warp's rows and columns, by the copy engine (dq_map) or atomically,
+// kDqGroup m16 tiles of rows at a time: all of them (one B fragment for both, +1% at D = 64 and
+// 128), but one at D = 256, where two hold 64 more registers and spill 108 bytes. Up to D = 96
+// (kAtomicsInDk) the atomics go between dK's k-steps (grads_and_dq says why), and dK is then done
+// (dk_done).
+template <class T, int D, int kMTiles, int kBlockM, class C, bool kScaleInDs, bool kDqBoxCode>
+__device__ __forceinline__ void add_dq(const AttnArgs& a, const Region& reg, const QStep& cur, const int& batch,
+                                       const int& lane, const int& qrow0, const int& dq_col0, const uint32_t& ds_rows,
+                                       const uint32_t& k_cols, unsigned char* const& dq_box,
+                                       const CUtensorMap* const& dq_map, const uint32_t& p_rows,
+                                       const uint32_t& do_cols, const uint32_t& stage,
+                                       float (&dk)[C::kGradMTiles][C::kOutTiles][4], bool& dk_done) {
+  constexpr bool kAtomicsInDk = D <= 96;
+  float* const dq_g = static_cast<float*>(a.dq.data) + batch * a.dq.batch_stride + cur.head * a.dq.head_stride;
+#pragma unroll
+  for (int m0 = 0; m0 < C::kDqRows; m0 += 16 * C::kDqGroup)
+    add_dq_group<T, D, kMTiles, kBlockM, C, kScaleInDs, kDqBoxCode, kAtomicsInDk>(
+        a, reg, cur, batch, lane, qrow0, dq_col0, ds_rows, k_cols, dq_box, dq_map, p_rows, do_cols, stage, dk, dk_done,
+        dq_g, m0);
+}
+
+// dV += P^T dO and dK += dS^T Q on this warp's keys and columns, and with accumulate_dq, dQ
+// (add_dq). Their order: dV, dQ, dK, where dQ goes to the copy engine (sm_90a code, up to D = 128):
+// its stores and bulk reduce then run under dK's products (at D = 128, +5.5% against dK before
+// dQ). With atomics, per head dim: an atomic reads its operands late, so dQ's atomics issued
+// together held the instructions after them that rewrote their registers (7.5% of the stall
+// samples at D = 64, ncu). Up to D = 96: dV, dQ, then dK with dQ's atomics after its first
+// k-steps, a row each (+1.5% at D = 64, +2.7% at D = 96, +5.5% at D = 80; 0.5-0.8% slower at
+// D = 128). D = 128: dV, dK, dQ. D = 256: dV, dQ, dK (+1.5-2% there; 1-2% slower at D = 80-128).
+// docs/KERNELS.md, "Order of work in a step".
+template <class T, int D, int kMTiles, int kBlockM, class C, bool kDqBoxCode>
+__device__ __forceinline__ void grads_and_dq(const AttnArgs& a, const Region& reg, const QStep& cur, const int& batch,
+                                             const int& lane, const int& qrow0, const int& dq_col0,
+                                             const uint32_t& p_rows, const uint32_t& do_cols, const uint32_t& ds_rows,
+                                             const uint32_t& k_cols, const uint32_t& stage,
+                                             unsigned char* const& dq_box, const CUtensorMap* const& dq_map,
+                                             float (&dk)[C::kGradMTiles][C::kOutTiles][4],
+                                             float (&dv)[C::kGradMTiles][C::kOutTiles][4]) {
+  constexpr bool kDkBeforeDq = D == 128 && !kDqBoxCode;
+  accumulate_grad<T, D, kMTiles, kBlockM>(dv, p_rows, do_cols + stage);
+  if constexpr (kDkBeforeDq) accumulate_dk<T, D, kMTiles, kBlockM, C>(p_rows, do_cols, stage, dk, NoOp{});
+  bool dk_done = kDkBeforeDq;
+  if (a.accumulate_dq)
+    add_dq<T, D, kMTiles, kBlockM, C, C::kScaleInDs, kDqBoxCode>(a, reg, cur, batch, lane, qrow0, dq_col0, ds_rows,
+                                                                  k_cols, dq_box, dq_map, p_rows, do_cols, stage, dk,
+                                                                  dk_done);
+  if (!dk_done) accumulate_dk<T, D, kMTiles, kBlockM, C>(p_rows, do_cols, stage, dk, NoOp{});
 }
 
 // dK (scaled: here, or through dS) and dV into the fp32 accumulators, or written (write_dkdv:
@@ -545,7 +666,22 @@ template <class T, int D, int kMTiles_> struct DqConfig {
   static_assert(kSmemBytes <= 160 * 1024, "must fit an sm_80 CTA");
 };
 
-// ---- dQ: the steps of flash_backward_dq_kernel, their inputs passed the same way -----------------
+// ---- dQ: the steps of flash_backward_dq_kernel ---------------------------------------------------
+
+// The CTA's row tile x (counted from the grid's last CTA): its region, and its first row m0 there.
+// False where x is past the segments' row tiles.
+template <class C> __device__ __forceinline__ bool locate_rows(const AttnArgs& a, int32_t x, Region& reg, int32_t& m0) {
+  if (a.nseg > 0) {
+    int32_t seg, tile;
+    if (!locate_tile(a.segs, a.nseg, x, C::kBlockM, true, seg, tile)) return false;
+    reg = segment_region(a.segs[seg]);
+    m0 = reg.row_begin + tile * C::kBlockM;
+  } else {
+    reg = whole_call(a.mask, a.seqlen_q, a.seqlen_kv);
+    m0 = x * C::kBlockM;
+  }
+  return true;
+}
 
 // Q and dO of the row tile [m0, m1) into shared memory.
 template <class T, class C>
@@ -603,6 +739,140 @@ __device__ __forceinline__ void clear_dq(float (&dq)[C::kMTiles][C::kOTiles][4])
     for (int j = 0; j < C::kOTiles; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) dq[mt][j][e] = 0.f;
+}
+
+// The walk over the key tiles that rows [m0, m1) see: the mask's interval, or with a block list
+// the union of the rows' (at most two) query blocks' lists. Returns which of a step's two query
+// blocks (KvStep::active, masked) this warp's rows lie in.
+template <class C>
+__device__ __forceinline__ int init_kv_walk(const AttnArgs& a, const Region& reg, const int& head, const int32_t& m0,
+                                            const int32_t& m1, const int32_t& warp_row0, KvWalk<C::kBlockN>& walk) {
+  if (a.blocks.heads > 0) {
+    const int32_t row = (a.blocks.heads == 1 ? 0 : head) * a.blocks.num_q_blocks;
+    const int32_t qb0 = m0 / a.blocks.block_q, qb1 = (m1 - 1) / a.blocks.block_q;
+    walk.init_blocks(a.blocks, row + qb0, row + qb1);
+    return (m0 + warp_row0) / a.blocks.block_q == qb0 ? 0 : 1;
+  }
+  walk.init_interval(a.mask, reg, m0, m1);
+  return 0;
+}
+
+// S = Q K^T and dP = dO V^T for this warp's rows over the key tile in buffer buf: Q's A fragments
+// at q_frag (dO's + kQBytes), K's and V's B at k_nk and v_nk.
+template <class T, class C, int D>
+__device__ __forceinline__ void scores_and_dp(const uint32_t& q_frag, const uint32_t& k_nk, const uint32_t& v_nk,
+                                              const uint32_t& buf, float (&s)[C::kMTiles][C::kSTiles][4],
+                                              float (&dp)[C::kMTiles][C::kSTiles][4]) {
+  using Tile = typename C::Tile;
+  constexpr int MT = C::kMTiles;
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int j = 0; j < C::kSTiles; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[mt][j][e] = dp[mt][j][e] = 0.f;
+#pragma unroll
+  for (int k0 = 0; k0 < D; k0 += 16) {
+    uint32_t aq[MT][4], ao[MT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      ldmatrix_x4(aq[mt], Tile::at(q_frag, 16 * mt, k0));
+      ldmatrix_x4(ao[mt], Tile::at(q_frag + C::kQBytes, 16 * mt, k0));
+    }
+#pragma unroll
+    for (int n0 = 0; n0 < C::kBlockN; n0 += 16) {
+      uint32_t bk[4], bv[4];
+      ldmatrix_x4(bk, Tile::at(k_nk + buf, n0, k0));
+      ldmatrix_x4(bv, Tile::at(v_nk + buf, n0, k0));
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        mma_16x8x16<T>(s[mt][n0 / 8], aq[mt], bk[0], bk[1]);
+        mma_16x8x16<T>(s[mt][n0 / 8 + 1], aq[mt], bk[2], bk[3]);
+        mma_16x8x16<T>(dp[mt][n0 / 8], ao[mt], bv[0], bv[1]);
+        mma_16x8x16<T>(dp[mt][n0 / 8 + 1], ao[mt], bv[2], bv[3]);
+      }
+    }
+  }
+}
+
+// dS = P (dP - delta) in place of S, where P = exp(scale S - LSE), masked: per row of the lane, a
+// band of column offsets (tiles.cuh), element (r, 8 j + 2 (lane % 4) + e % 2) visible iff
+// 8 j + e % 2 lies in its row's band.
+template <class C>
+__device__ __forceinline__ void ds_from_scores(const AttnArgs& a, const Region& reg, const KvStep& cur,
+                                               const int32_t& m0, const int32_t& warp_row0, const int& lane,
+                                               const bool& masked, const float (&lse2)[C::kMTiles][2],
+                                               const float (&delta)[C::kMTiles][2],
+                                               float (&s)[C::kMTiles][C::kSTiles][4],
+                                               const float (&dp)[C::kMTiles][C::kSTiles][4]) {
+  constexpr int MT = C::kMTiles;
+  const int32_t base = reg.diff(m0 + warp_row0, cur.c0);
+  const bool check = masked || cur.cross;
+  Band band[MT][2];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      band[mt][h] = row_band(a.mask, masked, base, 16 * mt + 8 * h + (lane >> 2), reg.col_end - cur.c0, lane);
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int j = 0; j < C::kSTiles; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int hh = e >> 1;
+        const bool ok = !check || in_band(band[mt][hh], j * 8 + (e & 1));
+        const float p = ok ? fast_exp2(fmaf(s[mt][j][e], a.scale_log2, -lse2[mt][hh])) : 0.f;
+        s[mt][j][e] = p * (dp[mt][j][e] - delta[mt][hh]);
+      }
+}
+
+// dQ += dS K over the key tile in buffer buf (K's B fragments, k-major, at k_kn).
+template <class T, class C, int D>
+__device__ __forceinline__ void add_ds_k(const float (&ds)[C::kMTiles][C::kSTiles][4], const uint32_t& k_kn,
+                                         const uint32_t& buf, float (&dq)[C::kMTiles][C::kOTiles][4]) {
+  using Tile = typename C::Tile;
+  constexpr int MT = C::kMTiles;
+#pragma unroll
+  for (int k0 = 0; k0 < C::kBlockN; k0 += 16) {
+    uint32_t ads[MT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) c_to_a<T>(ads[mt], ds[mt][k0 / 8], ds[mt][k0 / 8 + 1]);
+#pragma unroll
+    for (int n0 = 0; n0 < D; n0 += 16) {
+      uint32_t b[4];
+      ldmatrix_x4_trans(b, Tile::at(k_kn + buf, k0, n0));
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        mma_16x8x16<T>(dq[mt][n0 / 8], ads[mt], b[0], b[1]);
+        mma_16x8x16<T>(dq[mt][n0 / 8 + 1], ads[mt], b[2], b[3]);
+      }
+    }
+  }
+}
+
+// dQ (scaled) added into the fp32 accumulator: this CTA owns its rows (rows lie in at most one
+// segment), so a plain read-add-write.
+template <class C>
+__device__ __forceinline__ void write_dq(const AttnArgs& a, const int& head, const int& batch, const int& lane,
+                                         const int32_t& m0, const int32_t& m1, const int32_t& warp_row0,
+                                         const float (&dq)[C::kMTiles][C::kOTiles][4]) {
+  float* dq_g = static_cast<float*>(a.dq.data) + batch * a.dq.batch_stride + head * a.dq.head_stride;
+#pragma unroll
+  for (int mt = 0; mt < C::kMTiles; ++mt)
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int32_t r = m0 + warp_row0 + 16 * mt + (lane >> 2) + hh * 8;
+      if (r >= m1) continue;
+#pragma unroll
+      for (int j = 0; j < C::kOTiles; ++j) {
+        float2* p = reinterpret_cast<float2*>(dq_g + int64_t(r) * a.dq.token_stride + j * 8 + (lane & 3) * 2);
+        float2 x2 = *p;
+        x2.x += a.scale * dq[mt][j][2 * hh];
+        x2.y += a.scale * dq[mt][j][2 * hh + 1];
+        *p = x2;
+      }
+    }
 }
 
 } // namespace attncore::cuda
