@@ -216,7 +216,9 @@ TEST_CASE("gpu: FP8 e4m3 forward, head dims 64, 128 and 256") {
   std::mt19937_64 rng(8);
   Problem probe = random_problem(rng, DType::fp8_e4m3, 128, 1, 100);
   if (std::string(native_kernels()) != "wgmma") {
-    CHECK_THROWS_WITH_AS(run_gpu(probe, false, false, nullptr), "attncore cuda: the FP8 forward needs a Hopper GPU (sm_90a kernels)",
+    CHECK_THROWS_WITH_AS(run_gpu(probe, false, false, nullptr),
+                         "attncore cuda: the FP8 forward runs on the Hopper kernels only (an sm_90a build on a Hopper "
+                         "GPU, ATTNCORE_KERNELS not mma)",
                          Error);
     return;
   }

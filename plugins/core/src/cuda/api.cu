@@ -112,9 +112,12 @@ template <class T> void dispatch_forward(const ForwardParams& p, cudaStream_t s)
 }
 // FP8 runs on the Hopper kernels alone (wgmma's e4m3 products), whose bulk copies read rows of
 // 16-byte multiples.
+constexpr const char* kFp8NeedsHopper =
+    "the FP8 forward runs on the Hopper kernels only (an sm_90a build on a Hopper GPU, ATTNCORE_KERNELS not mma)";
+
 void dispatch_forward_fp8(const ForwardParams& p, cudaStream_t s) {
 #if ATTNCORE_HAVE_SM90
-  if (!sm90::hopper_path_enabled()) fail("the FP8 forward needs a Hopper GPU (sm_90a kernels)");
+  if (!sm90::hopper_path_enabled()) fail(kFp8NeedsHopper);
   if (!sm90::tma_readable(p.q, 1) || !sm90::tma_readable(p.k, 1) || !sm90::tma_readable(p.v, 1))
     fail("FP8 q, k and v must be 16-byte aligned with strides that are multiples of 16 elements");
   switch (p.head_dim) {
@@ -123,7 +126,7 @@ void dispatch_forward_fp8(const ForwardParams& p, cudaStream_t s) {
   case 256: return sm90::launch_forward_sm90_fp8<256>(p, s);
   }
 #endif
-  fail("the FP8 forward needs a build with sm_90a kernels and a Hopper GPU");
+  fail(kFp8NeedsHopper);
 }
 template <class T> void dispatch_backward(const BackwardParams& p, cudaStream_t s) {
 #if ATTNCORE_HAVE_SM90
