@@ -251,15 +251,15 @@ template <class C> __device__ __forceinline__ bool locate_rows(const AttnArgs& a
   return true;
 }
 
-template <class T, int D, Tiles kTiles>
-__device__ __forceinline__ void init_barriers(const ForwardShared<T, D, kTiles>& sh) {
-  using C = ForwardConfig<T, D, kTiles>;
+// The barriers of a forward's shared memory (Q's, and a full and an empty one for each stage of the K
+// and V rings), for either kernel's layout.
+template <int kStages, int kConsumers, class Shared> __device__ __forceinline__ void init_barriers(const Shared& sh) {
   barrier_init(sh.q_full, 1);
-  for (int s = 0; s < C::kStages; ++s) {
+  for (int s = 0; s < kStages; ++s) {
     barrier_init(&sh.k_full[s], 1);
     barrier_init(&sh.v_full[s], 1);
-    barrier_init(&sh.k_empty[s], C::kConsumers * 4); // one arrival per consumer warp
-    barrier_init(&sh.v_empty[s], C::kConsumers * 4);
+    barrier_init(&sh.k_empty[s], kConsumers * 4); // one arrival per consumer warp
+    barrier_init(&sh.v_empty[s], kConsumers * 4);
   }
   barrier_init_fence();
 }
@@ -533,7 +533,7 @@ __global__ void __launch_bounds__(ForwardConfig<T, D, kTiles>::kThreads, Forward
   const int head = blockIdx.y, batch = blockIdx.z, kv_head = head / a.group;
   ForwardRows rows;
   if (!locate_rows<C>(a, rows)) return;
-  if (tid == 0) init_barriers(sh);
+  if (tid == 0) init_barriers<C::kStages, C::kConsumers>(sh);
   __syncthreads();
 
   // 2. The producer: Q, then K and V of every tile the walk yields.
@@ -601,6 +601,22 @@ __global__ void __launch_bounds__(ForwardConfig<T, D, kTiles>::kThreads, Forward
 #endif
 }
 
+// O leaves through the copy engine in boxes of one consumer's 64 rows where the copy engine can
+// address it (o_store_map: in the output dtype in rows of swizzle_cols(D), or in fp32 in rows of
+// f32_cols); else the threads store it and the map stays empty.
+inline bool o_bulk_store(const ForwardParams& p) { return tma_readable(p.o, p.o_fp32 ? 4 : 2); }
+inline CUtensorMap o_store_map(const ForwardParams& p, bool o_bulk, int f32_cols) {
+  CUtensorMap map;
+  std::memset(&map, 0, sizeof map);
+  const int w = swizzle_cols(p.head_dim);
+  if (o_bulk && p.o_fp32)
+    map = make_tile_map(p.o, DType::fp32, p.batch, p.seqlen_q, p.heads_q, p.head_dim, 64, f32_cols,
+                        tma_swizzle(2 * f32_cols)); // (tma_swizzle counts a row in 16-bit elements)
+  else if (o_bulk)
+    map = make_tile_map(p.o, output_dtype(p.dtype), p.batch, p.seqlen_q, p.heads_q, p.head_dim, 64, w, tma_swizzle(w));
+  return map;
+}
+
 template <class T, int D, Tiles kTiles> void launch_forward_config(const ForwardParams& p, cudaStream_t stream) {
   using C = ForwardConfig<T, D, kTiles>;
   const AttnArgs a = forward_args(p);
@@ -608,16 +624,8 @@ template <class T, int D, Tiles kTiles> void launch_forward_config(const Forward
   const CUtensorMap q_map = make_tile_map(p.q, p.dtype, p.batch, p.seqlen_q, p.heads_q, D, C::kBlockM, C::W, sw);
   const CUtensorMap k_map = make_tile_map(p.k, p.dtype, p.batch, p.seqlen_kv, p.heads_kv, D, C::kBlockN, C::W, sw);
   const CUtensorMap v_map = make_tile_map(p.v, p.dtype, p.batch, p.seqlen_kv, p.heads_kv, D, C::kBlockN, C::W, sw);
-  // O leaves through the copy engine in boxes of one consumer's 64 rows where the copy engine can
-  // address it; else the threads store it.
-  const bool o_bulk = tma_readable(p.o, p.o_fp32 ? 4 : 2);
-  CUtensorMap o_map;
-  std::memset(&o_map, 0, sizeof o_map);
-  if (o_bulk && p.o_fp32)
-    o_map = make_tile_map(p.o, DType::fp32, p.batch, p.seqlen_q, p.heads_q, D, 64, C::kF32Cols,
-                          tma_swizzle(2 * C::kF32Cols)); // (tma_swizzle counts a row in 16-bit elements)
-  else if (o_bulk)
-    o_map = make_tile_map(p.o, p.dtype, p.batch, p.seqlen_q, p.heads_q, D, 64, C::W, sw);
+  const bool o_bulk = o_bulk_store(p);
+  const CUtensorMap o_map = o_store_map(p, o_bulk, C::kF32Cols);
   const auto kernel = flash_forward_sm90_kernel<T, D, kTiles>;
   cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(C::kSmemBytes));
   const dim3 grid(unsigned(tile_grid(p.seqlen_q, C::kBlockM, p.num_segments)), unsigned(p.heads_q),

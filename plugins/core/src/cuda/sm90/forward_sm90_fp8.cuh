@@ -130,17 +130,6 @@ template <class C> __device__ __forceinline__ Fp8ForwardShared<C> fp8_forward_sh
   return sh;
 }
 
-template <class C> __device__ __forceinline__ void fp8_init_barriers(const Fp8ForwardShared<C>& sh) {
-  barrier_init(sh.q_full, 1);
-  for (int s = 0; s < C::kStages; ++s) {
-    barrier_init(&sh.k_full[s], 1);
-    barrier_init(&sh.v_full[s], 1);
-    barrier_init(&sh.k_empty[s], C::kConsumers * 4);
-    barrier_init(&sh.v_empty[s], C::kConsumers * 4);
-  }
-  barrier_init_fence();
-}
-
 // The producer, one thread: Q once, then K and V^T of every tile the rows see.
 template <class C>
 __device__ __forceinline__ void fp8_produce_tiles(const Fp8ForwardShared<C>& sh, const AttnArgs& a,
@@ -314,7 +303,7 @@ __global__ void __launch_bounds__(C::kThreads, 1)
   const int head = blockIdx.y, batch = blockIdx.z, kv_head = head / a.group;
   ForwardRows rows;
   if (!locate_rows<C>(a, rows)) return;
-  if (tid == 0) fp8_init_barriers(sh);
+  if (tid == 0) init_barriers<C::kStages, C::kConsumers>(sh);
   __syncthreads();
 
   // 2. The producer: Q, then K and V^T of every tile the walk yields.
@@ -391,14 +380,8 @@ template <class C> void launch_fp8_config(const ForwardParams& p, cudaStream_t s
   vt_ref.batch_stride = int64_t(p.heads_kv) * D * keys;
   const CUtensorMap vt_map =
       make_tile_map(vt_ref, p.dtype, p.batch, D, p.heads_kv, int32_t(keys), D, C::kBlockN, tma_swizzle(C::WV));
-  const bool o_bulk = tma_readable(p.o, p.o_fp32 ? 4 : 2);
-  CUtensorMap o_map;
-  std::memset(&o_map, 0, sizeof o_map);
-  if (o_bulk && p.o_fp32)
-    o_map = make_tile_map(p.o, DType::fp32, p.batch, p.seqlen_q, p.heads_q, D, 64, C::kF32Cols,
-                          tma_swizzle(2 * C::kF32Cols));
-  else if (o_bulk)
-    o_map = make_tile_map(p.o, DType::bf16, p.batch, p.seqlen_q, p.heads_q, D, 64, C::kOutW, tma_swizzle(C::kOutW));
+  const bool o_bulk = o_bulk_store(p);
+  const CUtensorMap o_map = o_store_map(p, o_bulk, C::kF32Cols);
   const auto kernel = flash_forward_sm90_fp8_kernel<C>;
   cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(C::kSmemBytes));
   const dim3 grid(unsigned(tile_grid(p.seqlen_q, C::kBlockM, 0)), unsigned(p.heads_q), unsigned(p.batch));
