@@ -83,6 +83,9 @@ class Varlen {
     const std::string why = p->device_type == ATTNHOST_DEVICE_CUDA ? attncore::check_supported(dtype, p->head_dim)
                                                                    : attncore::check_supported_cpu(dtype, p->head_dim);
     if (!why.empty()) fail(ATTNHOST_ERR_UNSUPPORTED, why);
+    if (p->device_type == ATTNHOST_DEVICE_CUDA && attncore::is_fp8(dtype))
+      fail(ATTNHOST_ERR_UNSUPPORTED, "varlen: FP8 runs on the CPU path only (the core's FP8 forward on CUDA takes calls "
+                                     "without segments)");
     if (p->device_type == ATTNHOST_DEVICE_CUDA && !(attncore::plugin::kRingDevices & ATTNHOST_CAP_DEVICE_CUDA))
       fail(ATTNHOST_ERR_UNSUPPORTED, "this plugin was built without CUDA");
     const std::vector<int64_t> cu = cu_seqlens(p);

@@ -9,9 +9,9 @@
 //                                   fp8_e5m2): FP8 holds the generator's values times 2^7 (|x| <= 448,
 //                                   rounded to nearest), descales 2^-7; O and written gradients in
 //                                   output_dtype (bf16). The same FP8 calls go to both engines (the
-//                                   native forward's workspace, ForwardParams::workspace, allocated
-//                                   once); an engine that refuses one says so: "FAILED" and why
-//                                   (native), "n/a" and why (cuDNN)
+//                                   native calls' workspaces, V^T and the backward's widened inputs,
+//                                   allocated once); an engine that refuses one says so: "FAILED" and
+//                                   why (native), "n/a" and why (cuDNN)
 //   BENCH_BACKWARD=0                native forward only (a forward-kernel step times in seconds)
 //   BENCH_RUNS=N                    timed runs per figure (default 10 from S = 8192, else 20)
 //   BENCH_DELTA=1                   native: also time the delta pass alone, dQ's memset, both, and
@@ -163,6 +163,7 @@ struct Bench {
   size_t nq, nkv;
   void *q, *k, *v, *d_o, *o, *o32, *dq, *dk, *dv;
   void* fwd_ws = nullptr;  // the native FP8 forward's (ForwardParams::workspace)
+  void* bwd_ws = nullptr;  // the native FP8 backward's (BackwardParams::workspace)
   float *lse, *delta;
   std::vector<attncore::Segment> segs;  // BENCH_SEGMENTS: [begin, end) of each, in every batch entry
   attncore::Segment* d_segs = nullptr;
@@ -234,6 +235,11 @@ struct Bench {
     g.dk = kvt(dk);
     g.dv = kvt(dv);
     g.mask.causal = causal;
+    if (const size_t n = backward_workspace_bytes(g)) {
+      CUDA_CHECK(cudaMalloc(&bwd_ws, n));
+      g.workspace = bwd_ws;
+      g.workspace_bytes = n;
+    }
     if (const char* e = std::getenv("BENCH_SEGMENTS"); e && std::atoi(e) > 0)
       for (int b = 0, L = std::atoi(e); b < s.S; b += L)
         segs.push_back({b, std::min(b + L, s.S), b, std::min(b + L, s.S), b, b});
@@ -245,7 +251,7 @@ struct Bench {
     }
   }
   ~Bench() {
-    for (void* p : {q, k, v, d_o, o, o32, dq, dk, dv, fwd_ws, static_cast<void*>(lse), static_cast<void*>(delta),
+    for (void* p : {q, k, v, d_o, o, o32, dq, dk, dv, fwd_ws, bwd_ws, static_cast<void*>(lse), static_cast<void*>(delta),
                     static_cast<void*>(d_segs)})
       cudaFree(p);
   }

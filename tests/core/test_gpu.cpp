@@ -207,11 +207,12 @@ TEST_CASE("gpu: every head dim and dtype, random shapes, causal and windows") {
 // Causal calls of 513-1024 rows (2048 at d64) take the Hopper forward's pair configuration
 // (pair_serves); the random shapes above stay under 300 rows. Lengths that are not multiples of a
 // tile, a query offset, and GQA.
-// The FP8 forward (Hopper, e4m3 Q, K, V with descales; bf16 and fp32 O) against the CPU reference
-// on the same quantized inputs: random shapes with causal, full and window masks, query offsets and
-// GQA, and rows long enough to run the tile pipeline; elsewhere, and for what it does not take, the
-// one-line refusals.
-TEST_CASE("gpu: FP8 e4m3 forward, head dims 64, 128 and 256") {
+// FP8 (e4m3 Q, K, V and dO with descales) against the CPU reference on the same quantized inputs:
+// the Hopper forward (bf16 and fp32 O), delta from FP8 dO, and the backward on widened inputs (both
+// the Hopper and the deterministic kernels); random shapes with causal, full and window masks, query
+// offsets and GQA, and rows long enough to run the tile pipeline. Elsewhere, and for what it does
+// not take, the one-line refusals.
+TEST_CASE("gpu: FP8 e4m3 forward and backward, head dims 64, 128 and 256") {
   REQUIRE(device_count() > 0);
   std::mt19937_64 rng(8);
   Problem probe = random_problem(rng, DType::fp8_e4m3, 128, 1, 100);
@@ -234,11 +235,31 @@ TEST_CASE("gpu: FP8 e4m3 forward, head dims 64, 128 and 256") {
       CAPTURE(p.Skv);
       CAPTURE(p.Hq);
       CAPTURE(p.Hkv);
-      check_all(p, false);
+      check_all(p);
     }
+  Problem no_room = random_problem(rng, DType::fp8_e4m3, 64, 1, 100);
+  Outputs want = run_cpu(no_room, true);
+  {
+    DeviceProblem dp(no_room);
+    Tensor dq(DType::fp32, no_room.B, no_room.Sq, no_room.Hq, no_room.D);
+    Tensor dk(DType::fp32, no_room.B, no_room.Skv, no_room.Hkv, no_room.D), dv = dk;
+    DeviceStats lse(want.lse), delta(want.delta);
+    DeviceTensor dq_d(dq), dk_d(dk), dv_d(dv);
+    BackwardParams g = no_room.backward_params(want.lse, want.delta, dq, dk, dv);
+    dp.point(no_room, g);
+    g.lse = lse.ref;
+    g.delta = delta.ref;
+    g.dq = dq_d.ref;
+    g.dk = dk_d.ref;
+    g.dv = dv_d.ref;
+    CHECK_THROWS_WITH_AS(backward_cuda(g, nullptr),
+                         "attncore cuda: an FP8 backward needs backward_workspace_bytes(params) bytes of workspace, "
+                         "256-byte aligned (its inputs widened to bf16)",
+                         Error);
+  }
   Problem e5m2 = random_problem(rng, DType::fp8_e5m2, 128, 1, 100);
   CHECK_THROWS_WITH_AS(run_gpu(e5m2, false, false, nullptr),
-                       "attncore: the FP8 forward on CUDA takes e4m3 (e5m2 runs on the CPU path)", Error);
+                       "attncore: FP8 on CUDA takes e4m3 (e5m2 runs on the CPU path)", Error);
   Problem d80 = random_problem(rng, DType::fp8_e4m3, 80, 1, 100);
   CHECK_THROWS_AS(run_gpu(d80, false, false, nullptr), Error);
   Problem padded = random_problem(rng, DType::fp8_e4m3, 128, 1, 100);

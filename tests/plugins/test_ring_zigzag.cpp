@@ -299,6 +299,28 @@ TEST_CASE("bytes sent: a window sends only the keys it reaches, and their gradie
 }
 
 #if ATTNHOST_HAVE_CUDA
+// FP8 e4m3 on a Hopper GPU: the core's e4m3 forward, its backward on widened inputs; K/V travel in
+// FP8. Every FP8 head dim, a window, GQA, and a full ring.
+TEST_CASE("gpu: ring and zigzag in FP8 e4m3 on Hopper GPUs against the float64 reference" * doctest::test_suite("gpu")) {
+  const int gpus = attnhost::cuda_device_count();
+  REQUIRE_MESSAGE(gpus > 0, "no GPU visible");
+  std::vector<int> sizes = {1};
+  if (gpus > 1) sizes.push_back(2);
+  for (const char* plugin : {"ring", "zigzag"})
+    for (int d : {64, 128, 256}) {
+      INFO(plugin, " head dim ", d);
+      auto r = run_on(DeviceKind::cuda, dense_case(plugin, sizes, 1000, 4, 2, d, true, "fp8_e4m3"));
+      test::all_pass(r);
+      test::error_does_not_grow(r);
+    }
+  auto window = dense_case("zigzag", sizes, 1024, 4, 4, 128, true, "fp8_e4m3");
+  window.problem.window_left = 100;
+  test::all_pass(run_on(DeviceKind::cuda, window));
+  test::all_pass(run_on(DeviceKind::cuda, dense_case("ring", sizes, 768, 8, 1, 128, false, "fp8_e4m3")));
+  auto e5m2 = run_on(DeviceKind::cuda, dense_case("ring", {1}, 256, 2, 2, 128, true, "fp8_e5m2"));
+  CHECK(e5m2.runs[0].status == "UNSUPPORTED");
+}
+
 TEST_CASE("gpu: the profiler timing method lists the pass's kernels from CUPTI" * doctest::test_suite("gpu")) {
   REQUIRE_MESSAGE(attnhost::cuda_device_count() > 0, "no GPU visible");
   auto c = dense_case("ring", {1}, 8192, 16, 16, 128, true);  // long enough for the kernels to dominate

@@ -296,6 +296,8 @@ TEST_CASE("gpu: varlen on the GPUs against the float64 reference" * doctest::tes
     Shape fp16{4, 1, d, true, -1, -1, "fp16"};
     test::all_pass(run_on(DeviceKind::cuda, varlen_case({1, 2, 513, 1000, 7}, sizes, fp16)));
   }
+  auto fp8 = run_on(DeviceKind::cuda, varlen_case({5, 900}, {1}, Shape{2, 2, 128, true, -1, -1, "fp8_e4m3"}));
+  CHECK(fp8.runs[0].status == "UNSUPPORTED");
   auto det = varlen_case({5, 900, 1, 333}, sizes, Shape{4, 2, 128, false, 100, 100});
   det.problem.deterministic = true;
   test::all_pass(run_on(DeviceKind::cuda, det));

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "workspace_bytes.h"
+
 namespace attncore {
 
 // A group's work is its entries over every head; the mean is over the groups that have entries. A
@@ -114,9 +116,11 @@ BlockListData make_block_list(int32_t block_q, int32_t block_kv, int32_t num_q_b
 }
 
 size_t backward_workspace_bytes(const BackwardParams& p) {
-  if (!p.write_dkdv || !p.blocks || p.blocks->num_split_groups == 0) return 0;
-  return 2 * size_t(p.blocks->num_split_groups) * size_t(p.batch) * size_t(p.heads_kv) * kPieceKeys *
-         size_t(p.head_dim) * sizeof(float);
+  size_t sums = 0;
+  if (p.write_dkdv && p.blocks && p.blocks->num_split_groups > 0)
+    sums = 2 * size_t(p.blocks->num_split_groups) * size_t(p.batch) * size_t(p.heads_kv) * kPieceKeys *
+           size_t(p.head_dim) * sizeof(float);
+  return is_fp8(p.dtype) ? workspace_align(sums) + widened_inputs_bytes(p) : sums;
 }
 
 BlockListData block_list_from_mask(const Mask& m, int64_t seqlen_q, int64_t seqlen_kv,

@@ -7,8 +7,12 @@ int library_version() { return ATTNCORE_VERSION_MAJOR * 1000 + ATTNCORE_VERSION_
 
 // The native kernels' instantiations (src/cuda/*_hdim*.cu): keep this list and them in step.
 std::string check_supported(DType dtype, int32_t head_dim) {
-  if (is_fp8(dtype))
-    return "attncore: FP8 on CUDA is a forward only so far (e4m3 on Hopper); its backward runs on the CPU path";
+  if (is_fp8(dtype)) {
+    if (dtype != DType::fp8_e4m3) return "attncore: FP8 on CUDA takes e4m3 (e5m2 runs on the CPU path)";
+    if (head_dim != 64 && head_dim != 128 && head_dim != 256)
+      return "attncore: head_dim " + std::to_string(head_dim) + " is not supported by the FP8 kernels; supported: 64, 128, 256";
+    return {};
+  }
   if (dtype != DType::bf16 && dtype != DType::fp16)
     return "attncore: the CUDA kernels take bf16 or fp16 (the CPU reference also takes fp32)";
   switch (head_dim) {
@@ -19,13 +23,8 @@ std::string check_supported(DType dtype, int32_t head_dim) {
   }
 }
 
-std::string check_supported_forward(DType dtype, int32_t head_dim) {
-  if (!is_fp8(dtype)) return check_supported(dtype, head_dim);
-  if (dtype != DType::fp8_e4m3) return "attncore: the FP8 forward on CUDA takes e4m3 (e5m2 runs on the CPU path)";
-  if (head_dim != 64 && head_dim != 128 && head_dim != 256)
-    return "attncore: head_dim " + std::to_string(head_dim) + " is not supported by the FP8 forward; supported: 64, 128, 256";
-  return {};
-}
+// Since 3.1 the backward takes what the forward takes.
+std::string check_supported_forward(DType dtype, int32_t head_dim) { return check_supported(dtype, head_dim); }
 
 // V with its keys contiguous: [batch][kv head][head dim][keys rounded up to 32] bytes (the Hopper
 // FP8 forward, src/cuda/sm90/forward_sm90_fp8.cuh).

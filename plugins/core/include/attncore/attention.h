@@ -168,7 +168,8 @@ struct BackwardParams {
   // Appended. Device memory for a CUDA call that writes dK and dV (write_dkdv) with a block list
   // whose long key columns are cut in pieces: their partial gradients are added up here before the
   // call writes them. At least backward_workspace_bytes(*this) bytes, or the call walks whole
-  // columns instead. The call clears what it uses; nothing is kept between calls.
+  // columns instead. The call clears what it uses; nothing is kept between calls. An FP8 call on
+  // CUDA (3.1) needs it: its Q, K, V and dO are widened to bf16 here first.
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
   // Appended. FP8 inputs: what an element of Q, K, V and dO stands for per unit (1: not FP8). The
@@ -177,14 +178,14 @@ struct BackwardParams {
 };
 
 // The workspace a backward call can use (BackwardParams::workspace): 0 unless it writes dK and dV
-// under a block list with split key groups.
+// under a block list with split key groups, or its inputs are FP8.
 size_t backward_workspace_bytes(const BackwardParams& p);
 
 // Empty when the core's CUDA kernels support the configuration, forward and backward, else one line
-// naming what is supported.
+// naming what is supported. FP8 (3.1): e4m3 at head dims 64, 128 and 256; its forward runs on
+// Hopper, its backward on the bf16 kernels after widening the inputs (so on any device they serve).
 std::string check_supported(DType dtype, int32_t head_dim);
-// The same for a forward alone (3.0): FP8 e4m3 forwards run on Hopper at head dims 64,
-// 128 and 256.
+// The same for a forward alone (3.0); since 3.1 it answers as check_supported.
 std::string check_supported_forward(DType dtype, int32_t head_dim);
 
 // ---- Appended below: the operations around the attention kernels, and their conventions ----

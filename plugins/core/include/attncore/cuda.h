@@ -10,7 +10,10 @@
 // which serve the current device.
 //
 // Supported: bf16 and fp16 inputs, head_dim 64, 80, 96, 128, 256 (check_supported says so in one
-// line); all of the Mask, GQA, segments and block lists (attention.h). Every data pointer is device
+// line); all of the Mask, GQA, segments and block lists (attention.h). FP8 e4m3 inputs at head_dim
+// 64, 128 and 256: the forward on Hopper (without segments), the backward anywhere, on the bf16
+// kernels after its inputs are widened in its workspace (backward_workspace_bytes); FP8 tensors
+// need strides that are multiples of 16 elements. Every data pointer is device
 // memory, except the BlockList struct itself (host). Q, K, V, dO and a dtype O need a 16-byte
 // aligned base and strides that are multiples of 8 elements; fp32 tensors (partial O, dQ/dK/dV)
 // 8-byte aligned and even strides. Lengths up to 2^31 - 1.

@@ -77,9 +77,9 @@ class SelectingEngine final : public Engine {
       r.o_fp32 = false;
       r.o = packed(kUndecided, p.seqlen_q, p.heads_q, p);
       if (use_cudnn(r, forward_)) {
-        r.o.data = partials(elements(p.seqlen_q, p.heads_q, p), p.dtype);
+        r.o.data = partials(elements(p.seqlen_q, p.heads_q, p), output_dtype(p.dtype));
         forward_cudnn(r, s, workspace());
-        widen(p.dtype, r.o, p.o, p.batch, p.heads_q, p.head_dim, p.seqlen_q, false, s);
+        widen(output_dtype(p.dtype), r.o, p.o, p.batch, p.heads_q, p.head_dim, p.seqlen_q, false, s);
         ++forward_.cudnn;
         return;
       }
@@ -88,7 +88,7 @@ class SelectingEngine final : public Engine {
       ++forward_.cudnn;
       return;
     }
-    native_->forward(p, s);
+    native_->forward(with_workspace(p, forward_workspace_bytes(p)), s);
   }
   void backward(const BackwardParams& p, void* s) override {
     ++backward_.calls;
@@ -100,9 +100,9 @@ class SelectingEngine final : public Engine {
       r.write_grads = true;
       r.dq = packed(kUndecided, p.seqlen_q, p.heads_q, p);
       if (use_cudnn(r, backward_)) {
-        r.dq.data = partials(elements(p.seqlen_q, p.heads_q, p), p.dtype);
+        r.dq.data = partials(elements(p.seqlen_q, p.heads_q, p), output_dtype(p.dtype));
         backward_cudnn(r, s, workspace());
-        widen(p.dtype, r.dq, p.dq, p.batch, p.heads_q, p.head_dim, p.seqlen_q, true, s);
+        widen(output_dtype(p.dtype), r.dq, p.dq, p.batch, p.heads_q, p.head_dim, p.seqlen_q, true, s);
         ++backward_.cudnn;
         return;
       }
@@ -110,7 +110,8 @@ class SelectingEngine final : public Engine {
       BackwardParams r = p;
       r.write_grads = true;
       const size_t nq = elements(p.seqlen_q, p.heads_q, p), nkv = elements(p.seqlen_kv, p.heads_kv, p);
-      const size_t el = p.dtype == DType::fp32 ? 4 : 2;
+      const DType out = output_dtype(p.dtype);
+      const size_t el = dtype_bytes(out);
       const auto place = [&](char* scratch) {
         r.dq = packed(scratch, p.seqlen_q, p.heads_q, p);
         r.dk = packed(scratch + nq * el, p.seqlen_kv, p.heads_kv, p);
@@ -118,11 +119,11 @@ class SelectingEngine final : public Engine {
       };
       place(kUndecided);
       if (use_cudnn(r, backward_)) {
-        place(static_cast<char*>(partials(nq + 2 * nkv, p.dtype)));
+        place(static_cast<char*>(partials(nq + 2 * nkv, out)));
         backward_cudnn(r, s, workspace());
-        widen(p.dtype, r.dq, p.dq, p.batch, p.heads_q, p.head_dim, p.seqlen_q, true, s);
-        widen(p.dtype, r.dk, p.dk, p.batch, p.heads_kv, p.head_dim, p.seqlen_kv, true, s);
-        widen(p.dtype, r.dv, p.dv, p.batch, p.heads_kv, p.head_dim, p.seqlen_kv, true, s);
+        widen(out, r.dq, p.dq, p.batch, p.heads_q, p.head_dim, p.seqlen_q, true, s);
+        widen(out, r.dk, p.dk, p.batch, p.heads_kv, p.head_dim, p.seqlen_kv, true, s);
+        widen(out, r.dv, p.dv, p.batch, p.heads_kv, p.head_dim, p.seqlen_kv, true, s);
         ++backward_.cudnn;
         return;
       }
@@ -131,7 +132,7 @@ class SelectingEngine final : public Engine {
       ++backward_.cudnn;
       return;
     }
-    native_->backward(p, s);
+    native_->backward(with_workspace(p, backward_workspace_bytes(p)), s);
   }
   void widen(const WidenParams& p, void* s) override { native_->widen(p, s); }
   void compute_delta(const DeltaParams& p, void* s) override { native_->compute_delta(p, s); }
@@ -211,7 +212,7 @@ class SelectingEngine final : public Engine {
   // Scratch for outputs in dtype, grown to the largest call; like the workspace, freeing the old
   // buffer waits for the device.
   void* partials(size_t count, DType dtype) {
-    const size_t bytes = count * (dtype == DType::fp32 ? 4 : 2);
+    const size_t bytes = count * dtype_bytes(dtype);
     if (bytes > partials_.bytes()) {
       partials_.reset();
       partials_ = attnhost::HostBuffer(host_, bytes);
@@ -220,6 +221,19 @@ class SelectingEngine final : public Engine {
   }
 
   Workspace workspace() { return {&SelectingEngine::grow, this}; }
+  // A native call that needs more workspace than its caller gave (FP8: V^T, the widened inputs) takes
+  // the engine's own, grown to the largest call like the others.
+  template <class Params> Params with_workspace(const Params& p, size_t need) {
+    if (need == 0 || (p.workspace && p.workspace_bytes >= need)) return p;
+    if (need > native_scratch_.bytes()) {
+      native_scratch_.reset();
+      native_scratch_ = attnhost::HostBuffer(host_, need);
+    }
+    Params r = p;
+    r.workspace = native_scratch_.get();
+    r.workspace_bytes = need;
+    return r;
+  }
   // The scratch grows to the largest call; freeing the old buffer waits for the device (cudaFree).
   static void* grow(void* self, size_t bytes) {
     auto* e = static_cast<SelectingEngine*>(self);
@@ -236,7 +250,7 @@ class SelectingEngine final : public Engine {
   attnhost::Host host_;
   int sm_major_ = 0;
   Tally forward_, backward_;
-  attnhost::HostBuffer scratch_, partials_;
+  attnhost::HostBuffer scratch_, partials_, native_scratch_;
 };
 
 }  // namespace

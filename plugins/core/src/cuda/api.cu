@@ -1,16 +1,20 @@
 // The public CUDA entry points (attncore/cuda.h): validation on the host, dispatch to the
 // per-head-dim launchers, and the small row-wise kernels (delta, merge, convert).
+#include <cuda_fp8.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <initializer_list>
 #include <string>
 #include <type_traits>
 
+#include "../workspace_bytes.h"
 #include "attncore/cuda.h"
 #include "device.cuh"
+#include "fp8_inputs.h"
 #include "launch.h"
 #if ATTNCORE_HAVE_SM90
 #include "sm90/tensor_map.h"
@@ -115,11 +119,19 @@ template <class T> void dispatch_forward(const ForwardParams& p, cudaStream_t s)
 constexpr const char* kFp8NeedsHopper =
     "the FP8 forward runs on the Hopper kernels only (an sm_90a build on a Hopper GPU, ATTNCORE_KERNELS not mma)";
 
+// FP8 tensors are read 16 bytes at a time, by bulk copies and by the widening pass alike.
+void check_fp8_inputs(std::initializer_list<const TensorRef*> tensors, const char* names) {
+  const auto aligned = [](int64_t stride) { return stride % 16 == 0; };
+  for (const TensorRef* t : tensors)
+    if (reinterpret_cast<uintptr_t>(t->data) % 16 != 0 || !aligned(t->batch_stride) || !aligned(t->token_stride) ||
+        !aligned(t->head_stride))
+      fail(std::string(names) + " must be 16-byte aligned with strides that are multiples of 16 elements");
+}
+
 void dispatch_forward_fp8(const ForwardParams& p, cudaStream_t s) {
+  check_fp8_inputs({&p.q, &p.k, &p.v}, "FP8 q, k and v");
 #if ATTNCORE_HAVE_SM90
   if (!sm90::hopper_path_enabled()) fail(kFp8NeedsHopper);
-  if (!sm90::tma_readable(p.q, 1) || !sm90::tma_readable(p.k, 1) || !sm90::tma_readable(p.v, 1))
-    fail("FP8 q, k and v must be 16-byte aligned with strides that are multiples of 16 elements");
   switch (p.head_dim) {
   case 64: return sm90::launch_forward_sm90_fp8<64>(p, s);
   case 128: return sm90::launch_forward_sm90_fp8<128>(p, s);
@@ -128,6 +140,21 @@ void dispatch_forward_fp8(const ForwardParams& p, cudaStream_t s) {
 #endif
   fail(kFp8NeedsHopper);
 }
+// The FP8 backward: its inputs widened to bf16 in the workspace, after the split key groups' sums
+// (workspace_bytes.h), then the bf16 kernels (docs/KERNELS.md, "FP8 backward").
+BackwardParams widened_backward(const BackwardParams& p, cudaStream_t s) {
+  if (!p.workspace || p.workspace_bytes < backward_workspace_bytes(p) || reinterpret_cast<uintptr_t>(p.workspace) % 256)
+    fail("an FP8 backward needs backward_workspace_bytes(params) bytes of workspace, 256-byte aligned (its inputs "
+         "widened to bf16)");
+  BackwardParams bf16 = p;
+  bf16.dtype = DType::bf16;
+  const size_t sums = workspace_align(backward_workspace_bytes(bf16));
+  BackwardParams w = widen_fp8_inputs(p, static_cast<char*>(p.workspace) + sums, s);
+  w.workspace = sums > 0 ? p.workspace : nullptr;
+  w.workspace_bytes = sums;
+  return w;
+}
+
 template <class T> void dispatch_backward(const BackwardParams& p, cudaStream_t s) {
 #if ATTNCORE_HAVE_SM90
   // The Hopper backward adds dQ with atomics: deterministic calls stay on the mma.sync kernels.
@@ -202,6 +229,12 @@ template <class T, int kV> __device__ __forceinline__ void load_part(const void*
   } else if constexpr (std::is_same_v<T, float>) {
     const float4 v = *reinterpret_cast<const float4*>(p);
     x[0] = v.x, x[1] = v.y, x[2] = v.z, x[3] = v.w;
+  } else if constexpr (sizeof(T) == 1) { // FP8: four codes, each pair to halves exactly
+    const uint32_t v = *reinterpret_cast<const uint32_t*>(p);
+    constexpr __nv_fp8_interpretation_t kind = std::is_same_v<T, __nv_fp8_e4m3> ? __NV_E4M3 : __NV_E5M2;
+    const float2 lo = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(v & 0xffff), kind)));
+    const float2 hi = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(v >> 16), kind)));
+    x[0] = lo.x, x[1] = lo.y, x[2] = hi.x, x[3] = hi.y;
   } else {
     const uint2 v = *reinterpret_cast<const uint2*>(p);
     const float2 lo = unpack2<T>(v.x), hi = unpack2<T>(v.y);
@@ -271,9 +304,9 @@ __global__ void __launch_bounds__(kRowWarps * 32, 4) delta_kernel(const __grid_c
     for (int x = 16; x > 0; x >>= 1) sum[k] += __shfl_xor_sync(kFullMask, sum[k], x);
   if (lane < kWarpRows) { // lane k writes row k
     const RowIndex r = row_index(p.heads, p.seqlen, rows, first + lane);
-    float x = sum[0];
+    float x = sum[0] * p.descale_do;
 #pragma unroll
-    for (int k = 1; k < kWarpRows; ++k) x = lane == k ? sum[k] : x;
+    for (int k = 1; k < kWarpRows; ++k) x = lane == k ? sum[k] * p.descale_do : x;
     if (r.valid) p.delta.data[r.b * p.delta.batch_stride + r.h * p.delta.head_stride + r.i] = x;
   }
 }
@@ -396,6 +429,7 @@ void backward_cuda(const BackwardParams& params, void* stream) {
     fail("backward: write_dkdv needs a call with queries (it writes its keys' dK and dV)");
   if (p.write_dkdv_fp32 && !p.write_dkdv) fail("backward: write_dkdv_fp32 goes with write_dkdv");
   if (p.seqlen_q == 0 || p.seqlen_kv == 0) return;
+  if (is_fp8(p.dtype)) check_fp8_inputs({&p.q, &p.k, &p.v, &p.d_o}, "FP8 q, k, v and d_o");
   check_tensor(p.q, false, "q");
   check_tensor(p.k, false, "k");
   check_tensor(p.v, false, "v");
@@ -405,7 +439,8 @@ void backward_cuda(const BackwardParams& params, void* stream) {
   check_tensor(p.dv, !p.write_dkdv || p.write_dkdv_fp32, "dv");
   if (!p.lse.data || !p.delta.data) fail("lse or delta is null");
   const auto s = static_cast<cudaStream_t>(stream);
-  if (p.dtype == DType::bf16) dispatch_backward<__nv_bfloat16>(p, s);
+  if (is_fp8(p.dtype)) dispatch_backward<__nv_bfloat16>(widened_backward(p, s), s);
+  else if (p.dtype == DType::bf16) dispatch_backward<__nv_bfloat16>(p, s);
   else dispatch_backward<__half>(p, s);
 }
 
@@ -417,7 +452,8 @@ const char* native_kernels() {
 }
 
 void compute_delta_cuda(const DeltaParams& p, void* stream) {
-  if (p.dtype != DType::bf16 && p.dtype != DType::fp16) fail("compute_delta: dtype must be bf16 or fp16");
+  if (p.dtype != DType::bf16 && p.dtype != DType::fp16 && !is_fp8(p.dtype))
+    fail("compute_delta: dtype must be bf16, fp16 or FP8");
   check_rows(p.batch, p.heads, p.head_dim, p.seqlen, "compute_delta");
   if (p.zero_bytes > 0 && !p.zero) fail("compute_delta: zero is null");
   const auto s = static_cast<cudaStream_t>(stream);
@@ -433,11 +469,17 @@ void compute_delta_cuda(const DeltaParams& p, void* stream) {
   if (p.seqlen == 0) return;
   if (!p.o.data || !p.d_o.data || !p.delta.data) fail("compute_delta: a pointer is null");
   const int64_t rows = int64_t(p.batch) * p.heads * p.seqlen;
-  const bool v4 = p.head_dim % 4 == 0 && rows_aligned4(p.o, p.o_fp32 ? 4 : 2) && rows_aligned4(p.d_o, 2);
-  // (The dO element type, then O's: fp32 for a ring's partial.)
+  const bool v4 = p.head_dim % 4 == 0 && rows_aligned4(p.o, p.o_fp32 ? 4 : 2) && rows_aligned4(p.d_o, dtype_bytes(p.dtype));
+  // (The dO element type, then O's: fp32 for a ring's partial; an FP8 call's O is bf16.)
   const auto launch = [&](auto k4, auto k1) { launch_rows(v4, k4, k1, rows, kWarpRows, s, call); };
   using bf16 = __nv_bfloat16;
-  if (p.dtype == DType::bf16 && p.o_fp32) launch(delta_kernel<bf16, float, 4>, delta_kernel<bf16, float, 1>);
+  using e4m3 = __nv_fp8_e4m3;
+  using e5m2 = __nv_fp8_e5m2;
+  if (p.dtype == DType::fp8_e4m3 && p.o_fp32) launch(delta_kernel<e4m3, float, 4>, delta_kernel<e4m3, float, 1>);
+  else if (p.dtype == DType::fp8_e4m3) launch(delta_kernel<e4m3, bf16, 4>, delta_kernel<e4m3, bf16, 1>);
+  else if (p.dtype == DType::fp8_e5m2 && p.o_fp32) launch(delta_kernel<e5m2, float, 4>, delta_kernel<e5m2, float, 1>);
+  else if (p.dtype == DType::fp8_e5m2) launch(delta_kernel<e5m2, bf16, 4>, delta_kernel<e5m2, bf16, 1>);
+  else if (p.dtype == DType::bf16 && p.o_fp32) launch(delta_kernel<bf16, float, 4>, delta_kernel<bf16, float, 1>);
   else if (p.dtype == DType::bf16) launch(delta_kernel<bf16, bf16, 4>, delta_kernel<bf16, bf16, 1>);
   else if (p.o_fp32) launch(delta_kernel<__half, float, 4>, delta_kernel<__half, float, 1>);
   else launch(delta_kernel<__half, __half, 4>, delta_kernel<__half, __half, 1>);

@@ -72,7 +72,8 @@ inline constexpr uint32_t kRingDtypes = ATTNHOST_CAP_DTYPE(ATTNHOST_DTYPE_BF16) 
                                         ATTNHOST_CAP_DTYPE(ATTNHOST_DTYPE_FP16) |
                                         ATTNHOST_CAP_DTYPE(ATTNHOST_DTYPE_FP32);
 // ring, zigzag and varlen take FP8 inputs too (K/V travel in FP8; partials, merges and gradients
-// stay fp32, outputs bf16); the core runs FP8 on the CPU path so far, and validate says so on a GPU.
+// stay fp32, outputs bf16): e4m3 on GPUs (Hopper, head dims 64, 128 and 256; varlen on the CPU path
+// only), both formats on the CPU path; validate says what a GPU does not take.
 inline constexpr uint32_t kRingDtypesFp8 =
     kRingDtypes | ATTNHOST_CAP_DTYPE(ATTNHOST_DTYPE_FP8_E4M3) | ATTNHOST_CAP_DTYPE(ATTNHOST_DTYPE_FP8_E5M2);
 inline constexpr uint32_t kRingDevices = ATTNHOST_CAP_DEVICE_CPU

@@ -1,0 +1,18 @@
+// The FP8 backward on the bf16 kernels: its inputs widened first (fp8_inputs.cu).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+
+#include "attncore/attention.h"
+
+namespace attncore::cuda {
+
+// Enqueues the widening of p's Q, dO, K and V (times their descales) into bf16 at `at`, which
+// holds widened_inputs_bytes(p) bytes (workspace_bytes.h), and returns p as the bf16 call on them
+// (descales 1). The inputs must be 16-byte aligned with strides that are multiples of 16 elements;
+// head_dim a multiple of 16.
+BackwardParams widen_fp8_inputs(const BackwardParams& p, void* at, cudaStream_t stream);
+
+} // namespace attncore::cuda

@@ -1,0 +1,26 @@
+// How a backward call's workspace (BackwardParams::workspace) is laid out: the fp32 sums of a block
+// list's split key groups first (cuda/pieces.cu), then, for FP8 inputs on CUDA, Q, dO, K and V
+// widened to bf16 (cuda/fp8_inputs.cu), each tensor packed and on a 256-byte boundary.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "attncore/attention.h"
+
+namespace attncore {
+
+inline size_t workspace_align(size_t n) { return (n + 255) / 256 * 256; }
+
+// One widened tensor: [batch, tokens, heads, head_dim] bf16.
+inline size_t widened_tensor_bytes(const BackwardParams& p, int64_t tokens, int32_t heads) {
+  return workspace_align(size_t(p.batch) * size_t(tokens) * size_t(heads) * size_t(p.head_dim) * 2);
+}
+
+// All four, in the order Q, dO, K, V (0 unless the inputs are FP8).
+inline size_t widened_inputs_bytes(const BackwardParams& p) {
+  if (!is_fp8(p.dtype)) return 0;
+  return 2 * widened_tensor_bytes(p, p.seqlen_q, p.heads_q) + 2 * widened_tensor_bytes(p, p.seqlen_kv, p.heads_kv);
+}
+
+} // namespace attncore
