@@ -237,6 +237,14 @@ TEST_CASE("gpu: FP8 e4m3 forward and backward, head dims 64, 128 and 256") {
       CAPTURE(p.Hkv);
       check_all(p);
     }
+  // 192-key tiles (d128, plain calls of 2048 keys and more): ragged lengths, both masks, a query offset.
+  for (bool causal : {true, false}) {
+    Problem p = two_heads_problem(rng, DType::fp8_e4m3, 128, 2500, 2100);
+    p.mask.causal = causal;
+    p.mask.q_pos0 = causal ? 400 : 0;
+    CAPTURE(causal);
+    check_all(p);
+  }
   Problem no_room = random_problem(rng, DType::fp8_e4m3, 64, 1, 100);
   Outputs want = run_cpu(no_room, true);
   {

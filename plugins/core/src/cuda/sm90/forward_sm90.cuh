@@ -100,13 +100,14 @@ struct TileStep {
   bool cross; // the tile runs past the region's last column
 };
 
-// Key tiles of kN (64, 128; 176: below) columns, built from the 64-column walk of the mma.sync kernels
-// (tiles.cuh): a 128-column tile may hold two 64-column blocks of a block list, of which one or
-// both are listed for a query block.
-// Tiles that are not whole 64-column blocks (the wide configuration's) are walked directly, at their
-// own width, over the interval the mask allows (no block lists).
+// Key tiles of kN (64, 128; 176 and 192: below) columns, built from the 64-column walk of the
+// mma.sync kernels (tiles.cuh): a 128-column tile may hold two 64-column blocks of a block list, of
+// which one or both are listed for a query block.
+// Tiles that are not whole 64-column blocks (the wide configuration's), or wider than two (the FP8
+// forward's 192), are walked directly, at their own width, over the interval the mask allows (no
+// block lists).
 template <int kN> struct TileWalk {
-  static constexpr bool kDirect = kN % 64 != 0;
+  static constexpr bool kDirect = kN % 64 != 0 || kN > 128;
   KvWalk<kDirect ? kN : 64> inner;
   KvStep pending;
   bool have_pending = false;

@@ -73,17 +73,19 @@ template <int D> __global__ void __launch_bounds__(256) transpose_v_fp8(TensorRe
 
 // Tiles in hopper.cuh's 16-bit vocabulary: a row of n FP8 elements is n / 2 16-bit columns. Two
 // consumers, or three at d64 (192-row CTAs, as the bf16 kernel's three_serves), where the softmax
-// rather than the products bounds a tile.
-template <int D_, int kConsumers_> struct Fp8ForwardConfig {
+// rather than the products bounds a tile. Key tiles of 128, or 192 (fewer row reductions and
+// rescales a key; V^T tiles in three 64-key column blocks).
+template <int D_, int kConsumers_, int kBlockN_ = 128> struct Fp8ForwardConfig {
   static constexpr int D = D_;
   static constexpr int kConsumers = kConsumers_;
   static constexpr int kThreads = (kConsumers + 1) * 128;
   static constexpr int kBlockM = 64 * kConsumers;
-  static constexpr int kBlockN = 128;
+  static constexpr int kBlockN = kBlockN_;
   static constexpr int kStages = kConsumers == 3 ? 3 : 2; // (three: the fp32 O stage needs the room)
   static constexpr int W = swizzle_cols(D / 2);        // Q's and K's swizzled rows, in 16-bit columns
   static constexpr int kCols = 2 * W;                  // ... in FP8 elements
-  static constexpr int WV = swizzle_cols(kBlockN / 2); // V^T's rows (kBlockN keys)
+  static constexpr int WV = swizzle_cols(kBlockN / 2); // V^T's swizzled rows (of a column block)
+  static constexpr int kVtKeys = 2 * WV;               // keys of a V^T column block
   static constexpr int kSTiles = kBlockN / 8;
   static constexpr int kOTiles = D / 8;
   static constexpr int kPSteps = kBlockN / 32;         // k-steps of P V
@@ -99,7 +101,7 @@ template <int D_, int kConsumers_> struct Fp8ForwardConfig {
   static constexpr bool kRescaleUnderScores = D == 128;
   static constexpr size_t kSmemBytes = 1024 /* alignment */ + kQBytes + 2 * kStages * kKVBytes + 512;
   static_assert(D % 64 == 0, "FP8 head dims are multiples of 64 (k-steps of 32 bytes in whole swizzled rows)");
-  static_assert(kBlockN == 2 * WV, "a V^T tile is one column block");
+  static_assert(kBlockN % kVtKeys == 0, "a V^T tile is whole column blocks");
   static_assert(kSmemBytes <= 227 * 1024, "must fit a Hopper SM");
   static_assert(kConsumers * 64 * D * 4 <= kQBytes + 2 * kStages * kKVBytes, "O (fp32 too) is staged over Q, K and V");
 };
@@ -162,7 +164,9 @@ __device__ __forceinline__ void fp8_produce_tiles(const Fp8ForwardShared<C>& sh,
       tma_load_4d(k_tile + cb * C::kBlockN * C::kCols, &k_map, &sh.k_full[s], cb * C::kCols, t.c0, kv_head, batch);
     barrier_wait(&sh.v_empty[s], phase ^ 1);
     barrier_expect_bytes(&sh.v_full[s], C::kKVBytes);
-    tma_load_4d(sh.vt + s * C::kKVBytes, &vt_map, &sh.v_full[s], t.c0, 0, kv_head, batch);
+    for (int cb = 0; cb < C::kBlockN / C::kVtKeys; ++cb)
+      tma_load_4d(sh.vt + s * C::kKVBytes + cb * D * C::kVtKeys, &vt_map, &sh.v_full[s], t.c0 + cb * C::kVtKeys, 0,
+                  kv_head, batch);
   }
 }
 
@@ -372,14 +376,14 @@ template <class C> void launch_fp8_config(const ForwardParams& p, cudaStream_t s
   const CUtensorMapSwizzle sw = tma_swizzle(C::W);
   const CUtensorMap q_map = make_tile_map(p.q, p.dtype, p.batch, p.seqlen_q, p.heads_q, D, C::kBlockM, C::kCols, sw);
   const CUtensorMap k_map = make_tile_map(p.k, p.dtype, p.batch, p.seqlen_kv, p.heads_kv, D, C::kBlockN, C::kCols, sw);
-  // V^T as a [batch, head dim, kv head, key] tensor: boxes of every dim row x kBlockN keys.
+  // V^T as a [batch, head dim, kv head, key] tensor: boxes of every dim row x a column block's keys.
   TensorRef vt_ref;
   vt_ref.data = vt;
   vt_ref.token_stride = keys;
   vt_ref.head_stride = int64_t(D) * keys;
   vt_ref.batch_stride = int64_t(p.heads_kv) * D * keys;
   const CUtensorMap vt_map =
-      make_tile_map(vt_ref, p.dtype, p.batch, D, p.heads_kv, int32_t(keys), D, C::kBlockN, tma_swizzle(C::WV));
+      make_tile_map(vt_ref, p.dtype, p.batch, D, p.heads_kv, int32_t(keys), D, C::kVtKeys, tma_swizzle(C::WV));
   const bool o_bulk = o_bulk_store(p);
   const CUtensorMap o_map = o_store_map(p, o_bulk, C::kF32Cols);
   const auto kernel = flash_forward_sm90_fp8_kernel<C>;
@@ -397,6 +401,12 @@ template <int D> void launch_forward_sm90_fp8(const ForwardParams& p, cudaStream
   // 64-row query blocks, more than a TileStep lists): +22% causal / +27% full at 16384 rows.
   if constexpr (D == 64) {
     if (plain_call(p)) return launch_fp8_config<Fp8ForwardConfig<D, 3>>(p, stream);
+  }
+  // 192-key tiles at d128 for plain calls of 2048 keys and more: -5.5% / -6.0% causal / full at
+  // 16384 keys, -2.5% at 4096, -1% full and level causal at 2048, +3-7% at 1024 (docs/KERNELS.md,
+  // "FP8 forward").
+  if constexpr (D == 128) {
+    if (plain_call(p) && p.seqlen_kv >= 2048) return launch_fp8_config<Fp8ForwardConfig<D, 2, 192>>(p, stream);
   }
   launch_fp8_config<Fp8ForwardConfig<D, 2>>(p, stream);
 }

@@ -9,7 +9,7 @@ specialization. Run from this folder after changing TYPES or WIDTHS:
 TYPES = [("__nv_bfloat16", "bf16"), ("__half", "f16")]
 WIDTHS = [16, 32, 64, 80, 96, 128, 176, 256]  # N of m64nNk16: 16 rows' worth of keys up to a d256 tile; 176: the wide key tile
 FP8_TYPES = [("__nv_fp8_e4m3", "e4m3")]
-FP8_WIDTHS = [64, 128, 256]  # the FP8 forward's key tile and head dims
+FP8_WIDTHS = [64, 128, 192, 256]  # the FP8 forward's key tiles (128, 192 at d128) and head dims
 
 
 def regs(n_regs):
