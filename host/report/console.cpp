@@ -123,6 +123,7 @@ void print_case(std::ostream& out, const CaseResult& c) {
     if (!r.error.empty()) notes.push_back(at + r.status + ": " + r.error);
     if (r.check.ran) notes.push_back(at + "check " + check_detail(r));
     if (!r.check.note.empty()) notes.push_back(at + "check note: " + r.check.note);
+    if (!r.check.amax.empty()) notes.push_back(at + r.check.amax);
     if (!r.engine.empty()) notes.push_back(at + r.engine);
     for (const PassResult& p : r.passes) {
       if (!p.time_ms.stop_reason.empty() && c.spec.timing.method == "adaptive")

@@ -118,7 +118,8 @@ json::Value run_json(const RunResult& r) {
       {"total_pairs", r.total_pairs}, {"max_rank_pairs", r.max_rank_pairs}, {"peak_bytes", numbers(r.peak_bytes)},
       {"sent_bytes_fwd", numbers(r.sent_bytes_fwd)}, {"sent_bytes_bwd", numbers(r.sent_bytes_bwd)},
       {"check", json::Object{{"ran", r.check.ran}, {"ok", r.check.ok}, {"rows", r.check.rows},
-                             {"columns", r.check.columns}, {"note", r.check.note}, {"tensors", tensors}}},
+                             {"columns", r.check.columns}, {"note", r.check.note}, {"amax", r.check.amax},
+                             {"tensors", tensors}}},
       {"wall_seconds", r.wall_seconds}, {"engine", r.engine}, {"trace", trace}};
 }
 
@@ -152,6 +153,7 @@ RunResult run_from(const json::Value& v) {
   r.check.rows = c["rows"].integer();
   r.check.columns = c["columns"].integer();
   r.check.note = c["note"].string();
+  if (const json::Value* a = c.find("amax")) r.check.amax = a->string();
   for (const json::Value& t : c["tensors"].array()) {
     TensorCheck tc;
     tc.tensor = t["tensor"].string();

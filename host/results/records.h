@@ -55,6 +55,7 @@ struct CheckResult {
   int64_t rows = 0, columns = 0; // sampled query rows and key columns
   std::vector<TensorCheck> tensors;
   std::string note;              // e.g. why fewer columns than asked were checked
+  std::string amax;              // FP8: the outputs' amax (largest over ranks) and whether the plugin's matched
 };
 
 struct TraceEvent {

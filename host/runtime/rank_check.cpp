@@ -2,6 +2,8 @@
 
 #include "runtime/check.h"
 
+#include <algorithm>
+#include <cmath>
 #include <sstream>
 
 namespace attnhost {
@@ -33,12 +35,72 @@ int64_t count_nonfinite(RankState& state, void* base, int32_t dtype, const Insta
   return bad;
 }
 
+// The largest |x| over the rows this rank owns of a fetched output (what a plugin reports as amax).
+double owned_amax(const RankState& state, const std::vector<char>& buf, int32_t dtype, const Instance::Layout& l,
+                  int32_t heads) {
+  const size_t row = static_cast<size_t>(heads) * state.problem.head_dim;
+  double most = 0;
+  for (int64_t b = 0; b < state.problem.batch; ++b)
+    for (const attnhost_token_range& r : l.ranges) {
+      const size_t first = (static_cast<size_t>(b) * l.local_tokens + r.local_begin) * row;
+      for (size_t i = first; i < first + static_cast<size_t>(r.length) * row; ++i)
+        most = std::max(most, std::abs(load_element(buf.data(), dtype, i)));
+    }
+  return most;
+}
+
+// An FP8 problem's amax as the plugin reported it, against the outputs: every rank compares its
+// own (a collective: every rank calls it); rank 0 gets the line (the largest over ranks) and what
+// was wrong.
+struct AmaxCheck {
+  std::string line, wrong;
+};
+AmaxCheck check_amax(RankState& state, const RankOutputs& out) {
+  attnhost_fp8_amax got{};
+  state.env.device.copy_to_host(&got, state.amax, sizeof got);
+  struct Field {
+    const char* name;
+    float reported;
+    const std::vector<char>& data;
+    const Instance::Layout& layout;
+    int32_t heads;
+  };
+  std::vector<Field> fields = {{"O", got.o, out.o, state.lq, state.problem.heads_q}};
+  if (state.gradients) {
+    fields.push_back({"dQ", got.dq, out.dq, state.lq, state.problem.heads_q});
+    fields.push_back({"dK", got.dk, out.dk, state.lkv, state.problem.heads_kv});
+    fields.push_back({"dV", got.dv, out.dv, state.lkv, state.problem.heads_kv});
+  }
+  std::vector<double> actual, missing, wrong;
+  for (const Field& f : fields) {
+    const double x = owned_amax(state, f.data, out.dtype, f.layout, f.heads);
+    actual.push_back(x);
+    missing.push_back(std::isnan(f.reported) ? 1 : 0);
+    wrong.push_back(!std::isnan(f.reported) && static_cast<double>(f.reported) != x ? 1 : 0);
+  }
+  actual = state.env.group.max(actual);
+  missing = state.env.group.sum(missing);
+  wrong = state.env.group.sum(wrong);
+  std::ostringstream line, bad;
+  bool reported = false;
+  for (size_t i = 0; i < fields.size(); ++i) {
+    line << (i ? ", " : "") << fields[i].name << " " << actual[i];
+    reported = reported || missing[i] < state.env.world_size;
+    if (wrong[i] > 0)
+      bad << (bad.tellp() > 0 ? "; " : "") << "amax of " << fields[i].name << " wrong on " << wrong[i] << " of "
+          << state.env.world_size << " ranks";
+  }
+  const std::string how = !reported ? "not reported by the plugin" : bad.tellp() > 0 ? "reported wrong" : "reported, exact";
+  return {"amax " + line.str() + " (" + how + ")", bad.str()};
+}
+
 }  // namespace
 
 void check_outputs(RankState& state, RunResult& result) {
   const int32_t dt = output_dtype(state.problem.dtype);
   state.env.device.poison(state.buffers.o, dt, state.buffers.nq);
   state.env.device.poison(state.buffers.lse, ATTNHOST_DTYPE_FP32, state.buffers.nlse);
+  if (state.amax) state.env.device.poison(state.amax, ATTNHOST_DTYPE_FP32, 4);
   if (state.gradients) {
     state.env.device.poison(state.buffers.dq, dt, state.buffers.nq);
     state.env.device.poison(state.buffers.dk, dt, state.buffers.nkv);
@@ -83,6 +145,7 @@ void check_outputs(RankState& state, RunResult& result) {
     fetch(out.dv, state.buffers.dv, state.buffers.nkv * el);
     fetch(out.d_o, state.buffers.d_o, state.buffers.nq * dtype_bytes(out.input_dtype));
   }
+  const AmaxCheck amax = state.amax ? check_amax(state, out) : AmaxCheck{};
   std::vector<std::string> packed = state.env.group.gather(pack_samples(plan, out));
   if (state.env.rank != 0) return;
   std::vector<std::pair<std::string, int64_t>> counts = {
@@ -90,6 +153,8 @@ void check_outputs(RankState& state, RunResult& result) {
       {"dQ", static_cast<int64_t>(nonfinite[2])}, {"dK", static_cast<int64_t>(nonfinite[3])},
       {"dV", static_cast<int64_t>(nonfinite[4])}};
   result.check = evaluate_check(plan, packed, state.problem, state.data, *state.instance, state.c.check, counts);
+  result.check.amax = amax.line;
+  if (!amax.wrong.empty()) result.check.ok = false;
   if (!result.check.ok) {
     result.status = "FAILED";
     std::ostringstream s;
@@ -99,6 +164,7 @@ void check_outputs(RankState& state, RunResult& result) {
       if (t.nonfinite) s << t.nonfinite << " non-finite values";
       else s << "max error " << t.max_abs_err << " at " << t.worst << ", rel L2 " << t.rel_l2_err;
     }
+    if (!amax.wrong.empty()) s << (s.tellp() > 0 ? "; " : "") << amax.wrong;
     if (!result.check.note.empty() && s.tellp() == 0) s << result.check.note;
     result.error = "check failed: " + s.str();
   }

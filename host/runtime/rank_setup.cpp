@@ -65,13 +65,13 @@ void setup_rank(RankState& state) {
   };
   std::vector<int64_t> lse_shape = packed ? std::vector<int64_t>{state.problem.heads_q, state.lq.local_tokens}
                                           : std::vector<int64_t>{B, state.problem.heads_q, state.lq.local_tokens};
-  state.fwd.struct_size = ATTNHOST_STRUCT_SIZE(attnhost_forward_args, fp8);
+  state.fwd.struct_size = ATTNHOST_STRUCT_SIZE(attnhost_forward_args, amax);
   state.fwd.q = make_tensor(state.buffers.q, state.problem, dt, qshape(state.problem.heads_q, state.lq), dev);
   state.fwd.k = make_tensor(state.buffers.k, state.problem, dt, qshape(state.problem.heads_kv, state.lkv), dev);
   state.fwd.v = make_tensor(state.buffers.v, state.problem, dt, qshape(state.problem.heads_kv, state.lkv), dev);
   state.fwd.o = make_tensor(state.buffers.o, state.problem, out_dt, qshape(state.problem.heads_q, state.lq), dev);
   state.fwd.lse = make_tensor(state.buffers.lse, state.problem, ATTNHOST_DTYPE_FP32, lse_shape, dev);
-  state.bwd.struct_size = ATTNHOST_STRUCT_SIZE(attnhost_backward_args, fp8);
+  state.bwd.struct_size = ATTNHOST_STRUCT_SIZE(attnhost_backward_args, amax);
   state.bwd.q = state.fwd.q; state.bwd.k = state.fwd.k; state.bwd.v = state.fwd.v; state.bwd.o = state.fwd.o; state.bwd.lse = state.fwd.lse;
   state.bwd.d_o = make_tensor(state.buffers.d_o, state.problem, dt, qshape(state.problem.heads_q, state.lq), dev);
   state.bwd.dq = make_tensor(state.buffers.dq, state.problem, out_dt, qshape(state.problem.heads_q, state.lq), dev);
@@ -82,6 +82,9 @@ void setup_rank(RankState& state) {
     const float descale = static_cast<float>(input_descale(state.data, dt));
     state.fp8.descale_q = state.fp8.descale_k = state.fp8.descale_v = state.fp8.descale_do = descale;
     state.fwd.fp8 = state.bwd.fp8 = &state.fp8;
+    state.amax = static_cast<attnhost_fp8_amax*>(state.buffers.take(sizeof(attnhost_fp8_amax)));
+    state.env.device.poison(state.amax, ATTNHOST_DTYPE_FP32, 4);
+    state.fwd.amax = state.bwd.amax = state.amax;
   }
 }
 

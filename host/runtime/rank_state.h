@@ -61,6 +61,7 @@ struct RankState {
   attnhost_forward_args fwd{};
   attnhost_backward_args bwd{};
   attnhost_fp8_scaling fp8{};            // an FP8 problem's descales, which fwd and bwd point to
+  attnhost_fp8_amax* amax = nullptr;     // an FP8 problem's output amax, in the rank's device memory
   bool gradients = false;                // the backward runs (timed or checked)
   uint64_t sent_fwd = 0, sent_bwd = 0;   // bytes this rank sends in one pass
   std::exception_ptr failure;

@@ -51,7 +51,7 @@ extern "C" {
  * Versions
  * ------------------------------------------------------------------------------------------- */
 #define ATTNHOST_ABI_MAJOR 1
-#define ATTNHOST_ABI_MINOR 4
+#define ATTNHOST_ABI_MINOR 5
 
 /* Size of a struct up to and including its last known field (PJRT's STRUCT_SIZE). Use it to fill
  * struct_size so that a struct compiled against an older header reports its older, smaller size. */
@@ -361,6 +361,17 @@ typedef struct attnhost_fp8_scaling {
   float descale_q, descale_k, descale_v, descale_do;
 } attnhost_fp8_scaling;
 
+/* ABI 1.5: where a plugin reports the largest |x| of each output it wrote in an FP8 problem, the
+ * statistic a training step's delayed scaling keeps to choose the next scales (format maximum /
+ * amax). Of this rank's tensor as written (bf16 values, rows it does not own excluded: 0 for
+ * none), in the instance's memory (device memory for CUDA instances), so that the plugin writes
+ * it from its stream. The host sets the fields to NaN before a checked pass and compares them with
+ * the outputs after it; a field left NaN is reported as not given, and is not an error. */
+typedef struct attnhost_fp8_amax {
+  float o;          /* forward */
+  float dq, dk, dv; /* backward */
+} attnhost_fp8_amax;
+
 typedef struct attnhost_forward_args {
   uint32_t struct_size;
   attnhost_tensor q;   /* [B, Sq_local, Hq, D]  (packed: [Tq_local, Hq, D]) */
@@ -369,6 +380,7 @@ typedef struct attnhost_forward_args {
   attnhost_tensor o;   /* out: [B, Sq_local, Hq, D] */
   attnhost_tensor lse; /* out: [B, Hq, Sq_local] fp32, natural log; -inf for a row with no key */
   const attnhost_fp8_scaling* fp8; /* ABI 1.4: an FP8 problem's scaling; NULL for any other */
+  attnhost_fp8_amax* amax;         /* ABI 1.5: out, amax->o; NULL where the host wants none */
 } attnhost_forward_args;
 
 typedef struct attnhost_backward_args {
@@ -381,6 +393,7 @@ typedef struct attnhost_backward_args {
   attnhost_tensor dk;  /* out */
   attnhost_tensor dv;  /* out */
   const attnhost_fp8_scaling* fp8; /* ABI 1.4: an FP8 problem's scaling; NULL for any other */
+  attnhost_fp8_amax* amax;         /* ABI 1.5: out, amax->dq, dk, dv; NULL where the host wants none */
 } attnhost_backward_args;
 
 /* ---------------------------------------------------------------------------------------------

@@ -508,6 +508,22 @@ TEST_CASE("cpu: merge of two empty sides stays (0, -inf), one empty side passes 
   CHECK(acc.get(0, 1, 0, 3) == doctest::Approx(3.0));
 }
 
+TEST_CASE("cpu: amax is the largest |x|, skipping NaN rows, 0 for no rows") {
+  Tensor x(DType::bf16, 2, 3, 2, 8);
+  x.fill(0.25f);
+  x.set(1, 2, 1, 7, -3.5);
+  x.set(0, 1, 0, 0, std::numeric_limits<double>::quiet_NaN());  // a row no one wrote
+  float amax = -1.f;
+  AmaxParams p{DType::bf16, 2, 2, 8, 3, x.ref(), &amax};
+  cpu::amax(p);
+  CHECK(amax == 3.5f);
+  p.seqlen = 0;
+  cpu::amax(p);
+  CHECK(amax == 0.f);
+  p.dtype = DType::fp8_e4m3;
+  CHECK_THROWS_AS(cpu::amax(p), Error);
+}
+
 TEST_CASE("cpu: compute_delta clears its zero buffer in the same call, and only it") {
   Tensor o(DType::bf16, 1, 3, 2, 8), d_o(DType::bf16, 1, 3, 2, 8);
   o.fill(0.5f);

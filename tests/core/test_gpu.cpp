@@ -282,6 +282,37 @@ TEST_CASE("gpu: FP8 e4m3 forward and backward, head dims 64, 128 and 256") {
                        "attncore: the FP8 forward on CUDA takes calls without segments", Error);
 }
 
+// The outputs' amax (an FP8 step's statistic): the CPU's value exactly, for each output dtype, rows
+// of padding, a row of NaN (never written) skipped, odd head dims on the one-element path.
+TEST_CASE("gpu: amax of an output equals the CPU's") {
+  REQUIRE(device_count() > 0);
+  std::mt19937_64 rng(77);
+  for (DType dt : {DType::bf16, DType::fp16, DType::fp32})
+    for (int32_t D : {128, 36, 7}) {
+      Tensor x(dt, 2, 301, 3, D, /*pad=*/D == 7 ? 1 : 8);
+      std::normal_distribution<double> normal(0.0, 2.0);
+      for (int64_t b = 0; b < 2; ++b)
+        for (int64_t i = 0; i < 301; ++i)
+          for (int32_t h = 0; h < 3; ++h)
+            for (int32_t d = 0; d < D; ++d) x.set(b, i, h, d, normal(rng));
+      for (int32_t d = 0; d < D; ++d) x.set(1, 17, 2, d, std::numeric_limits<double>::quiet_NaN());
+      float want = -1.f, got = -1.f;
+      AmaxParams p{dt, 2, 3, D, 301, x.ref(), &want};
+      cpu::amax(p);
+      DeviceTensor xd(x);
+      DeviceBuffer out(sizeof(float));
+      out.poison();
+      p.x = xd.ref;
+      p.amax = static_cast<float*>(out.ptr);
+      amax_cuda(p, nullptr);
+      CUDA_OK(cudaDeviceSynchronize());
+      out.download(&got);
+      CAPTURE(D);
+      CHECK(want > 0.f);
+      CHECK(got == want);
+    }
+}
+
 TEST_CASE("gpu: causal calls of 513 to 2048 rows (the Hopper forward's pair configuration at its widest)") {
   REQUIRE(device_count() > 0);
   std::mt19937_64 rng(1024);

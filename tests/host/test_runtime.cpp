@@ -115,7 +115,14 @@ TEST_CASE("FP8 inputs: naive attention passes against the reference of the dequa
   ignored.problem.dtype = "fp8_e4m3";
   CHECK(run(ignored).runs[0].status == "FAILED");
   ignored.params["fault"] = std::string("none");
-  CHECK(run(ignored).runs[0].status == "PASSED");
+  const RunResult plain = run(ignored).runs[0];
+  CHECK(plain.status == "PASSED");
+  // The outputs' amax (ABI 1.5): a plugin that reports none is told so and passes; a wrong one fails.
+  CHECK(plain.check.amax.find("(not reported by the plugin)") != std::string::npos);
+  ignored.params["fault"] = std::string("wrong_amax");
+  const RunResult wrong = run(ignored).runs[0];
+  CHECK(wrong.status == "FAILED");
+  CHECK(wrong.error == "check failed: amax of O wrong on 1 of 1 ranks");
 }
 
 TEST_CASE("one wrong element of O is caught at every world size") {

@@ -248,8 +248,12 @@ TEST_CASE("ring and zigzag in FP8 on the CPU: K/V travel in FP8, gradients home 
       attnhost::CaseResult r = run_on(DeviceKind::cpu, dense_case(plugin, {1, 2, 3, 4}, 240, 4, 2, 32, true, dtype));
       test::all_pass(r);
       test::error_does_not_grow(r);
-      // The same FP8 values in fp32 arithmetic: what is left is the bf16 outputs' rounding.
-      for (const auto& run : r.runs) CHECK(test::error_of(run, "O") < 4e-3);
+      // The same FP8 values in fp32 arithmetic: what is left is the bf16 outputs' rounding. The
+      // outputs' amax reported on every rank, equal to the outputs'.
+      for (const auto& run : r.runs) {
+        CHECK(test::error_of(run, "O") < 4e-3);
+        CHECK(run.check.amax.find("(reported, exact)") != std::string::npos);
+      }
     }
   // Head slices (a batch of one), windows whose gradients go home, and a full ring: their buffers
   // hold bf16 outputs beside FP8 inputs.
@@ -312,6 +316,7 @@ TEST_CASE("gpu: ring and zigzag in FP8 e4m3 on Hopper GPUs against the float64 r
       auto r = run_on(DeviceKind::cuda, dense_case(plugin, sizes, 1000, 4, 2, d, true, "fp8_e4m3"));
       test::all_pass(r);
       test::error_does_not_grow(r);
+      for (const auto& run : r.runs) CHECK(run.check.amax.find("(reported, exact)") != std::string::npos);
     }
   auto window = dense_case("zigzag", sizes, 1024, 4, 4, 128, true, "fp8_e4m3");
   window.problem.window_left = 100;

@@ -23,7 +23,7 @@ class Faulty {
         {ATTNHOST_STRUCT_SIZE(attnhost_param_spec, choices), "fault", ATTNHOST_PARAM_STRING, "\"none\"",
          "the planted fault",
          "none|o_element|dk_element|rank1_o|forward_error|backward_error|alloc_huge|segfault|abort|hang|refuse|"
-         "ignore_fp8_descale"},
+         "ignore_fp8_descale|wrong_amax"},
     };
     static const attnhost_plugin_info info = {
         ATTNHOST_STRUCT_SIZE(attnhost_plugin_info, params), "faulty", "1.0.0",
@@ -84,6 +84,7 @@ class Faulty {
     naive::forward_cpu(g_, types(a, a.o.dtype), a.q.data, k_.get(), v_.get(), a.o.data, static_cast<float*>(a.lse.data), false);
     const bool rank_fault = fault_ == "rank1_o" && problem_->rank == 1;
     if (fault_ == "o_element" || rank_fault) corrupt(a.o, 3 * problem_->head_dim + 1);  // row 3, element 1
+    if (fault_ == "wrong_amax" && ATTNHOST_HAS_FIELD(&a, attnhost_forward_args, amax) && a.amax) a.amax->o = 1e6f;
   }
 
   void backward(const attnhost_backward_args& a) {

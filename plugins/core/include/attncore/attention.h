@@ -245,6 +245,18 @@ struct ConvertParams {
   TensorRef src, dst;
 };
 
+// Appended (3.1). *amax = max |x| over a [batch, seqlen, heads, head_dim] tensor in dtype (bf16,
+// fp16 or fp32): an FP8 step's output statistic (attnhost_fp8_amax). NaN elements are skipped (rows
+// a caller never wrote may hold them); 0 for an empty tensor. amax is fp32, in device memory for a
+// CUDA call.
+struct AmaxParams {
+  DType dtype = DType::bf16;
+  int32_t batch = 1, heads = 1, head_dim = 128;
+  int64_t seqlen = 0;
+  TensorRef x;
+  float* amax = nullptr;
+};
+
 // The CPU reference takes any head_dim >= 1 and bf16, fp16, fp32 or FP8 inputs.
 std::string check_supported_cpu(DType dtype, int32_t head_dim);
 

@@ -29,6 +29,9 @@ void merge_partial(const MergeParams& p);
 // fp32 -> bf16 / fp16 / fp32.
 void convert(const ConvertParams& p);
 
+// max |x| (attention.h, AmaxParams).
+void amax(const AmaxParams& p);
+
 extern template void forward<float>(const ForwardParams&);
 extern template void forward<double>(const ForwardParams&);
 extern template void compute_delta<float>(const DeltaParams&);

@@ -48,6 +48,9 @@ void merge_partial_cuda(const MergeParams& p, void* stream);
 // fp32 -> bf16 / fp16 / fp32.
 void convert_cuda(const ConvertParams& p, void* stream);
 
+// max |x| (attention.h, AmaxParams), written to device memory.
+void amax_cuda(const AmaxParams& p, void* stream);
+
 // Which native kernels serve calls on the current device: "wgmma" (the Hopper kernels, sm_90a:
 // warpgroup products, TMA; deterministic backwards still run mma.sync) or "mma.sync" (any other
 // device, or ATTNCORE_KERNELS=mma).

@@ -9,6 +9,19 @@ int32_t output_dtype(const RingShape& s) {
   return static_cast<int32_t>(attncore::output_dtype(core_dtype(s.dtype)));  // DType's values are attnhost's
 }
 
+void output_amax(Engine& e, const RingShape& s, float* amax, const TensorRef& x, int64_t tokens, int32_t heads,
+                 void* stream) {
+  AmaxParams p;
+  p.dtype = core_dtype(output_dtype(s));
+  p.batch = s.batch;
+  p.heads = heads;
+  p.head_dim = s.head_dim;
+  p.seqlen = tokens;
+  p.x = x;
+  p.amax = amax;
+  e.amax(p, stream);
+}
+
 size_t elem_size(const RingShape& s, Elem e) {
   return e == Elem::fp32 ? 4 : attnhost::dtype_size(e == Elem::input ? s.dtype : output_dtype(s));
 }

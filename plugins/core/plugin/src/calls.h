@@ -52,6 +52,15 @@ void write_dkdv_into(BackwardParams& p, const RingShape& s, const BlockCall& c, 
 template <class Args> const attnhost_fp8_scaling* fp8_scaling(const Args& a) {
   return ATTNHOST_HAS_FIELD(&a, Args, fp8) ? a.fp8 : nullptr;
 }
+// Where the host asks for an FP8 problem's output amax (ABI 1.5), or null.
+template <class Args> attnhost_fp8_amax* fp8_amax(const Args& a) {
+  return ATTNHOST_HAS_FIELD(&a, Args, amax) ? a.amax : nullptr;
+}
+// *amax = max |x| of a local output tensor ([batch, tokens, heads, head dim] in the outputs'
+// dtype), on `stream`: the whole tensor, whose rows a schedule writes all (zeros where no key is
+// seen) or leaves as the host's NaN, which amax skips.
+void output_amax(Engine& e, const RingShape& s, float* amax, const TensorRef& x, int64_t tokens, int32_t heads,
+                 void* stream);
 
 struct LocalSizes {
   size_t q, kv, rows;

@@ -29,6 +29,7 @@ class CpuEngine final : public Engine {
   void backward(const BackwardParams& p, void*) override { cpu::backward<Acc>(p); }
   void merge(const MergeParams& p, void*) override { cpu::merge_partial(p); }
   void convert(const ConvertParams& p, void*) override { cpu::convert(p); }
+  void amax(const AmaxParams& p, void*) override { cpu::amax(p); }
   void zero(void* dst, size_t bytes, void*) override { std::memset(dst, 0, bytes); }
   void copy_rows(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width, size_t rows,
                  void*) override {

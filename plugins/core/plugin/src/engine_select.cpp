@@ -138,6 +138,7 @@ class SelectingEngine final : public Engine {
   void compute_delta(const DeltaParams& p, void* s) override { native_->compute_delta(p, s); }
   void merge(const MergeParams& p, void* s) override { native_->merge(p, s); }
   void convert(const ConvertParams& p, void* s) override { native_->convert(p, s); }
+  void amax(const AmaxParams& p, void* s) override { native_->amax(p, s); }
   void zero(void* dst, size_t bytes, void* s) override { native_->zero(dst, bytes, s); }
   void copy_rows(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width, size_t rows,
                  void* s) override {

@@ -279,6 +279,8 @@ void RingAttention::forward(const attnhost_forward_args& a) {
     forward_slice(slice.shape, x);
     unpack(slice, swaps, compute);
   }
+  if (attnhost_fp8_amax* amax = fp8_amax(a))
+    output_amax(*engine_, s_, &amax->o, LocalViews{s_}.q(a.o.data, 0, Elem::output), s_.local_q, s_.heads_q, compute);
 }
 
 void RingAttention::forward_slice(const RingShape& s, const attnhost_forward_args& a) {
@@ -332,6 +334,12 @@ void RingAttention::backward(const attnhost_backward_args& a) {
     pack(slice, swaps, compute);
     backward_slice(slice.shape, x, true);  // (dK and dV must be home: they are unpacked next)
     unpack(slice, swaps, compute);
+  }
+  if (attnhost_fp8_amax* amax = fp8_amax(a)) {  // every output is home on the compute stream by now
+    const LocalViews v{s_};
+    output_amax(*engine_, s_, &amax->dq, v.q(a.dq.data, 0, Elem::output), s_.local_q, s_.heads_q, compute);
+    output_amax(*engine_, s_, &amax->dk, v.kv(a.dk.data, 0, Elem::output), s_.local_kv, s_.heads_kv, compute);
+    output_amax(*engine_, s_, &amax->dv, v.kv(a.dv.data, 0, Elem::output), s_.local_kv, s_.heads_kv, compute);
   }
 }
 

@@ -1,4 +1,5 @@
-// CPU merge of fp32 partial outputs by their LSE, and the final fp32 -> dtype conversion.
+// CPU merge of fp32 partial outputs by their LSE, the final fp32 -> dtype conversion, and the
+// outputs' amax.
 #include <algorithm>
 #include <vector>
 
@@ -51,6 +52,23 @@ void convert(const ConvertParams& p) {
       for (int64_t i = 0; i < p.seqlen; ++i)
         store(p.dtype, p.dst.data, offset(p.dst, b, i, h), p.head_dim,
               static_cast<const float*>(p.src.data) + offset(p.src, b, i, h));
+}
+
+void amax(const AmaxParams& p) {
+  if (p.dtype != DType::bf16 && p.dtype != DType::fp16 && p.dtype != DType::fp32)
+    fail("amax: dtype must be bf16, fp16 or fp32");
+  if (p.batch < 1 || p.heads < 1 || p.head_dim < 1 || p.seqlen < 0) fail("amax: bad shape");
+  if (!p.amax || (p.seqlen > 0 && !p.x.data)) fail("amax: a pointer is null");
+  float most = 0.f;
+  std::vector<float> row(size_t(p.head_dim));
+  for (int64_t b = 0; b < p.batch; ++b)
+    for (int64_t i = 0; i < p.seqlen; ++i)
+      for (int32_t h = 0; h < p.heads; ++h) {
+        load(p.dtype, p.x.data, offset(p.x, b, i, h), p.head_dim, row.data());
+        for (float x : row)
+          if (!std::isnan(x)) most = std::max(most, std::abs(x));
+      }
+  *p.amax = most;
 }
 
 } // namespace attncore::cpu

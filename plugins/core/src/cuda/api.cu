@@ -371,6 +371,33 @@ __global__ void __launch_bounds__(kRowWarps * 32) convert_kernel(const __grid_co
   }
 }
 
+// max |x| over kWarpRows rows a warp, into *amax by an integer atomic max (non-negative floats
+// order as their bits). fmaxf drops a NaN operand, so rows a caller never wrote do not count.
+template <class T, int kV>
+__global__ void __launch_bounds__(kRowWarps * 32) amax_kernel(const __grid_constant__ AmaxParams p, int64_t rows) {
+  constexpr int kP = kParts<kV>;
+  const int lane = threadIdx.x % 32;
+  const int64_t first = warp_first_row<kWarpRows>();
+  int64_t ox[kWarpRows], same[kWarpRows];
+  warp_row_offsets(p.x, p.x, p.heads, p.seqlen, rows, first, ox, same);
+  float most = 0.f;
+  for (int c = 0; c < p.head_dim; c += 32 * kV * kP)
+#pragma unroll
+    for (int k = 0; k < kWarpRows; ++k)
+#pragma unroll
+      for (int q = 0; q < kP; ++q) {
+        const int d = c + kV * (lane + 32 * q);
+        if (first + k >= rows || d >= p.head_dim) continue;
+        float x[kV];
+        load_part<T, kV>(p.x.data, ox[k] + d, x);
+#pragma unroll
+        for (int e = 0; e < kV; ++e) most = fmaxf(most, fabsf(x[e]));
+      }
+#pragma unroll
+  for (int x = 16; x > 0; x >>= 1) most = fmaxf(most, __shfl_xor_sync(kFullMask, most, x));
+  if (lane == 0 && most > 0.f) atomicMax(reinterpret_cast<unsigned*>(p.amax), __float_as_uint(most));
+}
+
 dim3 row_grid(int64_t rows, int rows_per_warp) {
   const int64_t per_block = int64_t(kRowWarps) * rows_per_warp;
   return dim3(unsigned((rows + per_block - 1) / per_block));
@@ -494,6 +521,25 @@ void merge_partial_cuda(const MergeParams& p, void* stream) {
   const bool v4 = p.head_dim % 4 == 0 && rows_aligned4(p.o_acc, 4) && rows_aligned4(p.o_part, 4);
   launch_rows(v4, merge_kernel<4>, merge_kernel<1>, rows, 1, static_cast<cudaStream_t>(stream), p);
   check_launch("merge_partial");
+}
+
+void amax_cuda(const AmaxParams& p, void* stream) {
+  if (p.dtype != DType::bf16 && p.dtype != DType::fp16 && p.dtype != DType::fp32)
+    fail("amax: dtype must be bf16, fp16 or fp32");
+  check_rows(p.batch, p.heads, p.head_dim, p.seqlen, "amax");
+  if (!p.amax || (p.seqlen > 0 && !p.x.data)) fail("amax: a pointer is null");
+  const auto s = static_cast<cudaStream_t>(stream);
+  if (const cudaError_t e = cudaMemsetAsync(p.amax, 0, sizeof(float), s); e != cudaSuccess)
+    fail(std::string("amax: clearing the result failed: ") + cudaGetErrorString(e));
+  if (p.seqlen == 0) return;
+  const int64_t rows = int64_t(p.batch) * p.heads * p.seqlen;
+  const bool v4 = p.head_dim % 4 == 0 && rows_aligned4(p.x, dtype_bytes(p.dtype));
+  switch (p.dtype) {
+  case DType::bf16: launch_rows(v4, amax_kernel<__nv_bfloat16, 4>, amax_kernel<__nv_bfloat16, 1>, rows, kWarpRows, s, p); break;
+  case DType::fp16: launch_rows(v4, amax_kernel<__half, 4>, amax_kernel<__half, 1>, rows, kWarpRows, s, p); break;
+  default: launch_rows(v4, amax_kernel<float, 4>, amax_kernel<float, 1>, rows, kWarpRows, s, p); break;
+  }
+  check_launch("amax");
 }
 
 void convert_cuda(const ConvertParams& p, void* stream) {

@@ -70,6 +70,7 @@ class Engine {
   virtual void backward(const BackwardParams& p, void* stream) = 0;
   virtual void merge(const MergeParams& p, void* stream) = 0;
   virtual void convert(const ConvertParams& p, void* stream) = 0;
+  virtual void amax(const AmaxParams& p, void* stream) = 0;
   virtual void zero(void* dst, size_t bytes, void* stream) = 0;
   // `rows` rows of `width` bytes from src (rows `src_pitch` bytes apart) to dst (`dst_pitch` apart):
   // a slice of heads packed into a buffer of its own, or unpacked.
