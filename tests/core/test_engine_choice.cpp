@@ -33,6 +33,15 @@ TEST_CASE("auto takes cuDNN per pass and head dim where it measured faster, and 
         "auto: cuDNN not measured faster for sm_8x, head_dim 64, 8192 x 8192");
 }
 
+// auto once sent FP8 forwards at head dims 64 and 256 to cuDNN by the bf16 rule, whose Hopper FP8
+// graph writes O in FP8 (3-4% more error in O): FP8 stays native under auto.
+TEST_CASE("auto keeps FP8 calls native and says why") {
+  CHECK(attncore::plugin::auto_keeps_fp8(attncore::DType::fp8_e4m3) ==
+        "auto: FP8 stays native (cuDNN's Hopper FP8 graph writes O in FP8: 3-4% more error)");
+  CHECK(attncore::plugin::auto_keeps_fp8(attncore::DType::bf16).empty());
+  CHECK(attncore::plugin::auto_keeps_fp8(attncore::DType::fp16).empty());
+}
+
 // auto once judged a windowed call by its block: 512-key windows over 8192 x 8192 went native, 10%
 // slower than cuDNN at world size 1 (medium_window 2.365 -> 2.608 ms fwd+bwd).
 TEST_CASE("auto judges a windowed call by the keys its rows reach") {

@@ -104,6 +104,13 @@ std::string native_measured_faster(bool forward, int sm_major, int32_t head_dim,
   return "auto: the native " + pass + " measured faster or level for " + shape;
 }
 
+// cuDNN's FP8 forward on Hopper writes O in e4m3, which a kernel widens: 3-4% relative error in O
+// against the native forward's bf16 O (docs/KERNELS.md, "cuDNN engine"), a cost no speed pays for
+// by default; engine=cudnn still takes it.
+std::string auto_keeps_fp8(DType dtype) {
+  return is_fp8(dtype) ? "auto: FP8 stays native (cuDNN's Hopper FP8 graph writes O in FP8: 3-4% more error)" : "";
+}
+
 int64_t row_keys(const Mask& mask, int64_t seqlen_kv) {
   if (mask.window_left < 0 || mask.window_right < 0) {
     // Unbounded on one side: a causal mask bounds the right at the row itself.

@@ -162,9 +162,10 @@ class SelectingEngine final : public Engine {
     const std::vector<int64_t> key = shape_key(p);
     if (auto it = t.decided.find(key); it != t.decided.end()) return it->second;
     const std::string why = cudnn_check(p);
-    const std::string slower =
-        native_measured_faster(&t == &forward_, sm_major_, p.head_dim, p.seqlen_q, p.seqlen_kv,
-                               row_keys(p.mask, p.seqlen_kv));
+    std::string slower = auto_keeps_fp8(p.dtype);
+    if (slower.empty())
+      slower = native_measured_faster(&t == &forward_, sm_major_, p.head_dim, p.seqlen_q, p.seqlen_kv,
+                                      row_keys(p.mask, p.seqlen_kv));
     const bool use = why.empty() && (choice_ == EngineChoice::cudnn || slower.empty());
     if (!use && t.why_native.empty()) t.why_native = why.empty() ? slower : why;
     t.decided.emplace(key, use);

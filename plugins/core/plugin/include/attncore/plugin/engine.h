@@ -18,7 +18,7 @@ namespace attncore::plugin {
 //   native: the core's mma.sync kernels (attncore/cuda.h).
 //   cudnn:  cuDNN (attncore/cudnn.h) for every call it serves, native for the rest.
 //   auto:   cuDNN for the calls it serves where it measured faster, per pass, head dim and
-//           length (native_measured_faster), native for the rest.
+//           length (native_measured_faster), native for the rest and for FP8 (auto_keeps_fp8).
 // The choice is made per call and cached per shape; the CPU path ignores it.
 enum class EngineChoice : int32_t { native = 0, cudnn = 1, automatic = 2 };
 // "native", "cudnn", "auto"; anything else fails with ATTNHOST_ERR_INVALID_ARGUMENT.
@@ -30,6 +30,9 @@ const char* engine_choice_name(EngineChoice choice);
 // head_dim 128, 8192 x 8192"), which the engine's result line carries.
 std::string native_measured_faster(bool forward, int sm_major, int32_t head_dim, int64_t seqlen_q, int64_t seqlen_kv,
                                    int64_t row_keys);
+// Why auto keeps a call of this dtype native whatever the speed ("" where it does not): FP8, since
+// cuDNN's Hopper FP8 graph writes O in FP8 (3-4% more relative error in O).
+std::string auto_keeps_fp8(DType dtype);
 // The most keys a row of a call with this mask reaches: the window's span, or all of them.
 int64_t row_keys(const Mask& mask, int64_t seqlen_kv);
 
