@@ -96,9 +96,10 @@ template <int D_, int kConsumers_, int kBlockN_ = 128> struct Fp8ForwardConfig {
   // 24 + 2 x 240 = 3 x 168; 24 + 3 x 160 <= 4 x 128
   static constexpr int kProducerRegs = 24, kConsumerRegs = kConsumers == 3 ? 160 : 240;
   // O rescaled right after the next scores are issued (as the bf16 kernel at d64 and d80): at d128
-  // +3.6% causal / +2.9% full at 16384 rows; at d64 (three consumers) -3% / -4%, at d256 equal
+  // with 128-key tiles +3.6% causal / +2.9% full at 16384 rows; with 192-key tiles -0.3% / -1.2%
+  // there and -1.4% causal at 4096; at d64 (three consumers) -3% / -4%, at d256 equal
   // (docs/KERNELS.md, "FP8 forward").
-  static constexpr bool kRescaleUnderScores = D == 128;
+  static constexpr bool kRescaleUnderScores = D == 128 && kBlockN == 128;
   static constexpr size_t kSmemBytes = 1024 /* alignment */ + kQBytes + 2 * kStages * kKVBytes + 512;
   static_assert(D % 64 == 0, "FP8 head dims are multiples of 64 (k-steps of 32 bytes in whole swizzled rows)");
   static_assert(kBlockN % kVtKeys == 0, "a V^T tile is whole column blocks");
