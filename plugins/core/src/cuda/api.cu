@@ -1,5 +1,5 @@
 // The public CUDA entry points (attncore/cuda.h): validation on the host, dispatch to the
-// per-head-dim launchers, and the small row-wise kernels (delta, merge, convert).
+// per-head-dim launchers, and the small row-wise kernels (delta, merge, convert, amax).
 #include <cuda_fp8.h>
 #include <cuda_runtime_api.h>
 
