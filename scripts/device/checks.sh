@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine (device tool), in the repository's copy, with .gpu.tar.xz carried:
 #   scripts/device/checks.sh SECTION...   sections: info tests plugins verify mpi quick perf scaling suite cp peers
+#                                         fp8 striped
 # Every command has its own time limit so one hang cannot eat the call; logs go to $OUT.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -68,6 +69,20 @@ for section in "$@"; do
         run 400 python3 -m torch.distributed.run --nproc_per_node=2 .gpu/peers/torch_cp.py --out "$OUT/torch_cp.json" \
           4,24,8192,128,1 4,32,16384,128,1 4,24,32768,128,1 4,32,16384,128,0
       fi ;;
+    fp8)
+      ws=$(seq -s, 1 "$gpus")
+      step "FP8 e4m3 against bf16 through ring and zigzag, world sizes $ws (float64 check, amax)"
+      for dt in fp8_e4m3 bf16; do
+        run 400 "$A" compare ring zigzag --config ${FP8_CONFIG:-large} --dtype $dt --world-sizes "$ws" \
+          --out "$OUT/fp8_$dt" --format console,json
+      done ;;
+    striped)
+      ws=$(seq -s, 1 "$gpus")
+      P=$PWD/.gpu/lib/attnhost/striped/libstriped.so
+      step "striped, built out of tree: verify and compare with zigzag, world sizes $ws"
+      run 300 "$A" verify striped --plugin "$P" --quiet
+      run 400 "$A" compare zigzag striped --plugin "$P" --config large --world-sizes "$ws" --out "$OUT/striped" \
+        --format console,json,markdown ;;
     *) echo "unknown section $section" ;;
   esac
 done
