@@ -23,9 +23,10 @@ namespace {
 enum class Dkdv { add, write, write_fp32 };
 
 // The backward on the device into host tensors dq, dk, dv (fp32 accumulators starting from their
-// contents; written dk and dv, in the problem's dtype or in fp32, over NaN poison).
+// contents; written dk and dv, in the problem's dtype or in fp32, over NaN poison). The call gets
+// the workspace it asks for, unless `workspace` is false.
 void backward_gpu(Problem& p, Stats lse, Stats delta, Tensor& dq, Tensor& dk, Tensor& dv, bool deterministic,
-                  Dkdv out) {
+                  Dkdv out, bool workspace = true) {
   DeviceProblem dp(p);
   DeviceStats lse_d(lse), delta_d(delta);
   DeviceTensor dq_d(dq), dk_d(dk), dv_d(dv);
@@ -43,12 +44,13 @@ void backward_gpu(Problem& p, Stats lse, Stats delta, Tensor& dq, Tensor& dk, Te
   g.deterministic = deterministic;
   g.write_dkdv = out != Dkdv::add;
   g.write_dkdv_fp32 = out == Dkdv::write_fp32;
-  // The sums of a block list's split key groups, over poison: the call clears what it uses.
-  std::unique_ptr<DeviceBuffer> workspace;
-  if (const size_t bytes = backward_workspace_bytes(g); bytes > 0) {
-    workspace = std::make_unique<DeviceBuffer>(bytes);
-    workspace->poison();
-    g.workspace = workspace->ptr;
+  // The sums of a block list's split key groups (and FP8's widened inputs), over poison: the call
+  // writes what it reads.
+  std::unique_ptr<DeviceBuffer> room;
+  if (const size_t bytes = backward_workspace_bytes(g); bytes > 0 && workspace) {
+    room = std::make_unique<DeviceBuffer>(bytes);
+    room->poison();
+    g.workspace = room->ptr;
     g.workspace_bytes = bytes;
   }
   backward_cuda(g, nullptr);
@@ -247,24 +249,12 @@ TEST_CASE("gpu: FP8 e4m3 forward and backward, head dims 64, 128 and 256") {
   }
   Problem no_room = random_problem(rng, DType::fp8_e4m3, 64, 1, 100);
   Outputs want = run_cpu(no_room, true);
-  {
-    DeviceProblem dp(no_room);
-    Tensor dq(DType::fp32, no_room.B, no_room.Sq, no_room.Hq, no_room.D);
-    Tensor dk(DType::fp32, no_room.B, no_room.Skv, no_room.Hkv, no_room.D), dv = dk;
-    DeviceStats lse(want.lse), delta(want.delta);
-    DeviceTensor dq_d(dq), dk_d(dk), dv_d(dv);
-    BackwardParams g = no_room.backward_params(want.lse, want.delta, dq, dk, dv);
-    dp.point(no_room, g);
-    g.lse = lse.ref;
-    g.delta = delta.ref;
-    g.dq = dq_d.ref;
-    g.dk = dk_d.ref;
-    g.dv = dv_d.ref;
-    CHECK_THROWS_WITH_AS(backward_cuda(g, nullptr),
-                         "attncore cuda: an FP8 backward needs backward_workspace_bytes(params) bytes of workspace, "
-                         "256-byte aligned (its inputs widened to bf16)",
-                         Error);
-  }
+  Tensor dq(DType::fp32, no_room.B, no_room.Sq, no_room.Hq, no_room.D);
+  Tensor dk(DType::fp32, no_room.B, no_room.Skv, no_room.Hkv, no_room.D), dv = dk;
+  CHECK_THROWS_WITH_AS(backward_gpu(no_room, want.lse, want.delta, dq, dk, dv, false, Dkdv::add, /*workspace=*/false),
+                       "attncore cuda: an FP8 backward needs backward_workspace_bytes(params) bytes of workspace, "
+                       "256-byte aligned (its inputs widened to bf16)",
+                       Error);
   Problem e5m2 = random_problem(rng, DType::fp8_e5m2, 128, 1, 100);
   CHECK_THROWS_WITH_AS(run_gpu(e5m2, false, false, nullptr),
                        "attncore: FP8 on CUDA takes e4m3 (e5m2 runs on the CPU path)", Error);
