@@ -81,17 +81,26 @@ AmaxCheck check_amax(RankState& state, const RankOutputs& out) {
   actual = state.env.group.max(actual);
   missing = state.env.group.sum(missing);
   wrong = state.env.group.sum(wrong);
+  // The line: each output's amax (the largest over ranks), then how the plugin's compared: one
+  // word for all when they agree, else after each output that differs.
+  const int n = state.env.world_size;
+  const auto of_ranks = [n](double k) { return std::to_string(static_cast<int>(k)) + " of " + std::to_string(n) + " ranks"; };
+  double all_missing = 0, any_missing = 0, any_wrong = 0;
+  for (size_t i = 0; i < fields.size(); ++i) {
+    all_missing += missing[i] == n;
+    any_missing += missing[i] > 0;
+    any_wrong += wrong[i] > 0;
+  }
+  const bool uniform = any_wrong == 0 && (any_missing == 0 || all_missing == static_cast<double>(fields.size()));
   std::ostringstream line, bad;
-  bool reported = false;
   for (size_t i = 0; i < fields.size(); ++i) {
     line << (i ? ", " : "") << fields[i].name << " " << actual[i];
-    reported = reported || missing[i] < state.env.world_size;
-    if (wrong[i] > 0)
-      bad << (bad.tellp() > 0 ? "; " : "") << "amax of " << fields[i].name << " wrong on " << wrong[i] << " of "
-          << state.env.world_size << " ranks";
+    if (!uniform && wrong[i] > 0) line << " (wrong on " << of_ranks(wrong[i]) << ")";
+    else if (!uniform && missing[i] > 0) line << " (not given on " << of_ranks(missing[i]) << ")";
+    if (wrong[i] > 0) bad << (bad.tellp() > 0 ? "; " : "") << "amax of " << fields[i].name << " wrong on " << of_ranks(wrong[i]);
   }
-  const std::string how = !reported ? "not reported by the plugin" : bad.tellp() > 0 ? "reported wrong" : "reported, exact";
-  return {"amax " + line.str() + " (" + how + ")", bad.str()};
+  const std::string how = !uniform ? "" : any_missing > 0 ? " (not reported by the plugin)" : " (reported, exact)";
+  return {"amax " + line.str() + how, bad.str()};
 }
 
 }  // namespace

@@ -117,9 +117,10 @@ inline Outputs run_cpu(Problem& p, bool grads) {
   return cpu_outputs<float>(p, grads, DeltaFrom::o_dtype, std::numeric_limits<float>::quiet_NaN());
 }
 
-// Max error over max |ref|, and the error's norm over the reference's norm. Both treat a reference
-// below 1e-3 (its largest element, its RMS) as 1e-3: a tensor that is zero in exact arithmetic (dK
-// of a single key, whose dS cancels to rounding) carries only the fp32 sums' noise on both sides.
+// Max error over max |ref| (at least 1e-3), and the error's norm over the reference's norm (its
+// RMS at least 1e-5): a tensor that is zero in exact arithmetic (dK and dQ of a single key, whose
+// dS cancels to rounding) carries only the fp32 sums' noise on both sides, about 1e-6 at the FP8
+// tests' magnitudes.
 struct Diff {
   double max_abs = 0, ref_max = 0, sq = 0, ref_sq = 0;
   long count = 0, nonfinite = 0;
@@ -135,7 +136,7 @@ struct Diff {
     ref_sq += want * want;
   }
   double rel_max() const { return max_abs / std::max(ref_max, 1e-3); }
-  double rel_norm() const { return std::sqrt(sq / std::max(ref_sq, 1e-6 * double(count))); }
+  double rel_norm() const { return std::sqrt(sq / std::max(ref_sq, 1e-10 * double(count))); }
 };
 
 struct Tolerance {

@@ -1,6 +1,9 @@
 #include "attncore/plugin/ring_plugin.h"
 
 #include "calls.h"
+#if ATTNCORE_HAVE_CUDA
+#include "attncore/cuda.h"
+#endif
 
 namespace attncore::plugin {
 
@@ -30,6 +33,12 @@ void validate_packed(const attnhost::Problem& p) {
   const std::string why = p->device_type == ATTNHOST_DEVICE_CUDA ? check_supported(dtype, p->head_dim)
                                                                  : check_supported_cpu(dtype, p->head_dim);
   if (!why.empty()) fail(ATTNHOST_ERR_UNSUPPORTED, why);
+#if ATTNCORE_HAVE_CUDA
+  // FP8 runs on the Hopper kernels alone: refused here rather than at the first forward.
+  if (p->device_type == ATTNHOST_DEVICE_CUDA && is_fp8(dtype) && std::string(native_kernels()) != "wgmma")
+    fail(ATTNHOST_ERR_UNSUPPORTED, "attncore: FP8 on CUDA runs on the Hopper kernels only (an sm_90a build on a Hopper "
+                                   "GPU, ATTNCORE_KERNELS not mma)");
+#endif
   if (p->device_type == ATTNHOST_DEVICE_CUDA && !(kRingDevices & ATTNHOST_CAP_DEVICE_CUDA))
     fail(ATTNHOST_ERR_UNSUPPORTED, "this plugin was built without CUDA");
 }

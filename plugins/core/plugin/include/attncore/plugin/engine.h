@@ -73,7 +73,6 @@ class Engine {
   virtual void backward(const BackwardParams& p, void* stream) = 0;
   virtual void merge(const MergeParams& p, void* stream) = 0;
   virtual void convert(const ConvertParams& p, void* stream) = 0;
-  virtual void amax(const AmaxParams& p, void* stream) = 0;
   virtual void zero(void* dst, size_t bytes, void* stream) = 0;
   // `rows` rows of `width` bytes from src (rows `src_pitch` bytes apart) to dst (`dst_pitch` apart):
   // a slice of heads packed into a buffer of its own, or unpacked.
@@ -87,6 +86,9 @@ class Engine {
   virtual Event record(void* stream) = 0;
   virtual void wait(void* stream, const Event& event) = 0;  // nothing for a null event
   virtual void upload(void* dst, const void* host_src, size_t bytes) = 0;  // waits until done
+  // Appended (3.1; after the others, so that their slots stay where 3.0 put them): max |x| of an
+  // output (attention.h, AmaxParams).
+  virtual void amax(const AmaxParams& p, void* stream) = 0;
   // `to` waits for everything enqueued on `from` so far (an event on the GPU; nothing on the CPU,
   // where every operation has finished when it returns).
   void wait(void* to, void* from) {
