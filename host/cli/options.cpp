@@ -55,7 +55,7 @@ po::options_description problem_options() {
     ("heads", po::value<int32_t>(), "query heads")
     ("kv-heads", po::value<int32_t>(), "key/value heads")
     ("head-dim", po::value<int32_t>(), "head dimension")
-    ("dtype", po::value<std::string>(), "bf16 | fp16 | fp32")
+    ("dtype", po::value<std::string>(), "bf16 | fp16 | fp32 | fp8_e4m3 | fp8_e5m2")
     ("causal", "causal attention")
     ("no-causal", "full attention")
     ("window", po::value<std::string>(), "sliding window L,R (-1: unbounded)")

@@ -54,6 +54,8 @@ int verify_command(Context& ctx, const std::vector<std::string>& args) {
                    ("set", po::value<std::string>()->default_value("correctness"),
                     "preset set to verify on (default: verify_<plugin> when presets.toml has it, else correctness)")
                    ("world-sizes", po::value<std::string>(), "world sizes (default: CPU 1,2,3,4; GPUs 1..visible)")
+                   ("dtype", po::value<std::string>(),
+                    "every case in this element type, e.g. fp8_e4m3 (default: each preset's)")
                    ("param", po::value<std::vector<std::string>>()->composing(),
                     "NAME=VALUE: a plugin parameter for every plugin that has it, e.g. engine=cudnn (repeatable)");
   desc.add(own);
@@ -119,7 +121,9 @@ int verify_command(Context& ctx, const std::vector<std::string>& args) {
     }
   }
   suite::Overrides params;
-  params.params = overrides_from(vm).params;
+  const suite::Overrides given = overrides_from(vm);
+  params.params = given.params;
+  params.dtype = given.dtype;
   suite::apply_overrides(s, params, ctx.catalog());
   ExecuteOptions ex;
   ex.verification = true;

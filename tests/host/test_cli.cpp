@@ -197,6 +197,15 @@ TEST_CASE("cli: verify prints each tensor's error against float64 and its tolera
   CHECK(o.out.find("speedup") == std::string::npos);
 }
 
+TEST_CASE("cli: verify --dtype checks every case in that element type; a wrong one is a usage error") {
+  Outcome o = attnhost("verify naive_attention --device cpu --world-sizes 1 --set multi_gpu --dtype fp8_e4m3 --quiet");
+  CHECK(o.code == 0);
+  CHECK(o.out.find("dtype=fp8_e4m3") != std::string::npos);
+  CHECK(o.out.find("0 failed") != std::string::npos);
+  one_line_error(attnhost("verify naive_attention --device cpu --dtype fp9"),
+                 "command line: --dtype: unknown dtype 'fp9' (expected bf16, fp16, fp32, fp8_e4m3 or fp8_e5m2)");
+}
+
 TEST_CASE("cli: bad input ends the command before anything runs, a dry run too") {
   one_line_error(attnhost("compare naive_attention --config tiny --dry-run --gpus -1"),
                  "--gpus must be 0 (every visible GPU) or more, not -1");
