@@ -197,7 +197,7 @@ TEST_CASE("cli: verify prints each tensor's error against float64 and its tolera
   CHECK(o.out.find("speedup") == std::string::npos);
 }
 
-TEST_CASE("cli: verify --dtype checks every case in that element type; a wrong one is a usage error") {
+TEST_CASE("cli: verify --dtype checks every case in that element type, and a wrong one is a usage error") {
   Outcome o = attnhost("verify naive_attention --device cpu --world-sizes 1 --set multi_gpu --dtype fp8_e4m3 --quiet");
   CHECK(o.code == 0);
   CHECK(o.out.find("dtype=fp8_e4m3") != std::string::npos);
