@@ -304,10 +304,10 @@ __global__ void __launch_bounds__(kRowWarps * 32, 4) delta_kernel(const __grid_c
     for (int x = 16; x > 0; x >>= 1) sum[k] += __shfl_xor_sync(kFullMask, sum[k], x);
   if (lane < kWarpRows) { // lane k writes row k
     const RowIndex r = row_index(p.heads, p.seqlen, rows, first + lane);
-    float x = sum[0] * p.descale_do;
+    float x = sum[0];
 #pragma unroll
-    for (int k = 1; k < kWarpRows; ++k) x = lane == k ? sum[k] * p.descale_do : x;
-    if (r.valid) p.delta.data[r.b * p.delta.batch_stride + r.h * p.delta.head_stride + r.i] = x;
+    for (int k = 1; k < kWarpRows; ++k) x = lane == k ? sum[k] : x;
+    if (r.valid) p.delta.data[r.b * p.delta.batch_stride + r.h * p.delta.head_stride + r.i] = x * p.descale_do;
   }
 }
 
