@@ -27,6 +27,32 @@ TEST_CASE("ulysses: causal, full, a window, GQA and lengths that do not divide, 
   test::all_pass(run_on(DeviceKind::cpu, serial));
 }
 
+TEST_CASE("ulysses and usp: a tapered pipeline (first and last batch entry alone) computes what whole groups do") {
+  struct Shape {
+    const char* plugin;
+    int64_t batch, head_groups, ulysses_degree;
+    int32_t kv_heads;
+  };
+  for (const Shape& s : {Shape{"ulysses", 4, 2, 0, 4}, Shape{"ulysses", 3, 1, 0, 4}, Shape{"ulysses", 2, 2, 0, 4},
+                         Shape{"ulysses", 3, 1, 0, 1}, Shape{"usp", 3, 1, 2, 4}}) {
+    std::vector<attnhost::CaseResult> runs;
+    for (const char* taper : {"on", "off"}) {
+      auto c = dense_case(s.plugin, {2, 4}, 96, 8, s.kv_heads, 16, true);
+      c.problem.batch = s.batch;
+      c.params["head_groups"] = s.head_groups;
+      if (s.ulysses_degree > 0) c.params["ulysses_degree"] = s.ulysses_degree;
+      c.params["taper"] = std::string(taper);
+      runs.push_back(run_on(DeviceKind::cpu, c));
+      test::all_pass(runs.back());
+    }
+    for (size_t w = 0; w < runs[0].runs.size(); ++w)  // every entry's calls are the same, only their order moves
+      for (const char* tensor : {"O", "LSE", "dQ", "dK", "dV"}) {
+        INFO(s.plugin, " batch ", s.batch, " at world size ", runs[0].runs[w].world_size, ": ", tensor);
+        CHECK(test::error_of(runs[0].runs[w], tensor) == test::error_of(runs[1].runs[w], tensor));
+      }
+  }
+}
+
 TEST_CASE("ulysses: fewer kv heads than ranks are replicated, their gradients summed") {
   attnhost::CaseResult mqa = run_on(DeviceKind::cpu, dense_case("ulysses", {1, 2, 4}, 128, 8, 1, 16, true));
   test::all_pass(mqa);

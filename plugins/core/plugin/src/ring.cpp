@@ -200,12 +200,13 @@ bool RingAttention::pass_kv(const RingShape& s, KV in_hand, KV into, int step, v
   return true;
 }
 
-std::vector<RingAttention::Slice> RingAttention::slices() const {
+std::vector<RingAttention::Slice> RingAttention::slices(int32_t first, int32_t count) const {
   const int32_t per_b = per_slice(s_.batch, s_.batch_slices), per_h = per_slice(s_.heads_kv, s_.head_slices);
+  const int32_t end = std::min(first + count, s_.batch);
   std::vector<Slice> out;
-  for (int32_t b0 = 0; b0 < s_.batch; b0 += per_b)
+  for (int32_t b0 = first; b0 < end; b0 += per_b)
     for (int32_t h0 = 0; h0 < s_.heads_kv; h0 += per_h) {
-      const int32_t nb = std::min(per_b, s_.batch - b0), nh = std::min(per_h, s_.heads_kv - h0);
+      const int32_t nb = std::min(per_b, end - b0), nh = std::min(per_h, s_.heads_kv - h0);
       out.push_back({slice_shape(s_, nb, nh), b0, h0, nh < s_.heads_kv, false});
     }
   if (!out.empty()) out.back().last = true;
@@ -262,9 +263,16 @@ void RingAttention::exchange(const void* send_k, const void* send_v, void* recv_
 }
 
 void RingAttention::forward(const attnhost_forward_args& a) {
+  forward(a, 0, s_.batch);
+  if (attnhost_fp8_amax* amax = fp8_amax(a))
+    output_amax(*engine_, s_, &amax->o, LocalViews{s_}.q(a.o.data, 0, Elem::output), s_.local_q, s_.heads_q,
+                host_.stream(0));
+}
+
+void RingAttention::forward(const attnhost_forward_args& a, int32_t b0, int32_t count) {
   plan_reach();
   void* compute = host_.stream(0);
-  for (const Slice& slice : slices()) {
+  for (const Slice& slice : slices(b0, count)) {
     attnhost_forward_args x = a;
     for (attnhost_tensor* t : {&x.q, &x.k, &x.v, &x.o, &x.lse}) *t = from_entry(*t, slice.b0, slice.shape.batch);
     if (!slice.packed) {
@@ -279,8 +287,6 @@ void RingAttention::forward(const attnhost_forward_args& a) {
     forward_slice(slice.shape, x);
     unpack(slice, swaps, compute);
   }
-  if (attnhost_fp8_amax* amax = fp8_amax(a))
-    output_amax(*engine_, s_, &amax->o, LocalViews{s_}.q(a.o.data, 0, Elem::output), s_.local_q, s_.heads_q, compute);
 }
 
 void RingAttention::forward_slice(const RingShape& s, const attnhost_forward_args& a) {
@@ -315,9 +321,20 @@ void RingAttention::forward_slice(const RingShape& s, const attnhost_forward_arg
 }
 
 void RingAttention::backward(const attnhost_backward_args& a) {
+  backward(a, 0, s_.batch);
+  if (attnhost_fp8_amax* amax = fp8_amax(a)) {  // every output is home on the compute stream by now
+    const LocalViews v{s_};
+    void* compute = host_.stream(0);
+    output_amax(*engine_, s_, &amax->dq, v.q(a.dq.data, 0, Elem::output), s_.local_q, s_.heads_q, compute);
+    output_amax(*engine_, s_, &amax->dk, v.kv(a.dk.data, 0, Elem::output), s_.local_kv, s_.heads_kv, compute);
+    output_amax(*engine_, s_, &amax->dv, v.kv(a.dv.data, 0, Elem::output), s_.local_kv, s_.heads_kv, compute);
+  }
+}
+
+void RingAttention::backward(const attnhost_backward_args& a, int32_t b0, int32_t count) {
   plan_reach();
   void* compute = host_.stream(0);
-  for (const Slice& slice : slices()) {
+  for (const Slice& slice : slices(b0, count)) {
     attnhost_backward_args x = a;
     for (attnhost_tensor* t : {&x.q, &x.k, &x.v, &x.o, &x.lse, &x.d_o, &x.dq, &x.dk, &x.dv})
       *t = from_entry(*t, slice.b0, slice.shape.batch);
@@ -334,12 +351,6 @@ void RingAttention::backward(const attnhost_backward_args& a) {
     pack(slice, swaps, compute);
     backward_slice(slice.shape, x, true);  // (dK and dV must be home: they are unpacked next)
     unpack(slice, swaps, compute);
-  }
-  if (attnhost_fp8_amax* amax = fp8_amax(a)) {  // every output is home on the compute stream by now
-    const LocalViews v{s_};
-    output_amax(*engine_, s_, &amax->dq, v.q(a.dq.data, 0, Elem::output), s_.local_q, s_.heads_q, compute);
-    output_amax(*engine_, s_, &amax->dk, v.kv(a.dk.data, 0, Elem::output), s_.local_kv, s_.heads_kv, compute);
-    output_amax(*engine_, s_, &amax->dv, v.kv(a.dv.data, 0, Elem::output), s_.local_kv, s_.heads_kv, compute);
   }
 }
 

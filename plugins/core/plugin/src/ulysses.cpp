@@ -21,6 +21,33 @@ int32_t choose_groups(int32_t asked, int32_t kv_heads, int u) {
   return 1;
 }
 
+// Automatic: tapered where one batch entry's call over a head group holds at least 1024 query tiles
+// of 128 rows (8 waves on 132 SMs). At 1024 and 1536 a call of one entry kept the rate of the
+// group's call of four; at 384 (6 heads, 8192 rows) it lost 13-30% (docs/KERNELS.md, "Tapered
+// pipeline").
+bool tapered(Taper taper, int32_t heads_per_group, int64_t rows) {
+  if (taper != Taper::automatic) return taper == Taper::on;
+  return int64_t{heads_per_group} * ((rows + 127) / 128) >= 1024;
+}
+
+// The pipeline's steps, group after group: each group whole, or, tapered, with the first group's
+// first batch entry and the last group's last one steps of their own. The exchange before the first
+// call and the one after the last then move one entry's heads, and the next step's exchange still
+// has a call to run under.
+std::vector<UlyssesAttention::Step> pipeline_steps(int32_t groups, int32_t batch, bool taper) {
+  std::vector<UlyssesAttention::Step> steps;
+  const bool cut = taper && batch > 1;
+  for (int32_t g = 0; g < groups; ++g) {
+    int32_t b0 = 0, end = batch;
+    if (cut && g == 0) steps.push_back({g, b0++, 1});
+    const bool last_alone = cut && g == groups - 1 && end - b0 > 1;
+    if (last_alone) --end;
+    if (end > b0) steps.push_back({g, b0, end - b0});
+    if (last_alone) steps.push_back({g, end, 1});
+  }
+  return steps;
+}
+
 }  // namespace
 
 std::string check_ulysses_heads(int32_t heads_q, int32_t heads_kv, int32_t u) {
@@ -54,6 +81,7 @@ UlyssesAttention::UlyssesAttention(const UlyssesShape& shape, RingPlan plan, con
   group_shape_.local_q = group_shape_.local_kv = u_ * n_;
   group_shape_.batch_slices = group_shape_.head_slices = 1;
   group_shape_.kv_grads_fp32 = kv_heads_replicated(r.heads_kv, u_);
+  steps_ = pipeline_steps(groups_, r.batch, tapered(s_.taper, group_shape_.heads_q, group_shape_.local_q));
   const RingMembers members{options.rank / u_, options.world_size / u_, member_, u_};
   ring_ = std::make_unique<RingAttention>(group_shape_, std::move(plan), options, members);
   if (u_ == 1) return;  // the ring runs on the problem's own tensors
@@ -90,10 +118,10 @@ UlyssesAttention::Buffers UlyssesAttention::layout(Carver& c) const {
   return b;
 }
 
-int32_t UlyssesAttention::first_head(int member, const Piece& p) const {
-  if (!p.kv) return member * heads_ + p.group * p.count;
+int32_t UlyssesAttention::first_head(int member, const Piece& p, int32_t group) const {
+  if (!p.kv) return member * heads_ + group * p.count;
   if (kv_heads_replicated(s_.ring.heads_kv, u_)) return member * heads_ / (s_.ring.heads_q / s_.ring.heads_kv);
-  return member * kv_heads_ + p.group * p.count;
+  return member * kv_heads_ + group * p.count;
 }
 
 attnhost_tensor UlyssesAttention::sharded(void* data, bool kv, bool fp32) const {
@@ -137,23 +165,29 @@ attnhost_tensor UlyssesAttention::stats(void* data) const {
   return t;
 }
 
-void UlyssesAttention::to_heads(const std::vector<Piece>& pieces, void* stream, const char* what, int group) {
-  exchange(pieces, true, stream, what, group);
+void UlyssesAttention::to_heads(const std::vector<Piece>& pieces, const Step& step, void* stream, const char* what) {
+  exchange(pieces, true, step, stream, what);
 }
 
-void UlyssesAttention::to_tokens(const std::vector<Piece>& pieces, void* stream, const char* what, int group) {
-  exchange(pieces, false, stream, what, group);
+void UlyssesAttention::to_tokens(const std::vector<Piece>& pieces, const Step& step, void* stream, const char* what) {
+  exchange(pieces, false, step, stream, what);
 }
 
 // One all-to-all inside the Ulysses group: one message each way between every two members, the
 // pieces for a peer packed side by side before it and unpacked after (narrow rows by the copy
 // kernel). Many small messages, one a batch entry and tensor, moved 2-3x slower over NVLink
 // (docs/KERNELS.md, "All-to-all messages"). Both ends lay a message out alike: every member's pieces
-// have the same sizes.
-void UlyssesAttention::exchange(const std::vector<Piece>& pieces, bool heads_out, void* stream, const char* what,
-                                int group) {
+// have the same sizes. The pieces are whole-batch tensors; the step's entries are exchanged.
+void UlyssesAttention::exchange(const std::vector<Piece>& whole, bool heads_out, const Step& step, void* stream,
+                                const char* what) {
   const RingShape& r = s_.ring;
-  const size_t el = attnhost::dtype_size(r.dtype), D = r.head_dim, B = r.batch, n = n_, un = u_ * n_;
+  const size_t el = attnhost::dtype_size(r.dtype), D = r.head_dim, B = step.count, n = n_, un = u_ * n_;
+  std::vector<Piece> pieces = whole;
+  for (Piece& p : pieces) {  // from the step's first entry: [B, n, heads, .] local, [B, u*n, count, .] sharded
+    const size_t unit = p.tokens ? D * (p.sum ? 4 : el) : 4;  // row statistics: [B, heads, n], [B, count, u*n]
+    p.local = static_cast<char*>(p.local) + step.b0 * n * p.heads * unit;
+    p.sharded = static_cast<char*>(p.sharded) + step.b0 * un * p.count * unit;
+  }
   std::vector<Copy> before, after;
   struct Sum {
     float* dst;
@@ -174,7 +208,7 @@ void UlyssesAttention::exchange(const std::vector<Piece>& pieces, bool heads_out
   for (const Piece& p : pieces) {
     const size_t c = p.count;
     for (int i = 0; i < u_; ++i) {
-      const int32_t h0 = first_head(i, p);
+      const int32_t h0 = first_head(i, p, step.group);
       char* out = outgoing(i) + offset;
       char* in = incoming(i) + offset;
       const bool self = i == member_;
@@ -224,7 +258,8 @@ void UlyssesAttention::exchange(const std::vector<Piece>& pieces, bool heads_out
     }
     offset += piece_bytes(p);
   }
-  const std::string name = std::string(what) + " group " + std::to_string(group);
+  const std::string name = std::string(what) + " group " + std::to_string(step.group) + " entries " +
+                           std::to_string(step.b0) + "-" + std::to_string(step.b0 + step.count - 1);
   const int32_t range = host_.range_begin(name.c_str(), ATTNHOST_RANGE_COMMUNICATION, stream);
   for (const Copy& c : before) engine_->copy_rows(c.dst, c.dst_pitch, c.src, c.src_pitch, c.width, c.rows, stream);
   host_.group_start();
@@ -247,26 +282,28 @@ void UlyssesAttention::forward(const attnhost_forward_args& a) {
   void* xs = overlap_ ? host_.stream(2) : compute;
   const Buffers& b = buffers();
   const auto at = [&](char* base, size_t elems, int group, size_t bytes) { return base + group * elems * bytes; };
-  std::vector<Engine::Event> arrived(groups_);
-  const auto bring = [&](int group) {
-    to_heads({{a.q.data, at(b.q, g.q, group, el), s_.ring.heads_q, group_shape_.heads_q, false, group},
-              {a.k.data, at(b.k, g.kv, group, el), s_.ring.heads_kv, group_shape_.heads_kv, true, group},
-              {a.v.data, at(b.v, g.kv, group, el), s_.ring.heads_kv, group_shape_.heads_kv, true, group}},
-             xs, "Q K V to heads", group);
-    arrived[group] = engine_->record(xs);
+  std::vector<Engine::Event> arrived(steps_.size());
+  const auto bring = [&](size_t k) {
+    const int group = steps_[k].group;
+    to_heads({{a.q.data, at(b.q, g.q, group, el), s_.ring.heads_q, group_shape_.heads_q, false},
+              {a.k.data, at(b.k, g.kv, group, el), s_.ring.heads_kv, group_shape_.heads_kv, true},
+              {a.v.data, at(b.v, g.kv, group, el), s_.ring.heads_kv, group_shape_.heads_kv, true}},
+             steps_[k], xs, "Q K V to heads");
+    arrived[k] = engine_->record(xs);
   };
   engine_->wait(xs, compute);  // the inputs are ready
   bring(0);
-  for (int group = 0; group < groups_; ++group) {
-    if (group + 1 < groups_) bring(group + 1);
-    engine_->wait(compute, arrived[group]);
+  for (size_t k = 0; k < steps_.size(); ++k) {
+    const Step& step = steps_[k];
+    if (k + 1 < steps_.size()) bring(k + 1);
+    engine_->wait(compute, arrived[k]);
     attnhost_forward_args x = a;
-    kept_tensors(group, x.q, x.k, x.v, x.o, x.lse);
-    ring_->forward(x);
+    kept_tensors(step.group, x.q, x.k, x.v, x.o, x.lse);
+    ring_->forward(x, step.b0, step.count);
     engine_->wait(xs, compute);
-    to_tokens({{a.o.data, x.o.data, s_.ring.heads_q, group_shape_.heads_q, false, group},
-               {a.lse.data, x.lse.data, s_.ring.heads_q, group_shape_.heads_q, false, group, false}},
-              xs, "O LSE to tokens", group);
+    to_tokens({{a.o.data, x.o.data, s_.ring.heads_q, group_shape_.heads_q, false},
+               {a.lse.data, x.lse.data, s_.ring.heads_q, group_shape_.heads_q, false, false}},
+              step, xs, "O LSE to tokens");
   }
   engine_->wait(compute, xs);
   const void* given[5] = {a.q.data, a.k.data, a.v.data, a.o.data, a.lse.data};
@@ -287,18 +324,19 @@ void UlyssesAttention::backward(const attnhost_backward_args& a) {
   const size_t sum_elems = static_cast<size_t>(r.batch) * n_ * r.heads_kv * r.head_dim;
   const Buffers& b = buffers();
   float *dk_sum = b.dk_sum, *dv_sum = b.dv_sum;
-  std::vector<Engine::Event> arrived(groups_);
-  const auto bring = [&](int group) {
-    std::vector<Piece> in = {{a.d_o.data, at(b.d_o, g.q, group, el), r.heads_q, group_shape_.heads_q, false, group}};
+  std::vector<Engine::Event> arrived(steps_.size());
+  const auto bring = [&](size_t k) {
+    const int group = steps_[k].group;
+    std::vector<Piece> in = {{a.d_o.data, at(b.d_o, g.q, group, el), r.heads_q, group_shape_.heads_q, false}};
     if (!kept) {
-      in.push_back({a.q.data, at(b.q, g.q, group, el), r.heads_q, group_shape_.heads_q, false, group});
-      in.push_back({a.o.data, at(b.o, g.q, group, el), r.heads_q, group_shape_.heads_q, false, group});
-      in.push_back({a.k.data, at(b.k, g.kv, group, el), r.heads_kv, group_shape_.heads_kv, true, group});
-      in.push_back({a.v.data, at(b.v, g.kv, group, el), r.heads_kv, group_shape_.heads_kv, true, group});
-      in.push_back({a.lse.data, at(b.lse, g.rows, group, 4), r.heads_q, group_shape_.heads_q, false, group, false});
+      in.push_back({a.q.data, at(b.q, g.q, group, el), r.heads_q, group_shape_.heads_q, false});
+      in.push_back({a.o.data, at(b.o, g.q, group, el), r.heads_q, group_shape_.heads_q, false});
+      in.push_back({a.k.data, at(b.k, g.kv, group, el), r.heads_kv, group_shape_.heads_kv, true});
+      in.push_back({a.v.data, at(b.v, g.kv, group, el), r.heads_kv, group_shape_.heads_kv, true});
+      in.push_back({a.lse.data, at(b.lse, g.rows, group, 4), r.heads_q, group_shape_.heads_q, false, false});
     }
-    to_heads(in, xs, kept ? "dO to heads" : "Q K V O dO LSE to heads", group);
-    arrived[group] = engine_->record(xs);
+    to_heads(in, steps_[k], xs, kept ? "dO to heads" : "Q K V O dO LSE to heads");
+    arrived[k] = engine_->record(xs);
   };
   engine_->wait(xs, compute);
   if (replicated) {
@@ -306,9 +344,11 @@ void UlyssesAttention::backward(const attnhost_backward_args& a) {
     engine_->zero(dv_sum, sum_elems * 4, xs);
   }
   bring(0);
-  for (int group = 0; group < groups_; ++group) {
-    if (group + 1 < groups_) bring(group + 1);
-    engine_->wait(compute, arrived[group]);
+  for (size_t k = 0; k < steps_.size(); ++k) {
+    const Step& step = steps_[k];
+    const int group = step.group;
+    if (k + 1 < steps_.size()) bring(k + 1);
+    engine_->wait(compute, arrived[k]);
     attnhost_backward_args x = a;
     kept_tensors(group, x.q, x.k, x.v, x.o, x.lse);
     x.d_o = sharded(at(b.d_o, g.q, group, el), false, false);
@@ -316,17 +356,16 @@ void UlyssesAttention::backward(const attnhost_backward_args& a) {
     const size_t dkv_el = replicated ? 4 : el;
     x.dk = sharded(at(b.dk, g.kv, group, dkv_el), true, replicated);
     x.dv = sharded(at(b.dv, g.kv, group, dkv_el), true, replicated);
-    ring_->backward(x);
+    ring_->backward(x, step.b0, step.count);
     engine_->wait(xs, compute);
-    Piece dk{a.dk.data, x.dk.data, r.heads_kv, group_shape_.heads_kv, true, group};
-    Piece dv{a.dv.data, x.dv.data, r.heads_kv, group_shape_.heads_kv, true, group};
+    Piece dk{a.dk.data, x.dk.data, r.heads_kv, group_shape_.heads_kv, true};
+    Piece dv{a.dv.data, x.dv.data, r.heads_kv, group_shape_.heads_kv, true};
     if (replicated) {
       dk.local = dk_sum;
       dv.local = dv_sum;
       dk.sum = dv.sum = true;
     }
-    to_tokens({{a.dq.data, x.dq.data, r.heads_q, group_shape_.heads_q, false, group}, dk, dv}, xs, "dQ dK dV to tokens",
-              group);
+    to_tokens({{a.dq.data, x.dq.data, r.heads_q, group_shape_.heads_q, false}, dk, dv}, step, xs, "dQ dK dV to tokens");
   }
   if (replicated)
     for (auto [sum, out] : {std::pair{dk_sum, a.dk.data}, std::pair{dv_sum, a.dv.data}}) {

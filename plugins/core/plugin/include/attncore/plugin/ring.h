@@ -113,6 +113,10 @@ class RingAttention {
 
   void forward(const attnhost_forward_args& a);
   void backward(const attnhost_backward_args& a);
+  // The ring over batch entries [b0, b0 + count) alone, the args' tensors holding the whole batch:
+  // a caller's pipeline over entries. An FP8 pass's amax is reported by the whole-batch calls above.
+  void forward(const attnhost_forward_args& a, int32_t b0, int32_t count);
+  void backward(const attnhost_backward_args& a, int32_t b0, int32_t count);
   // Pairs this rank computes (every call of every step, batch and heads included).
   int64_t rank_pairs() const;
   // The bytes a ring of `shape` allocates beyond the problem's tensors (receive buffers and the
@@ -176,7 +180,7 @@ class RingAttention {
     int32_t b0, h0;
     bool packed, last;
   };
-  std::vector<Slice> slices() const;
+  std::vector<Slice> slices(int32_t b0, int32_t count) const;  // of entries [b0, b0 + count)
   // A tensor of a packed slice: its data is swapped for `buffer`, an input is packed into it
   // first, an output unpacked from it after.
   enum class Kind { q, kv, stats };  // [B, tokens, heads, D] by Q's or K/V's heads; [B, heads, tokens]

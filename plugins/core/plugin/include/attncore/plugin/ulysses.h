@@ -9,7 +9,9 @@
 // any u that divides P (u = 1 is the ring alone).
 //
 // The heads go in groups through a pipeline: while group g computes on stream 0, the all-to-all of
-// group g + 1 runs on stream 2 (the ring's own transfers use stream 1). The forward's head-sharded
+// group g + 1 runs on stream 2 (the ring's own transfers use stream 1). Tapered, the first group's
+// first batch entry and the last group's last are steps of their own: what waits before the first
+// call and after the last is one entry's exchange, not a group's. The forward's head-sharded
 // Q, K, V, O and LSE stay for the backward, as a framework's autograd keeps them: a backward on the
 // forward's tensors sends only dO in and dQ, dK, dV out; one on other tensors exchanges those too.
 //
@@ -29,10 +31,15 @@
 
 namespace attncore::plugin {
 
+// Whether the pipeline's first and last batch entries are steps of their own (above): automatic
+// tapers where one entry's call over a head group is long enough to keep the group call's rate.
+enum class Taper : int32_t { automatic, on, off };
+
 struct UlyssesShape {
   RingShape ring;             // the whole problem: local_q = local_kv = n, this rank's tokens
   int32_t ulysses = 1;        // u: ranks of a Ulysses group (consecutive world ranks)
   int32_t head_groups = 0;    // groups of the pipeline; 0: two where they cut the kv heads evenly, else one
+  Taper taper = Taper::automatic;
 };
 
 // Empty when `heads_q` query heads and `heads_kv` kv heads can be cut among `u` ranks, else one
@@ -52,6 +59,11 @@ class UlyssesAttention {
   void backward(const attnhost_backward_args& a);
   int64_t rank_pairs() const;
   int32_t head_groups() const { return groups_; }
+  // A step of the pipeline: batch entries [b0, b0 + count) of head group `group`.
+  struct Step {
+    int32_t group, b0, count;
+  };
+  const std::vector<Step>& steps() const { return steps_; }
 
  private:
   // One tensor of an all-to-all: `tokens` [B, n, heads, D] local and [B, u*n, count, D] head-sharded;
@@ -62,15 +74,15 @@ class UlyssesAttention {
     int32_t heads;      // of the local tensor
     int32_t count;      // heads a rank takes
     bool kv;            // which heads a rank takes: its kv heads, else its query heads
-    int32_t group;      // of the pipeline: the heads of that group
     bool tokens = true;
     bool sum = false;   // to sequence sharding only: fp32 replicated kv gradients, added into sums [B, Hkv, n, D]
   };
   struct Copy;
-  int32_t first_head(int member, const Piece& p) const;
-  void to_heads(const std::vector<Piece>& pieces, void* stream, const char* what, int group);
-  void to_tokens(const std::vector<Piece>& pieces, void* stream, const char* what, int group);
-  void exchange(const std::vector<Piece>& pieces, bool to_heads, void* stream, const char* what, int group);
+  int32_t first_head(int member, const Piece& p, int32_t group) const;
+  // The all-to-all of a step's entries of `pieces` (whole-batch tensors, the step's head group).
+  void to_heads(const std::vector<Piece>& pieces, const Step& step, void* stream, const char* what);
+  void to_tokens(const std::vector<Piece>& pieces, const Step& step, void* stream, const char* what);
+  void exchange(const std::vector<Piece>& pieces, bool to_heads, const Step& step, void* stream, const char* what);
   attnhost_tensor sharded(void* data, bool kv, bool fp32) const;  // one group's head-sharded tensor
   attnhost_tensor stats(void* data) const;
   // Group `group`'s head-sharded Q, K, V, O and LSE, which the forward fills and keeps.
@@ -84,6 +96,7 @@ class UlyssesAttention {
   int64_t n_;                   // tokens a rank holds
   int32_t heads_, kv_heads_;    // a rank's query and kv heads
   int32_t groups_;
+  std::vector<Step> steps_;
   bool overlap_;
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<RingAttention> ring_;

@@ -19,20 +19,27 @@ namespace attncore::plugin {
 
 // The ring's parameters that apply across Ulysses groups (overlap, cpu_accumulate, engine,
 // partials), then the pipeline's, then usp's group size (last, so ulysses can leave it out).
-inline constexpr std::array<attnhost_param_spec, kNumPackedRingParams + 2> kUlyssesParams =
+inline constexpr std::array<attnhost_param_spec, kNumPackedRingParams + 3> kUlyssesParams =
     with_packed_ring_params(std::array{
         attnhost_param_spec{ATTNHOST_STRUCT_SIZE(attnhost_param_spec, choices), "head_groups", ATTNHOST_PARAM_INT,
                             "0",
                             "heads go through the all-to-alls in this many groups, each group's exchange under the "
                             "previous group's attention; 0: two where they cut a rank's kv heads evenly, else one",
                             nullptr},
+        attnhost_param_spec{ATTNHOST_STRUCT_SIZE(attnhost_param_spec, choices), "taper", ATTNHOST_PARAM_STRING,
+                            "\"auto\"",
+                            "the first group's first batch entry and the last group's last go through the pipeline "
+                            "alone (on), so that only one entry's exchange waits before the first call and after the "
+                            "last, or whole groups do (off); auto: on where one entry's call over a group holds at "
+                            "least 1024 query tiles of 128 rows",
+                            "auto|on|off"},
         attnhost_param_spec{ATTNHOST_STRUCT_SIZE(attnhost_param_spec, choices), "ulysses_degree",
                             ATTNHOST_PARAM_INT, "0",
                             "ranks of a Ulysses group (all-to-all inside it, a zigzag ring across the groups); it "
                             "divides the world size (a smaller world is one group); 0: the ranks on one machine",
                             nullptr}});
-inline constexpr int32_t kNumUlyssesParams = kNumPackedRingParams + 1;  // ulysses: all but ulysses_degree
-inline constexpr int32_t kNumUspParams = kNumPackedRingParams + 2;
+inline constexpr int32_t kNumUlyssesParams = kNumPackedRingParams + 2;  // ulysses: all but ulysses_degree
+inline constexpr int32_t kNumUspParams = kNumPackedRingParams + 3;
 
 template <class Variant>
 class UlyssesPlugin {
@@ -126,7 +133,9 @@ class UlyssesPlugin {
     return dense_shape(p, n);
   }
   UlyssesShape shape_of(const attnhost::Problem& p) {
-    return {shape(p), u_, static_cast<int32_t>(p.get_int("head_groups"))};
+    const std::string taper = p.get_string("taper");
+    return {shape(p), u_, static_cast<int32_t>(p.get_int("head_groups")),
+            taper == "on" ? Taper::on : taper == "off" ? Taper::off : Taper::automatic};
   }
 
   DenseReference reference_;
