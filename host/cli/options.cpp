@@ -56,6 +56,7 @@ po::options_description problem_options() {
     ("kv-heads", po::value<int32_t>(), "key/value heads")
     ("head-dim", po::value<int32_t>(), "head dimension")
     ("dtype", po::value<std::string>(), "bf16 | fp16 | fp32 | fp8_e4m3 | fp8_e5m2")
+    ("grad-dtype", po::value<std::string>(), "fp8_e5m2: dO in e5m2 beside --dtype fp8_e4m3 (the hybrid FP8 recipe)")
     ("causal", "causal attention")
     ("no-causal", "full attention")
     ("window", po::value<std::string>(), "sliding window L,R (-1: unbounded)")
@@ -133,6 +134,7 @@ suite::Overrides overrides_from(const po::variables_map& vm) {
   if (vm.count("kv-heads")) o.kv_heads = vm["kv-heads"].as<int32_t>();
   if (vm.count("head-dim")) o.head_dim = vm["head-dim"].as<int32_t>();
   if (vm.count("dtype")) o.dtype = vm["dtype"].as<std::string>();
+  if (vm.count("grad-dtype")) o.grad_dtype = vm["grad-dtype"].as<std::string>();
   if (vm.count("causal") && vm.count("no-causal")) throw UsageError("--causal and --no-causal contradict each other");
   if (vm.count("causal")) o.causal = true;
   if (vm.count("no-causal")) o.causal = false;

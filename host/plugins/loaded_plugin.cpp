@@ -168,7 +168,8 @@ std::string features_string(uint32_t f) {
                        {ATTNHOST_FEATURE_VARLEN, "varlen"},
                        {ATTNHOST_FEATURE_BACKWARD, "backward"},
                        {ATTNHOST_FEATURE_DETERMINISTIC, "deterministic"},
-                       {ATTNHOST_FEATURE_CROSS, "cross"}});
+                       {ATTNHOST_FEATURE_CROSS, "cross"},
+                       {ATTNHOST_FEATURE_FP8_HYBRID, "fp8_hybrid"}});
 }
 
 std::string dtypes_string(uint32_t d) {

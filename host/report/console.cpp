@@ -16,7 +16,8 @@ std::string problem_line(const suite::Problem& p) {
   if (p.seqlen_kv > 0 && p.seqlen_kv != p.seqlen_q) s << " Skv=" << p.seqlen_kv;
   s << " H=" << p.heads_q;
   if (p.heads_kv > 0 && p.heads_kv != p.heads_q) s << " Hkv=" << p.heads_kv;
-  s << " D=" << p.head_dim << " " << p.dtype << (p.causal ? " causal" : " non-causal");
+  s << " D=" << p.head_dim << " " << p.dtype << (p.grad_dtype.empty() ? "" : " (dO " + p.grad_dtype + ")")
+    << (p.causal ? " causal" : " non-causal");
   if (p.window_left >= 0 || p.window_right >= 0) s << " window=(" << p.window_left << "," << p.window_right << ")";
   return s.str();
 }

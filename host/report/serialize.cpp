@@ -38,6 +38,7 @@ json::Value problem_json(const suite::Problem& p) {
                                {"dtype", p.dtype}, {"causal", p.causal}, {"window_left", p.window_left},
                                {"window_right", p.window_right}, {"deterministic", p.deterministic}};
   if (p.softmax_scale) o.set("softmax_scale", *p.softmax_scale);
+  if (!p.grad_dtype.empty()) o.set("grad_dtype", p.grad_dtype);
   if (p.varlen) {
     o.set("seqlens", numbers(p.varlen->lengths));
     o.set("seqlen_distribution", p.varlen->distribution);
@@ -59,6 +60,7 @@ suite::Problem problem_from(const json::Value& v) {
   p.window_right = v["window_right"].integer();
   p.deterministic = v["deterministic"].boolean();
   if (const json::Value* s = v.find("softmax_scale")) p.softmax_scale = s->number();
+  if (const json::Value* g = v.find("grad_dtype")) p.grad_dtype = g->string();
   if (const json::Value* l = v.find("seqlens")) {
     suite::SeqlenSpec spec;
     for (const json::Value& x : l->array()) spec.lengths.push_back(x.integer());

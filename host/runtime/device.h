@@ -43,6 +43,11 @@ ATTNHOST_HD data::Fp8Format fp8_format(int32_t dtype) {
   return dtype == ATTNHOST_DTYPE_FP8_E5M2 ? data::e5m2() : data::e4m3();
 }
 inline int32_t output_dtype(int32_t dtype) { return is_fp8(dtype) ? ATTNHOST_DTYPE_BF16 : dtype; }
+// The dtype of an input (data::kQ, kK, kV, kDO): the problem's, but dO's is grad_dtype where that is
+// set (ABI 1.6: e5m2 beside e4m3 inputs, the hybrid FP8 recipe).
+inline int32_t input_dtype(const attnhost_problem& p, uint32_t tensor) {
+  return tensor == data::kDO && p.grad_dtype != 0 ? p.grad_dtype : p.dtype;
+}
 // What an input element stands for per unit of its storage: 1 / its FP8 scale, or 1.
 inline double input_descale(const data::Params& params, int32_t dtype) {
   return is_fp8(dtype) ? 1.0 / data::fp8_scale(params, fp8_format(dtype)) : 1.0;

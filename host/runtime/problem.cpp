@@ -65,7 +65,7 @@ suite::ParamValue parse_default(const ParamSpec& spec, const std::string& plugin
 
 ProblemBinding::ProblemBinding(const suite::Case& c, const PluginDescription& plugin, int32_t device_type) {
   const suite::Problem& p = c.problem;
-  problem_.struct_size = ATTNHOST_STRUCT_SIZE(attnhost_problem, local_size);
+  problem_.struct_size = ATTNHOST_STRUCT_SIZE(attnhost_problem, grad_dtype);
   problem_.batch = p.batch;
   problem_.seqlen_q = p.seqlen_q;
   problem_.seqlen_kv = p.seqlen_kv > 0 ? p.seqlen_kv : p.seqlen_q;
@@ -73,6 +73,7 @@ ProblemBinding::ProblemBinding(const suite::Case& c, const PluginDescription& pl
   problem_.heads_kv = p.heads_kv > 0 ? p.heads_kv : p.heads_q;
   problem_.head_dim = p.head_dim;
   problem_.dtype = dtype_from_name(p.dtype);
+  problem_.grad_dtype = p.grad_dtype.empty() ? 0 : dtype_from_name(p.grad_dtype);
   problem_.causal = p.causal ? 1 : 0;
   problem_.deterministic = p.deterministic ? 1 : 0;
   problem_.window_left = p.window_left;

@@ -135,8 +135,8 @@ void check_outputs(RankState& state, RunResult& result) {
   out.q_layout = state.lq;
   out.kv_layout = state.lkv;
   out.dtype = dt;
-  out.input_dtype = state.problem.dtype;
-  out.descale_do = input_descale(state.data, state.problem.dtype);
+  out.input_dtype = input_dtype(state.problem, data::kDO);
+  out.descale_do = input_descale(state.data, out.input_dtype);
   out.batch = state.problem.batch;
   out.heads_q = state.problem.heads_q;
   out.heads_kv = state.problem.heads_kv;

@@ -29,6 +29,7 @@ void setup_rank(RankState& state) {
   const bool packed = state.problem.num_seqs > 0;
   const int64_t B = state.problem.batch, D = state.problem.head_dim;
   const int32_t dt = state.problem.dtype, out_dt = output_dtype(dt);
+  const int32_t do_dt = input_dtype(state.problem, data::kDO);
   const size_t el = dtype_bytes(dt), out_el = dtype_bytes(out_dt);
   const size_t nq = static_cast<size_t>(B) * state.lq.local_tokens * state.problem.heads_q * D;
   const size_t nkv = static_cast<size_t>(B) * state.lkv.local_tokens * state.problem.heads_kv * D;
@@ -41,14 +42,15 @@ void setup_rank(RankState& state) {
   state.buffers.v = state.buffers.take(nkv * el);
   state.buffers.o = state.buffers.take(nq * out_el);
   state.buffers.lse = state.buffers.take(nlse * 4);
-  state.buffers.d_o = state.buffers.take(nq * el);
+  state.buffers.d_o = state.buffers.take(nq * dtype_bytes(do_dt));
   if (state.instance->has_backward()) {
     state.buffers.dq = state.buffers.take(nq * out_el);
     state.buffers.dk = state.buffers.take(nkv * out_el);
     state.buffers.dv = state.buffers.take(nkv * out_el);
   }
   auto gen = [&](void* dst, uint32_t tensor, const Instance::Layout& l, int32_t heads) {
-    GenerateSpec s{state.data, tensor, state.problem.dtype, B, l.local_tokens, heads, state.problem.head_dim, l.ranges};
+    GenerateSpec s{state.data, tensor, input_dtype(state.problem, tensor), B, l.local_tokens, heads,
+                   state.problem.head_dim, l.ranges};
     state.env.device.generate(dst, s);
   };
   gen(state.buffers.q, data::kQ, state.lq, state.problem.heads_q);
@@ -73,14 +75,15 @@ void setup_rank(RankState& state) {
   state.fwd.lse = make_tensor(state.buffers.lse, state.problem, ATTNHOST_DTYPE_FP32, lse_shape, dev);
   state.bwd.struct_size = ATTNHOST_STRUCT_SIZE(attnhost_backward_args, amax);
   state.bwd.q = state.fwd.q; state.bwd.k = state.fwd.k; state.bwd.v = state.fwd.v; state.bwd.o = state.fwd.o; state.bwd.lse = state.fwd.lse;
-  state.bwd.d_o = make_tensor(state.buffers.d_o, state.problem, dt, qshape(state.problem.heads_q, state.lq), dev);
+  state.bwd.d_o = make_tensor(state.buffers.d_o, state.problem, do_dt, qshape(state.problem.heads_q, state.lq), dev);
   state.bwd.dq = make_tensor(state.buffers.dq, state.problem, out_dt, qshape(state.problem.heads_q, state.lq), dev);
   state.bwd.dk = make_tensor(state.buffers.dk, state.problem, out_dt, qshape(state.problem.heads_kv, state.lkv), dev);
   state.bwd.dv = make_tensor(state.buffers.dv, state.problem, out_dt, qshape(state.problem.heads_kv, state.lkv), dev);
-  if (is_fp8(dt)) {  // every input generated alike, so one descale serves all four
+  if (is_fp8(dt)) {  // every input generated alike, so one descale serves all of one format
     state.fp8.struct_size = ATTNHOST_STRUCT_SIZE(attnhost_fp8_scaling, descale_do);
     const float descale = static_cast<float>(input_descale(state.data, dt));
-    state.fp8.descale_q = state.fp8.descale_k = state.fp8.descale_v = state.fp8.descale_do = descale;
+    state.fp8.descale_q = state.fp8.descale_k = state.fp8.descale_v = descale;
+    state.fp8.descale_do = static_cast<float>(input_descale(state.data, do_dt));
     state.fwd.fp8 = state.bwd.fp8 = &state.fp8;
     state.amax = static_cast<attnhost_fp8_amax*>(state.buffers.take(sizeof(attnhost_fp8_amax)));
     state.env.device.poison(state.amax, ATTNHOST_DTYPE_FP32, 4);

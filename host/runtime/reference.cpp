@@ -33,7 +33,8 @@ Reference::Reference(const attnhost_problem& problem, const data::Params& data, 
       heads_kv_(problem.heads_kv), d_(problem.head_dim) {}
 
 void Reference::load(uint32_t tensor, int64_t b, int32_t h, int64_t t, int32_t, double* out) const {
-  for (int32_t d = 0; d < d_; ++d) out[d] = generated_element(data_, tensor, problem_.dtype, b, t, h, d);
+  const int32_t dtype = input_dtype(problem_, tensor);
+  for (int32_t d = 0; d < d_; ++d) out[d] = generated_element(data_, tensor, dtype, b, t, h, d);
 }
 
 void Reference::fill_head_cache(int64_t b, int32_t kvh) {

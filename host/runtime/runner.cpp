@@ -127,6 +127,8 @@ std::string capability_mismatch(const suite::Case& c, const PluginDescription& d
   if (!(d.devices & dev_bit)) return who + "does not run on " + device_kind_name(device) + " (runs on " + devices_string(d.devices) + ")";
   int32_t dt = dtype_from_name(p.dtype);
   if (!(d.dtypes & ATTNHOST_CAP_DTYPE(dt))) return who + "does not support " + p.dtype + " (supports " + dtypes_string(d.dtypes) + ")";
+  if (!p.grad_dtype.empty() && !has_feature(d, ATTNHOST_FEATURE_FP8_HYBRID))
+    return who + "does not take dO in " + p.grad_dtype + " beside " + p.dtype + " inputs (grad_dtype)";
   if (p.causal && !has_feature(d, ATTNHOST_FEATURE_CAUSAL)) return who + "does not support causal attention";
   if (!p.causal && !has_feature(d, ATTNHOST_FEATURE_NONCAUSAL)) return who + "supports causal attention only";
   if ((p.window_left >= 0 || p.window_right >= 0) && !has_feature(d, ATTNHOST_FEATURE_WINDOW))

@@ -39,6 +39,7 @@ void check_problem_flags(const Overrides& o) {
   if (o.head_dim && (*o.head_dim < 8 || *o.head_dim % 8 != 0))
     fail(kCommandLine, "--head-dim must be a positive multiple of 8, got " + std::to_string(*o.head_dim));
   if (o.dtype) require_choice_flag("--dtype", "dtype", *o.dtype, dtype_names());
+  if (o.grad_dtype) require_choice_flag("--grad-dtype", "grad_dtype", *o.grad_dtype, grad_dtype_names());
   if (o.window)
     for (int64_t side : {o.window->first, o.window->second})
       if (side < -1)
@@ -83,6 +84,7 @@ FieldValues problem_overrides(const Overrides& o) {
   if (o.kv_heads) values["kv_heads"] = int64_t{*o.kv_heads};
   if (o.head_dim) values["head_dim"] = int64_t{*o.head_dim};
   if (o.dtype) values["dtype"] = *o.dtype;
+  if (o.grad_dtype) values["grad_dtype"] = *o.grad_dtype;
   if (o.causal) values["causal"] = *o.causal;
   if (o.window) values["window"] = std::vector<int64_t>{o.window->first, o.window->second};
   return values;

@@ -34,9 +34,13 @@ std::string check_window_side(int64_t value) {
 
 std::string check_dtype(const std::string& dtype) { return choice_message("dtype", dtype, dtype_names()); }
 
+std::string check_grad_dtype(const std::string& dtype) {
+  return dtype.empty() ? "" : choice_message("grad_dtype", dtype, grad_dtype_names());
+}
+
 // ---- reading one value of a field ----------------------------------------------------------
 
-enum class Kind { Count, Int32Count, HeadDim, DType, Flag, Window, Scale, Batch, Seqlen };
+enum class Kind { Count, Int32Count, HeadDim, DType, GradDType, Flag, Window, Scale, Batch, Seqlen };
 
 struct FieldInfo {
   std::string name;
@@ -49,6 +53,7 @@ const std::vector<FieldInfo>& field_infos() {
       {"seqlen_kv", Kind::Count},    {"heads", Kind::Int32Count},    {"kv_heads", Kind::Int32Count},
       {"head_dim", Kind::HeadDim},   {"dtype", Kind::DType},         {"causal", Kind::Flag},
       {"window", Kind::Window},      {"softmax_scale", Kind::Scale}, {"deterministic", Kind::Flag},
+      {"grad_dtype", Kind::GradDType},
   };
   return infos;
 }
@@ -88,6 +93,11 @@ ParamValue read_one_value(const toml::node& node, const FieldInfo& field, bool a
     case Kind::DType: {
       const std::string value = read_string(node, field.name);
       fail_if(node, check_dtype(value));
+      return value;
+    }
+    case Kind::GradDType: {
+      const std::string value = read_string(node, field.name);
+      fail_if(node, check_grad_dtype(value));
       return value;
     }
     case Kind::Flag: return read_bool(node, field.name);
@@ -172,6 +182,11 @@ const std::vector<std::string>& dtype_names() {
   return names;
 }
 
+const std::vector<std::string>& grad_dtype_names() {
+  static const std::vector<std::string> names = {"fp8_e5m2"};
+  return names;
+}
+
 const std::vector<std::string>& problem_field_names() {
   static const std::vector<std::string> names = [] {
     std::vector<std::string> out;
@@ -212,6 +227,8 @@ void apply_field(Problem& problem, const std::string& key, const ParamValue& val
     problem.head_dim = static_cast<int32_t>(integer());
   } else if (key == "dtype") {
     problem.dtype = std::get<std::string>(value);
+  } else if (key == "grad_dtype") {
+    problem.grad_dtype = std::get<std::string>(value);
   } else if (key == "causal") {
     problem.causal = std::get<bool>(value);
   } else if (key == "window") {
@@ -275,6 +292,11 @@ std::optional<ProblemIssue> find_problem_issue(const Problem& p) {
                                         ") must be divisible by 'kv_heads' (" +
                                         std::to_string(p.heads_kv) + ")"};
   if (auto found = issue("dtype", check_dtype(p.dtype))) return found;
+  if (auto found = issue("grad_dtype", check_grad_dtype(p.grad_dtype))) return found;
+  if (!p.grad_dtype.empty() && p.dtype != "fp8_e4m3")
+    return ProblemIssue{"grad_dtype", "'grad_dtype' = \"" + p.grad_dtype +
+                                          "\" goes with dtype \"fp8_e4m3\" (dO in e5m2 beside e4m3 Q, K and V), not \"" +
+                                          p.dtype + "\""};
   if (auto found = issue("window", check_window_side(p.window_left))) return found;
   if (auto found = issue("window", check_window_side(p.window_right))) return found;
   if (p.softmax_scale && !(*p.softmax_scale > 0))

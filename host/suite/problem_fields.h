@@ -56,5 +56,6 @@ std::optional<ProblemIssue> find_problem_issue(const Problem& problem);
 std::string format_value(const ParamValue& value);
 
 const std::vector<std::string>& dtype_names();
+const std::vector<std::string>& grad_dtype_names();  // what grad_dtype takes: fp8_e5m2
 
 } // namespace attnhost::suite::detail

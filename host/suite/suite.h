@@ -54,6 +54,7 @@ struct Problem {
   int32_t heads_kv = 0;             // == heads_q unless given
   int32_t head_dim = 0;
   std::string dtype = "bf16";       // bf16 | fp16 | fp32 | fp8_e4m3 | fp8_e5m2
+  std::string grad_dtype;           // "" (dO in dtype) | fp8_e5m2: dO in e5m2 beside fp8_e4m3 inputs
   bool causal = false;
   int64_t window_left = -1, window_right = -1;
   std::optional<double> softmax_scale;
@@ -154,7 +155,7 @@ Suite parse_suite(const std::string& text, const std::string& file_name,
 struct Overrides {
   std::optional<int64_t> batch, seqlen;
   std::optional<int32_t> heads, kv_heads, head_dim;
-  std::optional<std::string> dtype;
+  std::optional<std::string> dtype, grad_dtype;
   std::optional<bool> causal;
   std::optional<std::pair<int64_t, int64_t>> window;
   std::optional<std::vector<int>> world_sizes;

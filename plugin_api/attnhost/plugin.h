@@ -51,7 +51,7 @@ extern "C" {
  * Versions
  * ------------------------------------------------------------------------------------------- */
 #define ATTNHOST_ABI_MAJOR 1
-#define ATTNHOST_ABI_MINOR 5
+#define ATTNHOST_ABI_MINOR 6
 
 /* Size of a struct up to and including its last known field (PJRT's STRUCT_SIZE). Use it to fill
  * struct_size so that a struct compiled against an older header reports its older, smaller size. */
@@ -120,6 +120,8 @@ typedef enum attnhost_status {
 #define ATTNHOST_FEATURE_BACKWARD (1u << 5)    /* backward() is implemented */
 #define ATTNHOST_FEATURE_DETERMINISTIC (1u << 6) /* bitwise reproducible gradients available */
 #define ATTNHOST_FEATURE_CROSS (1u << 7)       /* seqlen_q != seqlen_kv */
+/* ABI 1.6: dO in fp8_e5m2 beside fp8_e4m3 Q, K and V (attnhost_problem.grad_dtype) */
+#define ATTNHOST_FEATURE_FP8_HYBRID (1u << 8)
 
 /* Plugin parameter types */
 typedef enum attnhost_param_type {
@@ -234,6 +236,10 @@ typedef struct attnhost_problem {
    * (a 1.0 host): read local_size as world_size and local_rank as rank. */
   int32_t local_rank;
   int32_t local_size;
+  /* Appended in ABI 1.6. The attnhost_dtype of dO where it is not `dtype`, else 0: fp8_e5m2 in an
+   * fp8_e4m3 problem, the hybrid FP8 recipe (gradients in the format of wider range, with their
+   * own descale_do). Only a plugin with ATTNHOST_FEATURE_FP8_HYBRID is given such a problem. */
+  int32_t grad_dtype;
 } attnhost_problem;
 
 /* ---------------------------------------------------------------------------------------------

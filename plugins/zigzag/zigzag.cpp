@@ -21,7 +21,7 @@ class Zigzag {
         {ATTNHOST_STRUCT_SIZE(attnhost_capabilities, head_dims), attncore::plugin::kRingDevices,
          attncore::plugin::kRingDtypesFp8,
          ATTNHOST_FEATURE_CAUSAL | ATTNHOST_FEATURE_WINDOW | ATTNHOST_FEATURE_GQA | ATTNHOST_FEATURE_BACKWARD |
-             ATTNHOST_FEATURE_DETERMINISTIC,
+             ATTNHOST_FEATURE_DETERMINISTIC | ATTNHOST_FEATURE_FP8_HYBRID,
          1, 0, 0, nullptr},
         attncore::plugin::kNumRingParams,
         attncore::plugin::kRingParams,

@@ -100,6 +100,7 @@ struct Stats {
 
 struct Problem {
   DType dtype = DType::bf16;
+  DType dtype_do = DType::invalid;  // dO's, where not dtype (e5m2 beside e4m3: the hybrid recipe)
   int32_t B = 1, Hq = 1, Hkv = 1, D = 64;
   int64_t Sq = 0, Skv = 0;
   float scale = 0.f; // 0: 1/sqrt(D)
@@ -141,7 +142,7 @@ struct Problem {
   }
   DeltaParams delta_params(TensorRef o, bool o_fp32, TensorRef d_o_ref, RowStatsRef delta) const {
     DeltaParams g;
-    g.dtype = dtype;
+    g.dtype = d_o.dtype;
     g.batch = B;
     g.heads = Hq;
     g.head_dim = D;
@@ -167,6 +168,7 @@ struct Problem {
     g.k = k.ref();
     g.v = v.ref();
     g.d_o = d_o.ref();
+    if (d_o.dtype != dtype) g.dtype_do = d_o.dtype;
     g.descale_q = float(q.descale);
     g.descale_k = float(k.descale);
     g.descale_v = float(v.descale);
@@ -188,9 +190,9 @@ struct Problem {
     q = Tensor(dtype, B, Sq, Hq, D, pad);
     k = Tensor(dtype, B, Skv, Hkv, D, pad);
     v = Tensor(dtype, B, Skv, Hkv, D, pad);
-    d_o = Tensor(dtype, B, Sq, Hq, D, pad);
-    if (is_fp8(dtype))  // values of a few units stored around 64: the descale matters
-      for (Tensor* t : {&q, &k, &v, &d_o}) t->descale = 1.0 / 64;
+    d_o = Tensor(dtype_do == DType::invalid ? dtype : dtype_do, B, Sq, Hq, D, pad);
+    for (Tensor* t : {&q, &k, &v, &d_o})  // values of a few units stored around 64: the descale matters
+      if (is_fp8(t->dtype)) t->descale = 1.0 / 64;
     q.fill_normal(rng, stddev);
     k.fill_normal(rng, stddev);
     v.fill_normal(rng, 1.0);

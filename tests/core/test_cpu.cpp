@@ -199,6 +199,30 @@ TEST_CASE("cpu: FP8 inputs are read times their tensors' descales, outputs writt
   CHECK(check_supported_forward(DType::bf16, 80).empty());
 }
 
+TEST_CASE("cpu: the hybrid FP8 recipe reads dO in e5m2 beside e4m3 Q, K and V") {
+  for (bool causal : {true, false}) {
+    CAPTURE(causal);
+    Problem p = make({"hybrid", DType::fp8_e4m3, 2, 4, 2, 32, 45, 45, causal, -1, -1, 0, 0}, 731);
+    p.dtype_do = DType::fp8_e5m2;
+    std::mt19937_64 rng(732);
+    p.randomize(rng);
+    REQUIRE(p.d_o.dtype == DType::fp8_e5m2);
+    check_both(p);  // the naive reference reads dO as e5m2: a reading as e4m3 would be far off
+  }
+  CHECK(check_supported_do(DType::fp8_e4m3, DType::fp8_e5m2).empty());
+  CHECK(check_supported_do(DType::bf16, DType::invalid).empty());
+  CHECK(check_supported_do(DType::fp8_e5m2, DType::fp8_e5m2).empty());
+  CHECK(check_supported_do(DType::bf16, DType::fp8_e5m2) ==
+        "attncore: dO in another type than Q, K and V is taken only as fp8_e5m2 beside fp8_e4m3 inputs");
+  Problem bad = make({"bf16 with e5m2 dO", DType::bf16, 1, 1, 1, 16, 8, 8, false, -1, -1, 0, 0}, 733);
+  Stats lse(1, 1, 8), delta(1, 1, 8);
+  Tensor dq(DType::fp32, 1, 8, 1, 16), dk(DType::fp32, 1, 8, 1, 16), dv(DType::fp32, 1, 8, 1, 16);
+  BackwardParams g = bad.backward_params(lse, delta, dq, dk, dv);
+  g.dtype_do = DType::fp8_e5m2;
+  CHECK_THROWS_WITH(cpu::backward<float>(g),
+                    "attncore: dO in another type than Q, K and V is taken only as fp8_e5m2 beside fp8_e4m3 inputs");
+}
+
 TEST_CASE("cpu: strided tensors (token stride larger than heads x dim)") {
   Problem p = make({"strided", DType::bf16, 2, 4, 2, 32, 41, 41, true, -1, -1, 0, 0}, 7, /*pad=*/24);
   check_both(p);

@@ -239,6 +239,17 @@ TEST_CASE("gpu: FP8 e4m3 forward and backward, head dims 64, 128 and 256") {
       CAPTURE(p.Hkv);
       check_all(p);
     }
+  // The hybrid recipe: dO in e5m2 (widened from it, and delta read from it) beside e4m3 Q, K, V.
+  for (int32_t D : {64, 128}) {
+    Problem p = random_problem(rng, DType::fp8_e4m3, D, 2, 700);
+    p.dtype_do = DType::fp8_e5m2;
+    std::mt19937_64 data(rng());
+    p.randomize(data);
+    random_mask(rng, p, MaskKind::causal);
+    REQUIRE(p.d_o.dtype == DType::fp8_e5m2);
+    CAPTURE(D);
+    check_all(p);
+  }
   // 192-key tiles (d128, plain calls of 2048 keys and more): ragged lengths, both masks, a query offset.
   for (bool causal : {true, false}) {
     Problem p = two_heads_problem(rng, DType::fp8_e4m3, 128, 2500, 2100);
@@ -274,17 +285,19 @@ TEST_CASE("gpu: FP8 e4m3 forward and backward, head dims 64, 128 and 256") {
                        "attncore: the FP8 forward on CUDA takes calls without segments", Error);
 }
 
-// The outputs' amax (an FP8 step's statistic): the CPU's value exactly, for each output dtype, rows
-// of padding, a row of NaN (never written) skipped, odd head dims on the one-element path.
+// The outputs' amax (an FP8 step's statistic): the CPU's value exactly, for each output dtype, packed
+// rows (one run of 16-byte words) and rows with padding, a row of NaN (never written) skipped, odd
+// head dims on the one-element path.
 TEST_CASE("gpu: amax of an output equals the CPU's") {
   REQUIRE(device_count() > 0);
   std::mt19937_64 rng(77);
   // At D=128, 2 x 8192 x 8 rows: more than the capped grid covers in one stride.
   for (DType dt : {DType::bf16, DType::fp16, DType::fp32})
-    for (int32_t D : {128, 36, 7}) {
+    for (int32_t D : {128, 36, 7})
+    for (int64_t pad : {int64_t{0}, int64_t{D == 7 ? 1 : 8}}) {
       const int32_t heads = D == 128 ? 8 : 3;
       const int64_t tokens = D == 128 ? 8192 : 301;
-      Tensor x(dt, 2, tokens, heads, D, /*pad=*/D == 7 ? 1 : 8);
+      Tensor x(dt, 2, tokens, heads, D, pad);
       std::normal_distribution<double> normal(0.0, 2.0);
       for (int64_t b = 0; b < 2; ++b)
         for (int64_t i = 0; i < tokens; ++i)
@@ -304,6 +317,7 @@ TEST_CASE("gpu: amax of an output equals the CPU's") {
       CUDA_OK(cudaDeviceSynchronize());
       out.download(&got);
       CAPTURE(D);
+      CAPTURE(pad);
       CHECK(want == 40.f);
       CHECK(got == want);
     }

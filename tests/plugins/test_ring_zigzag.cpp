@@ -1,5 +1,7 @@
 #include "harness.h"
 
+#include "suite/varlen.h"
+
 #include <map>
 
 using attnhost::DeviceKind;
@@ -277,6 +279,29 @@ TEST_CASE("ring and zigzag in FP8 on the CPU: K/V travel in FP8, gradients home 
   }
 }
 
+TEST_CASE("ring and zigzag take the hybrid FP8 recipe (dO in e5m2 beside e4m3 inputs), other plugins refuse it") {
+  for (const char* plugin : {"ring", "zigzag"}) {
+    INFO(plugin);
+    auto hybrid = dense_case(plugin, {1, 2, 3}, 240, 4, 2, 32, true, "fp8_e4m3");
+    hybrid.problem.grad_dtype = "fp8_e5m2";
+    attnhost::CaseResult h = run_on(DeviceKind::cpu, hybrid);
+    test::all_pass(h);
+    test::error_does_not_grow(h);
+    // dO alone changes format: the forward is the e4m3 problem's, value for value.
+    attnhost::CaseResult e4m3 = run_on(DeviceKind::cpu, dense_case(plugin, {1}, 240, 4, 2, 32, true, "fp8_e4m3"));
+    CHECK(test::error_of(h.runs[0], "O") == test::error_of(e4m3.runs[0], "O"));
+    for (const auto& run : h.runs) CHECK(run.check.amax.find("(reported, exact)") != std::string::npos);
+  }
+  auto varlen = dense_case("varlen", {2}, 1, 4, 2, 32, true, "fp8_e4m3");  // FP8 inputs, not the hybrid
+  attnhost::suite::SeqlenSpec lengths;
+  lengths.lengths = {100, 60};
+  attnhost::suite::detail::apply_varlen(varlen.problem, lengths);
+  varlen.problem.grad_dtype = "fp8_e5m2";
+  attnhost::CaseResult v = run_on(DeviceKind::cpu, varlen);
+  CHECK(v.runs[0].status == "UNSUPPORTED");
+  CHECK(v.runs[0].error == "plugin 'varlen' does not take dO in fp8_e5m2 beside fp8_e4m3 inputs (grad_dtype)");
+}
+
 TEST_CASE("bytes sent: a window sends only the keys it reaches, and their gradients go straight home") {
   // 256 tokens on two ranks, a window of 16: rank 1's first queries reach rank 0's last 16 keys.
   const uint64_t columns = 2ull * 16 * 2 * 16;  // B x 16 tokens x Hkv x D, per tensor
@@ -324,6 +349,13 @@ TEST_CASE("gpu: ring and zigzag in FP8 e4m3 on Hopper GPUs against the float64 r
   test::all_pass(run_on(DeviceKind::cuda, dense_case("ring", sizes, 768, 8, 1, 128, false, "fp8_e4m3")));
   auto e5m2 = run_on(DeviceKind::cuda, dense_case("ring", {1}, 256, 2, 2, 128, true, "fp8_e5m2"));
   CHECK(e5m2.runs[0].status == "UNSUPPORTED");
+  for (const char* plugin : {"ring", "zigzag"}) {  // the hybrid recipe: dO widened from e5m2
+    auto hybrid = dense_case(plugin, sizes, 1000, 4, 2, 128, true, "fp8_e4m3");
+    hybrid.problem.grad_dtype = "fp8_e5m2";
+    auto r = run_on(DeviceKind::cuda, hybrid);
+    test::all_pass(r);
+    test::error_does_not_grow(r);
+  }
 }
 
 TEST_CASE("gpu: the profiler timing method lists the pass's kernels from CUPTI" * doctest::test_suite("gpu")) {

@@ -92,6 +92,11 @@ TEST_CASE("errors: impossible problem values") {
   CHECK(error_of(kInline + "dtype = \"bf32\"\n") == "t.toml:7:9: unknown dtype 'bf32' (expected bf16, fp16, fp32, fp8_e4m3 or fp8_e5m2)");
   CHECK(error_of(kInline + "dtype = \"int8\"\n") == "t.toml:7:9: unknown dtype 'int8' (expected bf16, fp16, fp32, fp8_e4m3 or fp8_e5m2)");
   CHECK(error_of(kInline + "softmax_scale = 0\n") == "t.toml:7:17: 'softmax_scale' must be positive, got 0");
+  CHECK(error_of(kInline + "grad_dtype = \"fp8_e4m3\"\n") ==
+        "t.toml:7:14: unknown grad_dtype 'fp8_e4m3' (did you mean 'fp8_e5m2'?)");
+  CHECK(error_of(kInline + "grad_dtype = \"fp8_e5m2\"\n") ==
+        "t.toml:7:14: 'grad_dtype' = \"fp8_e5m2\" goes with dtype \"fp8_e4m3\" (dO in e5m2 beside e4m3 Q, K and V), not "
+        "\"bf16\"");
   CHECK(error_of(kInline + "seqlen_kv = 0\n") == "t.toml:7:13: 'seqlen_kv' must be at least 1, got 0");
 }
 

@@ -107,6 +107,13 @@ TEST_CASE("overrides: each one is checked again") {
   Overrides dtype;
   dtype.dtype = "bf61";
   CHECK(override_error(presets_suite(), dtype) == "command line: --dtype: unknown dtype 'bf61' (did you mean 'bf16'?)");
+  Overrides grad;
+  grad.grad_dtype = "fp8_e5m2";
+  CHECK(override_error(presets_suite(), grad) ==
+        "command line: 'grad_dtype' = \"fp8_e5m2\" goes with dtype \"fp8_e4m3\" (dO in e5m2 beside e4m3 Q, K and V), "
+        "not \"bf16\" (case 'ring/medium/grad_dtype=fp8_e5m2')");
+  grad.dtype = "fp8_e4m3";
+  CHECK(override_error(presets_suite(), grad) == "(no error)");
   Overrides window;
   window.window = std::pair<int64_t, int64_t>{-3, 0};
   CHECK(override_error(presets_suite(), window) ==

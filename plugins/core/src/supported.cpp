@@ -23,6 +23,12 @@ std::string check_supported(DType dtype, int32_t head_dim) {
   }
 }
 
+std::string check_supported_do(DType dtype, DType dtype_do) {
+  if (dtype_do == DType::invalid || dtype_do == dtype) return {};
+  if (dtype == DType::fp8_e4m3 && dtype_do == DType::fp8_e5m2) return {};
+  return "attncore: dO in another type than Q, K and V is taken only as fp8_e5m2 beside fp8_e4m3 inputs";
+}
+
 // Since 3.1 the backward takes what the forward takes.
 std::string check_supported_forward(DType dtype, int32_t head_dim) { return check_supported(dtype, head_dim); }
 

@@ -26,7 +26,8 @@ namespace attncore {
 // Values equal attnhost_dtype's, so a plugin can cast. The FP8 formats (OCP e4m3 and e5m2) are
 // inputs only: a call in FP8 reads Q, K, V and dO in it, each times its tensor's descale (the
 // params' descale_*), and writes its outputs in output_dtype.
-enum class DType : int32_t { bf16 = 1, fp16 = 2, fp32 = 3, fp64 = 4, fp8_e4m3 = 8, fp8_e5m2 = 9 };
+// `invalid` (4.0) marks a type not given (BackwardParams::dtype_do).
+enum class DType : int32_t { invalid = 0, bf16 = 1, fp16 = 2, fp32 = 3, fp64 = 4, fp8_e4m3 = 8, fp8_e5m2 = 9 };
 
 inline int dtype_bytes(DType t) {
   return t == DType::fp64 ? 8 : t == DType::fp32 ? 4 : t == DType::fp8_e4m3 || t == DType::fp8_e5m2 ? 1 : 2;
@@ -175,7 +176,15 @@ struct BackwardParams {
   // Appended. FP8 inputs: what an element of Q, K, V and dO stands for per unit (1: not FP8). The
   // outputs written in a dtype (write_dkdv, write_grads) take output_dtype(dtype).
   float descale_q = 1.f, descale_k = 1.f, descale_v = 1.f, descale_do = 1.f;
+  // Appended (4.0). dO's type where it is not `dtype`: fp8_e5m2 beside e4m3 Q, K and V (the hybrid
+  // FP8 recipe, gradients in the format of wider range). invalid: dtype. See check_supported_do.
+  DType dtype_do = DType::invalid;
 };
+// The type dO is read in.
+inline DType do_dtype(const BackwardParams& p) { return p.dtype_do == DType::invalid ? p.dtype : p.dtype_do; }
+// Empty when a backward of `dtype` inputs takes dO in `dtype_do` (invalid: dtype) on every back end
+// that takes `dtype`, else one line: the only mix is e5m2 dO with e4m3 Q, K and V (4.0).
+std::string check_supported_do(DType dtype, DType dtype_do);
 
 // The workspace a backward call can use (BackwardParams::workspace): 0 unless it writes dK and dV
 // under a block list with split key groups, or its inputs are FP8.

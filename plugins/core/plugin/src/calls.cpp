@@ -97,6 +97,7 @@ BackwardParams backward_params(const RingShape& s, const BlockCall& c, const att
   p.k = views.kv(k, c.kv_begin, Elem::input);
   p.v = views.kv(v, c.kv_begin, Elem::input);
   p.d_o = views.q(a.d_o.data, c.q_begin, Elem::input);
+  if (d_o_dtype(s, a) != s.dtype) p.dtype_do = core_dtype(d_o_dtype(s, a));  // the hybrid FP8 recipe's e5m2 dO
   p.o = views.q(a.o.data, c.q_begin, Elem::output);  // the final output: the cuDNN engine recomputes delta from it
   if (const attnhost_fp8_scaling* fp8 = fp8_scaling(a)) {
     p.descale_q = fp8->descale_q;
@@ -153,7 +154,7 @@ void compute_local_delta(const RingShape& s, Engine& engine, const attnhost_back
                          void* stream) {
   const LocalViews views{s};
   DeltaParams dp;
-  dp.dtype = core_dtype(s.dtype);
+  dp.dtype = core_dtype(d_o_dtype(s, a));  // dO's (O's is output_dtype of it: FP8 calls write bf16)
   dp.batch = s.batch;
   dp.heads = s.heads_q;
   dp.head_dim = s.head_dim;

@@ -33,6 +33,9 @@ void validate_packed(const attnhost::Problem& p) {
   const std::string why = p->device_type == ATTNHOST_DEVICE_CUDA ? check_supported(dtype, p->head_dim)
                                                                  : check_supported_cpu(dtype, p->head_dim);
   if (!why.empty()) fail(ATTNHOST_ERR_UNSUPPORTED, why);
+  if (p->grad_dtype != 0)  // (0 from a host before ABI 1.6)
+    if (std::string d_o = check_supported_do(dtype, core_dtype(p->grad_dtype)); !d_o.empty())
+      fail(ATTNHOST_ERR_UNSUPPORTED, d_o);
 #if ATTNCORE_HAVE_CUDA
   // FP8 runs on the Hopper kernels alone: refused here rather than at the first forward.
   if (p->device_type == ATTNHOST_DEVICE_CUDA && is_fp8(dtype) && std::string(native_kernels()) != "wgmma")

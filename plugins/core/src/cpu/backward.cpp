@@ -57,6 +57,7 @@ template <class Acc> void backward(const BackwardParams& p) {
   if (p.write_dkdv && p.seqlen_q == 0)
     fail("backward: write_dkdv needs a call with queries (it writes its keys' dK and dV)");
   if (p.write_dkdv_fp32 && !p.write_dkdv) fail("backward: write_dkdv_fp32 goes with write_dkdv");
+  if (std::string why = check_supported_do(p.dtype, p.dtype_do); !why.empty()) throw Error(why);  // (prefixed)
   if (p.seqlen_q == 0 || p.seqlen_kv == 0) return;
   if (!p.q.data || !p.k.data || !p.v.data || !p.d_o.data || !p.lse.data || !p.delta.data ||
       !p.dq.data || !p.dk.data || !p.dv.data)
@@ -98,7 +99,7 @@ template <class Acc> void backward(const BackwardParams& p) {
             const int rows = int(std::min<int64_t>(kRowTile, reg.row_end - r0));
             for (int r = 0; r < rows; ++r) {
               load(p.dtype, p.q.data, offset(p.q, b, r0 + r, hq), D, &q[size_t(r) * D], p.descale_q);
-              load(p.dtype, p.d_o.data, offset(p.d_o, b, r0 + r, hq), D, &d_o[size_t(r) * D], p.descale_do);
+              load(do_dtype(p), p.d_o.data, offset(p.d_o, b, r0 + r, hq), D, &d_o[size_t(r) * D], p.descale_do);
               lse[r] = Acc(lse_h[r0 + r]);
               delta[r] = Acc(delta_h[r0 + r]);
             }

@@ -23,12 +23,12 @@ struct WidenJob {
   float descale;
   int32_t heads;
   int64_t tokens, units; // units: batch * tokens * heads * head_dim / kUnit
+  bool e4m3;             // else e5m2 (dO of the hybrid recipe)
 };
 
 struct WidenJobs {
   WidenJob job[4];
   int32_t head_dim;
-  bool e4m3;
 };
 
 // Two FP8 codes (the low byte first) as floats: FP8 to half is exact, and so is half to float.
@@ -53,7 +53,7 @@ __global__ void __launch_bounds__(256) widen_fp8_kernel(const __grid_constant__ 
     for (int w = 0; w < 4; ++w)
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        const float2 x = fp8x2_to_float2(uint16_t(words[w] >> (16 * half)), jobs.e4m3);
+        const float2 x = fp8x2_to_float2(uint16_t(words[w] >> (16 * half)), j.e4m3);
         const __nv_bfloat162 y = __floats2bfloat162_rn(x.x * j.descale, x.y * j.descale);
         out[2 * w + half] = *reinterpret_cast<const uint32_t*>(&y);
       }
@@ -73,27 +73,29 @@ TensorRef packed(void* at, int64_t tokens, int32_t heads, int32_t head_dim) {
 BackwardParams widen_fp8_inputs(const BackwardParams& p, void* at, cudaStream_t stream) {
   BackwardParams w = p;
   w.dtype = DType::bf16;
+  w.dtype_do = DType::invalid;
   w.descale_q = w.descale_k = w.descale_v = w.descale_do = 1.f;
   char* next = static_cast<char*>(at);
   WidenJobs jobs{};
   jobs.head_dim = p.head_dim;
-  jobs.e4m3 = p.dtype == DType::fp8_e4m3;
   const struct {
     const TensorRef& src;
     TensorRef& dst;
     float descale;
     int64_t tokens;
     int32_t heads;
-  } tensors[4] = {{p.q, w.q, p.descale_q, p.seqlen_q, p.heads_q},
-                  {p.d_o, w.d_o, p.descale_do, p.seqlen_q, p.heads_q},
-                  {p.k, w.k, p.descale_k, p.seqlen_kv, p.heads_kv},
-                  {p.v, w.v, p.descale_v, p.seqlen_kv, p.heads_kv}};
+    DType type;
+  } tensors[4] = {{p.q, w.q, p.descale_q, p.seqlen_q, p.heads_q, p.dtype},
+                  {p.d_o, w.d_o, p.descale_do, p.seqlen_q, p.heads_q, do_dtype(p)},
+                  {p.k, w.k, p.descale_k, p.seqlen_kv, p.heads_kv, p.dtype},
+                  {p.v, w.v, p.descale_v, p.seqlen_kv, p.heads_kv, p.dtype}};
   int64_t most = 0; // the tensors in the order of widened_inputs_bytes
   for (int t = 0; t < 4; ++t) {
     const auto& x = tensors[t];
     x.dst = packed(next, x.tokens, x.heads, p.head_dim);
     const int64_t units = int64_t(p.batch) * x.tokens * x.heads * (p.head_dim / kUnit);
-    jobs.job[t] = WidenJob{x.src, static_cast<__nv_bfloat16*>(x.dst.data), x.descale, x.heads, x.tokens, units};
+    jobs.job[t] = WidenJob{x.src, static_cast<__nv_bfloat16*>(x.dst.data), x.descale, x.heads, x.tokens, units,
+                           x.type == DType::fp8_e4m3};
     most = std::max(most, units);
     next += widened_tensor_bytes(p, x.tokens, x.heads);
   }

@@ -319,6 +319,7 @@ Resolved resolve(const BackwardParams& p) {
   if (cudnn_version() < kBackwardMinVersion)
     return no("cuDNN engine: backward needs cuDNN 9.6 or later (loaded: " + cudnn_version_string() + ")");
   if (!p.o.data) return no("cuDNN engine: the final output O is not given (BackwardParams::o)");
+  if (do_dtype(p) != p.dtype) return no("cuDNN engine: dO in another type than Q, K and V (the hybrid FP8 recipe)");
   const bool fp8 = is_fp8(p.dtype);
   if (fp8) {
     r.why = fp8_check({p.descale_q, p.descale_k, p.descale_v, p.descale_do});
