@@ -18,6 +18,9 @@ po::options_description common_options(CommonOptions& o) {
     ("configs", po::value(&o.configs_dir), "folder of presets.toml, ranges.toml and suites/")
     ("device", po::value(&o.backend.device)->default_value("auto"), "auto | cuda | cpu")
     ("gpus", po::value(&o.backend.gpus)->default_value(0), "GPUs to use (0: all visible)")
+    ("ranks-per-gpu", po::value(&o.backend.ranks_per_gpu)->default_value(1),
+     "ranks that may share a GPU: worlds larger than the GPUs run, for checking a schedule's many-rank paths on "
+     "few GPUs (their timings are not those of more GPUs)")
     ("transport", po::value(&o.backend.transport)->default_value("auto"),
      "GPU point-to-point: auto | copy-engine | nccl (auto: copy engines where the GPUs reach one another)")
     ("comm-timeout", po::value<double>()->default_value(60.0), "seconds before an unmatched receive fails (CPU)")

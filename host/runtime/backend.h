@@ -46,13 +46,16 @@ struct BackendOptions {
   // threads of one process and every GPU reaches the others' memory.
   std::string transport = "auto";
   std::chrono::milliseconds comm_timeout{60000};
+  // Ranks on each GPU: above 1, a world larger than the GPUs runs, rank r on GPU r % gpus, to check
+  // a schedule's many-rank paths on few GPUs. Its timings are not those of that many GPUs.
+  int ranks_per_gpu = 1;
 };
 
 // Picks the backend for the options and the environment (mpirun, visible GPUs); throws
 // UsageError when the request cannot be met ("--device cuda" without a GPU).
 std::unique_ptr<Backend> make_backend(const BackendOptions& options);
 std::unique_ptr<Backend> make_thread_backend(DeviceKind kind, int gpus, std::chrono::milliseconds timeout,
-                                             bool copy_engines = false);
+                                             bool copy_engines = false, int ranks_per_gpu = 1);
 
 bool started_under_mpi();
 

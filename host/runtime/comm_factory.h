@@ -20,6 +20,10 @@ class CommFactory {
 // `copy_engines`, sends and receives are peer copies instead of NCCL's kernels.
 std::unique_ptr<CommFactory> nccl_factory(int world_size, bool copy_engines, std::chrono::milliseconds timeout);
 
+// Communicators for ranks that share GPUs (--ranks-per-gpu), threads of this process: NCCL takes one
+// rank a GPU, so sends are the copy engines' and collectives go through the host (`world`'s).
+std::unique_ptr<CommFactory> shared_gpu_factory(InprocWorld& world, std::chrono::milliseconds timeout);
+
 // Whether each of the first `gpus` devices can reach every other's memory (NVLink or PCIe peers).
 bool peer_access_among(int gpus);
 

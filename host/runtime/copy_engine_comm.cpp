@@ -18,6 +18,7 @@
 #include "runtime/nccl_comm.h"
 
 #include "common/errors.h"
+#include "runtime/comm_factory.h"
 
 #include <cuda_runtime.h>
 
@@ -88,7 +89,7 @@ class CopyEngineCommunicator final : public Communicator {
   }
   int rank() const override { return nccl_->rank(); }
   int size() const override { return nccl_->size(); }
-  const char* kind() const override { return "nccl"; }
+  const char* kind() const override { return nccl_->kind(); }  // whose collectives
 
   void send(const void* buf, size_t n, int32_t dt, int peer, void* s) override {
     count_sent(n * dtype_bytes(dt));
@@ -226,6 +227,76 @@ class CopyEngineCommunicator final : public Communicator {
 };
 
 }  // namespace
+
+namespace {
+
+// Collectives of ranks that share GPUs, where NCCL (one rank a GPU) cannot run: each rank waits for
+// its stream, copies its input to the host, the in-process communicator combines, and the result
+// goes back. Slow, and exact; the built-in plugins use point-to-point only.
+class StagedCollectives final : public Communicator {
+ public:
+  explicit StagedCollectives(std::unique_ptr<Communicator> host) : host_(std::move(host)) {}
+  int rank() const override { return host_->rank(); }
+  int size() const override { return host_->size(); }
+  const char* kind() const override { return "staged"; }
+  void send(const void*, size_t, int32_t, int, void*) override { unreachable(); }
+  void recv(void*, size_t, int32_t, int, void*) override { unreachable(); }
+  void group_start() override {}
+  void group_end() override {}
+  void all_gather(const void* in, void* out, size_t n, int32_t dt, void* s) override {
+    const size_t bytes = n * dtype_bytes(dt);
+    std::vector<char> mine = to_host(in, bytes, s), all(bytes * size());
+    host_->all_gather(mine.data(), all.data(), n, dt, nullptr);
+    to_device(out, all);
+  }
+  void all_reduce(const void* in, void* out, size_t n, int32_t dt, int32_t op, void* s) override {
+    const size_t bytes = n * dtype_bytes(dt);
+    std::vector<char> mine = to_host(in, bytes, s), sum(bytes);
+    host_->all_reduce(mine.data(), sum.data(), n, dt, op, nullptr);
+    to_device(out, sum);
+  }
+  void reduce_scatter(const void* in, void* out, size_t n, int32_t dt, int32_t op, void* s) override {
+    const size_t bytes = n * dtype_bytes(dt);
+    std::vector<char> mine = to_host(in, bytes * size(), s), part(bytes);
+    host_->reduce_scatter(mine.data(), part.data(), n, dt, op, nullptr);
+    to_device(out, part);
+  }
+  void barrier() override { host_->barrier(); }
+
+ private:
+  [[noreturn]] void unreachable() const {
+    throw RuntimeFailure(ATTNHOST_ERR_INTERNAL, "staged collectives carry no point-to-point (the copy engines do)");
+  }
+  std::vector<char> to_host(const void* src, size_t bytes, void* stream) const {
+    std::vector<char> out(bytes);
+    check_cuda(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)), "cudaStreamSynchronize", rank());
+    check_cuda(cudaMemcpy(out.data(), src, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy", rank());
+    return out;
+  }
+  void to_device(void* dst, const std::vector<char>& bytes) const {
+    check_cuda(cudaMemcpy(dst, bytes.data(), bytes.size(), cudaMemcpyHostToDevice), "cudaMemcpy", rank());
+  }
+  std::unique_ptr<Communicator> host_;
+};
+
+class SharedGpuFactory final : public CommFactory {
+ public:
+  SharedGpuFactory(InprocWorld& world, std::chrono::milliseconds timeout)
+      : world_(world), meeting_(make_peer_meeting(world.size(), timeout)) {}
+  std::unique_ptr<Communicator> create(int rank) override {
+    return with_copy_engines(std::make_unique<StagedCollectives>(world_.communicator(rank)), meeting_);
+  }
+
+ private:
+  InprocWorld& world_;
+  std::shared_ptr<PeerMeeting> meeting_;
+};
+
+}  // namespace
+
+std::unique_ptr<CommFactory> shared_gpu_factory(InprocWorld& world, std::chrono::milliseconds timeout) {
+  return std::make_unique<SharedGpuFactory>(world, timeout);
+}
 
 std::shared_ptr<PeerMeeting> make_peer_meeting(int size, std::chrono::milliseconds timeout) {
   return std::make_shared<PeerMeeting>(size, timeout);

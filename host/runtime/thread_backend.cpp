@@ -14,22 +14,34 @@ namespace {
 
 class ThreadBackend final : public Backend {
  public:
-  ThreadBackend(DeviceKind kind, int gpus, std::chrono::milliseconds timeout, bool copy_engines)
-      : kind_(kind), gpus_(gpus), timeout_(timeout), copy_engines_(copy_engines) {}
+  ThreadBackend(DeviceKind kind, int gpus, std::chrono::milliseconds timeout, bool copy_engines, int ranks_per_gpu)
+      : kind_(kind), gpus_(gpus), timeout_(timeout), copy_engines_(copy_engines), ranks_per_gpu_(ranks_per_gpu) {}
 
   DeviceKind device_kind() const override { return kind_; }
   // On the CPU a rank is a thread of this process: a world past kMaxCpuRanks would take minutes to
   // start, and tell nothing a smaller one does not.
-  int max_world_size() const override { return kind_ == DeviceKind::cpu ? kMaxCpuRanks : gpus_; }
+  int max_world_size() const override { return kind_ == DeviceKind::cpu ? kMaxCpuRanks : gpus_ * ranks_per_gpu_; }
   std::string describe() const override {
-    return kind_ == DeviceKind::cpu ? "cpu (one thread per rank, in-process communicator)"
-                                    : "cuda (" + std::to_string(gpus_) + " GPUs, one thread each, NCCL" +
-                                          (copy_engines_ ? "; point-to-point by the copy engines)" : ")");
+    if (kind_ == DeviceKind::cpu) return "cpu (one thread per rank, in-process communicator)";
+    if (ranks_per_gpu_ > 1)
+      return "cuda (" + std::to_string(gpus_) + " GPUs, up to " + std::to_string(ranks_per_gpu_) +
+             " ranks each, one thread a rank; point-to-point by copies, collectives through the host; worlds larger "
+             "than the GPUs share them: their timings are not those of more GPUs)";
+    return "cuda (" + std::to_string(gpus_) + " GPUs, one thread each, NCCL" +
+           (copy_engines_ ? "; point-to-point by the copy engines)" : ")");
   }
 
   RunResult run_world(int world_size, const std::function<RunResult(RankEnv&)>& body) override {
     InprocWorld world(world_size, timeout_);
-    std::unique_ptr<CommFactory> comms = kind_ == DeviceKind::cpu ? nullptr : nccl_factory(world_size, copy_engines_, timeout_);
+    std::unique_ptr<CommFactory> comms;
+    if (kind_ == DeviceKind::cuda && world_size > gpus_) {
+      log::warn("world size " + std::to_string(world_size) + " on " + std::to_string(gpus_) +
+                   " GPUs: ranks share them (--ranks-per-gpu), so its timings are not those of " +
+                   std::to_string(world_size) + " GPUs");
+      comms = shared_gpu_factory(world, timeout_);
+    } else if (kind_ == DeviceKind::cuda) {
+      comms = nccl_factory(world_size, copy_engines_, timeout_);
+    }
     std::vector<RunResult> results(world_size);
     std::vector<std::thread> threads;
     for (int r = 0; r < world_size; ++r)
@@ -59,7 +71,7 @@ class ThreadBackend final : public Backend {
 
   std::unique_ptr<Device> make_device(int rank) {
 #if ATTNHOST_HAVE_CUDA
-    if (kind_ == DeviceKind::cuda) return make_cuda_device(rank);
+    if (kind_ == DeviceKind::cuda) return make_cuda_device(rank % gpus_);
 #endif
     (void)rank;
     return make_cpu_device();
@@ -69,13 +81,14 @@ class ThreadBackend final : public Backend {
   int gpus_;
   std::chrono::milliseconds timeout_;
   bool copy_engines_;
+  int ranks_per_gpu_;
 };
 
 }  // namespace
 
 std::unique_ptr<Backend> make_thread_backend(DeviceKind kind, int gpus, std::chrono::milliseconds timeout,
-                                             bool copy_engines) {
-  return std::make_unique<ThreadBackend>(kind, gpus, timeout, copy_engines);
+                                             bool copy_engines, int ranks_per_gpu) {
+  return std::make_unique<ThreadBackend>(kind, gpus, timeout, copy_engines, ranks_per_gpu);
 }
 
 bool started_under_mpi() {
@@ -111,6 +124,12 @@ std::unique_ptr<Backend> make_backend(const BackendOptions& o) {
   }
   if (o.transport != "auto" && o.transport != "copy-engine" && o.transport != "nccl")
     throw UsageError("--transport must be auto, copy-engine or nccl, not '" + o.transport + "'");
+  if (o.ranks_per_gpu < 1) throw UsageError("--ranks-per-gpu must be at least 1, not " + std::to_string(o.ranks_per_gpu));
+  if (o.ranks_per_gpu > 1 && kind != DeviceKind::cuda)
+    throw UsageError("--ranks-per-gpu shares GPUs among ranks: it takes a GPU run (--device cuda or auto with a GPU)");
+  if (o.ranks_per_gpu > 1 && (o.transport == "nccl" || started_under_mpi()))
+    throw UsageError("--ranks-per-gpu: ranks that share a GPU exchange by copies within this process (NCCL takes one "
+                     "rank a GPU), so neither --transport nccl nor mpirun");
   if (started_under_mpi()) {
     if (o.transport == "copy-engine")
       throw UsageError("--transport copy-engine: ranks started by MPI are processes; peer copies need ranks in one process");
@@ -123,7 +142,7 @@ std::unique_ptr<Backend> make_backend(const BackendOptions& o) {
       throw UsageError("--transport copy-engine: the " + std::to_string(gpus) + " GPUs cannot all reach one another's memory");
     copy_engines = reachable && gpus > 1;
   }
-  return make_thread_backend(kind, gpus, o.comm_timeout, copy_engines);
+  return make_thread_backend(kind, gpus, o.comm_timeout, copy_engines, o.ranks_per_gpu);
 }
 
 }  // namespace attnhost

@@ -76,6 +76,10 @@ TEST_CASE("cli: bad usage") {
   one_line_error(attnhost("compare naive_attention --config tiny --window 5"), "--window takes two values L,R (e.g. 512,0)");
   one_line_error(attnhost("list things"), "list what? configs, plugins or suites (got 'things')");
   one_line_error(attnhost("run x.toml --device gpu"), "suite file x.toml not found");
+  one_line_error(attnhost("compare naive_attention --config tiny --device cpu --ranks-per-gpu 2"),
+                 "--ranks-per-gpu shares GPUs among ranks: it takes a GPU run (--device cuda or auto with a GPU)");
+  one_line_error(attnhost("compare naive_attention --config tiny --device cpu --ranks-per-gpu 0"),
+                 "--ranks-per-gpu must be at least 1, not 0");
   Outcome bad_option = attnhost("run x.toml --frobnicate");
   CHECK(bad_option.code == 2);
   CHECK(bad_option.out == "attnhost: error: unrecognised option '--frobnicate' (see attnhost run --help)\n");

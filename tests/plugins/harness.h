@@ -60,6 +60,20 @@ inline attnhost::CaseResult run_on(attnhost::DeviceKind device, const attnhost::
   return attnhost::run_case(c, plugin, *backend, attnhost::RunnerOptions{});
 }
 
+// On the GPUs, `ranks_per_gpu` ranks sharing each (worlds larger than the GPUs: copies between the
+// ranks, collectives through the host).
+inline attnhost::CaseResult run_shared(const attnhost::suite::Case& c, int ranks_per_gpu) {
+  int gpus = 0;
+#if ATTNHOST_HAVE_CUDA
+  gpus = attnhost::cuda_device_count();
+#endif
+  auto backend = attnhost::make_thread_backend(attnhost::DeviceKind::cuda, gpus, std::chrono::milliseconds(20000),
+                                               gpus > 1 && attnhost::peer_access_among(gpus), ranks_per_gpu);
+  auto plugin = builtins().find(c.plugin);
+  REQUIRE(plugin);
+  return attnhost::run_case(c, plugin, *backend, attnhost::RunnerOptions{});
+}
+
 inline double error_of(const attnhost::RunResult& r, const std::string& tensor) {
   for (const auto& t : r.check.tensors)
     if (t.tensor == tensor) return t.rel_l2_err;

@@ -154,6 +154,30 @@ TEST_CASE("bytes sent: ulysses moves Q, K, V and O once each way, allgather ever
 }
 
 #if ATTNHOST_HAVE_CUDA
+// Worlds of 2 and 4 ranks on whatever GPUs there are (one is enough): the many-rank paths on the
+// GPU, the exchanges as copies. Ulysses and usp tapered (their first and last entries alone); the
+// example's all-gather and reduce-scatter through the host.
+TEST_CASE("gpu: ranks that share a GPU run every schedule's many-rank paths" * doctest::test_suite("gpu")) {
+  REQUIRE_MESSAGE(attnhost::cuda_device_count() > 0, "no GPU visible");
+  for (const char* plugin : {"ring", "zigzag", "ulysses", "usp", "allgather"}) {
+    INFO(plugin);
+    auto c = dense_case(plugin, {1, 2, 4}, 1024, 8, 4, 128, true);
+    c.problem.batch = 3;
+    if (std::string(plugin) == "ulysses" || std::string(plugin) == "usp") c.params["taper"] = std::string("on");
+    if (std::string(plugin) == "usp") c.params["ulysses_degree"] = int64_t{2};
+    attnhost::CaseResult r = test::run_shared(c, 4);
+    test::all_pass(r);
+    test::error_does_not_grow(r);
+    REQUIRE(r.runs.size() == 3);
+    CHECK(r.runs[2].world_size == 4);
+  }
+  auto hybrid = dense_case("ring", {2}, 1024, 4, 2, 128, true, "fp8_e4m3");
+  hybrid.problem.grad_dtype = "fp8_e5m2";
+  test::all_pass(test::run_shared(hybrid, 2));
+  attnhost::CaseResult naive = test::run_shared(dense_case("naive_attention", {1, 2}, 256, 4, 2, 64, true), 2);
+  for (const auto& run : naive.runs) CHECK_MESSAGE(run.status == "PASSED", run.error);
+}
+
 TEST_CASE("gpu: ulysses and usp and allgather on the GPUs against the float64 reference" * doctest::test_suite("gpu")) {
   const int gpus = attnhost::cuda_device_count();
   REQUIRE_MESSAGE(gpus > 0, "no GPU visible");
