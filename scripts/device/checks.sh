@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine (device tool), in the repository's copy, with .gpu.tar.xz carried:
-#   scripts/device/checks.sh SECTION...   sections: info tests plugins verify mpi quick perf scaling suite cp peers
-#                                         fp8 striped
+#   scripts/device/checks.sh SECTION...   sections: info tests plugins verify shared mpi quick perf scaling suite
+#                                         cp peers fp8 striped
 # Every command has its own time limit so one hang cannot eat the call; logs go to $OUT.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -28,6 +28,11 @@ for section in "$@"; do
     verify)
       step "verify ${VERIFY:-ring zigzag} ${VERIFY_ARGS:-} (world sizes 1..$gpus)"
       run 400 "$A" verify ${VERIFY:-ring zigzag} ${VERIFY_ARGS:-} --quiet ;;
+    shared)
+      step "every distributed plugin at world sizes 1..$((4 * gpus)), four ranks sharing each GPU (checks, not timings)"
+      run 400 "$A" verify ring zigzag ulysses usp allgather varlen dilated blocksparse --ranks-per-gpu 4 --quiet
+      run 200 "$A" verify striped --plugin .gpu/lib/attnhost/striped/libstriped.so --ranks-per-gpu 4 --quiet
+      run 200 "$A" verify ring zigzag --dtype fp8_e4m3 --ranks-per-gpu 2 --quiet ;;
     mpi)
       step "the example plugin's two-rank suite: threads + NCCL, then mpirun -np 2 (NCCL id over MPI)"
       run 200 "$A" run .gpu/tests/two_ranks.toml --device cuda --quiet --format console
