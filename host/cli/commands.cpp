@@ -160,6 +160,7 @@ std::vector<std::string> child_arguments(const Context& ctx) {
   const CommonOptions& o = ctx.options;
   std::vector<std::string> args = {"--device", o.backend.device, "--gpus", std::to_string(o.backend.gpus),
                                    "--transport", o.backend.transport,
+                                   "--ranks-per-gpu", std::to_string(o.backend.ranks_per_gpu),
                                    "--comm-timeout", std::to_string(o.backend.comm_timeout.count() / 1000.0)};
   for (const std::string& d : o.plugin_dirs) args.insert(args.end(), {"--plugin-dir", d});
   for (const std::string& f : o.plugin_files) args.insert(args.end(), {"--plugin", f});

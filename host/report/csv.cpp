@@ -17,7 +17,7 @@ std::string cell(const std::string& s) {
 std::string csv(const std::vector<CaseResult>& cases) {
   std::ostringstream out;
   out.precision(6);  // six significant digits: past a microsecond in milliseconds, timings are noise (results.json keeps all)
-  out << "case,group,plugin,plugin_version,device,batch,seqlen_q,seqlen_kv,heads_q,heads_kv,head_dim,dtype,causal,"
+  out << "case,group,plugin,plugin_version,device,batch,seqlen_q,seqlen_kv,heads_q,heads_kv,head_dim,dtype,grad_dtype,causal,"
          "window_left,window_right,world_size,status,pass,median_ms,min_ms,mean_ms,stddev_ms,p10_ms,p90_ms,samples,"
          "tflops_per_gpu,tokens_per_s,speedup,efficiency,peak_bytes_max,sent_bytes_fwd_max,sent_bytes_bwd_max,check,error\n";
   for (const CaseResult& c : cases) {
@@ -27,7 +27,7 @@ std::string csv(const std::vector<CaseResult>& cases) {
       auto row = [&](const PassResult* pr) {
         out << cell(c.spec.id) << ',' << cell(c.spec.group) << ',' << cell(c.spec.plugin) << ',' << cell(c.plugin_version)
             << ',' << cell(c.device) << ',' << p.batch << ',' << p.seqlen_q << ',' << p.seqlen_kv << ',' << p.heads_q
-            << ',' << p.heads_kv << ',' << p.head_dim << ',' << p.dtype << ',' << (p.causal ? 1 : 0) << ','
+            << ',' << p.heads_kv << ',' << p.head_dim << ',' << p.dtype << ',' << p.grad_dtype << ',' << (p.causal ? 1 : 0) << ','
             << p.window_left << ',' << p.window_right << ',' << r.world_size << ',' << r.status << ',';
         if (pr)
           out << pr->pass << ',' << pr->time_ms.median << ',' << pr->time_ms.min << ',' << pr->time_ms.mean << ','

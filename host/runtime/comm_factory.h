@@ -22,7 +22,7 @@ std::unique_ptr<CommFactory> nccl_factory(int world_size, bool copy_engines, std
 
 // Communicators for ranks that share GPUs (--ranks-per-gpu), threads of this process: NCCL takes one
 // rank a GPU, so sends are the copy engines' and collectives go through the host (`world`'s).
-std::unique_ptr<CommFactory> shared_gpu_factory(InprocWorld& world, std::chrono::milliseconds timeout);
+std::unique_ptr<CommFactory> shared_gpu_factory(InprocWorld& world, int gpus, std::chrono::milliseconds timeout);
 
 // Whether each of the first `gpus` devices can reach every other's memory (NVLink or PCIe peers).
 bool peer_access_among(int gpus);

@@ -231,8 +231,9 @@ class CopyEngineCommunicator final : public Communicator {
 namespace {
 
 // Collectives of ranks that share GPUs, where NCCL (one rank a GPU) cannot run: each rank waits for
-// its stream, copies its input to the host, the in-process communicator combines, and the result
-// goes back. Slow, and exact; the built-in plugins use point-to-point only.
+// its stream, copies its input to the host, the in-process communicator combines (a reduction in
+// rank order), and the result goes back before the call returns. Slow; the built-in plugins use
+// point-to-point only.
 class StagedCollectives final : public Communicator {
  public:
   explicit StagedCollectives(std::unique_ptr<Communicator> host) : host_(std::move(host)) {}
@@ -247,19 +248,19 @@ class StagedCollectives final : public Communicator {
     const size_t bytes = n * dtype_bytes(dt);
     std::vector<char> mine = to_host(in, bytes, s), all(bytes * size());
     host_->all_gather(mine.data(), all.data(), n, dt, nullptr);
-    to_device(out, all);
+    to_device(out, all, s);
   }
   void all_reduce(const void* in, void* out, size_t n, int32_t dt, int32_t op, void* s) override {
     const size_t bytes = n * dtype_bytes(dt);
     std::vector<char> mine = to_host(in, bytes, s), sum(bytes);
     host_->all_reduce(mine.data(), sum.data(), n, dt, op, nullptr);
-    to_device(out, sum);
+    to_device(out, sum, s);
   }
   void reduce_scatter(const void* in, void* out, size_t n, int32_t dt, int32_t op, void* s) override {
     const size_t bytes = n * dtype_bytes(dt);
     std::vector<char> mine = to_host(in, bytes * size(), s), part(bytes);
     host_->reduce_scatter(mine.data(), part.data(), n, dt, op, nullptr);
-    to_device(out, part);
+    to_device(out, part, s);
   }
   void barrier() override { host_->barrier(); }
 
@@ -273,42 +274,49 @@ class StagedCollectives final : public Communicator {
     check_cuda(cudaMemcpy(out.data(), src, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy", rank());
     return out;
   }
-  void to_device(void* dst, const std::vector<char>& bytes) const {
-    check_cuda(cudaMemcpy(dst, bytes.data(), bytes.size(), cudaMemcpyHostToDevice), "cudaMemcpy", rank());
+  // On the caller's stream, waited for: a plain cudaMemcpy from pageable memory may return before
+  // the bytes land, ordered only against the legacy stream, which the ranks' streams do not follow.
+  void to_device(void* dst, const std::vector<char>& bytes, void* stream) const {
+    const auto s = static_cast<cudaStream_t>(stream);
+    check_cuda(cudaMemcpyAsync(dst, bytes.data(), bytes.size(), cudaMemcpyHostToDevice, s), "cudaMemcpyAsync", rank());
+    check_cuda(cudaStreamSynchronize(s), "cudaStreamSynchronize", rank());
   }
   std::unique_ptr<Communicator> host_;
 };
 
 class SharedGpuFactory final : public CommFactory {
  public:
-  SharedGpuFactory(InprocWorld& world, std::chrono::milliseconds timeout)
-      : world_(world), meeting_(make_peer_meeting(world.size(), timeout)) {}
+  SharedGpuFactory(InprocWorld& world, int gpus, std::chrono::milliseconds timeout)
+      : world_(world), gpus_(gpus), meeting_(make_peer_meeting(world.size(), timeout)) {}
   std::unique_ptr<Communicator> create(int rank) override {
-    return with_copy_engines(std::make_unique<StagedCollectives>(world_.communicator(rank)), meeting_);
+    return with_copy_engines(std::make_unique<StagedCollectives>(world_.communicator(rank)), meeting_, gpus_);
   }
 
  private:
   InprocWorld& world_;
+  int gpus_;
   std::shared_ptr<PeerMeeting> meeting_;
 };
 
 }  // namespace
 
-std::unique_ptr<CommFactory> shared_gpu_factory(InprocWorld& world, std::chrono::milliseconds timeout) {
-  return std::make_unique<SharedGpuFactory>(world, timeout);
+std::unique_ptr<CommFactory> shared_gpu_factory(InprocWorld& world, int gpus, std::chrono::milliseconds timeout) {
+  return std::make_unique<SharedGpuFactory>(world, gpus, timeout);
 }
 
 std::shared_ptr<PeerMeeting> make_peer_meeting(int size, std::chrono::milliseconds timeout) {
   return std::make_shared<PeerMeeting>(size, timeout);
 }
 
-std::unique_ptr<Communicator> with_copy_engines(std::unique_ptr<Communicator> nccl, std::shared_ptr<PeerMeeting> meeting) {
+std::unique_ptr<Communicator> with_copy_engines(std::unique_ptr<Communicator> nccl, std::shared_ptr<PeerMeeting> meeting,
+                                                int gpus) {
   const int rank = nccl->rank();
   int device = 0;
   check_cuda(cudaGetDevice(&device), "cudaGetDevice", rank);
   int count = 0;
   check_cuda(cudaGetDeviceCount(&count), "cudaGetDeviceCount", rank);
-  for (int peer = 0; peer < count && peer < nccl->size(); ++peer) {
+  const int used = std::min(count, gpus > 0 ? gpus : nccl->size());
+  for (int peer = 0; peer < used; ++peer) {
     if (peer == device) continue;
     cudaError_t e = cudaDeviceEnablePeerAccess(peer, 0);
     if (e == cudaErrorPeerAccessAlreadyEnabled) cudaGetLastError();

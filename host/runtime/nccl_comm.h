@@ -21,7 +21,8 @@ std::string nccl_unique_id();
 struct PeerMeeting;
 std::shared_ptr<PeerMeeting> make_peer_meeting(int size, std::chrono::milliseconds timeout);
 // `nccl`'s sends and receives become peer copies (its collectives stay); enables this rank's
-// device to reach the other ranks' devices (rank r runs on device r).
-std::unique_ptr<Communicator> with_copy_engines(std::unique_ptr<Communicator> nccl, std::shared_ptr<PeerMeeting> meeting);
+// device to reach the other devices in use: the first `gpus` (0: one a rank, rank r on device r).
+std::unique_ptr<Communicator> with_copy_engines(std::unique_ptr<Communicator> nccl, std::shared_ptr<PeerMeeting> meeting,
+                                                int gpus = 0);
 
 }  // namespace attnhost

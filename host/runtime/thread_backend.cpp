@@ -25,8 +25,8 @@ class ThreadBackend final : public Backend {
     if (kind_ == DeviceKind::cpu) return "cpu (one thread per rank, in-process communicator)";
     if (ranks_per_gpu_ > 1)
       return "cuda (" + std::to_string(gpus_) + " GPUs, up to " + std::to_string(ranks_per_gpu_) +
-             " ranks each, one thread a rank; point-to-point by copies, collectives through the host; worlds larger "
-             "than the GPUs share them: their timings are not those of more GPUs)";
+             " ranks each, one thread a rank; worlds larger than the GPUs share them, exchanging by copies, "
+             "collectives through the host, and their timings are not those of more GPUs)";
     return "cuda (" + std::to_string(gpus_) + " GPUs, one thread each, NCCL" +
            (copy_engines_ ? "; point-to-point by the copy engines)" : ")");
   }
@@ -38,7 +38,7 @@ class ThreadBackend final : public Backend {
       log::warn("world size " + std::to_string(world_size) + " on " + std::to_string(gpus_) +
                    " GPUs: ranks share them (--ranks-per-gpu), so its timings are not those of " +
                    std::to_string(world_size) + " GPUs");
-      comms = shared_gpu_factory(world, timeout_);
+      comms = shared_gpu_factory(world, gpus_, timeout_);
     } else if (kind_ == DeviceKind::cuda) {
       comms = nccl_factory(world_size, copy_engines_, timeout_);
     }
@@ -127,6 +127,9 @@ std::unique_ptr<Backend> make_backend(const BackendOptions& o) {
   if (o.ranks_per_gpu < 1) throw UsageError("--ranks-per-gpu must be at least 1, not " + std::to_string(o.ranks_per_gpu));
   if (o.ranks_per_gpu > 1 && kind != DeviceKind::cuda)
     throw UsageError("--ranks-per-gpu shares GPUs among ranks: it takes a GPU run (--device cuda or auto with a GPU)");
+  if (o.ranks_per_gpu > 1 && kind == DeviceKind::cuda && gpus > 1 && !peer_access_among(gpus))
+    throw UsageError("--ranks-per-gpu: ranks that share GPUs copy to one another, and these " + std::to_string(gpus) +
+                     " GPUs cannot all reach one another's memory (take --gpus 1)");
   if (o.ranks_per_gpu > 1 && (o.transport == "nccl" || started_under_mpi()))
     throw UsageError("--ranks-per-gpu: ranks that share a GPU exchange by copies within this process (NCCL takes one "
                      "rank a GPU), so neither --transport nccl nor mpirun");

@@ -343,7 +343,8 @@ typedef struct attnhost_host_api {
   int32_t (*reduce_scatter)(void* context, const void* send, void* recv, size_t count_per_rank,
                             int32_t dtype, int32_t op, void* stream);
   int32_t (*barrier)(void* context);
-  void* (*native_comm)(void* context); /* ncclComm_t on CUDA, NULL on the CPU */
+  void* (*native_comm)(void* context); /* ncclComm_t on CUDA, NULL on the CPU and where ranks share
+                                          GPUs (--ranks-per-gpu: no NCCL there) */
 
   /* -- trace: named ranges shown in the timeline (the host ignores them outside traced runs) -- */
   int32_t (*range_begin)(void* context, const char* name, int32_t kind, void* stream);

@@ -96,6 +96,8 @@ BackwardParams backward_params(const RingShape& s, const BlockCall& c, const att
   p.q = views.q(a.q.data, c.q_begin, Elem::input);
   p.k = views.kv(k, c.kv_begin, Elem::input);
   p.v = views.kv(v, c.kv_begin, Elem::input);
+  // (dO's views take the inputs' element size: the one type it may differ in, e5m2 beside e4m3, is
+  // one byte too; check_supported_do allows no other. So do the ring's packed slices and buffers.)
   p.d_o = views.q(a.d_o.data, c.q_begin, Elem::input);
   if (d_o_dtype(s, a) != s.dtype) p.dtype_do = core_dtype(d_o_dtype(s, a));  // the hybrid FP8 recipe's e5m2 dO
   p.o = views.q(a.o.data, c.q_begin, Elem::output);  // the final output: the cuDNN engine recomputes delta from it

@@ -585,7 +585,7 @@ void amax_cuda(const AmaxParams& p, void* stream) {
   const int64_t rows = int64_t(p.batch) * p.heads * p.seqlen;
   if (packed_words(p.x, p.heads, p.head_dim, p.seqlen, p.batch, dtype_bytes(p.dtype))) {
     const int64_t words = rows * p.head_dim * dtype_bytes(p.dtype) / 16;
-    const unsigned blocks = unsigned(std::min<int64_t>((words + 255) / 256, 4 * kAmaxBlocks));
+    const unsigned blocks = unsigned(std::min<int64_t>((words + 4 * 256 - 1) / (4 * 256), 2 * kAmaxBlocks));
     const auto x = static_cast<const uint4*>(p.x.data);
     if (p.dtype == DType::bf16) amax_packed_kernel<__nv_bfloat16><<<blocks, 256, 0, s>>>(x, words, p.amax);
     else if (p.dtype == DType::fp16) amax_packed_kernel<__half><<<blocks, 256, 0, s>>>(x, words, p.amax);
