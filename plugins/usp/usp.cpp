@@ -19,7 +19,7 @@ class Usp {
         "1.0.0",
         "2-D hybrid: Ulysses all-to-alls inside groups of ulysses_degree ranks, a zigzag ring across the groups",
         {ATTNHOST_STRUCT_SIZE(attnhost_capabilities, head_dims), attncore::plugin::kRingDevices,
-         attncore::plugin::kRingDtypes,
+         attncore::plugin::kRingDtypesFp8,
          ATTNHOST_FEATURE_CAUSAL | ATTNHOST_FEATURE_NONCAUSAL | ATTNHOST_FEATURE_WINDOW | ATTNHOST_FEATURE_GQA |
              ATTNHOST_FEATURE_VARLEN | ATTNHOST_FEATURE_BACKWARD | ATTNHOST_FEATURE_DETERMINISTIC,
          1, 0, 0, nullptr},

@@ -53,6 +53,37 @@ TEST_CASE("ulysses and usp: a tapered pipeline (first and last batch entry alone
   }
 }
 
+TEST_CASE("ulysses and usp in FP8 on the CPU: inputs cross in FP8, outputs in bf16, the outputs' amax reported") {
+  for (const char* dtype : {"fp8_e4m3", "fp8_e5m2"})
+    for (const char* plugin : {"ulysses", "usp"}) {
+      INFO(plugin, " ", dtype);
+      auto c = dense_case(plugin, {1, 2, 4}, 256, 8, 4, 32, true, dtype);
+      c.problem.batch = 3;
+      c.params["taper"] = std::string("on");
+      if (std::string(plugin) == "usp") c.params["ulysses_degree"] = int64_t{2};
+      attnhost::CaseResult r = run_on(DeviceKind::cpu, c);
+      test::all_pass(r);
+      test::error_does_not_grow(r);
+      for (const auto& run : r.runs) {
+        CHECK(test::error_of(run, "O") < 4e-3);
+        CHECK(run.check.amax.find("(reported, exact)") != std::string::npos);
+      }
+    }
+  // One kv head replicated on every rank: its fp32 sums rounded to bf16 once, home.
+  attnhost::CaseResult mqa = run_on(DeviceKind::cpu, dense_case("ulysses", {1, 2, 4}, 128, 8, 1, 16, true, "fp8_e4m3"));
+  test::all_pass(mqa);
+  test::error_does_not_grow(mqa);
+  // Q, K, V and dO cross in one byte an element, O, dQ, dK and dV in two (world size 2, 96 tokens).
+  const uint64_t B = 2, n = 48, D = 16;
+  auto u = dense_case("ulysses", {2}, 96, 4, 2, 16, true, "fp8_e4m3");
+  attnhost::CaseResult bytes = run_on(DeviceKind::cpu, u);
+  test::all_pass(bytes);
+  for (int rank = 0; rank < 2; ++rank) {
+    CHECK(bytes.runs[0].sent_bytes_fwd[rank] == B * n * D * (2 + 1 + 1 + 2 * 2) + B * 2 * n * 4);
+    CHECK(bytes.runs[0].sent_bytes_bwd[rank] == B * n * D * (2 + (2 + 1 + 1) * 2));
+  }
+}
+
 TEST_CASE("ulysses: fewer kv heads than ranks are replicated, their gradients summed") {
   attnhost::CaseResult mqa = run_on(DeviceKind::cpu, dense_case("ulysses", {1, 2, 4}, 128, 8, 1, 16, true));
   test::all_pass(mqa);
@@ -174,6 +205,16 @@ TEST_CASE("gpu: ranks that share a GPU run every schedule's many-rank paths" * d
   auto hybrid = dense_case("ring", {2}, 1024, 4, 2, 128, true, "fp8_e4m3");
   hybrid.problem.grad_dtype = "fp8_e5m2";
   test::all_pass(test::run_shared(hybrid, 2));
+  for (const char* plugin : {"ulysses", "usp"}) {  // FP8 through the all-to-alls (usp: 2 x 2 at four ranks)
+    auto fp8 = dense_case(plugin, {1, 2, 4}, 1024, 8, 4, 128, true, "fp8_e4m3");
+    fp8.problem.batch = 2;
+    fp8.params["taper"] = std::string("on");
+    if (std::string(plugin) == "usp") fp8.params["ulysses_degree"] = int64_t{2};
+    attnhost::CaseResult r = test::run_shared(fp8, 4);
+    test::all_pass(r);
+    test::error_does_not_grow(r);
+    for (const auto& run : r.runs) CHECK(run.check.amax.find("(reported, exact)") != std::string::npos);
+  }
   attnhost::CaseResult naive = test::run_shared(dense_case("naive_attention", {1, 2}, 256, 4, 2, 64, true), 2);
   for (const auto& run : naive.runs) CHECK_MESSAGE(run.status == "PASSED", run.error);
 }

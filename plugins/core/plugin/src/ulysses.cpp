@@ -96,17 +96,18 @@ UlyssesAttention::~UlyssesAttention() = default;
 
 UlyssesAttention::Buffers UlyssesAttention::layout(Carver& c) const {
   const RingShape& r = s_.ring;
-  const size_t el = attnhost::dtype_size(r.dtype);
+  const size_t in_el = elem_size(r, Elem::input), out_el = elem_size(r, Elem::output);
   const LocalSizes g = local_sizes(group_shape_);  // one group's head-sharded tensors
   // The largest message (a backward that exchanges Q, O, dO, K, V and LSE; fp32 kv gradients), out
   // and in, for every member.
   const size_t message = static_cast<size_t>(r.batch) * n_ * r.head_dim *
-                             (3 * group_shape_.heads_q * el + 2 * group_shape_.heads_kv * 4) +
+                             (3 * group_shape_.heads_q * out_el + 2 * group_shape_.heads_kv * 4) +
                          static_cast<size_t>(r.batch) * group_shape_.heads_q * n_ * 4 + 6 * 256;
-  const size_t dkv_el = group_shape_.kv_grads_fp32 ? 4 : el;
+  const size_t dkv_el = group_shape_.kv_grads_fp32 ? 4 : out_el;
   Buffers b;
-  for (char** t : {&b.q, &b.o, &b.d_o, &b.dq}) *t = c.take(groups_ * g.q * el);
-  for (char** t : {&b.k, &b.v}) *t = c.take(groups_ * g.kv * el);
+  for (char** t : {&b.q, &b.d_o}) *t = c.take(groups_ * g.q * in_el);
+  for (char** t : {&b.o, &b.dq}) *t = c.take(groups_ * g.q * out_el);
+  for (char** t : {&b.k, &b.v}) *t = c.take(groups_ * g.kv * in_el);
   for (char** t : {&b.dk, &b.dv}) *t = c.take(groups_ * g.kv * dkv_el);
   b.lse = c.take(groups_ * g.rows * 4);
   b.staging = c.take(2 * u_ * message);
@@ -124,13 +125,17 @@ int32_t UlyssesAttention::first_head(int member, const Piece& p, int32_t group) 
   return member * kv_heads_ + group * p.count;
 }
 
-attnhost_tensor UlyssesAttention::sharded(void* data, bool kv, bool fp32) const {
+size_t UlyssesAttention::piece_elem(const Piece& p) const {
+  return p.sum ? 4 : elem_size(s_.ring, p.output ? Elem::output : Elem::input);
+}
+
+attnhost_tensor UlyssesAttention::sharded(void* data, bool kv, int32_t dtype) const {
   const RingShape& g = group_shape_;
   const int64_t heads = kv ? g.heads_kv : g.heads_q;
   attnhost_tensor t{};
   t.struct_size = ATTNHOST_STRUCT_SIZE(attnhost_tensor, strides);
   t.data = data;
-  t.dtype = fp32 ? ATTNHOST_DTYPE_FP32 : g.dtype;
+  t.dtype = dtype;
   t.ndim = 4;
   const int64_t shape[4] = {g.batch, g.local_q, heads, g.head_dim};
   const int64_t strides[4] = {g.local_q * heads * g.head_dim, heads * g.head_dim, g.head_dim, 1};
@@ -142,12 +147,13 @@ attnhost_tensor UlyssesAttention::sharded(void* data, bool kv, bool fp32) const 
 void UlyssesAttention::kept_tensors(int group, attnhost_tensor& q, attnhost_tensor& k, attnhost_tensor& v,
                                     attnhost_tensor& o, attnhost_tensor& lse) const {
   const LocalSizes g = local_sizes(group_shape_);
-  const size_t el = attnhost::dtype_size(s_.ring.dtype);
+  const RingShape& r = s_.ring;
+  const size_t el = elem_size(r, Elem::input), out_el = elem_size(r, Elem::output);
   const Buffers& b = buffers();
-  q = sharded(b.q + group * g.q * el, false, false);
-  k = sharded(b.k + group * g.kv * el, true, false);
-  v = sharded(b.v + group * g.kv * el, true, false);
-  o = sharded(b.o + group * g.q * el, false, false);
+  q = sharded(b.q + group * g.q * el, false, r.dtype);
+  k = sharded(b.k + group * g.kv * el, true, r.dtype);
+  v = sharded(b.v + group * g.kv * el, true, r.dtype);
+  o = sharded(b.o + group * g.q * out_el, false, output_dtype(r));
   lse = stats(b.lse + group * g.rows * 4);
 }
 
@@ -181,10 +187,10 @@ void UlyssesAttention::to_tokens(const std::vector<Piece>& pieces, const Step& s
 void UlyssesAttention::exchange(const std::vector<Piece>& whole, bool heads_out, const Step& step, void* stream,
                                 const char* what) {
   const RingShape& r = s_.ring;
-  const size_t el = attnhost::dtype_size(r.dtype), D = r.head_dim, B = step.count, n = n_, un = u_ * n_;
+  const size_t D = r.head_dim, B = step.count, n = n_, un = u_ * n_;
   std::vector<Piece> pieces = whole;
   for (Piece& p : pieces) {  // from the step's first entry: [B, n, heads, .] local, [B, u*n, count, .] sharded
-    const size_t unit = p.tokens ? D * (p.sum ? 4 : el) : 4;  // row statistics: [B, heads, n], [B, count, u*n]
+    const size_t unit = p.tokens ? D * piece_elem(p) : 4;  // row statistics: [B, heads, n], [B, count, u*n]
     p.local = static_cast<char*>(p.local) + step.b0 * n * p.heads * unit;
     p.sharded = static_cast<char*>(p.sharded) + step.b0 * un * p.count * unit;
   }
@@ -197,7 +203,7 @@ void UlyssesAttention::exchange(const std::vector<Piece>& whole, bool heads_out,
   std::vector<Sum> sums;
   // Bytes of a piece in one message, and where the pieces of peer i's messages start.
   const auto piece_bytes = [&](const Piece& p) {
-    return align_up(p.tokens ? B * n * p.count * D * (p.sum ? 4 : el) : B * p.count * n * 4);
+    return align_up(p.tokens ? B * n * p.count * D * piece_elem(p) : B * p.count * n * 4);
   };
   size_t message = 0;
   for (const Piece& p : pieces) message += piece_bytes(p);
@@ -213,7 +219,7 @@ void UlyssesAttention::exchange(const std::vector<Piece>& whole, bool heads_out,
       char* in = incoming(i) + offset;
       const bool self = i == member_;
       if (p.tokens) {  // local [B, n, heads, D]; sharded [B, u*n, c, D], member i's tokens at rows i*n
-        const size_t lel = p.sum ? 4 : el, row = c * D * lel, lrow = p.heads * D * lel;
+        const size_t lel = piece_elem(p), row = c * D * lel, lrow = p.heads * D * lel;
         char* local = static_cast<char*>(p.local) + h0 * D * lel;
         char* rows_of_i = static_cast<char*>(p.sharded) + i * n * row;
         if (p.sum) {  // i's fp32 gradients of my tokens (one kv head), added into the sums [B, Hkv, n, D]
@@ -277,7 +283,7 @@ void UlyssesAttention::exchange(const std::vector<Piece>& whole, bool heads_out,
 void UlyssesAttention::forward(const attnhost_forward_args& a) {
   if (u_ == 1) return ring_->forward(a);
   const LocalSizes g = local_sizes(group_shape_);
-  const size_t el = attnhost::dtype_size(s_.ring.dtype);
+  const size_t el = elem_size(s_.ring, Elem::input);
   void* compute = host_.stream(0);
   void* xs = overlap_ ? host_.stream(2) : compute;
   const Buffers& b = buffers();
@@ -301,11 +307,14 @@ void UlyssesAttention::forward(const attnhost_forward_args& a) {
     kept_tensors(step.group, x.q, x.k, x.v, x.o, x.lse);
     ring_->forward(x, step.b0, step.count);
     engine_->wait(xs, compute);
-    to_tokens({{a.o.data, x.o.data, s_.ring.heads_q, group_shape_.heads_q, false},
+    to_tokens({{a.o.data, x.o.data, s_.ring.heads_q, group_shape_.heads_q, false, true, false, true},
                {a.lse.data, x.lse.data, s_.ring.heads_q, group_shape_.heads_q, false, false}},
               step, xs, "O LSE to tokens");
   }
   engine_->wait(compute, xs);
+  if (attnhost_fp8_amax* amax = fp8_amax(a))  // O is home, in sequence sharding
+    output_amax(*engine_, s_.ring, &amax->o, LocalViews{s_.ring}.q(a.o.data, 0, Elem::output), n_, s_.ring.heads_q,
+                compute);
   const void* given[5] = {a.q.data, a.k.data, a.v.data, a.o.data, a.lse.data};
   std::copy_n(given, 5, kept_);
 }
@@ -314,7 +323,7 @@ void UlyssesAttention::backward(const attnhost_backward_args& a) {
   if (u_ == 1) return ring_->backward(a);
   const RingShape& r = s_.ring;
   const LocalSizes g = local_sizes(group_shape_);
-  const size_t el = attnhost::dtype_size(r.dtype);
+  const size_t el = elem_size(r, Elem::input), out_el = elem_size(r, Elem::output);
   void* compute = host_.stream(0);
   void* xs = overlap_ ? host_.stream(2) : compute;
   const auto at = [&](char* base, size_t elems, int group, size_t bytes) { return base + group * elems * bytes; };
@@ -330,7 +339,7 @@ void UlyssesAttention::backward(const attnhost_backward_args& a) {
     std::vector<Piece> in = {{a.d_o.data, at(b.d_o, g.q, group, el), r.heads_q, group_shape_.heads_q, false}};
     if (!kept) {
       in.push_back({a.q.data, at(b.q, g.q, group, el), r.heads_q, group_shape_.heads_q, false});
-      in.push_back({a.o.data, at(b.o, g.q, group, el), r.heads_q, group_shape_.heads_q, false});
+      in.push_back({a.o.data, at(b.o, g.q, group, out_el), r.heads_q, group_shape_.heads_q, false, true, false, true});
       in.push_back({a.k.data, at(b.k, g.kv, group, el), r.heads_kv, group_shape_.heads_kv, true});
       in.push_back({a.v.data, at(b.v, g.kv, group, el), r.heads_kv, group_shape_.heads_kv, true});
       in.push_back({a.lse.data, at(b.lse, g.rows, group, 4), r.heads_q, group_shape_.heads_q, false, false});
@@ -351,26 +360,28 @@ void UlyssesAttention::backward(const attnhost_backward_args& a) {
     engine_->wait(compute, arrived[k]);
     attnhost_backward_args x = a;
     kept_tensors(group, x.q, x.k, x.v, x.o, x.lse);
-    x.d_o = sharded(at(b.d_o, g.q, group, el), false, false);
-    x.dq = sharded(at(b.dq, g.q, group, el), false, false);
-    const size_t dkv_el = replicated ? 4 : el;
-    x.dk = sharded(at(b.dk, g.kv, group, dkv_el), true, replicated);
-    x.dv = sharded(at(b.dv, g.kv, group, dkv_el), true, replicated);
+    x.d_o = sharded(at(b.d_o, g.q, group, el), false, d_o_dtype(r, a));
+    x.dq = sharded(at(b.dq, g.q, group, out_el), false, output_dtype(r));
+    const size_t dkv_el = replicated ? 4 : out_el;
+    const int32_t dkv_type = replicated ? ATTNHOST_DTYPE_FP32 : output_dtype(r);
+    x.dk = sharded(at(b.dk, g.kv, group, dkv_el), true, dkv_type);
+    x.dv = sharded(at(b.dv, g.kv, group, dkv_el), true, dkv_type);
     ring_->backward(x, step.b0, step.count);
     engine_->wait(xs, compute);
-    Piece dk{a.dk.data, x.dk.data, r.heads_kv, group_shape_.heads_kv, true};
-    Piece dv{a.dv.data, x.dv.data, r.heads_kv, group_shape_.heads_kv, true};
+    Piece dk{a.dk.data, x.dk.data, r.heads_kv, group_shape_.heads_kv, true, true, false, true};
+    Piece dv{a.dv.data, x.dv.data, r.heads_kv, group_shape_.heads_kv, true, true, false, true};
     if (replicated) {
       dk.local = dk_sum;
       dv.local = dv_sum;
       dk.sum = dv.sum = true;
     }
-    to_tokens({{a.dq.data, x.dq.data, r.heads_q, group_shape_.heads_q, false}, dk, dv}, step, xs, "dQ dK dV to tokens");
+    to_tokens({{a.dq.data, x.dq.data, r.heads_q, group_shape_.heads_q, false, true, false, true}, dk, dv}, step, xs,
+              "dQ dK dV to tokens");
   }
   if (replicated)
     for (auto [sum, out] : {std::pair{dk_sum, a.dk.data}, std::pair{dv_sum, a.dv.data}}) {
       ConvertParams cv;  // [B, Hkv, n, D] sums into [B, n, Hkv, D]
-      cv.dtype = core_dtype(r.dtype);
+      cv.dtype = core_dtype(output_dtype(r));
       cv.batch = r.batch;
       cv.heads = r.heads_kv;
       cv.head_dim = r.head_dim;
@@ -380,6 +391,12 @@ void UlyssesAttention::backward(const attnhost_backward_args& a) {
       engine_->convert(cv, xs);
     }
   engine_->wait(compute, xs);
+  if (attnhost_fp8_amax* amax = fp8_amax(a)) {  // the gradients are home
+    const LocalViews v{r};
+    output_amax(*engine_, r, &amax->dq, v.q(a.dq.data, 0, Elem::output), n_, r.heads_q, compute);
+    output_amax(*engine_, r, &amax->dk, v.kv(a.dk.data, 0, Elem::output), n_, r.heads_kv, compute);
+    output_amax(*engine_, r, &amax->dv, v.kv(a.dv.data, 0, Elem::output), n_, r.heads_kv, compute);
+  }
   std::copy_n(given, 5, kept_);
 }
 

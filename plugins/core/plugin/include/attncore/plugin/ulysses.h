@@ -76,14 +76,16 @@ class UlyssesAttention {
     bool kv;            // which heads a rank takes: its kv heads, else its query heads
     bool tokens = true;
     bool sum = false;   // to sequence sharding only: fp32 replicated kv gradients, added into sums [B, Hkv, n, D]
+    bool output = false;  // O, dQ, dK, dV: in the outputs' dtype (bf16 in an FP8 problem), else the inputs'
   };
+  size_t piece_elem(const Piece& p) const;  // bytes of one element of a tokens piece
   struct Copy;
   int32_t first_head(int member, const Piece& p, int32_t group) const;
   // The all-to-all of a step's entries of `pieces` (whole-batch tensors, the step's head group).
   void to_heads(const std::vector<Piece>& pieces, const Step& step, void* stream, const char* what);
   void to_tokens(const std::vector<Piece>& pieces, const Step& step, void* stream, const char* what);
   void exchange(const std::vector<Piece>& pieces, bool to_heads, const Step& step, void* stream, const char* what);
-  attnhost_tensor sharded(void* data, bool kv, bool fp32) const;  // one group's head-sharded tensor
+  attnhost_tensor sharded(void* data, bool kv, int32_t dtype) const;  // one group's head-sharded tensor
   attnhost_tensor stats(void* data) const;
   // Group `group`'s head-sharded Q, K, V, O and LSE, which the forward fills and keeps.
   void kept_tensors(int group, attnhost_tensor& q, attnhost_tensor& k, attnhost_tensor& v, attnhost_tensor& o,

@@ -57,6 +57,9 @@ class UlyssesPlugin {
                                               std::to_string(p->world_size));
     if (std::string why = check_ulysses_heads(p->heads_q, p->heads_kv, u); !why.empty())
       fail(ATTNHOST_ERR_UNSUPPORTED, why);
+    if (p.packed() && p->device_type == ATTNHOST_DEVICE_CUDA && is_fp8(core_dtype(p->dtype)))
+      fail(ATTNHOST_ERR_UNSUPPORTED, "packed documents in FP8 run on the CPU path only (the core's FP8 forward on "
+                                     "CUDA takes calls without segments)");
     if (p.packed() && r > 1)
       fail(ATTNHOST_ERR_UNSUPPORTED, "packed documents take one Ulysses group of every rank (ulysses_degree " +
                                          std::to_string(u) + " leaves a ring of " + std::to_string(r) + " groups)");
