@@ -35,7 +35,7 @@ class Allgather {
         "allgather",
         "1.0.0",
         "all-gathered K/V: each rank's query chunks attend the gathered keys in one call each; dK/dV summed home",
-        {ATTNHOST_STRUCT_SIZE(attnhost_capabilities, head_dims), kRingDevices, kRingDtypes,
+        {ATTNHOST_STRUCT_SIZE(attnhost_capabilities, head_dims), kRingDevices, kRingDtypesFp8,
          ATTNHOST_FEATURE_CAUSAL | ATTNHOST_FEATURE_NONCAUSAL | ATTNHOST_FEATURE_WINDOW | ATTNHOST_FEATURE_GQA |
              ATTNHOST_FEATURE_BACKWARD | ATTNHOST_FEATURE_DETERMINISTIC,
          1, 0, 0, nullptr},
@@ -56,7 +56,8 @@ class Allgather {
   Allgather(const attnhost::Problem& p, const ScheduleOptions& options)
       : reference_(p), host_(options.host), rank_(options.rank), world_(options.world_size), seqlen_(p->seqlen_q),
         batch_(static_cast<int32_t>(p->batch)), heads_(p->heads_q), kv_heads_(p->heads_kv), dim_(p->head_dim),
-        dtype_(p->dtype), el_(attnhost::dtype_size(p->dtype)), scale_(static_cast<float>(p->softmax_scale)),
+        dtype_(p->dtype), el_(attnhost::dtype_size(p->dtype)),
+        out_el_(size_t(dtype_bytes(output_dtype(core_dtype(p->dtype))))), scale_(static_cast<float>(p->softmax_scale)),
         deterministic_(p->deterministic != 0), overlap_(options.overlap), engine_(options.make_engine()) {
     // Zigzag chunks balance a causal mask (when the sequence cuts into 2P of them); else contiguous.
     const bool zigzag = world_ > 1 && p->causal && seqlen_ % (2 * world_) == 0;
@@ -96,6 +97,7 @@ class Allgather {
       done[g] = engine_->record(compute);
     }
     engine_->wait(compute, xs);
+    if (attnhost_fp8_amax* amax = amax_of(a)) report_amax(&amax->o, a.o.data, heads_, compute);
   }
 
   void backward(const attnhost_backward_args& a) {
@@ -107,8 +109,9 @@ class Allgather {
     dp.heads = heads_;
     dp.head_dim = dim_;
     dp.seqlen = local_;
-    dp.o = q_like(a.o.data, 0, 0, false);
-    dp.d_o = q_like(a.d_o.data, 0, 0, false);
+    dp.o = q_like(a.o.data, 0, 0, out_el_);
+    dp.d_o = q_like(a.d_o.data, 0, 0, el_);
+    if (const attnhost_fp8_scaling* fp8 = fp8_of(a)) dp.descale_do = fp8->descale_do;
     dp.delta = {buffers().delta, int64_t{heads_} * local_, local_};
     engine_->compute_delta(dp, compute);
     std::vector<Engine::Event> gathered(groups_), done(groups_), summed(groups_);
@@ -136,6 +139,11 @@ class Allgather {
       summed[g] = engine_->record(xs);
     }
     engine_->wait(compute, xs);
+    if (attnhost_fp8_amax* amax = amax_of(a)) {  // every output is home
+      report_amax(&amax->dq, a.dq.data, heads_, compute);
+      report_amax(&amax->dk, a.dk.data, kv_heads_, compute);
+      report_amax(&amax->dv, a.dv.data, kv_heads_, compute);
+    }
   }
 
   attnhost::PairCount count_pairs() {
@@ -212,14 +220,13 @@ class Allgather {
   const Slot& slot(int g) const { return buffers().slots[g % 2]; }
 
   // [B, local tokens, heads, D] views of a Q-like tensor from local row `row0` and head `head0`.
-  TensorRef q_like(void* base, int64_t row0, int32_t head0, bool fp32) const {
+  // (el: the tensor's element size, the inputs' el_ or the outputs' out_el_.)
+  TensorRef q_like(void* base, int64_t row0, int32_t head0, size_t el) const {
     const int64_t token = int64_t{heads_} * dim_;
-    const size_t el = fp32 ? 4 : el_;
     return {static_cast<char*>(base) + (row0 * token + int64_t{head0} * dim_) * el, local_ * token, token, dim_};
   }
-  TensorRef kv_like(void* base, int64_t row0, int32_t head0, bool fp32) const {
+  TensorRef kv_like(void* base, int64_t row0, int32_t head0, size_t el) const {
     const int64_t token = int64_t{kv_heads_} * dim_;
-    const size_t el = fp32 ? 4 : el_;
     return {static_cast<char*>(base) + (row0 * token + int64_t{head0} * dim_) * el, local_ * token, token, dim_};
   }
   TensorRef gathered(void* base, int64_t key0, bool fp32) const {
@@ -232,13 +239,13 @@ class Allgather {
   }
   void convert_dq(const attnhost_backward_args& a, int g, void* stream) {
     ConvertParams cv;
-    cv.dtype = core_dtype(dtype_);
+    cv.dtype = output_dtype(core_dtype(dtype_));
     cv.batch = batch_;
     cv.heads = group_q();
     cv.head_dim = dim_;
     cv.seqlen = local_;
     cv.src = group_dq(0);
-    cv.dst = q_like(a.dq.data, 0, g * group_q(), false);
+    cv.dst = q_like(a.dq.data, 0, g * group_q(), out_el_);
     engine_->convert(cv, stream);
   }
   RowStatsRef rows(float* base, int64_t row0, int32_t head0) const {
@@ -285,17 +292,28 @@ class Allgather {
 
   ForwardParams forward_call(const attnhost_forward_args& a, const attnhost_token_range& r, int g) const {
     const int32_t head0 = g * group_q();
-    ForwardParams p = call<ForwardParams>(q_like(a.q.data, r.local_begin, head0, false), r, g);
-    p.o = q_like(a.o.data, r.local_begin, head0, false);
+    ForwardParams p = call<ForwardParams>(q_like(a.q.data, r.local_begin, head0, el_), r, g);
+    p.o = q_like(a.o.data, r.local_begin, head0, out_el_);
+    if (const attnhost_fp8_scaling* fp8 = fp8_of(a)) {
+      p.descale_q = fp8->descale_q;
+      p.descale_k = fp8->descale_k;
+      p.descale_v = fp8->descale_v;
+    }
     p.lse = rows(static_cast<float*>(a.lse.data), r.local_begin, head0);
     return p;
   }
 
   BackwardParams backward_call(const attnhost_backward_args& a, const attnhost_token_range& r, int g) const {
     const int32_t head0 = g * group_q();
-    BackwardParams p = call<BackwardParams>(q_like(a.q.data, r.local_begin, head0, false), r, g);
-    p.d_o = q_like(a.d_o.data, r.local_begin, head0, false);
-    p.o = q_like(a.o.data, r.local_begin, head0, false);
+    BackwardParams p = call<BackwardParams>(q_like(a.q.data, r.local_begin, head0, el_), r, g);
+    p.d_o = q_like(a.d_o.data, r.local_begin, head0, el_);
+    p.o = q_like(a.o.data, r.local_begin, head0, out_el_);
+    if (const attnhost_fp8_scaling* fp8 = fp8_of(a)) {
+      p.descale_q = fp8->descale_q;
+      p.descale_k = fp8->descale_k;
+      p.descale_v = fp8->descale_v;
+      p.descale_do = fp8->descale_do;
+    }
     p.lse = rows(static_cast<float*>(a.lse.data), r.local_begin, head0);
     p.delta = rows(buffers().delta, r.local_begin, head0);
     p.dq = group_dq(r.local_begin);
@@ -376,16 +394,36 @@ class Allgather {
     for (int t = 0; t < 2; ++t)
       for (const attnhost_token_range& r : ranges_[rank_]) {
         ConvertParams cv;
-        cv.dtype = core_dtype(dtype_);
+        cv.dtype = output_dtype(core_dtype(dtype_));
         cv.batch = batch_;
         cv.heads = kv;
         cv.head_dim = dim_;
         cv.seqlen = r.length;
         cv.src = gathered(grads[t], r.global_begin, true);
-        cv.dst = kv_like(out[t], r.local_begin, g * kv, false);
+        cv.dst = kv_like(out[t], r.local_begin, g * kv, out_el_);
         engine_->convert(cv, stream);
       }
     host_.range_end(range, stream);
+  }
+
+  // An FP8 problem's scaling and where its outputs' amax goes (ABI 1.4, 1.5), or null.
+  template <class Args> static const attnhost_fp8_scaling* fp8_of(const Args& a) {
+    return ATTNHOST_HAS_FIELD(&a, Args, fp8) ? a.fp8 : nullptr;
+  }
+  template <class Args> static attnhost_fp8_amax* amax_of(const Args& a) {
+    return ATTNHOST_HAS_FIELD(&a, Args, amax) ? a.amax : nullptr;
+  }
+  // *amax = max |x| of a local output [B, local tokens, heads, D].
+  void report_amax(float* amax, void* x, int32_t heads, void* stream) {
+    AmaxParams p;
+    p.dtype = output_dtype(core_dtype(dtype_));
+    p.batch = batch_;
+    p.heads = heads;
+    p.head_dim = dim_;
+    p.seqlen = local_;
+    p.x = heads == heads_ ? q_like(x, 0, 0, out_el_) : kv_like(x, 0, 0, out_el_);
+    p.amax = amax;
+    engine_->amax(p, stream);
   }
 
   // Per peer, a message out and a message in: [K | V] of a group (dtype), or [dK | dV] (fp32).
@@ -398,7 +436,7 @@ class Allgather {
   int rank_, world_;
   int64_t seqlen_;
   int32_t batch_, heads_, kv_heads_, dim_, dtype_;
-  size_t el_;
+  size_t el_, out_el_;  // an input's and an output's element (FP8: one byte, and bf16's two)
   float scale_;
   bool deterministic_, overlap_;
   std::unique_ptr<Engine> engine_;

@@ -53,13 +53,13 @@ TEST_CASE("ulysses and usp: a tapered pipeline (first and last batch entry alone
   }
 }
 
-TEST_CASE("ulysses and usp in FP8 on the CPU: inputs cross in FP8, outputs in bf16, the outputs' amax reported") {
+TEST_CASE("ulysses, usp and allgather in FP8 on the CPU: inputs cross in FP8, outputs in bf16, amax reported") {
   for (const char* dtype : {"fp8_e4m3", "fp8_e5m2"})
-    for (const char* plugin : {"ulysses", "usp"}) {
+    for (const char* plugin : {"ulysses", "usp", "allgather"}) {
       INFO(plugin, " ", dtype);
       auto c = dense_case(plugin, {1, 2, 4}, 256, 8, 4, 32, true, dtype);
       c.problem.batch = 3;
-      c.params["taper"] = std::string("on");
+      if (std::string(plugin) != "allgather") c.params["taper"] = std::string("on");
       if (std::string(plugin) == "usp") c.params["ulysses_degree"] = int64_t{2};
       attnhost::CaseResult r = run_on(DeviceKind::cpu, c);
       test::all_pass(r);
@@ -205,10 +205,10 @@ TEST_CASE("gpu: ranks that share a GPU run every schedule's many-rank paths" * d
   auto hybrid = dense_case("ring", {2}, 1024, 4, 2, 128, true, "fp8_e4m3");
   hybrid.problem.grad_dtype = "fp8_e5m2";
   test::all_pass(test::run_shared(hybrid, 2));
-  for (const char* plugin : {"ulysses", "usp"}) {  // FP8 through the all-to-alls (usp: 2 x 2 at four ranks)
+  for (const char* plugin : {"ulysses", "usp", "allgather"}) {  // FP8 (usp: 2 x 2 at four ranks)
     auto fp8 = dense_case(plugin, {1, 2, 4}, 1024, 8, 4, 128, true, "fp8_e4m3");
     fp8.problem.batch = 2;
-    fp8.params["taper"] = std::string("on");
+    if (std::string(plugin) != "allgather") fp8.params["taper"] = std::string("on");
     if (std::string(plugin) == "usp") fp8.params["ulysses_degree"] = int64_t{2};
     attnhost::CaseResult r = test::run_shared(fp8, 4);
     test::all_pass(r);
