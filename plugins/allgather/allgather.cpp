@@ -97,7 +97,7 @@ class Allgather {
       done[g] = engine_->record(compute);
     }
     engine_->wait(compute, xs);
-    if (attnhost_fp8_amax* amax = amax_of(a)) report_amax(&amax->o, a.o.data, heads_, compute);
+    if (attnhost_fp8_amax* amax = fp8_amax(a)) report_amax(&amax->o, a.o.data, heads_, compute);
   }
 
   void backward(const attnhost_backward_args& a) {
@@ -111,7 +111,7 @@ class Allgather {
     dp.seqlen = local_;
     dp.o = q_like(a.o.data, 0, 0, out_el_);
     dp.d_o = q_like(a.d_o.data, 0, 0, el_);
-    if (const attnhost_fp8_scaling* fp8 = fp8_of(a)) dp.descale_do = fp8->descale_do;
+    if (const attnhost_fp8_scaling* fp8 = fp8_scaling(a)) dp.descale_do = fp8->descale_do;
     dp.delta = {buffers().delta, int64_t{heads_} * local_, local_};
     engine_->compute_delta(dp, compute);
     std::vector<Engine::Event> gathered(groups_), done(groups_), summed(groups_);
@@ -139,7 +139,7 @@ class Allgather {
       summed[g] = engine_->record(xs);
     }
     engine_->wait(compute, xs);
-    if (attnhost_fp8_amax* amax = amax_of(a)) {  // every output is home
+    if (attnhost_fp8_amax* amax = fp8_amax(a)) {  // every output is home
       report_amax(&amax->dq, a.dq.data, heads_, compute);
       report_amax(&amax->dk, a.dk.data, kv_heads_, compute);
       report_amax(&amax->dv, a.dv.data, kv_heads_, compute);
@@ -294,7 +294,7 @@ class Allgather {
     const int32_t head0 = g * group_q();
     ForwardParams p = call<ForwardParams>(q_like(a.q.data, r.local_begin, head0, el_), r, g);
     p.o = q_like(a.o.data, r.local_begin, head0, out_el_);
-    if (const attnhost_fp8_scaling* fp8 = fp8_of(a)) {
+    if (const attnhost_fp8_scaling* fp8 = fp8_scaling(a)) {
       p.descale_q = fp8->descale_q;
       p.descale_k = fp8->descale_k;
       p.descale_v = fp8->descale_v;
@@ -308,7 +308,7 @@ class Allgather {
     BackwardParams p = call<BackwardParams>(q_like(a.q.data, r.local_begin, head0, el_), r, g);
     p.d_o = q_like(a.d_o.data, r.local_begin, head0, el_);
     p.o = q_like(a.o.data, r.local_begin, head0, out_el_);
-    if (const attnhost_fp8_scaling* fp8 = fp8_of(a)) {
+    if (const attnhost_fp8_scaling* fp8 = fp8_scaling(a)) {
       p.descale_q = fp8->descale_q;
       p.descale_k = fp8->descale_k;
       p.descale_v = fp8->descale_v;
@@ -406,13 +406,6 @@ class Allgather {
     host_.range_end(range, stream);
   }
 
-  // An FP8 problem's scaling and where its outputs' amax goes (ABI 1.4, 1.5), or null.
-  template <class Args> static const attnhost_fp8_scaling* fp8_of(const Args& a) {
-    return ATTNHOST_HAS_FIELD(&a, Args, fp8) ? a.fp8 : nullptr;
-  }
-  template <class Args> static attnhost_fp8_amax* amax_of(const Args& a) {
-    return ATTNHOST_HAS_FIELD(&a, Args, amax) ? a.amax : nullptr;
-  }
   // *amax = max |x| of a local output [B, local tokens, heads, D].
   void report_amax(float* amax, void* x, int32_t heads, void* stream) {
     AmaxParams p;

@@ -47,20 +47,11 @@ void write_dkdv_into(BackwardParams& p, const RingShape& s, const BlockCall& c, 
 
 // Elements of a rank's Q-like and K/V-like tensors of shape `s`, and its rows of statistics (LSE,
 // delta).
-// The FP8 scaling a call's arguments carry (ABI 1.4), or null: absent from an older host's
-// arguments, and null for any problem but an FP8 one.
-template <class Args> const attnhost_fp8_scaling* fp8_scaling(const Args& a) {
-  return ATTNHOST_HAS_FIELD(&a, Args, fp8) ? a.fp8 : nullptr;
-}
 // dO's element type: the problem's, or e5m2 beside e4m3 inputs (ABI 1.6, the hybrid FP8 recipe).
 inline int32_t d_o_dtype(const RingShape& s, const attnhost_backward_args& a) {
   return a.d_o.dtype != 0 ? a.d_o.dtype : s.dtype;
 }
 
-// Where the host asks for an FP8 problem's output amax (ABI 1.5), or null.
-template <class Args> attnhost_fp8_amax* fp8_amax(const Args& a) {
-  return ATTNHOST_HAS_FIELD(&a, Args, amax) ? a.amax : nullptr;
-}
 // *amax = max |x| of a local output tensor ([batch, tokens, heads, head dim] in the outputs'
 // dtype), on `stream`: the whole tensor, whose rows a schedule writes all (zeros where no key is
 // seen) or leaves as the host's NaN, which amax skips.

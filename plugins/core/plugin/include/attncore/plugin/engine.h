@@ -99,4 +99,14 @@ class Engine {
 // The core's dtype for the ABI's.
 DType core_dtype(int32_t attnhost_dtype);
 
+// The FP8 scaling a pass's arguments carry (ABI 1.4), or null: absent from an older host's
+// arguments, and null for any problem but an FP8 one.
+template <class Args> const attnhost_fp8_scaling* fp8_scaling(const Args& a) {
+  return ATTNHOST_HAS_FIELD(&a, Args, fp8) ? a.fp8 : nullptr;
+}
+// Where the host asks for an FP8 problem's outputs' amax (ABI 1.5), or null.
+template <class Args> attnhost_fp8_amax* fp8_amax(const Args& a) {
+  return ATTNHOST_HAS_FIELD(&a, Args, amax) ? a.amax : nullptr;
+}
+
 }  // namespace attncore::plugin
