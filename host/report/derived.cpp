@@ -36,7 +36,7 @@ std::optional<PassResult> sum_of_passes(const RunResult& r) {
 
 std::optional<PassResult> total_pass(const CaseResult& c, const RunResult& r) {
   std::optional<PassResult> t = sum_of_passes(r);
-  if (!t || t->pass == "fwd_bwd") return t;
+  if (!t || t->pass == "fwd_bwd" || r.shared_gpus) return t;
   for (const RunResult& single : c.runs)
     if (single.world_size == 1 && run_ok(single))
       if (std::optional<PassResult> base = sum_of_passes(single)) {

@@ -122,7 +122,7 @@ json::Value run_json(const RunResult& r) {
       {"check", json::Object{{"ran", r.check.ran}, {"ok", r.check.ok}, {"rows", r.check.rows},
                              {"columns", r.check.columns}, {"note", r.check.note}, {"amax", r.check.amax},
                              {"tensors", tensors}}},
-      {"wall_seconds", r.wall_seconds}, {"engine", r.engine}, {"trace", trace}};
+      {"wall_seconds", r.wall_seconds}, {"engine", r.engine}, {"trace", trace}, {"shared_gpus", r.shared_gpus}};
 }
 
 RunResult run_from(const json::Value& v) {
@@ -172,6 +172,7 @@ RunResult run_from(const json::Value& v) {
   }
   r.wall_seconds = v["wall_seconds"].number();
   if (const json::Value* e = v.find("engine")) r.engine = e->string();
+  if (const json::Value* s = v.find("shared_gpus")) r.shared_gpus = s->boolean();
   for (const json::Value& e : v["trace"].array())
     r.trace.push_back({static_cast<int>(e["rank"].integer()), e["name"].string(), e["category"].string(),
                        e["start_us"].number(), e["duration_us"].number()});

@@ -79,6 +79,9 @@ struct RunResult {
   CheckResult check;
   std::vector<TraceEvent> trace;        // one traced iteration (forward then backward)
   double wall_seconds = 0;
+  // Its ranks shared GPUs (--ranks-per-gpu, a world larger than the GPUs): checked, timed, but no
+  // speedup or efficiency against world size 1 is made of its times.
+  bool shared_gpus = false;
   const PassResult* pass(const std::string& name) const {
     for (const auto& p : passes)
       if (p.pass == name) return &p;

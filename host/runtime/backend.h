@@ -32,6 +32,7 @@ class Backend {
   virtual int max_world_size() const = 0;     // GPUs visible, MPI processes, or kMaxCpuRanks threads
   virtual std::string describe() const = 0;   // "cpu (threads)", "cuda: 2 x NVIDIA H200 (NCCL)"
   virtual int process_rank() const { return 0; } // this process's rank under MPI, else 0
+  virtual bool shares_gpus(int /*world_size*/) const { return false; }  // ranks share GPUs (--ranks-per-gpu)
   // Runs body on every rank of a world of `world_size`; returns rank 0's result (in MPI mode, on
   // world rank 0; other processes get an empty result). Exceptions from body are rank errors.
   virtual RunResult run_world(int world_size, const std::function<RunResult(RankEnv&)>& body) = 0;

@@ -183,6 +183,7 @@ CaseResult run_case(const suite::Case& c, const std::shared_ptr<const Plugin>& p
     } else {
       run = backend.run_world(ws, [&](RankEnv& env) { return RankRun(c, *plugin, *binding, env, options).run(); });
       run.world_size = ws;
+      run.shared_gpus = backend.shares_gpus(ws);
     }
     if (options.progress && backend.process_rank() == 0) {
       std::ostringstream line;
@@ -201,7 +202,7 @@ CaseResult run_case(const suite::Case& c, const std::shared_ptr<const Plugin>& p
   if (single)
     for (RunResult& r : result.runs)
       for (PassResult& p : r.passes)
-        if (const PassResult* base = single->pass(p.pass); base && p.time_ms.median > 0) {
+        if (const PassResult* base = single->pass(p.pass); base && p.time_ms.median > 0 && !r.shared_gpus) {
           p.speedup = base->time_ms.median / p.time_ms.median;
           p.efficiency = p.speedup / r.world_size;
         }

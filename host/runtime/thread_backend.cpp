@@ -21,6 +21,7 @@ class ThreadBackend final : public Backend {
   // On the CPU a rank is a thread of this process: a world past kMaxCpuRanks would take minutes to
   // start, and tell nothing a smaller one does not.
   int max_world_size() const override { return kind_ == DeviceKind::cpu ? kMaxCpuRanks : gpus_ * ranks_per_gpu_; }
+  bool shares_gpus(int world_size) const override { return kind_ == DeviceKind::cuda && world_size > gpus_; }
   std::string describe() const override {
     if (kind_ == DeviceKind::cpu) return "cpu (one thread per rank, in-process communicator)";
     if (ranks_per_gpu_ > 1)

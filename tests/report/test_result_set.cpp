@@ -5,6 +5,7 @@
 #include "report/files.h"
 #include "report/render.h"
 #include "report/result_set.h"
+#include "report/serialize.h"
 #include "report_test_support.h"
 
 #include <doctest/doctest.h>
@@ -55,6 +56,20 @@ TEST_CASE("result set: results.json is a fixed point of read and write") {
   const std::string twice = to_json(result_set_from_json(json::parse(once))).dump(1);
   CHECK(once == twice);
   CHECK(once.find("\"schema_version\": 1") != std::string::npos);
+}
+
+TEST_CASE("result set: a world whose ranks shared GPUs keeps its times, with no speedup made of them") {
+  RunResult shared = made_run(2, {timed_pass("fwd", {1.0, 1.0}), timed_pass("bwd", {2.0, 2.0})});
+  shared.shared_gpus = true;
+  CaseResult c = made_case("ring/g/seqlen=128", 128,
+                           {made_run(1, {timed_pass("fwd", {1.5, 1.5}), timed_pass("bwd", {3.0, 3.0})}), shared});
+  const std::optional<PassResult> total = total_pass(c, c.runs[1]);
+  REQUIRE(total);
+  CHECK(total->time_ms.median == doctest::Approx(3.0));
+  CHECK(total->speedup == 0);
+  const CaseResult back = case_from_json(to_json(c));
+  CHECK_FALSE(back.runs[0].shared_gpus);
+  CHECK(back.runs[1].shared_gpus);
 }
 
 TEST_CASE("result set: a journal cut short by a kill keeps every whole line") {
