@@ -35,7 +35,7 @@ class ThreadBackend final : public Backend {
   RunResult run_world(int world_size, const std::function<RunResult(RankEnv&)>& body) override {
     InprocWorld world(world_size, timeout_);
     std::unique_ptr<CommFactory> comms;
-    if (kind_ == DeviceKind::cuda && world_size > gpus_) {
+    if (shares_gpus(world_size)) {
       log::warn("world size " + std::to_string(world_size) + " on " + std::to_string(gpus_) +
                    " GPUs: ranks share them (--ranks-per-gpu), so its timings are not those of " +
                    std::to_string(world_size) + " GPUs");
