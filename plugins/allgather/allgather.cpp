@@ -270,9 +270,10 @@ class Allgather {
   }
 
   // What a forward and a backward call of query range r in group g share: the shape, Q, the
-  // gathered K and V from the first key the range reaches, and the mask at those positions.
+  // gathered K and V from the first key the range reaches, the mask at those positions, and an FP8
+  // problem's descales of Q, K and V.
   template <class Params>
-  Params call(const TensorRef& q, const attnhost_token_range& r, int g) const {
+  Params call(const TensorRef& q, const attnhost_token_range& r, int g, const attnhost_fp8_scaling* fp8) const {
     const Interval keys = keys_of(r);
     Params p;
     p.dtype = core_dtype(dtype_);
@@ -287,33 +288,28 @@ class Allgather {
     p.k = gathered(slot(g).k, keys.lo, false);
     p.v = gathered(slot(g).v, keys.lo, false);
     p.mask = mask_at(r.global_begin, keys.lo);
+    if (fp8) {
+      p.descale_q = fp8->descale_q;
+      p.descale_k = fp8->descale_k;
+      p.descale_v = fp8->descale_v;
+    }
     return p;
   }
 
   ForwardParams forward_call(const attnhost_forward_args& a, const attnhost_token_range& r, int g) const {
     const int32_t head0 = g * group_q();
-    ForwardParams p = call<ForwardParams>(q_like(a.q.data, r.local_begin, head0, el_), r, g);
+    ForwardParams p = call<ForwardParams>(q_like(a.q.data, r.local_begin, head0, el_), r, g, fp8_scaling(a));
     p.o = q_like(a.o.data, r.local_begin, head0, out_el_);
-    if (const attnhost_fp8_scaling* fp8 = fp8_scaling(a)) {
-      p.descale_q = fp8->descale_q;
-      p.descale_k = fp8->descale_k;
-      p.descale_v = fp8->descale_v;
-    }
     p.lse = rows(static_cast<float*>(a.lse.data), r.local_begin, head0);
     return p;
   }
 
   BackwardParams backward_call(const attnhost_backward_args& a, const attnhost_token_range& r, int g) const {
     const int32_t head0 = g * group_q();
-    BackwardParams p = call<BackwardParams>(q_like(a.q.data, r.local_begin, head0, el_), r, g);
+    BackwardParams p = call<BackwardParams>(q_like(a.q.data, r.local_begin, head0, el_), r, g, fp8_scaling(a));
     p.d_o = q_like(a.d_o.data, r.local_begin, head0, el_);
     p.o = q_like(a.o.data, r.local_begin, head0, out_el_);
-    if (const attnhost_fp8_scaling* fp8 = fp8_scaling(a)) {
-      p.descale_q = fp8->descale_q;
-      p.descale_k = fp8->descale_k;
-      p.descale_v = fp8->descale_v;
-      p.descale_do = fp8->descale_do;
-    }
+    if (const attnhost_fp8_scaling* fp8 = fp8_scaling(a)) p.descale_do = fp8->descale_do;
     p.lse = rows(static_cast<float*>(a.lse.data), r.local_begin, head0);
     p.delta = rows(buffers().delta, r.local_begin, head0);
     p.dq = group_dq(r.local_begin);

@@ -22,6 +22,20 @@ void output_amax(Engine& e, const RingShape& s, float* amax, const TensorRef& x,
   e.amax(p, stream);
 }
 
+void report_amax(Engine& e, const RingShape& s, const attnhost_forward_args& a, void* stream) {
+  if (attnhost_fp8_amax* amax = fp8_amax(a))
+    output_amax(e, s, &amax->o, LocalViews{s}.q(a.o.data, 0, Elem::output), s.local_q, s.heads_q, stream);
+}
+
+void report_amax(Engine& e, const RingShape& s, const attnhost_backward_args& a, void* stream) {
+  attnhost_fp8_amax* amax = fp8_amax(a);
+  if (!amax) return;
+  const LocalViews v{s};
+  output_amax(e, s, &amax->dq, v.q(a.dq.data, 0, Elem::output), s.local_q, s.heads_q, stream);
+  output_amax(e, s, &amax->dk, v.kv(a.dk.data, 0, Elem::output), s.local_kv, s.heads_kv, stream);
+  output_amax(e, s, &amax->dv, v.kv(a.dv.data, 0, Elem::output), s.local_kv, s.heads_kv, stream);
+}
+
 size_t elem_size(const RingShape& s, Elem e) {
   return e == Elem::fp32 ? 4 : attnhost::dtype_size(e == Elem::input ? s.dtype : output_dtype(s));
 }

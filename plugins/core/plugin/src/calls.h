@@ -57,6 +57,10 @@ inline int32_t d_o_dtype(const RingShape& s, const attnhost_backward_args& a) {
 // seen) or leaves as the host's NaN, which amax skips.
 void output_amax(Engine& e, const RingShape& s, float* amax, const TensorRef& x, int64_t tokens, int32_t heads,
                  void* stream);
+// Where an FP8 pass asks for it, the amax of what it wrote, once every output is home on `stream`:
+// O after a forward, dQ, dK and dV after a backward (a rank's local_q and local_kv tokens of `s`).
+void report_amax(Engine& e, const RingShape& s, const attnhost_forward_args& a, void* stream);
+void report_amax(Engine& e, const RingShape& s, const attnhost_backward_args& a, void* stream);
 
 struct LocalSizes {
   size_t q, kv, rows;

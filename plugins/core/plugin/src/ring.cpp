@@ -264,9 +264,7 @@ void RingAttention::exchange(const void* send_k, const void* send_v, void* recv_
 
 void RingAttention::forward(const attnhost_forward_args& a) {
   forward(a, 0, s_.batch);
-  if (attnhost_fp8_amax* amax = fp8_amax(a))
-    output_amax(*engine_, s_, &amax->o, LocalViews{s_}.q(a.o.data, 0, Elem::output), s_.local_q, s_.heads_q,
-                host_.stream(0));
+  report_amax(*engine_, s_, a, host_.stream(0));
 }
 
 void RingAttention::forward(const attnhost_forward_args& a, int32_t b0, int32_t count) {
@@ -322,13 +320,7 @@ void RingAttention::forward_slice(const RingShape& s, const attnhost_forward_arg
 
 void RingAttention::backward(const attnhost_backward_args& a) {
   backward(a, 0, s_.batch);
-  if (attnhost_fp8_amax* amax = fp8_amax(a)) {  // every output is home on the compute stream by now
-    const LocalViews v{s_};
-    void* compute = host_.stream(0);
-    output_amax(*engine_, s_, &amax->dq, v.q(a.dq.data, 0, Elem::output), s_.local_q, s_.heads_q, compute);
-    output_amax(*engine_, s_, &amax->dk, v.kv(a.dk.data, 0, Elem::output), s_.local_kv, s_.heads_kv, compute);
-    output_amax(*engine_, s_, &amax->dv, v.kv(a.dv.data, 0, Elem::output), s_.local_kv, s_.heads_kv, compute);
-  }
+  report_amax(*engine_, s_, a, host_.stream(0));  // every output is home on the compute stream by now
 }
 
 void RingAttention::backward(const attnhost_backward_args& a, int32_t b0, int32_t count) {

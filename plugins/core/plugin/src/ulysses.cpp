@@ -312,9 +312,7 @@ void UlyssesAttention::forward(const attnhost_forward_args& a) {
               step, xs, "O LSE to tokens");
   }
   engine_->wait(compute, xs);
-  if (attnhost_fp8_amax* amax = fp8_amax(a))  // O is home, in sequence sharding
-    output_amax(*engine_, s_.ring, &amax->o, LocalViews{s_.ring}.q(a.o.data, 0, Elem::output), n_, s_.ring.heads_q,
-                compute);
+  report_amax(*engine_, s_.ring, a, compute);  // O is home, in sequence sharding
   const void* given[5] = {a.q.data, a.k.data, a.v.data, a.o.data, a.lse.data};
   std::copy_n(given, 5, kept_);
 }
@@ -391,12 +389,7 @@ void UlyssesAttention::backward(const attnhost_backward_args& a) {
       engine_->convert(cv, xs);
     }
   engine_->wait(compute, xs);
-  if (attnhost_fp8_amax* amax = fp8_amax(a)) {  // the gradients are home
-    const LocalViews v{r};
-    output_amax(*engine_, r, &amax->dq, v.q(a.dq.data, 0, Elem::output), n_, r.heads_q, compute);
-    output_amax(*engine_, r, &amax->dk, v.kv(a.dk.data, 0, Elem::output), n_, r.heads_kv, compute);
-    output_amax(*engine_, r, &amax->dv, v.kv(a.dv.data, 0, Elem::output), n_, r.heads_kv, compute);
-  }
+  report_amax(*engine_, r, a, compute);  // the gradients are home
   std::copy_n(given, 5, kept_);
 }
 
