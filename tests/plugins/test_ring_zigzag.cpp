@@ -358,6 +358,24 @@ TEST_CASE("gpu: ring and zigzag in FP8 e4m3 on Hopper GPUs against the float64 r
   }
 }
 
+// A slice's dK/dV go home in bf16 staged in an fp32 buffer; the next slice's first step must not
+// compute into that buffer while the hop may still read it. Four slices of one entry, two ranks (on
+// one GPU, two ranks sharing it), at the shape where two H200s showed the overlap (B=4 S=16384 H=32).
+TEST_CASE("gpu: FP8 ring and zigzag over batch slices send every slice's gradients home intact" *
+          doctest::test_suite("gpu")) {
+  const int gpus = attnhost::cuda_device_count();
+  REQUIRE_MESSAGE(gpus > 0, "no GPU visible");
+  for (const char* plugin : {"ring", "zigzag"}) {
+    auto c = dense_case(plugin, {1, 2}, 16384, 32, 32, 128, true, "fp8_e4m3");
+    c.problem.batch = 4;
+    c.params["batch_slices"] = int64_t{4};
+    c.timing.timing_runs = 3;
+    auto r = gpus > 1 ? run_on(DeviceKind::cuda, c) : test::run_shared(c, 2);
+    test::all_pass(r);
+    test::error_does_not_grow(r);
+  }
+}
+
 TEST_CASE("gpu: the profiler timing method lists the pass's kernels from CUPTI" * doctest::test_suite("gpu")) {
   REQUIRE_MESSAGE(attnhost::cuda_device_count() > 0, "no GPU visible");
   auto c = dense_case("ring", {1}, 8192, 16, 16, 128, true);  // long enough for the kernels to dominate

@@ -417,10 +417,12 @@ void RingAttention::backward_slice(const RingShape& s, const attnhost_backward_a
       // The last hop takes finished sums home, so they are rounded to the output dtype before it
       // rather than after (the same values): half the bytes of the one hop nothing can hide, and
       // they land in dK and dV. The K/V buffer of step P - 2 is free to stage them; with FP8 K/V
-      // it is too small for bf16, and the pair sent at step P - 2 (free once grads_ready) stages.
+      // it is too small for bf16, and the arriving pair stages them once added. Not the pair sent
+      // at step P - 2: the next slice's first step computes into it while this hop may still read
+      // it (the receives that write into the arriving pair and the K/V buffer wait for this hop).
       const bool wider = elem_size(s, Elem::output) > elem_size(s, Elem::input);
       const KV arriving = w.grads[2];
-      const KV staged = s.kv_grads_fp32 ? grad : wider ? w.grads[(step + 1) % 2] : w.receive[world_ % 2];
+      const KV staged = s.kv_grads_fp32 ? grad : wider ? arriving : w.receive[world_ % 2];
       engine_->wait(compute, grads_ready);
       engine_->add(static_cast<float*>(grad.k), static_cast<float*>(arriving.k), kv_elems, compute);
       engine_->add(static_cast<float*>(grad.v), static_cast<float*>(arriving.v), kv_elems, compute);
