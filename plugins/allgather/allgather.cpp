@@ -4,8 +4,9 @@
 // partial outputs, no merges. The backward gathers K/V again, adds dQ locally and returns each
 // rank's fp32 dK/dV partials to their owner, which sums them.
 //
-// The kv heads go in groups through a pipeline: group g + 1 is gathered (stream 2) while group g
-// computes, into the other of two buffers. Each buffer holds one group's K/V for the whole sequence
+// The kv heads go in groups through a pipeline: group g + 1 is gathered (stream 1) while group g
+// computes, into the other of two buffers; in the backward, group g - 1's gradients go home on
+// stream 2 meanwhile. Each buffer holds one group's K/V for the whole sequence
 // (and, in the backward, its fp32 dK/dV), so the group count sets the memory: head_groups = 0 takes
 // the fewest groups with which a rank's memory stays within 1.5x of its working set (Q, K, V, O, dO,
 // dQ, dK, dV) plus one gathered group.
@@ -79,16 +80,16 @@ class Allgather {
 
   void forward(const attnhost_forward_args& a) {
     void* compute = host_.stream(0);
-    void* xs = overlap_ ? host_.stream(2) : compute;
+    void* gs = overlap_ ? host_.stream(1) : compute;
     std::vector<Engine::Event> gathered(groups_), done(groups_);
-    engine_->wait(xs, compute);  // the inputs are ready
-    gather(a.k.data, a.v.data, 0, xs);
-    gathered[0] = engine_->record(xs);
+    engine_->wait(gs, compute);  // the inputs are ready
+    gather(a.k.data, a.v.data, 0, gs);
+    gathered[0] = engine_->record(gs);
     for (int g = 0; g < groups_; ++g) {
       if (g + 1 < groups_) {
-        if (g > 0) engine_->wait(xs, done[g - 1]);  // its buffer was read by group g - 1
-        gather(a.k.data, a.v.data, g + 1, xs);
-        gathered[g + 1] = engine_->record(xs);
+        if (g > 0) engine_->wait(gs, done[g - 1]);  // its buffer was read by group g - 1
+        gather(a.k.data, a.v.data, g + 1, gs);
+        gathered[g + 1] = engine_->record(gs);
       }
       engine_->wait(compute, gathered[g]);
       const int32_t range = host_.range_begin(("attention group " + std::to_string(g)).c_str(), ATTNHOST_RANGE_COMPUTE, compute);
@@ -96,12 +97,16 @@ class Allgather {
       host_.range_end(range, compute);
       done[g] = engine_->record(compute);
     }
-    engine_->wait(compute, xs);
+    engine_->wait(compute, gs);
     if (attnhost_fp8_amax* amax = fp8_amax(a)) report_amax(&amax->o, a.o.data, heads_, compute);
   }
 
+  // The gathers and the gradients home run on streams of their own: on one stream, group g + 1's
+  // gather waited behind group g - 1's gradients home, and ran uncovered between two groups'
+  // attention (docs/KERNELS.md, "Allgather's backward").
   void backward(const attnhost_backward_args& a) {
     void* compute = host_.stream(0);
+    void* gs = overlap_ ? host_.stream(1) : compute;
     void* xs = overlap_ ? host_.stream(2) : compute;
     DeltaParams dp;
     dp.dtype = core_dtype(dtype_);
@@ -115,14 +120,14 @@ class Allgather {
     dp.delta = {buffers().delta, int64_t{heads_} * local_, local_};
     engine_->compute_delta(dp, compute);
     std::vector<Engine::Event> gathered(groups_), done(groups_), summed(groups_);
-    engine_->wait(xs, compute);
-    gather(a.k.data, a.v.data, 0, xs);
-    gathered[0] = engine_->record(xs);
+    engine_->wait(gs, compute);
+    gather(a.k.data, a.v.data, 0, gs);
+    gathered[0] = engine_->record(gs);
     for (int g = 0; g < groups_; ++g) {
       if (g + 1 < groups_) {
-        if (g > 0) engine_->wait(xs, done[g - 1]);
-        gather(a.k.data, a.v.data, g + 1, xs);
-        gathered[g + 1] = engine_->record(xs);
+        if (g > 0) engine_->wait(gs, done[g - 1]);  // K and V of its slot were read by group g - 1
+        gather(a.k.data, a.v.data, g + 1, gs);
+        gathered[g + 1] = engine_->record(gs);
       }
       if (g >= 2) engine_->wait(compute, summed[g - 2]);  // its gradient buffer went home
       engine_->zero(slot(g).dk, 2 * gathered_elems() * 4, compute);  // dK and dV are adjacent
@@ -138,6 +143,7 @@ class Allgather {
       send_home(a, g, xs);
       summed[g] = engine_->record(xs);
     }
+    engine_->wait(compute, gs);
     engine_->wait(compute, xs);
     if (attnhost_fp8_amax* amax = fp8_amax(a)) {  // every output is home
       report_amax(&amax->dq, a.dq.data, heads_, compute);
@@ -163,11 +169,12 @@ class Allgather {
     float *dk = nullptr, *dv = nullptr;  // and their fp32 gradients, adjacent
   };
   // Both passes' buffers (attncore/plugin/workspace.h): two slots, the pipeline's; dQ of a group and
-  // delta; the messages to and from every peer; this rank's K and V of a group, side by side.
+  // delta; the gradients' messages to and from every peer; this rank's K and V of a group, side by
+  // side, and the gathered ones from every peer (apart from the gradients': the two overlap).
   struct Buffers {
     Slot slots[2];
     float *dq = nullptr, *delta = nullptr;
-    char *home = nullptr, *packed = nullptr;
+    char *home = nullptr, *packed = nullptr, *gathered_in = nullptr;
   };
 
   int32_t group_kv() const { return kv_heads_ / groups_; }
@@ -196,7 +203,7 @@ class Allgather {
   // The messages to and from every peer (fp32 dK and dV of a rank's tokens, each way) and this
   // rank's K and V of a group, packed.
   double staging_bytes(int32_t kv) const {
-    return double(world_) * 4 * local_kv_elems(kv) * 4 + 2.0 * local_kv_elems(kv) * el_;
+    return double(world_) * 4 * local_kv_elems(kv) * 4 + (world_ + 1) * 2.0 * local_kv_elems(kv) * el_;
   }
 
   void allocate() {
@@ -213,7 +220,8 @@ class Allgather {
     b.dq = c.take<float>(group_q_elems() * 4);
     b.delta = c.take<float>(size_t(batch_) * heads_ * local_ * 4);
     b.home = c.take(world_ > 1 ? size_t(world_) * 2 * message_bytes() : 0);
-    b.packed = c.take(2 * align_up(local_kv_elems(group_kv()) * el_));  // K, then V from its next 256 bytes
+    b.packed = c.take(kv_message_bytes());  // K, then V from its next 256 bytes
+    b.gathered_in = c.take(world_ > 1 ? size_t(world_) * kv_message_bytes() : 0);
     return b;
   }
   const Buffers& buffers() const { return work_.forward(); }
@@ -326,7 +334,7 @@ class Allgather {
   void gather(void* k, void* v, int g, void* stream) {
     const int32_t kv = group_kv();
     const size_t row = size_t(kv) * dim_ * el_, local_batch = local_ * row, global_batch = seqlen_ * row;
-    const size_t half = align_up(batch_ * local_batch);  // one tensor in a message
+    const size_t half = align_up(batch_ * local_batch);  // one tensor in a message (kv_message_bytes)
     const char* mine[2] = {static_cast<char*>(k) + size_t(g) * kv * dim_ * el_, static_cast<char*>(v) + size_t(g) * kv * dim_ * el_};
     char* into[2] = {slot(g).k, slot(g).v};
     const int32_t range = host_.range_begin(("K V gather group " + std::to_string(g)).c_str(), ATTNHOST_RANGE_COMMUNICATION, stream);
@@ -341,14 +349,14 @@ class Allgather {
       for (int peer = 0; peer < world_; ++peer)
         if (peer != rank_) {
           host_.send(buffers().packed, 2 * half, ATTNHOST_DTYPE_UINT8, peer, stream);
-          host_.recv(incoming(peer), 2 * half, ATTNHOST_DTYPE_UINT8, peer, stream);
+          host_.recv(gathered_in(peer), 2 * half, ATTNHOST_DTYPE_UINT8, peer, stream);
         }
       host_.group_end();
       for (int peer = 0; peer < world_; ++peer)
         if (peer != rank_)
           for (int t = 0; t < 2; ++t)
             for (const attnhost_token_range& r : ranges_[peer])
-              engine_->copy_rows(into[t] + r.global_begin * row, global_batch, incoming(peer) + t * half + r.local_begin * row,
+              engine_->copy_rows(into[t] + r.global_begin * row, global_batch, gathered_in(peer) + t * half + r.local_begin * row,
                                  local_batch, r.length * row, batch_, stream);
     }
     host_.range_end(range, stream);
@@ -415,10 +423,13 @@ class Allgather {
     engine_->amax(p, stream);
   }
 
-  // Per peer, a message out and a message in: [K | V] of a group (dtype), or [dK | dV] (fp32).
+  // Per peer, a message out and a message in of a group's [dK | dV] (fp32); and one in of its
+  // [K | V] (dtype).
   size_t message_bytes() const { return 2 * align_up(local_kv_elems(group_kv()) * 4); }
+  size_t kv_message_bytes() const { return 2 * align_up(local_kv_elems(group_kv()) * el_); }
   char* outgoing(int peer) const { return buffers().home + size_t(peer) * 2 * message_bytes(); }
   char* incoming(int peer) const { return buffers().home + (size_t(peer) * 2 + 1) * message_bytes(); }
+  char* gathered_in(int peer) const { return buffers().gathered_in + size_t(peer) * kv_message_bytes(); }
 
   DenseReference reference_;
   attnhost::Host host_;
