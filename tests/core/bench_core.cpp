@@ -2,7 +2,9 @@
 // line per (engine, shape, causal): median forward and backward times over CUDA events and TFLOP/s
 // by the FlashAttention convention (forward 4 D per attended pair, backward 2.5x). Random inputs.
 //   bench_core                      the reference shape B=4 H=32 S=16384 D=128, causal and not
-//   bench_core B H S D [...]        other shapes (groups of four); H may be Hq:Hkv (GQA)
+//   bench_core B H S D [...]        other shapes (groups of four); H may be Hq:Hkv (GQA), S may be
+//                                   Sq:Skv (a ring step's rectangle; causal: the rows are the last Sq
+//                                   of the Skv positions)
 //   BENCH_CAUSAL=0 bench_core       only the non-causal (or =1: causal) runs
 //   BENCH_ENGINE=cudnn|both         the cuDNN engine (attncore/cudnn.h) instead of / besides native
 //   BENCH_DTYPE=fp8_e4m3            Q, K, V, dO in that dtype (bf16 by default; fp16, fp8_e4m3,
@@ -152,6 +154,7 @@ struct Scratch {
 
 struct Shape {
   int B, Hq, Hkv, S, D;
+  int Skv = 0;  // keys: S unless given
 };
 
 // One problem's buffers and parameter structs ([B, S, H, D] in the dtype, O in its output dtype,
@@ -174,7 +177,7 @@ struct Bench {
   Bench(Shape shape, bool c, attncore::DType t) : s(shape), causal(c), dtype(t) {
     using namespace attncore;
     nq = size_t(s.B) * s.S * s.Hq * s.D;
-    nkv = size_t(s.B) * s.S * s.Hkv * s.D;
+    nkv = size_t(s.B) * s.Skv * s.Hkv * s.D;
     q = random_inputs(nq, 1, dtype);
     k = random_inputs(nkv, 2, dtype);
     v = random_inputs(nkv, 3, dtype);
@@ -187,7 +190,7 @@ struct Bench {
     CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&lse), size_t(s.B) * s.Hq * s.S * 4));
     CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&delta), size_t(s.B) * s.Hq * s.S * 4));
     const auto qt = [&](void* p) { return TensorRef{p, int64_t(s.S) * s.Hq * s.D, int64_t(s.Hq) * s.D, s.D}; };
-    const auto kvt = [&](void* p) { return TensorRef{p, int64_t(s.S) * s.Hkv * s.D, int64_t(s.Hkv) * s.D, s.D}; };
+    const auto kvt = [&](void* p) { return TensorRef{p, int64_t(s.Skv) * s.Hkv * s.D, int64_t(s.Hkv) * s.D, s.D}; };
     const RowStatsRef lse_ref{lse, int64_t(s.Hq) * s.S, s.S}, delta_ref{delta, int64_t(s.Hq) * s.S, s.S};
     const float descale = is_fp8(dtype) ? 1.f / kFp8Scale : 1.f;
     f.dtype = dtype;
@@ -196,13 +199,15 @@ struct Bench {
     f.heads_q = s.Hq;
     f.heads_kv = s.Hkv;
     f.head_dim = s.D;
-    f.seqlen_q = f.seqlen_kv = s.S;
+    f.seqlen_q = s.S;
+    f.seqlen_kv = s.Skv;
     f.q = qt(q);
     f.k = kvt(k);
     f.v = kvt(v);
     f.o = qt(o);
     f.lse = lse_ref;
     f.mask.causal = causal;
+    f.mask.q_pos0 = s.Skv - s.S;
     if (const size_t n = forward_workspace_bytes(f)) {
       CUDA_CHECK(cudaMalloc(&fwd_ws, n));
       f.workspace = fwd_ws;
@@ -223,7 +228,8 @@ struct Bench {
     g.heads_q = s.Hq;
     g.heads_kv = s.Hkv;
     g.head_dim = s.D;
-    g.seqlen_q = g.seqlen_kv = s.S;
+    g.seqlen_q = s.S;
+    g.seqlen_kv = s.Skv;
     g.q = f.q;
     g.k = f.k;
     g.v = f.v;
@@ -234,13 +240,13 @@ struct Bench {
     g.dq = qt(dq);
     g.dk = kvt(dk);
     g.dv = kvt(dv);
-    g.mask.causal = causal;
+    g.mask = f.mask;
     if (const size_t n = backward_workspace_bytes(g)) {
       CUDA_CHECK(cudaMalloc(&bwd_ws, n));
       g.workspace = bwd_ws;
       g.workspace_bytes = n;
     }
-    if (const char* e = std::getenv("BENCH_SEGMENTS"); e && std::atoi(e) > 0)
+    if (const char* e = std::getenv("BENCH_SEGMENTS"); e && std::atoi(e) > 0 && s.Skv == s.S)
       for (int b = 0, L = std::atoi(e); b < s.S; b += L)
         segs.push_back({b, std::min(b + L, s.S), b, std::min(b + L, s.S), b, b});
     if (!segs.empty()) {
@@ -272,7 +278,8 @@ struct Bench {
   }
   double flops() const {
     const auto pairs = [&](double n) { return causal ? n * (n + 1) / 2 : n * n; };
-    double sum = segs.empty() ? pairs(s.S) : 0;
+    const double extra = double(s.S) * (s.Skv - s.S);  // keys before the rows (a rectangle)
+    double sum = segs.empty() ? (causal ? pairs(s.S) + extra : double(s.S) * s.Skv) : 0;
     for (const attncore::Segment& g : segs) sum += pairs(g.q_end - g.q_begin);
     return 4.0 * s.D * sum * s.B * s.Hq;
   }
@@ -280,6 +287,7 @@ struct Bench {
     char b[128];
     std::snprintf(b, sizeof b, "B=%d H=%d:%d S=%d D=%d causal=%d", s.B, s.Hq, s.Hkv, s.S, s.D, int(causal));
     std::string n = b;
+    if (s.Skv != s.S) n.insert(n.find(" D="), ":" + std::to_string(s.Skv));
     if (dtype != attncore::DType::bf16) n += std::string(" ") + dtype_text(dtype);
     return segs.empty() ? n : n + " segments of " + std::to_string(segs[0].q_end);
   }
@@ -471,6 +479,12 @@ int main(int argc, char** argv) {
     const size_t colon = args[i + 1].find(':');
     s.Hq = std::atoi(args[i + 1].substr(0, colon).c_str());
     s.Hkv = colon == std::string::npos ? s.Hq : std::atoi(args[i + 1].substr(colon + 1).c_str());
+    const size_t keys = args[i + 2].find(':');
+    s.Skv = keys == std::string::npos ? s.S : std::atoi(args[i + 2].substr(keys + 1).c_str());
+    if (s.Skv < s.S) {
+      std::fprintf(stderr, "bench_core: Sq:Skv needs Skv >= Sq (%s)\n", args[i + 2].c_str());
+      return 2;
+    }
     shapes.push_back(s);
   }
   const char* only = std::getenv("BENCH_CAUSAL");

@@ -3,6 +3,8 @@
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
+#include "attncore/plugin/ring.h"
+#include "attncore/plugin/ring_plugin.h"
 #include "attncore/plugin/schedule.h"
 #include "attncore/plugin/workspace.h"
 
@@ -94,4 +96,29 @@ TEST_CASE("a workspace is as large as its larger pass, its buffers start on 256 
   Carver counting;
   CHECK(layout(counting, Pass::forward).shared == nullptr);
   CHECK(counting.used() == 256 + 1024);
+}
+
+// B=4 S=8192 H=24 D=128 bf16 causal on two ranks (the medium preset): the memory rule cuts the
+// backward into four slices of one entry; the forward, without fp32 gradients, fits two of two in
+// the same bytes.
+TEST_CASE("a ring's forward runs over the fewest batch slices that fit in its backward's buffers") {
+  RingShape s;
+  s.batch = 4;
+  s.heads_q = s.heads_kv = 24;
+  s.local_q = s.local_kv = 4096;
+  s.mask.seqlen = 8192;
+  s.mask.causal = true;
+  s.batch_slices = s.head_slices = 0;  // auto
+  choose_slices(s, 2);
+  CHECK(s.batch_slices == 4);
+  const RingShape f = RingAttention::forward_shape(s, 2);
+  CHECK(f.batch_slices == 2);
+  CHECK(f.head_slices == s.head_slices);
+  CHECK(RingAttention::forward_shape(s, 1).batch_slices == 4);  // one rank: no hops, nothing to gain
+  s.batch_slices = 1;
+  CHECK(RingAttention::forward_shape(s, 2).batch_slices == 1);
+  s.batch_slices = 4;  // asked for (the batch_slices parameter): both passes
+  s.head_slices = 0;
+  choose_slices(s, 2);
+  CHECK(RingAttention::forward_shape(s, 2).batch_slices == 4);
 }

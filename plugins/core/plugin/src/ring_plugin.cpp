@@ -71,6 +71,7 @@ RingShape dense_shape(const attnhost::Problem& p, int64_t local_tokens) {
 
 void choose_slices(RingShape& s, int world_size) {
   const bool auto_batch = s.batch_slices <= 0, auto_heads = s.head_slices <= 0;
+  s.forward_batch_slices = auto_batch ? 0 : s.batch_slices;  // asked for: both passes
   if (auto_batch) s.batch_slices = 1;
   if (auto_heads) s.head_slices = 1;
   if (world_size == 1 || (!auto_batch && !auto_heads)) return;

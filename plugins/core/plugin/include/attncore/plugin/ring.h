@@ -79,6 +79,9 @@ struct RingShape {
   // travel, and its owner keeps at most kept_columns of its own in fp32; the receive buffers and the
   // workspace are sized for them. -1: every column travels, and the gradients travel with it.
   int64_t carried_columns = -1, kept_columns = -1;
+  // The forward's batch slices where they differ; 0: the fewest whose buffers fit in the
+  // backward's (a forward holds no fp32 gradients), RingAttention::forward_shape.
+  int32_t forward_batch_slices = 0;
 };
 
 // A rank's fp32 row buffers, which the ring and routed schedules carve (workspace.h): the forward's
@@ -122,6 +125,8 @@ class RingAttention {
   // The bytes a ring of `shape` allocates beyond the problem's tensors (receive buffers and the
   // larger of the forward's and the backward's workspace), for one slice of the batch.
   static size_t workspace_bytes(const RingShape& shape, int world_size);
+  // `shape` at the batch slices its forward runs over (see RingShape::batch_slices).
+  static RingShape forward_shape(const RingShape& shape, int world_size);
 
  private:
   struct KV {
@@ -172,6 +177,7 @@ class RingAttention {
     KV kept{}, grads[3]{};
   };
   static Buffers layout(Carver& c, Pass pass, const RingShape& shape, int world_size);
+  static Buffers carve(Carver& c, Pass pass, const RingShape& shape, int world_size);  // at its own slices
   // One slice of the ring: batch entries [b0, b0 + shape.batch) and key/value heads
   // [h0, h0 + shape.heads_kv) with their query heads. A slice of fewer heads than the problem's is
   // packed: its tensors are copied into buffers of their own (a message must be contiguous).
@@ -180,7 +186,7 @@ class RingAttention {
     int32_t b0, h0;
     bool packed, last;
   };
-  std::vector<Slice> slices(int32_t b0, int32_t count) const;  // of entries [b0, b0 + count)
+  std::vector<Slice> slices(const RingShape& sliced, int32_t b0, int32_t count) const;  // of entries [b0, b0 + count)
   // A tensor of a packed slice: its data is swapped for `buffer`, an input is packed into it
   // first, an output unpacked from it after.
   enum class Kind { q, kv, stats };  // [B, tokens, heads, D] by Q's or K/V's heads; [B, heads, tokens]

@@ -40,7 +40,8 @@ inline constexpr attnhost_param_spec kRingParams[] = {
     {ATTNHOST_STRUCT_SIZE(attnhost_param_spec, choices), "batch_slices", ATTNHOST_PARAM_INT, "0",
      "run the ring over this many slices of the batch, one after another, so that its receive buffers and fp32 "
      "workspace hold one slice; 0: one at world size 1, else the fewest that keep a rank's memory within 1.3x of "
-     "its Q, K, V, O, dO, dQ, dK, dV and two K/V blocks",
+     "its Q, K, V, O, dO, dQ, dK, dV and two K/V blocks, and the forward the fewest that fit in the backward's "
+     "buffers",
      nullptr},
     {ATTNHOST_STRUCT_SIZE(attnhost_param_spec, choices), "head_slices", ATTNHOST_PARAM_INT, "0",
      "and over this many slices of the key/value heads within a batch slice, each packed into buffers of its own "
@@ -92,7 +93,8 @@ DenseMask dense_mask(const attnhost::Problem& p);
 // Fills batch_slices and head_slices where they are 0 (auto): one each at world size 1; above, the
 // fewest batch slices, then the fewest head slices, with which the tensors a rank holds plus the
 // ring's workspace stay within 1.3x of its working set (Q, K, V, O, dO, dQ, dK, dV and two K/V
-// blocks), or as many as there are when none does.
+// blocks), or as many as there are when none does. Batch slices asked for are both passes'; chosen,
+// they are the backward's (RingShape::forward_batch_slices).
 void choose_slices(RingShape& s, int world_size);
 // The ring's shape of a dense problem whose ranks hold `local_tokens` tokens each; one slice of each
 // kind.
