@@ -441,17 +441,19 @@ void RingAttention::backward_slice(const RingShape& s, const attnhost_backward_a
       // it is too small for bf16, and the arriving pair stages them once added. Not the pair sent
       // at step P - 2: the next slice's first step computes into it while this hop may still read
       // it (the receives that write into the arriving pair and the K/V buffer wait for this hop).
+      // The sums and the rounding run on the communication stream (after the arriving sums, in its
+      // order), under the next slice's first step: on the compute stream they held every slice's
+      // next step back (docs/KERNELS.md, "Travelling dK/dV").
       const bool wider = elem_size(s, Elem::output) > elem_size(s, Elem::input);
       const KV arriving = w.grads[2];
       const KV staged = s.kv_grads_fp32 ? grad : wider ? arriving : w.receive[world_ % 2];
-      engine_->wait(compute, grads_ready);
-      engine_->add(static_cast<float*>(grad.k), static_cast<float*>(arriving.k), kv_elems, compute);
-      engine_->add(static_cast<float*>(grad.v), static_cast<float*>(arriving.v), kv_elems, compute);
-      if (!s.kv_grads_fp32) {
-        convert_out(s, *engine_, static_cast<float*>(grad.k), staged.k, true, compute);
-        convert_out(s, *engine_, static_cast<float*>(grad.v), staged.v, true, compute);
-      }
       engine_->wait(comm, compute);
+      engine_->add(static_cast<float*>(grad.k), static_cast<float*>(arriving.k), kv_elems, comm);
+      engine_->add(static_cast<float*>(grad.v), static_cast<float*>(arriving.v), kv_elems, comm);
+      if (!s.kv_grads_fp32) {
+        convert_out(s, *engine_, static_cast<float*>(grad.k), staged.k, true, comm);
+        convert_out(s, *engine_, static_cast<float*>(grad.v), staged.v, true, comm);
+      }
       exchange(staged.k, staged.v, a.dk.data, a.dv.data, s.kv_grads_fp32 ? ATTNHOST_DTYPE_FP32 : output_dtype(s),
                kv_elems, comm, "dK dV", step);
       grads_ready = engine_->record(comm);
