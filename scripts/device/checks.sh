@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine (device tool), in the repository's copy, with .gpu.tar.xz carried:
 #   scripts/device/checks.sh SECTION...   sections: info tests plugins verify shared mpi quick perf scaling suite
-#                                         cp peers fp8 striped
+#                                         cp peers fp8 striped ab
 # Every command has its own time limit so one hang cannot eat the call; logs go to $OUT.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -88,6 +88,19 @@ for section in "$@"; do
       run 300 "$A" verify striped --plugin "$P" --quiet
       run 400 "$A" compare zigzag striped --plugin "$P" --config large --world-sizes "$ws" --out "$OUT/striped" \
         --format console,json,markdown ;;
+    ab)
+      # Each schedule choice against the setting that undoes it, alternating, same world size: the
+      # forward's own batch slices (batch_slices=4 cuts both passes as before) and the tapered pipeline.
+      step "A/B at world size $gpus (adaptive timing after 20 warm-ups, unchecked: verify covers correctness)"
+      T="--world-sizes $gpus --timing-method adaptive --warmup-runs 20 --no-check --quiet --format console --force"
+      for p in medium large; do
+        for v in batch_slices=4 batch_slices=0 batch_slices=4 batch_slices=0; do
+          echo "--- zigzag ring $p $v"; run 120 "$A" compare zigzag ring --config $p --param $v $T --out "$OUT/ab"
+        done
+      done
+      for v in taper=off taper=on taper=off taper=on; do
+        echo "--- ulysses usp medium $v"; run 120 "$A" compare ulysses usp --config medium --param $v $T --out "$OUT/ab"
+      done ;;
     *) echo "unknown section $section" ;;
   esac
 done

@@ -171,12 +171,14 @@ attnhost_tensor UlyssesAttention::stats(void* data) const {
   return t;
 }
 
-void UlyssesAttention::to_heads(const std::vector<Piece>& pieces, const Step& step, void* stream, const char* what) {
-  exchange(pieces, true, step, stream, what);
+void UlyssesAttention::to_heads(const std::vector<Piece>& pieces, const Step& step, void* stream, void* own,
+                                const char* what) {
+  exchange(pieces, true, step, stream, own, what);
 }
 
-void UlyssesAttention::to_tokens(const std::vector<Piece>& pieces, const Step& step, void* stream, const char* what) {
-  exchange(pieces, false, step, stream, what);
+void UlyssesAttention::to_tokens(const std::vector<Piece>& pieces, const Step& step, void* stream, void* own,
+                                 const char* what) {
+  exchange(pieces, false, step, stream, own, what);
 }
 
 // One all-to-all inside the Ulysses group: one message each way between every two members, the
@@ -185,7 +187,7 @@ void UlyssesAttention::to_tokens(const std::vector<Piece>& pieces, const Step& s
 // (docs/KERNELS.md, "All-to-all messages"). Both ends lay a message out alike: every member's pieces
 // have the same sizes. The pieces are whole-batch tensors; the step's entries are exchanged.
 void UlyssesAttention::exchange(const std::vector<Piece>& whole, bool heads_out, const Step& step, void* stream,
-                                const char* what) {
+                                void* own, const char* what) {
   const RingShape& r = s_.ring;
   const size_t D = r.head_dim, B = step.count, n = n_, un = u_ * n_;
   std::vector<Piece> pieces = whole;
@@ -194,7 +196,7 @@ void UlyssesAttention::exchange(const std::vector<Piece>& whole, bool heads_out,
     p.local = static_cast<char*>(p.local) + step.b0 * n * p.heads * unit;
     p.sharded = static_cast<char*>(p.sharded) + step.b0 * un * p.count * unit;
   }
-  std::vector<Copy> before, after;
+  std::vector<Copy> before, after, mine;  // mine: the member's own heads, on `own`
   struct Sum {
     float* dst;
     const float* src;
@@ -232,8 +234,8 @@ void UlyssesAttention::exchange(const std::vector<Piece>& whole, bool heads_out,
           for (size_t b = 0; b < B; ++b) {
             char* l = local + b * n * lrow;
             char* sh = rows_of_i + b * un * row;
-            if (heads_out) before.push_back({sh, row, l, lrow, row, n});
-            else after.push_back({l, lrow, sh, row, row, n});
+            if (heads_out) mine.push_back({sh, row, l, lrow, row, n});
+            else mine.push_back({l, lrow, sh, row, row, n});
           }
         } else if (heads_out) {
           before.push_back({out, row, local, lrow, row, B * n});
@@ -250,8 +252,8 @@ void UlyssesAttention::exchange(const std::vector<Piece>& whole, bool heads_out,
           for (size_t b = 0; b < B; ++b) {
             char* l = local + b * p.heads * run;
             char* sh = cols + b * c * un * 4;
-            if (heads_out) before.push_back({sh, un * 4, l, run, run, c});
-            else after.push_back({l, run, sh, un * 4, run, c});
+            if (heads_out) mine.push_back({sh, un * 4, l, run, run, c});
+            else mine.push_back({l, run, sh, un * 4, run, c});
           }
         } else if (heads_out) {
           before.push_back({out, c * run, local, p.heads * run, c * run, B});
@@ -268,6 +270,7 @@ void UlyssesAttention::exchange(const std::vector<Piece>& whole, bool heads_out,
                            std::to_string(step.b0) + "-" + std::to_string(step.b0 + step.count - 1);
   const int32_t range = host_.range_begin(name.c_str(), ATTNHOST_RANGE_COMMUNICATION, stream);
   for (const Copy& c : before) engine_->copy_rows(c.dst, c.dst_pitch, c.src, c.src_pitch, c.width, c.rows, stream);
+  for (const Copy& c : mine) engine_->copy_rows(c.dst, c.dst_pitch, c.src, c.src_pitch, c.width, c.rows, own);
   host_.group_start();
   for (int i = 0; i < u_; ++i)
     if (i != member_) {
@@ -286,6 +289,9 @@ void UlyssesAttention::forward(const attnhost_forward_args& a) {
   const size_t el = elem_size(s_.ring, Elem::input);
   void* compute = host_.stream(0);
   void* xs = overlap_ ? host_.stream(2) : compute;
+  // The first step's own heads are copied on the compute stream, which waits for its exchange, and
+  // the last step's, after its call (docs/KERNELS.md, "Head-group pipeline").
+  const auto own = [&](size_t k, size_t edge) { return k == edge ? compute : xs; };
   const Buffers& b = buffers();
   const auto at = [&](char* base, size_t elems, int group, size_t bytes) { return base + group * elems * bytes; };
   std::vector<Engine::Event> arrived(steps_.size());
@@ -294,7 +300,7 @@ void UlyssesAttention::forward(const attnhost_forward_args& a) {
     to_heads({{a.q.data, at(b.q, g.q, group, el), s_.ring.heads_q, group_shape_.heads_q, false},
               {a.k.data, at(b.k, g.kv, group, el), s_.ring.heads_kv, group_shape_.heads_kv, true},
               {a.v.data, at(b.v, g.kv, group, el), s_.ring.heads_kv, group_shape_.heads_kv, true}},
-             steps_[k], xs, "Q K V to heads");
+             steps_[k], xs, own(k, 0), "Q K V to heads");
     arrived[k] = engine_->record(xs);
   };
   engine_->wait(xs, compute);  // the inputs are ready
@@ -309,7 +315,7 @@ void UlyssesAttention::forward(const attnhost_forward_args& a) {
     engine_->wait(xs, compute);
     to_tokens({{a.o.data, x.o.data, s_.ring.heads_q, group_shape_.heads_q, false, true, false, true},
                {a.lse.data, x.lse.data, s_.ring.heads_q, group_shape_.heads_q, false, false}},
-              step, xs, "O LSE to tokens");
+              step, xs, own(k, steps_.size() - 1), "O LSE to tokens");
   }
   engine_->wait(compute, xs);
   report_amax(*engine_, s_.ring, a, compute);  // O is home, in sequence sharding
@@ -324,6 +330,7 @@ void UlyssesAttention::backward(const attnhost_backward_args& a) {
   const size_t el = elem_size(r, Elem::input), out_el = elem_size(r, Elem::output);
   void* compute = host_.stream(0);
   void* xs = overlap_ ? host_.stream(2) : compute;
+  const auto own = [&](size_t k, size_t edge) { return k == edge ? compute : xs; };  // as in the forward
   const auto at = [&](char* base, size_t elems, int group, size_t bytes) { return base + group * elems * bytes; };
   const void* given[5] = {a.q.data, a.k.data, a.v.data, a.o.data, a.lse.data};
   const bool kept = std::equal(given, given + 5, kept_);
@@ -342,7 +349,7 @@ void UlyssesAttention::backward(const attnhost_backward_args& a) {
       in.push_back({a.v.data, at(b.v, g.kv, group, el), r.heads_kv, group_shape_.heads_kv, true});
       in.push_back({a.lse.data, at(b.lse, g.rows, group, 4), r.heads_q, group_shape_.heads_q, false, false});
     }
-    to_heads(in, steps_[k], xs, kept ? "dO to heads" : "Q K V O dO LSE to heads");
+    to_heads(in, steps_[k], xs, own(k, 0), kept ? "dO to heads" : "Q K V O dO LSE to heads");
     arrived[k] = engine_->record(xs);
   };
   engine_->wait(xs, compute);
@@ -374,7 +381,7 @@ void UlyssesAttention::backward(const attnhost_backward_args& a) {
       dk.sum = dv.sum = true;
     }
     to_tokens({{a.dq.data, x.dq.data, r.heads_q, group_shape_.heads_q, false, true, false, true}, dk, dv}, step, xs,
-              "dQ dK dV to tokens");
+              own(k, steps_.size() - 1), "dQ dK dV to tokens");
   }
   if (replicated)
     for (auto [sum, out] : {std::pair{dk_sum, a.dk.data}, std::pair{dv_sum, a.dv.data}}) {

@@ -81,10 +81,13 @@ class UlyssesAttention {
   size_t piece_elem(const Piece& p) const;  // bytes of one element of a tokens piece
   struct Copy;
   int32_t first_head(int member, const Piece& p, int32_t group) const;
-  // The all-to-all of a step's entries of `pieces` (whole-batch tensors, the step's head group).
-  void to_heads(const std::vector<Piece>& pieces, const Step& step, void* stream, const char* what);
-  void to_tokens(const std::vector<Piece>& pieces, const Step& step, void* stream, const char* what);
-  void exchange(const std::vector<Piece>& pieces, bool to_heads, const Step& step, void* stream, const char* what);
+  // The all-to-all of a step's entries of `pieces` (whole-batch tensors, the step's head group), on
+  // `stream`; the member's own heads, which cross no link, are copied on `own` (the compute stream
+  // where it has nothing else to do: before the first call, after the last).
+  void to_heads(const std::vector<Piece>& pieces, const Step& step, void* stream, void* own, const char* what);
+  void to_tokens(const std::vector<Piece>& pieces, const Step& step, void* stream, void* own, const char* what);
+  void exchange(const std::vector<Piece>& pieces, bool to_heads, const Step& step, void* stream, void* own,
+                const char* what);
   attnhost_tensor sharded(void* data, bool kv, int32_t dtype) const;  // one group's head-sharded tensor
   attnhost_tensor stats(void* data) const;
   // Group `group`'s head-sharded Q, K, V, O and LSE, which the forward fills and keeps.
