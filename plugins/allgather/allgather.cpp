@@ -386,25 +386,34 @@ class Allgather {
           host_.recv(incoming(peer), 2 * half, ATTNHOST_DTYPE_UINT8, peer, stream);
         }
       host_.group_end();
-      for (int peer = 0; peer < world_; ++peer)
-        if (peer != rank_)
-          for (int t = 0; t < 2; ++t)
-            for (int32_t b = 0; b < batch_; ++b)
-              for (const attnhost_token_range& r : ranges_[rank_])
-                engine_->add(grads[t] + b * global_batch + r.global_begin * count,
-                             reinterpret_cast<const float*>(incoming(peer) + t * half + (b * local_ + r.local_begin) * frow),
-                             r.length * count, stream);
     }
+    // A range's partials from every peer but the last are added in place (fp32), the last one's in
+    // the pass that rounds the sums into dK and dV: one launch a range and tensor, not one a batch
+    // entry (docs/KERNELS.md, "Allgather's backward").
+    std::vector<int> peers;
+    for (int peer = 0; peer < world_; ++peer)
+      if (peer != rank_) peers.push_back(peer);
     for (int t = 0; t < 2; ++t)
       for (const attnhost_token_range& r : ranges_[rank_]) {
+        const auto from = [&](int peer) {  // the peer's partials of range r, [B, r.length, kv, D]
+          return TensorRef{incoming(peer) + t * half + r.local_begin * frow, local_ * int64_t(count), int64_t(count), dim_};
+        };
         ConvertParams cv;
-        cv.dtype = output_dtype(core_dtype(dtype_));
         cv.batch = batch_;
         cv.heads = kv;
         cv.head_dim = dim_;
         cv.seqlen = r.length;
         cv.src = gathered(grads[t], r.global_begin, true);
+        for (size_t i = 0; i + 1 < peers.size(); ++i) {
+          ConvertParams sum = cv;
+          sum.dtype = DType::fp32;
+          sum.dst = cv.src;
+          sum.add = from(peers[i]);
+          engine_->convert(sum, stream);
+        }
+        cv.dtype = output_dtype(core_dtype(dtype_));
         cv.dst = kv_like(out[t], r.local_begin, g * kv, out_el_);
+        if (!peers.empty()) cv.add = from(peers.back());
         engine_->convert(cv, stream);
       }
     host_.range_end(range, stream);

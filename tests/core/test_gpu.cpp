@@ -763,23 +763,27 @@ TEST_CASE("gpu: delta, merge and convert on aligned and padded rows") {
     CHECK(bad_lse == 0);
     CHECK(bad_o == 0);
 
-    for (DType dt : {DType::bf16, DType::fp32}) {
-      Tensor out(dt, B, S, H, D, pad);
-      DeviceTensor out_d(out);
-      out_d.buf->poison();
-      convert_cuda(ConvertParams{dt, int32_t(B), int32_t(H), D, S, acc_d.ref, out_d.ref}, nullptr);
-      CUDA_OK(cudaDeviceSynchronize());
-      out_d.download(out);
-      long bad = 0;
-      for (int64_t b = 0; b < B; ++b)
-        for (int64_t i = 0; i < S; ++i)
-          for (int64_t h = 0; h < H; ++h)
-            for (int32_t d = 0; d < D; ++d) {
-              const float x = float(merged.get(b, i, h, d));
-              bad += out.get(b, i, h, d) != (dt == DType::bf16 ? double(bf16_to_float(float_to_bf16(x))) : double(x));
-            }
-      CHECK(bad == 0);
-    }
+    for (DType dt : {DType::bf16, DType::fp32})
+      for (bool add : {false, true}) {  // add: part summed in, in the same pass
+        CAPTURE(add);
+        Tensor out(dt, B, S, H, D, pad);
+        DeviceTensor out_d(out);
+        out_d.buf->poison();
+        ConvertParams cv{dt, int32_t(B), int32_t(H), D, S, acc_d.ref, out_d.ref};
+        if (add) cv.add = part_d.ref;
+        convert_cuda(cv, nullptr);
+        CUDA_OK(cudaDeviceSynchronize());
+        out_d.download(out);
+        long bad = 0;
+        for (int64_t b = 0; b < B; ++b)
+          for (int64_t i = 0; i < S; ++i)
+            for (int64_t h = 0; h < H; ++h)
+              for (int32_t d = 0; d < D; ++d) {
+                const float x = float(merged.get(b, i, h, d)) + (add ? float(part.get(b, i, h, d)) : 0.f);
+                bad += out.get(b, i, h, d) != (dt == DType::bf16 ? double(bf16_to_float(float_to_bf16(x))) : double(x));
+              }
+        CHECK(bad == 0);
+      }
     }
 }
 

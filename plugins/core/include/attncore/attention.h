@@ -245,13 +245,17 @@ struct MergeParams {
   RowStatsRef lse_part;
 };
 
-// dst = src rounded to dtype (round to nearest even): a merged fp32 output, or fp32 gradient
-// accumulators, turned into the output dtype once at the end.
+// dst = src (+ add) rounded to dtype (round to nearest even): a merged fp32 output, or fp32
+// gradient accumulators, turned into the output dtype once at the end. `add` (5.0; data null: none)
+// is a second fp32 tensor summed in first, so that partial sums meet in the same pass: ring
+// gradients arriving home, allgather's partials from a peer. With dtype fp32, dst may be src
+// (in place); else dst must not overlap src or add.
 struct ConvertParams {
   DType dtype = DType::bf16; // of dst; src is fp32
   int32_t batch = 1, heads = 1, head_dim = 128;
   int64_t seqlen = 0;
   TensorRef src, dst;
+  TensorRef add;
 };
 
 // Appended (3.1). *amax = max |x| over a [batch, seqlen, heads, head_dim] tensor in dtype (bf16,

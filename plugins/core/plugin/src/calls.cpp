@@ -184,7 +184,8 @@ void compute_local_delta(const RingShape& s, Engine& engine, const attnhost_back
   engine.compute_delta(dp, stream);
 }
 
-void convert_out(const RingShape& s, Engine& engine, const float* src, void* dst, bool kv, void* stream) {
+void convert_out(const RingShape& s, Engine& engine, const float* src, void* dst, bool kv, void* stream,
+                 const float* add) {
   const LocalViews views{s};
   ConvertParams cv;
   cv.dtype = core_dtype(output_dtype(s));
@@ -194,6 +195,7 @@ void convert_out(const RingShape& s, Engine& engine, const float* src, void* dst
   cv.seqlen = kv ? s.local_kv : s.local_q;
   cv.src = kv ? views.kv(const_cast<float*>(src), 0, Elem::fp32) : views.q(const_cast<float*>(src), 0, Elem::fp32);
   cv.dst = kv ? views.kv(dst, 0, Elem::output) : views.q(dst, 0, Elem::output);
+  if (add) cv.add = kv ? views.kv(const_cast<float*>(add), 0, Elem::fp32) : views.q(const_cast<float*>(add), 0, Elem::fp32);
   engine.convert(cv, stream);
 }
 

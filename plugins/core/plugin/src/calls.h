@@ -75,8 +75,10 @@ RowBuffers take_row_buffers(Carver& c, Pass pass, const RingShape& s);
 void compute_local_delta(const RingShape& s, Engine& engine, const attnhost_backward_args& a, float* delta, float* dq,
                          void* stream);
 
-// fp32 src (a shape's Q-like or K/V-like tensor) to the problem dtype in dst.
-void convert_out(const RingShape& s, Engine& engine, const float* src, void* dst, bool kv, void* stream);
+// fp32 src (a shape's Q-like or K/V-like tensor), plus fp32 `add` of the same layout where given, to
+// the output dtype in dst.
+void convert_out(const RingShape& s, Engine& engine, const float* src, void* dst, bool kv, void* stream,
+                 const float* add = nullptr);
 
 // Whether a call is dense (no segments, no block list): it may be cut into rows or columns.
 bool dense(const BlockCall& c);

@@ -443,16 +443,22 @@ void RingAttention::backward_slice(const RingShape& s, const attnhost_backward_a
       // it (the receives that write into the arriving pair and the K/V buffer wait for this hop).
       // The sums and the rounding run on the communication stream (after the arriving sums, in its
       // order), under the next slice's first step: on the compute stream they held every slice's
-      // next step back (docs/KERNELS.md, "Travelling dK/dV").
+      // next step back (docs/KERNELS.md, "Travelling dK/dV"). One pass adds and rounds, except where
+      // the arriving pair itself stages (FP8): there the sum goes into this step's pair first.
       const bool wider = elem_size(s, Elem::output) > elem_size(s, Elem::input);
       const KV arriving = w.grads[2];
       const KV staged = s.kv_grads_fp32 ? grad : wider ? arriving : w.receive[world_ % 2];
       engine_->wait(comm, compute);
-      engine_->add(static_cast<float*>(grad.k), static_cast<float*>(arriving.k), kv_elems, comm);
-      engine_->add(static_cast<float*>(grad.v), static_cast<float*>(arriving.v), kv_elems, comm);
+      const bool add_first = s.kv_grads_fp32 || wider;
+      if (add_first) {
+        engine_->add(static_cast<float*>(grad.k), static_cast<float*>(arriving.k), kv_elems, comm);
+        engine_->add(static_cast<float*>(grad.v), static_cast<float*>(arriving.v), kv_elems, comm);
+      }
       if (!s.kv_grads_fp32) {
-        convert_out(s, *engine_, static_cast<float*>(grad.k), staged.k, true, comm);
-        convert_out(s, *engine_, static_cast<float*>(grad.v), staged.v, true, comm);
+        convert_out(s, *engine_, static_cast<float*>(grad.k), staged.k, true, comm,
+                    add_first ? nullptr : static_cast<float*>(arriving.k));
+        convert_out(s, *engine_, static_cast<float*>(grad.v), staged.v, true, comm,
+                    add_first ? nullptr : static_cast<float*>(arriving.v));
       }
       exchange(staged.k, staged.v, a.dk.data, a.dv.data, s.kv_grads_fp32 ? ATTNHOST_DTYPE_FP32 : output_dtype(s),
                kv_elems, comm, "dK dV", step);

@@ -47,11 +47,18 @@ void convert(const ConvertParams& p) {
   if (p.batch < 1 || p.heads < 1 || p.head_dim < 1 || p.seqlen < 0) fail("convert: bad shape");
   if (p.seqlen == 0) return;
   if (!p.src.data || !p.dst.data) fail("convert: a pointer is null");
+  std::vector<float> sum(size_t(p.head_dim));
   for (int64_t b = 0; b < p.batch; ++b)
     for (int32_t h = 0; h < p.heads; ++h)
-      for (int64_t i = 0; i < p.seqlen; ++i)
-        store(p.dtype, p.dst.data, offset(p.dst, b, i, h), p.head_dim,
-              static_cast<const float*>(p.src.data) + offset(p.src, b, i, h));
+      for (int64_t i = 0; i < p.seqlen; ++i) {
+        const float* x = static_cast<const float*>(p.src.data) + offset(p.src, b, i, h);
+        if (p.add.data) {
+          const float* y = static_cast<const float*>(p.add.data) + offset(p.add, b, i, h);
+          for (int32_t d = 0; d < p.head_dim; ++d) sum[size_t(d)] = x[d] + y[d];
+          x = sum.data();
+        }
+        store(p.dtype, p.dst.data, offset(p.dst, b, i, h), p.head_dim, x);
+      }
 }
 
 void amax(const AmaxParams& p) {

@@ -342,16 +342,18 @@ template <int kV> __global__ void merge_kernel(const __grid_constant__ MergePara
   if (r.valid) merge_row<kV>(p, r);
 }
 
-// dst = src in TD, kWarpRows rows a warp, their loads issued together (as delta's). 78 registers
-// and three blocks an SM: capped at 64 registers (four blocks), the 16-bit outputs spilled 40
-// bytes and ran at 3.53 TB/s against 3.69 (a dense ring's fwd+bwd: docs/KERNELS.md, "Row kernels").
-template <class TD, int kV>
+// dst = src (+ add) in TD, kWarpRows rows a warp, their loads issued together (as delta's). 78
+// registers and three blocks an SM: capped at 64 registers (four blocks), the 16-bit outputs
+// spilled 40 bytes and ran at 3.53 TB/s against 3.69 (a dense ring's fwd+bwd: docs/KERNELS.md,
+// "Row kernels").
+template <class TD, int kV, bool kAdd>
 __global__ void __launch_bounds__(kRowWarps * 32) convert_kernel(const __grid_constant__ ConvertParams p, int64_t rows) {
   constexpr int kP = kParts<kV>;
   const int lane = threadIdx.x % 32;
   const int64_t first = warp_first_row<kWarpRows>();
-  int64_t os[kWarpRows], od[kWarpRows];
+  int64_t os[kWarpRows], od[kWarpRows], oa[kWarpRows];
   warp_row_offsets(p.src, p.dst, p.heads, p.seqlen, rows, first, os, od);
+  if constexpr (kAdd) warp_row_offsets(p.add, p.dst, p.heads, p.seqlen, rows, first, oa, od);
   for (int c = 0; c < p.head_dim; c += 32 * kV * kP) {
     float x[kWarpRows][kP][kV];
 #pragma unroll
@@ -361,6 +363,20 @@ __global__ void __launch_bounds__(kRowWarps * 32) convert_kernel(const __grid_co
         const int d = c + kV * (lane + 32 * q);
         if (first + k < rows && d < p.head_dim) load_part<float, kV>(p.src.data, os[k] + d, x[k][q]);
       }
+    if constexpr (kAdd) {
+#pragma unroll
+      for (int k = 0; k < kWarpRows; ++k)
+#pragma unroll
+        for (int q = 0; q < kP; ++q) {
+          const int d = c + kV * (lane + 32 * q);
+          float y[kV];
+          if (first + k < rows && d < p.head_dim) {
+            load_part<float, kV>(p.add.data, oa[k] + d, y);
+#pragma unroll
+            for (int e = 0; e < kV; ++e) x[k][q][e] += y[e];
+          }
+        }
+    }
 #pragma unroll
     for (int k = 0; k < kWarpRows; ++k)
 #pragma unroll
@@ -612,14 +628,18 @@ void convert_cuda(const ConvertParams& p, void* stream) {
   if (!p.src.data || !p.dst.data) fail("convert: a pointer is null");
   const int64_t rows = int64_t(p.batch) * p.heads * p.seqlen;
   const auto s = static_cast<cudaStream_t>(stream);
-  const bool v4 =
-      p.head_dim % 4 == 0 && rows_aligned4(p.src, 4) && rows_aligned4(p.dst, p.dtype == DType::fp32 ? 4 : 2);
+  const bool add = p.add.data != nullptr;
+  const bool v4 = p.head_dim % 4 == 0 && rows_aligned4(p.src, 4) && (!add || rows_aligned4(p.add, 4)) &&
+                  rows_aligned4(p.dst, p.dtype == DType::fp32 ? 4 : 2);
+  const auto launch = [&](auto type) {
+    using T = decltype(type);
+    if (add) launch_rows(v4, convert_kernel<T, 4, true>, convert_kernel<T, 1, true>, rows, kWarpRows, s, p);
+    else launch_rows(v4, convert_kernel<T, 4, false>, convert_kernel<T, 1, false>, rows, kWarpRows, s, p);
+  };
   switch (p.dtype) {
-  case DType::bf16:
-    launch_rows(v4, convert_kernel<__nv_bfloat16, 4>, convert_kernel<__nv_bfloat16, 1>, rows, kWarpRows, s, p);
-    break;
-  case DType::fp16: launch_rows(v4, convert_kernel<__half, 4>, convert_kernel<__half, 1>, rows, kWarpRows, s, p); break;
-  case DType::fp32: launch_rows(v4, convert_kernel<float, 4>, convert_kernel<float, 1>, rows, kWarpRows, s, p); break;
+  case DType::bf16: launch(__nv_bfloat16{}); break;
+  case DType::fp16: launch(__half{}); break;
+  case DType::fp32: launch(float{}); break;
   default: fail("convert: dtype must be bf16, fp16 or fp32");
   }
   check_launch("convert");
