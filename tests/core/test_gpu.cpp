@@ -784,6 +784,22 @@ TEST_CASE("gpu: delta, merge and convert on aligned and padded rows") {
               }
         CHECK(bad == 0);
       }
+    // fp32 in place, the added tensor laid out with another pitch (allgather's partials from a peer)
+    Tensor sum = merged, other(DType::fp32, B, S, H, D, pad + 2);
+    other.fill_normal(rng, 1.0);
+    DeviceTensor sum_d(sum), other_d(other);
+    ConvertParams in_place{DType::fp32, int32_t(B), int32_t(H), D, S, sum_d.ref, sum_d.ref};
+    in_place.add = other_d.ref;
+    convert_cuda(in_place, nullptr);
+    CUDA_OK(cudaDeviceSynchronize());
+    sum_d.download(sum);
+    long bad_sum = 0;
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t i = 0; i < S; ++i)
+        for (int64_t h = 0; h < H; ++h)
+          for (int32_t d = 0; d < D; ++d)
+            bad_sum += sum.get(b, i, h, d) != double(float(merged.get(b, i, h, d)) + float(other.get(b, i, h, d)));
+    CHECK(bad_sum == 0);
     }
 }
 

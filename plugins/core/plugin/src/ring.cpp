@@ -163,7 +163,8 @@ size_t RingAttention::block_bytes(const RingShape& s) {
 }
 
 RingAttention::RingAttention(const RingShape& shape, RingPlan plan, const ScheduleOptions& options, RingMembers members)
-    : s_(shape), plan_(std::move(plan)), host_(options.host), members_(members), rank_(members.position),
+    : s_(shape), forward_s_(forward_shape(shape, members.size)), plan_(std::move(plan)), host_(options.host),
+      members_(members), rank_(members.position),
       world_(members.size), overlap_(options.overlap), dtype_partials_(options.engine.dtype_partials),
       engine_(options.make_engine()),
       work_(options.host, [&](Carver& c, Pass pass) { return layout(c, pass, s_, world_); }) {}
@@ -291,7 +292,7 @@ void RingAttention::forward(const attnhost_forward_args& a) {
 void RingAttention::forward(const attnhost_forward_args& a, int32_t b0, int32_t count) {
   plan_reach();
   void* compute = host_.stream(0);
-  for (const Slice& slice : slices(forward_shape(s_, world_), b0, count)) {
+  for (const Slice& slice : slices(forward_s_, b0, count)) {
     attnhost_forward_args x = a;
     for (attnhost_tensor* t : {&x.q, &x.k, &x.v, &x.o, &x.lse}) *t = from_entry(*t, slice.b0, slice.shape.batch);
     if (!slice.packed) {
@@ -381,6 +382,9 @@ void RingAttention::backward_slice(const RingShape& s, const attnhost_backward_a
   // the communication stream adds them in once both are there and sends the total on. So no
   // kernel waits for a gradient hop: only the last step's sums wait, to go home in the problem dtype.
   Engine::Event grads_ready;  // the sums for the next step's block have arrived
+  // The communication stream has done with pair 0, which the next slice's first step computes into:
+  // it sent it at the last even step before the last, or it sums and rounds it at the last step.
+  Engine::Event pair0_free;
   for (int step = 0; step < world_; ++step) {
     const KV cur = step == 0 ? KV{a.k.data, a.v.data} : w.receive[step % 2];
     const KV grad = w.grads[step % 2];  // sent two steps ago: its hop is done (ordered before kv_ready)
@@ -433,14 +437,15 @@ void RingAttention::backward_slice(const RingShape& s, const attnhost_backward_a
       }
       exchange(grad.k, grad.v, arriving.k, arriving.v, ATTNHOST_DTYPE_FP32, kv_elems, comm, "dK dV", step);
       grads_ready = engine_->record(comm);
+      if (step % 2 == 0) pair0_free = grads_ready;
       engine_->wait(compute, kv_ready);
     } else {
       // The last hop takes finished sums home, so they are rounded to the output dtype before it
       // rather than after (the same values): half the bytes of the one hop nothing can hide, and
       // they land in dK and dV. The K/V buffer of step P - 2 is free to stage them; with FP8 K/V
-      // it is too small for bf16, and the arriving pair stages them once added. Not the pair sent
-      // at step P - 2: the next slice's first step computes into it while this hop may still read
-      // it (the receives that write into the arriving pair and the K/V buffer wait for this hop).
+      // it is too small for bf16, and the arriving pair stages them once added. Not pair 0: the
+      // next slice's first step computes into it (the receives that write into the arriving pair
+      // and the K/V buffer wait for this hop on this stream).
       // The sums and the rounding run on the communication stream (after the arriving sums, in its
       // order), under the next slice's first step: on the compute stream they held every slice's
       // next step back (docs/KERNELS.md, "Travelling dK/dV"). One pass adds and rounds, except where
@@ -460,15 +465,17 @@ void RingAttention::backward_slice(const RingShape& s, const attnhost_backward_a
         convert_out(s, *engine_, static_cast<float*>(grad.v), staged.v, true, comm,
                     add_first ? nullptr : static_cast<float*>(arriving.v));
       }
+      if (step % 2 == 0 && !s.kv_grads_fp32) pair0_free = engine_->record(comm);
       exchange(staged.k, staged.v, a.dk.data, a.dv.data, s.kv_grads_fp32 ? ATTNHOST_DTYPE_FP32 : output_dtype(s),
                kv_elems, comm, "dK dV", step);
       grads_ready = engine_->record(comm);
+      if (step % 2 == 0 && s.kv_grads_fp32) pair0_free = grads_ready;  // (sent home from pair 0 itself)
     }
   }
   convert_out(s, *engine_, dq, a.dq.data, false, compute);
   // dK and dV are home (every slice's: the hops are in order). A slice before the last leaves its
-  // hop under the next slice's first step.
-  if (last) engine_->wait(compute, grads_ready);
+  // hop under the next slice's first step, once pair 0 is free.
+  engine_->wait(compute, last ? grads_ready : pair0_free);
 }
 
 void RingAttention::backward_home(const RingShape& s, const attnhost_backward_args& a) {

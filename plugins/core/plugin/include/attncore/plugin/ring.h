@@ -217,6 +217,7 @@ class RingAttention {
   void backward_home(const RingShape& s, const attnhost_backward_args& a);
 
   RingShape s_;
+  RingShape forward_s_;  // s_ at the forward's batch slices (forward_shape)
   RingPlan plan_;
   std::vector<Interval> carried_, reached_;  // by [step * world + source]
   attnhost::Host host_;
