@@ -763,6 +763,18 @@ TEST_CASE("gpu: delta, merge and convert on aligned and padded rows") {
     CHECK(bad_lse == 0);
     CHECK(bad_o == 0);
 
+    // out's elements that are not merged + added (a [B, S, H, D] tensor or none) rounded to out's dtype
+    const auto mismatches = [&](const Tensor& out, const Tensor* added) {
+      long bad = 0;
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t i = 0; i < S; ++i)
+          for (int64_t h = 0; h < H; ++h)
+            for (int32_t d = 0; d < D; ++d) {
+              const float x = float(merged.get(b, i, h, d)) + (added ? float(added->get(b, i, h, d)) : 0.f);
+              bad += out.get(b, i, h, d) != (out.dtype == DType::bf16 ? double(bf16_to_float(float_to_bf16(x))) : double(x));
+            }
+      return bad;
+    };
     for (DType dt : {DType::bf16, DType::fp32})
       for (bool add : {false, true}) {  // add: part summed in, in the same pass
         CAPTURE(add);
@@ -774,15 +786,7 @@ TEST_CASE("gpu: delta, merge and convert on aligned and padded rows") {
         convert_cuda(cv, nullptr);
         CUDA_OK(cudaDeviceSynchronize());
         out_d.download(out);
-        long bad = 0;
-        for (int64_t b = 0; b < B; ++b)
-          for (int64_t i = 0; i < S; ++i)
-            for (int64_t h = 0; h < H; ++h)
-              for (int32_t d = 0; d < D; ++d) {
-                const float x = float(merged.get(b, i, h, d)) + (add ? float(part.get(b, i, h, d)) : 0.f);
-                bad += out.get(b, i, h, d) != (dt == DType::bf16 ? double(bf16_to_float(float_to_bf16(x))) : double(x));
-              }
-        CHECK(bad == 0);
+        CHECK(mismatches(out, add ? &part : nullptr) == 0);
       }
     // fp32 in place, the added tensor laid out with another pitch (allgather's partials from a peer)
     Tensor sum = merged, other(DType::fp32, B, S, H, D, pad + 2);
@@ -793,13 +797,7 @@ TEST_CASE("gpu: delta, merge and convert on aligned and padded rows") {
     convert_cuda(in_place, nullptr);
     CUDA_OK(cudaDeviceSynchronize());
     sum_d.download(sum);
-    long bad_sum = 0;
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t i = 0; i < S; ++i)
-        for (int64_t h = 0; h < H; ++h)
-          for (int32_t d = 0; d < D; ++d)
-            bad_sum += sum.get(b, i, h, d) != double(float(merged.get(b, i, h, d)) + float(other.get(b, i, h, d)));
-    CHECK(bad_sum == 0);
+    CHECK(mismatches(sum, &other) == 0);
     }
 }
 
