@@ -31,8 +31,22 @@ namespace {
 
 // Before anything runs: say which runs the plugins will refuse (they are still reported, as
 // UNSUPPORTED or SKIPPED, in their place).
+// Above this a forward and backward is minutes on the CPU: the tiny preset (7.5 GFLOP) ran at 15.6
+// GFLOP/s a rank on a two-core machine, under a second; at that rate small (722) is 46 s, and a run
+// times it by warm-ups, timed runs, passes and world sizes.
+constexpr double kCpuMinutesGflop = 50;
+
 void preflight(const Context& ctx, const std::vector<suite::Case>& cases, const Backend& backend) {
   const int32_t device = backend.device_kind() == DeviceKind::cuda ? ATTNHOST_DEVICE_CUDA : ATTNHOST_DEVICE_CPU;
+  if (backend.device_kind() == DeviceKind::cpu) {
+    const suite::Case* largest = nullptr;
+    for (const suite::Case& c : cases)
+      if (!largest || report::fwd_bwd_gflop(c.problem) > report::fwd_bwd_gflop(largest->problem)) largest = &c;
+    if (const double gflop = largest ? report::fwd_bwd_gflop(largest->problem) : 0; gflop > kCpuMinutesGflop)
+      log::warn(largest->id + " is " + std::to_string(int64_t(gflop)) + " GFLOP a forward and backward: on the CPU, a " +
+                "thread a rank, that is minutes a run, times warm-ups and timed runs (--config tiny takes seconds, the "
+                "quick suite about a minute)");
+  }
   for (const suite::Case& c : cases) {
     std::shared_ptr<const Plugin> plugin = ctx.registry.find(c.plugin);
     if (!plugin) continue;

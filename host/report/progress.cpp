@@ -7,19 +7,29 @@
 
 namespace attnhost::report {
 
+namespace {
+
+// Attended pairs of one head, over the batch.
+double pairs(const suite::Problem& p) {
+  const double kv = static_cast<double>(p.seqlen_kv > 0 ? p.seqlen_kv : p.seqlen_q);
+  double n = 0;
+  if (p.varlen) {
+    for (int64_t l : p.varlen->lengths) n += static_cast<double>(l) * static_cast<double>(l);
+  } else {
+    n = static_cast<double>(p.batch) * static_cast<double>(p.seqlen_q) * kv;
+  }
+  return p.causal ? n / 2 : n;
+}
+
+}  // namespace
+
 double work_estimate(const suite::Case& c) {
   const suite::Problem& p = c.problem;
-  const double kv = static_cast<double>(p.seqlen_kv > 0 ? p.seqlen_kv : p.seqlen_q);
-  double pairs = 0;
-  if (p.varlen) {
-    for (int64_t l : p.varlen->lengths) pairs += static_cast<double>(l) * static_cast<double>(l);
-  } else {
-    pairs = static_cast<double>(p.batch) * static_cast<double>(p.seqlen_q) * kv;
-  }
-  if (p.causal) pairs /= 2;
-  const double per_run = pairs * p.heads_q * std::max(1, p.head_dim);
+  const double per_run = pairs(p) * p.heads_q * std::max(1, p.head_dim);
   return std::max(1.0, per_run * std::max<size_t>(1, c.world_sizes.size()) * std::max<size_t>(1, c.timing.passes.size()));
 }
+
+double fwd_bwd_gflop(const suite::Problem& p) { return 3.5 * 4.0 * p.head_dim * pairs(p) * p.heads_q / 1e9; }
 
 Progress::Progress(std::vector<double> weights, bool terminal, bool quiet, std::ostream& out, Clock clock)
     : weights_(std::move(weights)), terminal_(terminal), quiet_(quiet), out_(out), clock_(std::move(clock)) {

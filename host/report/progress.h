@@ -18,6 +18,10 @@ namespace attnhost::report {
 // and passes it runs. Only ratios matter: the estimate scales the time spent so far by them.
 double work_estimate(const suite::Case& c);
 
+// A problem's forward and backward in GFLOP, FlashAttention's count (3.5 x 4 D x pairs, causal
+// halving them; a window is not counted, so windows read high).
+double fwd_bwd_gflop(const suite::Problem& p);
+
 class Progress {
  public:
   using Clock = std::function<double()>;  // seconds, monotonic

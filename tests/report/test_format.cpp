@@ -138,6 +138,22 @@ TEST_CASE("progress: work estimates follow the attended pairs") {
   CHECK(work_estimate(large) == doctest::Approx(2 * work_estimate(small)));
 }
 
+TEST_CASE("progress: a problem's forward and backward in GFLOP, as the CPU warning counts it") {
+  suite::Problem tiny;  // the tiny preset: B=2 S=1024 H=8 D=64 causal
+  tiny.batch = 2;
+  tiny.seqlen_q = 1024;
+  tiny.heads_q = 8;
+  tiny.head_dim = 64;
+  tiny.causal = true;
+  CHECK(fwd_bwd_gflop(tiny) == doctest::Approx(3.5 * 4 * 64 * (2 * 1024.0 * 1024 / 2) * 8 / 1e9));
+  suite::Problem small = tiny;  // B=4 S=4096 H=12 D=128: what the CPU warning names
+  small.batch = 4;
+  small.seqlen_q = 4096;
+  small.heads_q = 12;
+  small.head_dim = 128;
+  CHECK(fwd_bwd_gflop(small) == doctest::Approx(721.4).epsilon(0.001));
+}
+
 TEST_CASE("csv: numbers in six significant digits, not the seventeen of a double") {
   // results.csv once held values like 12.345678901234567 ms: noise past a microsecond.
   CaseResult c;
