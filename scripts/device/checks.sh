@@ -90,11 +90,12 @@ for section in "$@"; do
         --format console,json,markdown ;;
     ab)
       # Each schedule choice against the setting that undoes it, alternating, same world size: the
-      # forward's own batch slices (batch_slices=4 cuts both passes as before) and the tapered pipeline.
+      # forward's own batch slices (batch_slices=4 cuts both passes as before; 2, both passes in
+      # calls of two entries, past the memory rule) and the tapered pipeline.
       step "A/B at world size $gpus (adaptive timing after 20 warm-ups, unchecked: verify covers correctness)"
       T="--world-sizes $gpus --timing-method adaptive --warmup-runs 20 --no-check --quiet --format console --force"
       for p in medium large; do
-        for v in batch_slices=4 batch_slices=0 batch_slices=4 batch_slices=0; do
+        for v in batch_slices=4 batch_slices=0 batch_slices=2 batch_slices=4 batch_slices=0 batch_slices=2; do
           echo "--- zigzag ring $p $v"; run 120 "$A" compare zigzag ring --config $p --param $v $T --out "$OUT/ab"
         done
       done
