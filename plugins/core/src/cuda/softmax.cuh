@@ -109,6 +109,47 @@ template <int kMTiles, int kOTiles> struct OnlineSoftmax {
       }
   }
 
+  // The step with each row's maximum kept while no row of the warp has grown by more than 2^kTau
+  // in exp2 units (FlashAttention-4's): P then reaches at most 2^kTau, O and l keep their scale, and
+  // O's rescale is skipped. The warp decides as one (a vote). True: O must be rescaled by alpha.
+  template <int kTau, int kSTiles>
+  __device__ bool update_lazy(float (&s)[kMTiles][kSTiles][4], float scale_log2, float (&alpha)[kMTiles][2]) {
+    float mx[kMTiles][2];
+    bool keep = true;
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float part[kSTiles];
+#pragma unroll
+        for (int j = 0; j < kSTiles; ++j) part[j] = fmaxf(s[mt][j][2 * h], s[mt][j][2 * h + 1]);
+        mx[mt][h] = quad_max(fmaxf(row_max[mt][h], tree_max(part)));
+        keep = keep && row_max[mt][h] != -INFINITY && (mx[mt][h] - row_max[mt][h]) * scale_log2 <= float(kTau);
+      }
+    keep = __all_sync(kFullMask, keep);
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        alpha[mt][h] = 1.f;
+        if (!keep) {
+          const float m_new = mx[mt][h] == -INFINITY ? 0.f : mx[mt][h] * scale_log2;
+          alpha[mt][h] = fast_exp2(row_max[mt][h] * scale_log2 - m_new);
+          row_max[mt][h] = mx[mt][h];
+        }
+        const float m_scaled = row_max[mt][h] == -INFINITY ? 0.f : row_max[mt][h] * scale_log2;
+        float part[kSTiles];
+#pragma unroll
+        for (int j = 0; j < kSTiles; ++j) {
+#pragma unroll
+          for (int e = 2 * h; e < 2 * h + 2; ++e) s[mt][j][e] = fast_exp2(fmaf(s[mt][j][e], scale_log2, -m_scaled));
+          part[j] = s[mt][j][2 * h] + s[mt][j][2 * h + 1];
+        }
+        row_sum[mt][h] = keep ? row_sum[mt][h] + tree_sum(part) : row_sum[mt][h] * alpha[mt][h] + tree_sum(part);
+      }
+    return !keep;
+  }
+
   __device__ void rescale(const float (&alpha)[kMTiles][2]) {
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt)

@@ -100,6 +100,11 @@ template <int D_, int kConsumers_, int kBlockN_ = 128> struct Fp8ForwardConfig {
   // there and -1.4% causal at 4096; at d64 (three consumers) -3% / -4%, at d256 equal
   // (docs/KERNELS.md, "FP8 forward").
   static constexpr bool kRescaleUnderScores = D == 128 && kBlockN == 128;
+  // Each row's maximum kept until it grows past 2^8 (OnlineSoftmax::update_lazy), O's rescale
+  // skipped meanwhile: with 192-key tiles at d128 -1.4% / -1.7% causal / full at 16384 rows, -1.5% /
+  // level at 4096; at d256 -0.5% / -1.5%; slower with three consumers at d64 (+5.5% / +7%) and with
+  // d128's 128-key tiles (+0.7% / +1.3% at 1024 rows) (docs/KERNELS.md, "FP8 forward").
+  static constexpr bool kLazyRescale = (D == 128 && kBlockN == 192) || D == 256;
   static constexpr size_t kSmemBytes = 1024 /* alignment */ + kQBytes + 2 * kStages * kKVBytes + 512;
   static_assert(D % 64 == 0, "FP8 head dims are multiples of 64 (k-steps of 32 bytes in whole swizzled rows)");
   static_assert(kBlockN % kVtKeys == 0, "a V^T tile is whole column blocks");
@@ -196,6 +201,7 @@ template <class C> struct Fp8ForwardConsumer {
   OnlineSoftmax<1, C::kOTiles> sm;
   uint32_t p[C::kPSteps][4];
   float alpha[1][2];
+  bool rescale_o = true; // (warp-uniform) O must be rescaled by alpha after this tile's update
 
   __device__ __forceinline__ Fp8ForwardConsumer(const Fp8ForwardShared<C>& sh_, const AttnArgs& a_,
                                                 const ForwardRows& rows_, int warp, int group, int lane_)
@@ -243,7 +249,8 @@ template <class C> struct Fp8ForwardConsumer {
   __device__ __forceinline__ void softmax_update(const TileStep& t, const TileUse& u) {
     fence_registers(sc[0]);
     if (u.needs_mask) mask_tile(sc, a.mask, rows.reg, r_lo + 16 * warp_in_wg, t.c0, u.listed, u.masked, lane);
-    sm.update(sc, a.scale_log2, alpha);
+    if constexpr (C::kLazyRescale) rescale_o = sm.template update_lazy<8>(sc, a.scale_log2, alpha);
+    else sm.update(sc, a.scale_log2, alpha);
   }
 
   // P in e4m3, each 32-key group's A fragment from its four n8 score tiles (v_key_at).
@@ -335,7 +342,7 @@ __global__ void __launch_bounds__(C::kThreads, 1)
       const uint32_t sn = step % C::kStages, pn = (step / C::kStages) & 1;
       const auto u = c.use_of(t);
       c.issue_scores(sn);
-      if constexpr (C::kRescaleUnderScores) c.sm.rescale(c.alpha);
+      if constexpr (C::kRescaleUnderScores) if (c.rescale_o) c.sm.rescale(c.alpha);
       barrier_wait(&sh.v_full[s], phase);
       c.issue_pv(s);
       wgmma_wait<1>();
@@ -344,12 +351,12 @@ __global__ void __launch_bounds__(C::kThreads, 1)
       wgmma_wait<0>();
       fence_registers(c.sm.o[0]);
       c.release(&sh.v_empty[s]);
-      if constexpr (!C::kRescaleUnderScores) c.sm.rescale(c.alpha);
+      if constexpr (!C::kRescaleUnderScores) if (c.rescale_o) c.sm.rescale(c.alpha);
       c.to_p();
       s = sn;
       phase = pn;
     }
-    if constexpr (C::kRescaleUnderScores) c.sm.rescale(c.alpha);
+    if constexpr (C::kRescaleUnderScores) if (c.rescale_o) c.sm.rescale(c.alpha);
     barrier_wait(&sh.v_full[s], phase);
     c.issue_pv(s);
     wgmma_wait<0>();
