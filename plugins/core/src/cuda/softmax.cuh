@@ -82,6 +82,30 @@ template <int kMTiles, int kOTiles> struct OnlineSoftmax {
     rescale(alpha);
   }
 
+  // Row (mt, h)'s new maximum: the tile's and the old one, over the row's four lanes. (Reductions
+  // as trees, not chains: a consumer warp has little else to issue meanwhile.)
+  template <int kSTiles> __device__ float new_max(const float (&s)[kMTiles][kSTiles][4], int mt, int h) const {
+    float part[kSTiles];
+#pragma unroll
+    for (int j = 0; j < kSTiles; ++j) part[j] = fmaxf(s[mt][j][2 * h], s[mt][j][2 * h + 1]);
+    return quad_max(fmaxf(row_max[mt][h], tree_max(part)));
+  }
+
+  // Row (mt, h)'s scores become P = exp2(S c - m_scaled); part[j]: this lane's sum of tile j's.
+  template <int kSTiles>
+  __device__ static void to_probabilities(float (&s)[kMTiles][kSTiles][4], int mt, int h, float scale_log2,
+                                          float m_scaled, float (&part)[kSTiles]) {
+#pragma unroll
+    for (int j = 0; j < kSTiles; ++j) {
+#pragma unroll
+      for (int e = 2 * h; e < 2 * h + 2; ++e) s[mt][j][e] = fast_exp2(fmaf(s[mt][j][e], scale_log2, -m_scaled));
+      part[j] = s[mt][j][2 * h] + s[mt][j][2 * h + 1];
+    }
+  }
+
+  // A row that has seen nothing yet subtracts 0, not -inf: exp2(-inf - -inf) would be NaN.
+  __device__ static float scaled_max(float m, float scale_log2) { return m == -INFINITY ? 0.f : m * scale_log2; }
+
   // The step without touching O (the Hopper kernel's P V product may still be writing it): new
   // maxima, l rescaled, S becomes P; alpha = e^(m - m') for rescale() once O is back.
   template <int kSTiles>
@@ -90,21 +114,12 @@ template <int kMTiles, int kOTiles> struct OnlineSoftmax {
     for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        // Reductions as trees, not chains: a consumer warp has little else to issue meanwhile.
-        float part[kSTiles];
-#pragma unroll
-        for (int j = 0; j < kSTiles; ++j) part[j] = fmaxf(s[mt][j][2 * h], s[mt][j][2 * h + 1]);
-        const float mx = quad_max(fmaxf(row_max[mt][h], tree_max(part)));
-        // A row that has seen nothing yet subtracts 0, not -inf: exp2(-inf - -inf) would be NaN.
-        const float m_scaled = mx == -INFINITY ? 0.f : mx * scale_log2;
+        const float mx = new_max(s, mt, h);
+        const float m_scaled = scaled_max(mx, scale_log2);
         alpha[mt][h] = fast_exp2(row_max[mt][h] * scale_log2 - m_scaled);
         row_max[mt][h] = mx;
-#pragma unroll
-        for (int j = 0; j < kSTiles; ++j) {
-#pragma unroll
-          for (int e = 2 * h; e < 2 * h + 2; ++e) s[mt][j][e] = fast_exp2(fmaf(s[mt][j][e], scale_log2, -m_scaled));
-          part[j] = s[mt][j][2 * h] + s[mt][j][2 * h + 1];
-        }
+        float part[kSTiles];
+        to_probabilities(s, mt, h, scale_log2, m_scaled, part);
         row_sum[mt][h] = row_sum[mt][h] * alpha[mt][h] + tree_sum(part);
       }
   }
@@ -120,10 +135,7 @@ template <int kMTiles, int kOTiles> struct OnlineSoftmax {
     for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        float part[kSTiles];
-#pragma unroll
-        for (int j = 0; j < kSTiles; ++j) part[j] = fmaxf(s[mt][j][2 * h], s[mt][j][2 * h + 1]);
-        mx[mt][h] = quad_max(fmaxf(row_max[mt][h], tree_max(part)));
+        mx[mt][h] = new_max(s, mt, h);
         keep = keep && row_max[mt][h] != -INFINITY && (mx[mt][h] - row_max[mt][h]) * scale_log2 <= float(kTau);
       }
     keep = __all_sync(kFullMask, keep);
@@ -139,12 +151,7 @@ template <int kMTiles, int kOTiles> struct OnlineSoftmax {
         }
         const float m_scaled = row_max[mt][h] == -INFINITY ? 0.f : row_max[mt][h] * scale_log2;
         float part[kSTiles];
-#pragma unroll
-        for (int j = 0; j < kSTiles; ++j) {
-#pragma unroll
-          for (int e = 2 * h; e < 2 * h + 2; ++e) s[mt][j][e] = fast_exp2(fmaf(s[mt][j][e], scale_log2, -m_scaled));
-          part[j] = s[mt][j][2 * h] + s[mt][j][2 * h + 1];
-        }
+        to_probabilities(s, mt, h, scale_log2, m_scaled, part);
         row_sum[mt][h] = keep ? row_sum[mt][h] + tree_sum(part) : row_sum[mt][h] * alpha[mt][h] + tree_sum(part);
       }
     return !keep;
