@@ -98,6 +98,37 @@ TEST_CASE("a workspace is as large as its larger pass, its buffers start on 256 
   CHECK(counting.used() == 256 + 1024);
 }
 
+// GQA 16:1 at d64 on two ranks (B=2 S=16384, 32 query heads on 2 kv heads): the fp32 dQ is most of
+// the workspace, and the memory rule alone cut the batch and then the kv heads to one of each, 64
+// backward CTAs a call; the grid's floor keeps it whole (unsliced it ran in half the time on two
+// H200s). At medium the floor leaves the memory rule's four slices (768 CTAs a slice, next case).
+TEST_CASE("a ring's auto slices never starve the backward's grid") {
+  RingShape s;
+  s.batch = 2;
+  s.heads_q = 32;
+  s.heads_kv = 2;
+  s.head_dim = 64;
+  s.local_q = s.local_kv = 8192;
+  s.mask.seqlen = 16384;
+  s.mask.causal = true;
+  s.batch_slices = s.head_slices = 0;
+  RingShape cpu = s;  // no floor (the CPU's choice): one entry and one kv head a slice
+  choose_slices(cpu, 2, 0);
+  CHECK(cpu.batch_slices == 2);
+  CHECK(cpu.head_slices == 2);
+  choose_slices(s, 2, kMinBackwardCtas);
+  CHECK(s.batch_slices == 1);
+  CHECK(s.head_slices == 1);
+  // With sixteen entries the grid is large and the memory rule has its way: a quarter of the batch a
+  // slice, which at two entries was one entry and one of the two kv heads.
+  RingShape many = s;
+  many.batch = 16;
+  many.batch_slices = many.head_slices = 0;
+  choose_slices(many, 2, kMinBackwardCtas);
+  CHECK(many.batch_slices == 4);
+  CHECK(many.head_slices == 1);
+}
+
 // B=4 S=8192 H=24 D=128 bf16 causal on two ranks (the medium preset): the memory rule cuts the
 // backward into four slices of one entry; the forward, without fp32 gradients, fits two of two in
 // the same bytes.
@@ -109,7 +140,7 @@ TEST_CASE("a ring's forward runs over the fewest batch slices that fit in its ba
   s.mask.seqlen = 8192;
   s.mask.causal = true;
   s.batch_slices = s.head_slices = 0;  // auto
-  choose_slices(s, 2);
+  choose_slices(s, 2, kMinBackwardCtas);
   CHECK(s.batch_slices == 4);
   const RingShape f = RingAttention::forward_shape(s, 2);
   CHECK(f.batch_slices == 2);
@@ -119,6 +150,6 @@ TEST_CASE("a ring's forward runs over the fewest batch slices that fit in its ba
   CHECK(RingAttention::forward_shape(s, 2).batch_slices == 1);
   s.batch_slices = 4;  // asked for (the batch_slices parameter): both passes
   s.head_slices = 0;
-  choose_slices(s, 2);
+  choose_slices(s, 2, 0);
   CHECK(RingAttention::forward_shape(s, 2).batch_slices == 4);
 }

@@ -69,7 +69,17 @@ RingShape dense_shape(const attnhost::Problem& p, int64_t local_tokens) {
   return s;
 }
 
-void choose_slices(RingShape& s, int world_size) {
+namespace {
+
+// A slice's backward CTAs over a rank's keys (RingShape's largest slice).
+int64_t backward_ctas(const RingShape& s) {
+  const auto slice = [](int64_t n, int64_t slices) { return (n + slices - 1) / slices; };
+  return slice(s.local_kv, 128) * slice(s.heads_kv, s.head_slices) * slice(s.batch, s.batch_slices);
+}
+
+}  // namespace
+
+void choose_slices(RingShape& s, int world_size, int64_t min_ctas) {
   const bool auto_batch = s.batch_slices <= 0, auto_heads = s.head_slices <= 0;
   s.forward_batch_slices = auto_batch ? 0 : s.batch_slices;  // asked for: both passes
   if (auto_batch) s.batch_slices = 1;
@@ -86,16 +96,20 @@ void choose_slices(RingShape& s, int world_size) {
     return 4 * q + 4 * kv + lse + double(RingAttention::workspace_bytes(s, world_size)) <= 1.3 * working_set;
   };
   if (fits()) return;
-  if (auto_batch) {
-    for (s.batch_slices = 2; s.batch_slices <= s.batch; ++s.batch_slices)
+  // One more slice of `count` (of `total`), unless it would starve the backward's grid.
+  const auto more = [&](int32_t& count, int32_t total) {
+    if (count >= total) return false;
+    ++count;
+    if (backward_ctas(s) >= min_ctas) return true;
+    --count;
+    return false;
+  };
+  if (auto_batch)
+    while (more(s.batch_slices, s.batch))
       if (fits()) return;
-    s.batch_slices = std::max(1, s.batch);
-  }
-  if (auto_heads) {
-    for (s.head_slices = 2; s.head_slices <= s.heads_kv; ++s.head_slices)
+  if (auto_heads && s.batch_slices >= s.batch)
+    while (more(s.head_slices, s.heads_kv))
       if (fits()) return;
-    s.head_slices = std::max(1, s.heads_kv);
-  }
 }
 
 }  // namespace attncore::plugin

@@ -40,8 +40,8 @@ inline constexpr attnhost_param_spec kRingParams[] = {
     {ATTNHOST_STRUCT_SIZE(attnhost_param_spec, choices), "batch_slices", ATTNHOST_PARAM_INT, "0",
      "run the ring over this many slices of the batch, one after another, so that its receive buffers and fp32 "
      "workspace hold one slice; 0: one at world size 1, else the fewest that keep a rank's memory within 1.3x of "
-     "its Q, K, V, O, dO, dQ, dK, dV and two K/V blocks, and the forward the fewest that fit in the backward's "
-     "buffers",
+     "its Q, K, V, O, dO, dQ, dK, dV and two K/V blocks, but no slice so small that a backward call has under 256 "
+     "blocks of work (key tiles x kv heads x entries), and the forward the fewest that fit in the backward's buffers",
      nullptr},
     {ATTNHOST_STRUCT_SIZE(attnhost_param_spec, choices), "head_slices", ATTNHOST_PARAM_INT, "0",
      "and over this many slices of the key/value heads within a batch slice, each packed into buffers of its own "
@@ -93,9 +93,16 @@ DenseMask dense_mask(const attnhost::Problem& p);
 // Fills batch_slices and head_slices where they are 0 (auto): one each at world size 1; above, the
 // fewest batch slices, then the fewest head slices, with which the tensors a rank holds plus the
 // ring's workspace stay within 1.3x of its working set (Q, K, V, O, dO, dQ, dK, dV and two K/V
-// blocks), or as many as there are when none does. Batch slices asked for are both passes'; chosen,
-// they are the backward's (RingShape::forward_batch_slices).
-void choose_slices(RingShape& s, int world_size);
+// blocks), or as many as there are when none does; but never so many that a slice's backward call
+// has under `min_ctas` CTAs (kMinBackwardCtas on GPUs, 0 on the CPU, which has no grid to starve).
+// Batch slices asked for are both passes'; chosen, they are the backward's
+// (RingShape::forward_batch_slices).
+void choose_slices(RingShape& s, int world_size, int64_t min_ctas);
+// The GPU backward runs a CTA a (key tile of 128, kv head, batch entry). GQA 16:1 at d64 on two
+// H200s (B=2 S=16384, 2 kv heads) ran 32.954 ms in slices of one entry and one kv head, 64 CTAs a
+// call on 132 SMs, and 17.760 with the batch whole (the kv heads still cut in two); world size 1
+// took 17.906 (docs/KERNELS.md, "Batch and head slices").
+constexpr int64_t kMinBackwardCtas = 256;
 // The ring's shape of a dense problem whose ranks hold `local_tokens` tokens each; one slice of each
 // kind.
 RingShape dense_shape(const attnhost::Problem& p, int64_t local_tokens);
@@ -185,7 +192,7 @@ class RingPlugin {
     s.batch_slices = static_cast<int32_t>(std::min<int64_t>(p.get_int("batch_slices"), s.batch));
     s.head_slices = static_cast<int32_t>(std::min<int64_t>(p.get_int("head_slices"), s.heads_kv));
     set_block_reach(s, [this](int rank, int source) { return variant_.calls(rank, source); }, p->world_size);
-    choose_slices(s, p->world_size);
+    choose_slices(s, p->world_size, p->device_type == ATTNHOST_DEVICE_CUDA ? kMinBackwardCtas : 0);
     return s;
   }
 
