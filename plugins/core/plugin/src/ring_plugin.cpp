@@ -112,4 +112,6 @@ void choose_slices(RingShape& s, int world_size, int64_t min_ctas) {
       if (fits()) return;
 }
 
+void choose_slices(RingShape& s, int world_size) { choose_slices(s, world_size, 0); }
+
 }  // namespace attncore::plugin

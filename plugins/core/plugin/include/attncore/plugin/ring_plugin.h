@@ -98,6 +98,7 @@ DenseMask dense_mask(const attnhost::Problem& p);
 // Batch slices asked for are both passes'; chosen, they are the backward's
 // (RingShape::forward_batch_slices).
 void choose_slices(RingShape& s, int world_size, int64_t min_ctas);
+void choose_slices(RingShape& s, int world_size);  // (5.0) without the floor
 // The GPU backward runs a CTA a (key tile of 128, kv head, batch entry). GQA 16:1 at d64 on two
 // H200s (B=2 S=16384, 2 kv heads) ran 32.954 ms in slices of one entry and one kv head, 64 CTAs a
 // call on 132 SMs, and 17.760 with the batch whole (the kv heads still cut in two); world size 1
