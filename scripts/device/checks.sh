@@ -91,7 +91,8 @@ for section in "$@"; do
     ab)
       # Each schedule choice against the setting that undoes it, alternating, same world size: the
       # forward's own batch slices (batch_slices=4 cuts both passes as before; 2, both passes in
-      # calls of two entries, past the memory rule) and the tapered pipeline.
+      # calls of two entries, past the memory rule), the tapered pipeline, the slices' grid floor
+      # and the windowed ring's engine.
       step "A/B at world size $gpus (adaptive timing after 20 warm-ups, unchecked: verify covers correctness)"
       T="--world-sizes $gpus --timing-method adaptive --warmup-runs 20 --no-check --quiet --format console --force"
       for p in medium large; do
@@ -101,6 +102,15 @@ for section in "$@"; do
       done
       for v in taper=off taper=on taper=off taper=on; do
         echo "--- ulysses usp medium $v"; run 120 "$A" compare ulysses usp --config medium --param $v $T --out "$OUT/ab"
+      done
+      # GQA 16:1 at d64, where slices starved the backward's grid (auto now keeps it whole), and the
+      # windowed ring with its calls on cuDNN against auto's choice.
+      G="--batch 2 --seqlen 16384 --heads 32 --kv-heads 2 --head-dim 64"
+      for v in batch_slices=0 batch_slices=2 batch_slices=0 batch_slices=2; do
+        echo "--- zigzag GQA 16:1 d64 $v"; run 120 "$A" compare zigzag --config medium $G --param $v $T --out "$OUT/ab"
+      done
+      for v in engine=auto engine=cudnn engine=auto engine=cudnn; do
+        echo "--- ring zigzag medium_window $v"; run 120 "$A" compare ring zigzag --config medium_window --param $v $T --out "$OUT/ab"
       done ;;
     *) echo "unknown section $section" ;;
   esac
