@@ -29,13 +29,13 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// Before anything runs: say which runs the plugins will refuse (they are still reported, as
-// UNSUPPORTED or SKIPPED, in their place).
 // Above this a forward and backward is minutes on the CPU: the tiny preset (7.5 GFLOP) ran at 15.6
 // GFLOP/s a rank on a two-core machine, under a second; at that rate small (722) is 46 s, and a run
 // times it by warm-ups, timed runs, passes and world sizes.
 constexpr double kCpuMinutesGflop = 50;
 
+// Before anything runs: say which runs the plugins will refuse (they are still reported, as
+// UNSUPPORTED or SKIPPED, in their place), and on the CPU how heavy the largest case is.
 void preflight(const Context& ctx, const std::vector<suite::Case>& cases, const Backend& backend) {
   const int32_t device = backend.device_kind() == DeviceKind::cuda ? ATTNHOST_DEVICE_CUDA : ATTNHOST_DEVICE_CPU;
   if (backend.device_kind() == DeviceKind::cpu) {

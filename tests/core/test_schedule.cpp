@@ -116,6 +116,11 @@ TEST_CASE("a ring's auto slices never starve the backward's grid") {
   choose_slices(cpu, 2, 0);
   CHECK(cpu.batch_slices == 2);
   CHECK(cpu.head_slices == 2);
+  RingShape asked = s;  // the batch's slices asked for, the heads' left to the rule: it still cuts them
+  asked.batch_slices = 1;
+  choose_slices(asked, 2, 0);
+  CHECK(asked.batch_slices == 1);
+  CHECK(asked.head_slices == 2);
   choose_slices(s, 2, kMinBackwardCtas);
   CHECK(s.batch_slices == 1);
   CHECK(s.head_slices == 1);

@@ -96,18 +96,21 @@ void choose_slices(RingShape& s, int world_size, int64_t min_ctas) {
     return 4 * q + 4 * kv + lse + double(RingAttention::workspace_bytes(s, world_size)) <= 1.3 * working_set;
   };
   if (fits()) return;
-  // One more slice of `count` (of `total`), unless it would starve the backward's grid.
+  // One more slice of `count` (of `total`), unless it would starve the backward's grid; then no
+  // more slices of any kind.
+  bool starved = false;
   const auto more = [&](int32_t& count, int32_t total) {
-    if (count >= total) return false;
+    if (starved || count >= total) return false;
     ++count;
     if (backward_ctas(s) >= min_ctas) return true;
     --count;
+    starved = true;
     return false;
   };
   if (auto_batch)
     while (more(s.batch_slices, s.batch))
       if (fits()) return;
-  if (auto_heads && s.batch_slices >= s.batch)
+  if (auto_heads)
     while (more(s.head_slices, s.heads_kv))
       if (fits()) return;
 }
