@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine (device tool), in the repository's copy, with .gpu.tar.xz carried:
 #   scripts/device/checks.sh SECTION...   sections: info tests plugins verify shared mpi quick perf scaling suite
-#                                         cp peers fp8 striped ab
+#                                         cp peers fp8 striped ab ab2
 # Every command has its own time limit so one hang cannot eat the call; logs go to $OUT.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -91,8 +91,7 @@ for section in "$@"; do
     ab)
       # Each schedule choice against the setting that undoes it, alternating, same world size: the
       # forward's own batch slices (batch_slices=4 cuts both passes as before; 2, both passes in
-      # calls of two entries, past the memory rule), the tapered pipeline, the slices' grid floor
-      # and the windowed ring's engine.
+      # calls of two entries, past the memory rule) and the tapered pipeline.
       step "A/B at world size $gpus (adaptive timing after 20 warm-ups, unchecked: verify covers correctness)"
       T="--world-sizes $gpus --timing-method adaptive --warmup-runs 20 --no-check --quiet --format console --force"
       for p in medium large; do
@@ -102,9 +101,12 @@ for section in "$@"; do
       done
       for v in taper=off taper=on taper=off taper=on; do
         echo "--- ulysses usp medium $v"; run 120 "$A" compare ulysses usp --config medium --param $v $T --out "$OUT/ab"
-      done
+      done ;;
+    ab2)
       # GQA 16:1 at d64, where slices starved the backward's grid (auto now keeps it whole), and the
       # windowed ring with its calls on cuDNN against auto's choice.
+      step "A/B at world size $gpus: GQA 16:1 slices, the windowed ring's engine"
+      T="--world-sizes $gpus --timing-method adaptive --warmup-runs 20 --no-check --quiet --format console --force"
       G="--batch 2 --seqlen 16384 --heads 32 --kv-heads 2 --head-dim 64"
       for v in batch_slices=0 batch_slices=2 batch_slices=0 batch_slices=2; do
         echo "--- zigzag GQA 16:1 d64 $v"; run 120 "$A" compare zigzag --config medium $G --param $v $T --out "$OUT/ab"
