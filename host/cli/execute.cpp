@@ -40,9 +40,10 @@ void preflight(const Context& ctx, const std::vector<suite::Case>& cases, const 
   const int32_t device = backend.device_kind() == DeviceKind::cuda ? ATTNHOST_DEVICE_CUDA : ATTNHOST_DEVICE_CPU;
   if (backend.device_kind() == DeviceKind::cpu) {
     const suite::Case* largest = nullptr;
+    double gflop = kCpuMinutesGflop;
     for (const suite::Case& c : cases)
-      if (!largest || report::fwd_bwd_gflop(c.problem) > report::fwd_bwd_gflop(largest->problem)) largest = &c;
-    if (const double gflop = largest ? report::fwd_bwd_gflop(largest->problem) : 0; gflop > kCpuMinutesGflop)
+      if (const double g = report::fwd_bwd_gflop(c.problem); g > gflop) gflop = g, largest = &c;
+    if (largest)
       log::warn(largest->id + " is " + std::to_string(int64_t(gflop)) + " GFLOP a forward and backward: on the CPU, a " +
                 "thread a rank, that is minutes a run, times warm-ups and timed runs (--config tiny takes seconds, the "
                 "quick suite about a minute)");
