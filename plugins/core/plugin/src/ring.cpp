@@ -167,7 +167,8 @@ RingAttention::RingAttention(const RingShape& shape, RingPlan plan, const Schedu
       members_(members), rank_(members.position),
       world_(members.size), overlap_(options.overlap), dtype_partials_(options.engine.dtype_partials),
       engine_(options.make_engine()),
-      work_(options.host, [&](Carver& c, Pass pass) { return layout(c, pass, s_, world_); }) {}
+      work_(options.host,
+            [&](Carver& c, Pass pass) { return carve(c, pass, pass == Pass::forward ? forward_s_ : s_, world_); }) {}
 
 void RingAttention::plan_reach() {
   if (!carried_.empty() || world_ == 1) return;
