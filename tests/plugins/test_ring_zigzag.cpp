@@ -335,10 +335,19 @@ TEST_CASE("gpu: ring and zigzag in FP8 e4m3 on Hopper GPUs against the float64 r
   REQUIRE_MESSAGE(gpus > 0, "no GPU visible");
   std::vector<int> sizes = {1};
   if (gpus > 1) sizes.push_back(2);
+  // World size 2 rounds P to e4m3 against other running maxima than world size 1 (each call starts
+  // its own), so the two errors are alike, not equal: sampled over the default 8 key columns, dK's
+  // differed by 14% at d256 (zigzag). 64 columns and rows measure the tensors, not the sample.
+  const auto fp8_case = [&](const char* plugin, int64_t seqlen, int32_t heads, int32_t kv_heads, int32_t d,
+                            bool causal) {
+    auto c = dense_case(plugin, sizes, seqlen, heads, kv_heads, d, causal, "fp8_e4m3");
+    c.check.key_columns = c.check.query_rows = 64;
+    return c;
+  };
   for (const char* plugin : {"ring", "zigzag"})
     for (int d : {64, 128, 256}) {
       INFO(plugin, " head dim ", d);
-      auto r = run_on(DeviceKind::cuda, dense_case(plugin, sizes, 1000, 4, 2, d, true, "fp8_e4m3"));
+      auto r = run_on(DeviceKind::cuda, fp8_case(plugin, 1000, 4, 2, d, true));
       test::all_pass(r);
       test::error_does_not_grow(r);
       for (const auto& run : r.runs) CHECK(run.check.amax.find("(reported, exact)") != std::string::npos);
@@ -350,7 +359,7 @@ TEST_CASE("gpu: ring and zigzag in FP8 e4m3 on Hopper GPUs against the float64 r
   auto e5m2 = run_on(DeviceKind::cuda, dense_case("ring", {1}, 256, 2, 2, 128, true, "fp8_e5m2"));
   CHECK(e5m2.runs[0].status == "UNSUPPORTED");
   for (const char* plugin : {"ring", "zigzag"}) {  // the hybrid recipe: dO widened from e5m2
-    auto hybrid = dense_case(plugin, sizes, 1000, 4, 2, 128, true, "fp8_e4m3");
+    auto hybrid = fp8_case(plugin, 1000, 4, 2, 128, true);
     hybrid.problem.grad_dtype = "fp8_e5m2";
     auto r = run_on(DeviceKind::cuda, hybrid);
     test::all_pass(r);
