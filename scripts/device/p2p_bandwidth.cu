@@ -3,6 +3,9 @@
 //   nvcc -O2 -std=c++17 -arch=sm_90a scripts/device/p2p_bandwidth.cu -lnccl -o p2p_bandwidth
 //   ./p2p_bandwidth [MiB per message, default 96]
 // Prints one line per measurement: what, GB/s per direction, and the compute kernel's slowdown.
+// The strided lines copy rows of W bytes read at a pitch of 4 W (a quarter of each token's heads,
+// as an all-to-all between sequence and head shards reads them) into contiguous rows, by one 3-D
+// peer copy (cudaMemcpy3DPeerAsync) or by a copy kernel into a contiguous message first (packed).
 #include <cuda_runtime.h>
 #include <nccl.h>
 
@@ -23,8 +26,16 @@ __global__ void busy(float* out, int iters) {
 
 constexpr int kGpus = 2;
 
+// dst rows = src rows of `width` bytes at `pitch` (16-byte words; the pack before a contiguous send).
+__global__ void pack_rows(uint4* dst, const uint4* src, size_t width, size_t pitch, size_t rows) {
+  const size_t words = width / 16, total = words * rows;
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < total; i += size_t(gridDim.x) * blockDim.x)
+    dst[i] = src[(i / words) * (pitch / 16) + i % words];
+}
+
 struct Rig {
   void* buf[kGpus][2];  // [device][send, recv]
+  void* wide[kGpus];    // the strided source: 4x the message
   cudaStream_t comm[kGpus], comm2[kGpus], work[kGpus];
   ncclComm_t nccl[kGpus];
   float* sink[kGpus];
@@ -77,6 +88,27 @@ void copy_exchange(Rig& r, bool both, int split) {
   }
 }
 
+// Rows of `width` bytes at a pitch of 4 x width on the sender into contiguous rows on the receiver.
+void strided_exchange(Rig& r, size_t width, bool packed) {
+  const size_t rows = r.bytes / width;
+  for (int d = 0; d < kGpus; ++d) {
+    CK(cudaSetDevice(d));
+    if (packed) {
+      pack_rows<<<132 * 4, 256, 0, r.comm[d]>>>(static_cast<uint4*>(r.buf[d][0]), static_cast<const uint4*>(r.wide[d]),
+                                              width, 4 * width, rows);
+      CK(cudaMemcpyPeerAsync(r.buf[1 - d][1], 1 - d, r.buf[d][0], d, r.bytes, r.comm[d]));
+      continue;
+    }
+    cudaMemcpy3DPeerParms p{};
+    p.srcPtr = make_cudaPitchedPtr(r.wide[d], 4 * width, width, rows);
+    p.srcDevice = d;
+    p.dstPtr = make_cudaPitchedPtr(r.buf[1 - d][1], width, width, rows);
+    p.dstDevice = 1 - d;
+    p.extent = make_cudaExtent(width, rows, 1);
+    CK(cudaMemcpy3DPeerAsync(&p, r.comm[d]));
+  }
+}
+
 int main(int argc, char** argv) {
   Rig r{};
   r.bytes = size_t(argc > 1 ? std::atoi(argv[1]) : 96) << 20;
@@ -97,6 +129,8 @@ int main(int argc, char** argv) {
     CK(cudaStreamCreateWithPriority(&r.comm2[d], cudaStreamNonBlocking, hi));
     CK(cudaStreamCreateWithPriority(&r.work[d], cudaStreamNonBlocking, lo));
     for (int b = 0; b < 2; ++b) { CK(cudaMalloc(&r.buf[d][b], r.bytes)); CK(cudaMemset(r.buf[d][b], 1, r.bytes)); }
+    CK(cudaMalloc(&r.wide[d], 4 * r.bytes));
+    CK(cudaMemset(r.wide[d], 1, 4 * r.bytes));
     CK(cudaMalloc(&r.sink[d], 4));
   }
   const int reps = 20;
@@ -108,6 +142,11 @@ int main(int argc, char** argv) {
       {"copy engine one way", [&] { copy_exchange(r, false, 1); }},
       {"copy engine both ways", [&] { copy_exchange(r, true, 1); }},
       {"copy engine both ways, 2 streams", [&] { copy_exchange(r, true, 2); }},
+      {"strided 1536 B rows, 3-D peer copy", [&] { strided_exchange(r, 1536, false); }},
+      {"strided 1536 B rows, packed + copy", [&] { strided_exchange(r, 1536, true); }},
+      {"strided 3072 B rows, 3-D peer copy", [&] { strided_exchange(r, 3072, false); }},
+      {"strided 3072 B rows, packed + copy", [&] { strided_exchange(r, 3072, true); }},
+      {"strided 512 B rows, 3-D peer copy", [&] { strided_exchange(r, 512, false); }},
   };
   for (int w = 0; w < 2; ++w) nccl_exchange(r, true);  // NCCL's connections are made lazily
   // The compute kernel alone, then each transfer alone and under it.
