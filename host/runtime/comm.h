@@ -16,6 +16,29 @@
 
 namespace attnhost {
 
+// A strided block of bytes (the ABI's attnhost_block): `slices` slices of `rows` rows of `width`
+// bytes, row r of slice s at data + s * slice_pitch + r * pitch.
+struct Block {
+  void* data = nullptr;
+  size_t width = 0, rows = 1, pitch = 0, slices = 1, slice_pitch = 0;
+
+  static Block contiguous(const void* data, size_t bytes) {
+    return {const_cast<void*>(data), bytes, 1, bytes, 1, bytes};
+  }
+  size_t bytes() const { return width * rows * slices; }
+  bool is_contiguous() const {
+    return (rows == 1 || pitch == width) && (slices == 1 || slice_pitch == width * rows);
+  }
+  bool same_shape(const Block& o) const { return width == o.width && rows == o.rows && slices == o.slices; }
+  std::string shape() const;  // "W x R x S bytes" (or "N bytes" when contiguous), for errors
+};
+
+// A block's pitches hold its rows and slices apart; throws RuntimeFailure naming `where` if not.
+void check_block(const Block& b, const std::string& where);
+// Between a block in host memory and a contiguous copy of it.
+void pack_block(const Block& b, char* out);
+void unpack_block(const char* in, const Block& b);
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -33,6 +56,13 @@ class Communicator {
                               void* stream) = 0;
   virtual void barrier() = 0;
   virtual void* native() { return nullptr; }
+
+  // Point-to-point of strided blocks (ABI 1.7), matched in order with send and recv, in the same
+  // groups; a block received has the width, rows and slices of the block sent. Only where blocks()
+  // holds: a transport of contiguous buffers (NCCL's kernels, MPI) leaves the packing to the plugin.
+  virtual bool blocks() const { return false; }
+  virtual void send_block(const Block& b, int peer, void* stream);
+  virtual void recv_block(const Block& b, int peer, void* stream);
 
   // Bytes this rank has handed to send/all_gather/all_reduce/reduce_scatter since the last reset.
   uint64_t bytes_sent() const { return bytes_sent_; }

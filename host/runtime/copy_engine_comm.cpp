@@ -52,8 +52,7 @@ std::string seconds(std::chrono::milliseconds t) {
 // two ends meet, and the events each rank may use again.
 struct PeerMeeting {
   struct Slot {
-    void* dst = nullptr;
-    size_t recv_bytes = 0;
+    Block dst;  // the receiver's block (dst.data null until it posts)
     int recv_device = -1;
     cudaEvent_t writable = nullptr;  // receiver's: its buffer may be written from here on
     cudaEvent_t copied = nullptr;    // sender's: the data is in the receiver's buffer
@@ -92,11 +91,22 @@ class CopyEngineCommunicator final : public Communicator {
   const char* kind() const override { return nccl_->kind(); }  // whose collectives
 
   void send(const void* buf, size_t n, int32_t dt, int peer, void* s) override {
-    count_sent(n * dtype_bytes(dt));
-    add({true, const_cast<void*>(buf), n * dtype_bytes(dt), peer, stream(s), sent_.at(peer)++});
+    send_block(Block::contiguous(buf, n * dtype_bytes(dt)), peer, s);
   }
   void recv(void* buf, size_t n, int32_t dt, int peer, void* s) override {
-    add({false, buf, n * dtype_bytes(dt), peer, stream(s), received_.at(peer)++});
+    recv_block(Block::contiguous(buf, n * dtype_bytes(dt)), peer, s);
+  }
+  // A strided block is one 3-D peer copy: the copy engines walk its rows at the rate of a
+  // contiguous copy (rows of 512-3072 bytes between two H200s, docs/KERNELS.md, "Blocks as they lie").
+  bool blocks() const override { return true; }
+  void send_block(const Block& b, int peer, void* s) override {
+    check_block(b, "send on rank " + std::to_string(rank()));
+    count_sent(b.bytes());
+    add({true, b, peer, stream(s), sent_.at(peer)++});
+  }
+  void recv_block(const Block& b, int peer, void* s) override {
+    check_block(b, "recv on rank " + std::to_string(rank()));
+    add({false, b, peer, stream(s), received_.at(peer)++});
   }
   void group_start() override { ++depth_; }
   void group_end() override {
@@ -121,8 +131,7 @@ class CopyEngineCommunicator final : public Communicator {
  private:
   struct Op {
     bool send;
-    void* buf;
-    size_t bytes;
+    Block block;
     int peer;
     cudaStream_t stream;
     uint64_t seq;
@@ -130,6 +139,17 @@ class CopyEngineCommunicator final : public Communicator {
   using Key = std::tuple<int, int, uint64_t>;
 
   static cudaStream_t stream(void* s) { return static_cast<cudaStream_t>(s); }
+  // A block as CUDA's 3-D copies see it: slices lie pitch x (slice_pitch / pitch) apart, so a slice
+  // pitch must be a whole number of rows (the ulysses layouts' are); check_block holds them apart.
+  cudaPitchedPtr pitched(const Block& b) const {
+    const size_t pitch = b.rows > 1 ? b.pitch : (b.slices > 1 ? b.slice_pitch : b.width);
+    const size_t ysize = b.slices > 1 ? b.slice_pitch / pitch : b.rows;
+    if (b.slices > 1 && (b.slice_pitch % pitch != 0 || ysize < b.rows))
+      throw RuntimeFailure(ATTNHOST_ERR_INVALID_ARGUMENT,
+                           "rank " + std::to_string(rank()) + ": a block's slice pitch " + std::to_string(b.slice_pitch) +
+                               " is not a whole number of its " + std::to_string(pitch) + "-byte rows");
+    return make_cudaPitchedPtr(b.data, pitch, b.width, ysize);
+  }
   Key key(const Op& op) const { return op.send ? Key{rank(), op.peer, op.seq} : Key{op.peer, rank(), op.seq}; }
 
   void add(Op op) {
@@ -159,7 +179,7 @@ class CopyEngineCommunicator final : public Communicator {
     if (meeting_->changed.wait_for(lock, meeting_->timeout, ready)) return;
     throw RuntimeFailure(ATTNHOST_ERR_COMMUNICATION,
                          "rank " + std::to_string(rank()) + ": " + (op.send ? "send of " : "receive of ") +
-                             std::to_string(op.bytes) + " bytes " + (op.send ? "to" : "from") + " rank " +
+                             op.block.shape() + " " + (op.send ? "to" : "from") + " rank " +
                              std::to_string(op.peer) + " waited " + seconds(meeting_->timeout) + " s for " + what);
   }
 
@@ -180,8 +200,7 @@ class CopyEngineCommunicator final : public Communicator {
       cudaEvent_t writable = take_event();
       check_cuda(cudaEventRecord(writable, op.stream), "cudaEventRecord", rank());
       PeerMeeting::Slot& slot = m.slots[key(op)];
-      slot.dst = op.buf;
-      slot.recv_bytes = op.bytes;
+      slot.dst = op.block;
       slot.recv_device = device_;
       slot.writable = writable;
       m.changed.notify_all();
@@ -192,16 +211,28 @@ class CopyEngineCommunicator final : public Communicator {
       std::unique_lock lock(m.mutex);
       PeerMeeting::Slot& slot = m.slots[key(op)];
       wait(lock, op, "its receive", [&] { return slot.writable != nullptr; });
-      if (slot.recv_bytes != op.bytes)
+      const Block& src = op.block;
+      const bool flat = src.is_contiguous() && slot.dst.is_contiguous();
+      if (flat ? src.bytes() != slot.dst.bytes() : !src.same_shape(slot.dst))
         throw RuntimeFailure(ATTNHOST_ERR_COMMUNICATION,
-                             "rank " + std::to_string(rank()) + " sends " + std::to_string(op.bytes) + " bytes to rank " +
-                                 std::to_string(op.peer) + ", which receives " + std::to_string(slot.recv_bytes));
+                             "rank " + std::to_string(rank()) + " sends " + src.shape() + " to rank " +
+                                 std::to_string(op.peer) + ", which receives " + slot.dst.shape());
       check_cuda(cudaStreamWaitEvent(op.stream, slot.writable, 0), "cudaStreamWaitEvent", rank());
-      check_cuda(cudaMemcpyPeerAsync(slot.dst, slot.recv_device, op.buf, device_, op.bytes, op.stream),
-                 "cudaMemcpyPeerAsync", rank());
+      if (flat) {
+        check_cuda(cudaMemcpyPeerAsync(slot.dst.data, slot.recv_device, src.data, device_, src.bytes(), op.stream),
+                   "cudaMemcpyPeerAsync", rank());
+      } else {
+        cudaMemcpy3DPeerParms p{};
+        p.srcPtr = pitched(src);
+        p.srcDevice = device_;
+        p.dstPtr = pitched(slot.dst);
+        p.dstDevice = slot.recv_device;
+        p.extent = make_cudaExtent(src.width, src.rows, src.slices);
+        check_cuda(cudaMemcpy3DPeerAsync(&p, op.stream), "cudaMemcpy3DPeerAsync", rank());
+      }
       m.free_events[op.peer].push_back(slot.writable);  // waited for: the receiver may record it again
       slot.writable = nullptr;
-      slot.dst = nullptr;
+      slot.dst = Block{};
       slot.copied = take_event();
       check_cuda(cudaEventRecord(slot.copied, op.stream), "cudaEventRecord", rank());
       m.changed.notify_all();

@@ -24,6 +24,43 @@ size_t dtype_bytes(int32_t dtype) {
   }
 }
 
+std::string Block::shape() const {
+  if (is_contiguous()) return std::to_string(bytes()) + " bytes";
+  return std::to_string(width) + " x " + std::to_string(rows) + " x " + std::to_string(slices) + " bytes";
+}
+
+void check_block(const Block& b, const std::string& where) {
+  const bool rows_apart = b.rows <= 1 || b.pitch >= b.width;
+  const bool slices_apart = b.slices <= 1 || b.slice_pitch >= b.pitch * (b.rows - 1) + b.width;
+  if (b.width == 0 || b.rows == 0 || b.slices == 0 || !rows_apart || !slices_apart)
+    throw RuntimeFailure(ATTNHOST_ERR_INVALID_ARGUMENT,
+                         where + ": a block of " + std::to_string(b.slices) + " slices of " + std::to_string(b.rows) +
+                             " rows of " + std::to_string(b.width) + " bytes cannot lie at pitch " +
+                             std::to_string(b.pitch) + " and slice pitch " + std::to_string(b.slice_pitch));
+}
+
+void pack_block(const Block& b, char* out) {
+  for (size_t s = 0; s < b.slices; ++s)
+    for (size_t r = 0; r < b.rows; ++r, out += b.width)
+      std::memcpy(out, static_cast<const char*>(b.data) + s * b.slice_pitch + r * b.pitch, b.width);
+}
+
+void unpack_block(const char* in, const Block& b) {
+  for (size_t s = 0; s < b.slices; ++s)
+    for (size_t r = 0; r < b.rows; ++r, in += b.width)
+      std::memcpy(static_cast<char*>(b.data) + s * b.slice_pitch + r * b.pitch, in, b.width);
+}
+
+void Communicator::send_block(const Block&, int, void*) {
+  throw RuntimeFailure(ATTNHOST_ERR_UNSUPPORTED, std::string("the ") + kind() +
+                                                     " transport moves contiguous buffers only: pack the block and send it");
+}
+
+void Communicator::recv_block(const Block&, int, void*) {
+  throw RuntimeFailure(ATTNHOST_ERR_UNSUPPORTED, std::string("the ") + kind() +
+                                                     " transport moves contiguous buffers only: receive a packed block");
+}
+
 namespace {
 
 template <class T, class Load, class Store>
@@ -76,6 +113,7 @@ struct InprocWorld::State {
 
   struct Message {
     std::vector<char> bytes;
+    Block shape;  // as sent (its data pointer is the sender's, not read)
   };
   int size;
   std::chrono::milliseconds timeout, group_timeout;
@@ -131,25 +169,38 @@ class InprocCommunicator final : public Communicator {
   int size() const override { return s_->size; }
   const char* kind() const override { return "inproc"; }
 
-  void send(const void* buf, size_t count, int32_t dtype, int peer, void*) override {
+  void send(const void* buf, size_t count, int32_t dtype, int peer, void* s) override {
+    send_block(Block::contiguous(buf, count * dtype_bytes(dtype)), peer, s);
+  }
+
+  void recv(void* buf, size_t count, int32_t dtype, int peer, void* s) override {
+    recv_block(Block::contiguous(buf, count * dtype_bytes(dtype)), peer, s);
+  }
+
+  bool blocks() const override { return true; }
+
+  // A message carries the block packed, and the shape it had, so that a receive checks it.
+  void send_block(const Block& b, int peer, void*) override {
     check_peer(peer, "send");
-    size_t bytes = count * dtype_bytes(dtype);
+    check_block(b, "send on rank " + std::to_string(rank_));
     InprocWorld::State::Message m;
-    m.bytes.assign(static_cast<const char*>(buf), static_cast<const char*>(buf) + bytes);
-    count_sent(bytes);
+    m.bytes.resize(b.bytes());
+    pack_block(b, m.bytes.data());
+    m.shape = b;
+    count_sent(b.bytes());
     std::lock_guard lock(s_->mutex);
     s_->mailbox[rank_ * s_->size + peer].push_back(std::move(m));
     s_->cv.notify_all();
   }
 
-  void recv(void* buf, size_t count, int32_t dtype, int peer, void*) override {
+  void recv_block(const Block& b, int peer, void*) override {
     check_peer(peer, "recv");
-    size_t bytes = count * dtype_bytes(dtype);
+    check_block(b, "recv on rank " + std::to_string(rank_));
     if (in_group_) {
-      pending_.push_back({buf, bytes, peer});
+      pending_.push_back({b, peer});
       return;
     }
-    receive(buf, bytes, peer);
+    receive(b, peer);
   }
 
   void group_start() override { ++in_group_; }
@@ -158,7 +209,7 @@ class InprocCommunicator final : public Communicator {
     if (--in_group_ > 0) return;
     std::vector<Pending> todo;
     todo.swap(pending_);
-    for (const Pending& p : todo) receive(p.buf, p.bytes, p.peer);
+    for (const Pending& p : todo) receive(p.block, p.peer);
   }
 
   void all_gather(const void* send, void* recv, size_t count, int32_t dtype, void*) override {
@@ -200,8 +251,7 @@ class InprocCommunicator final : public Communicator {
 
  private:
   struct Pending {
-    void* buf;
-    size_t bytes;
+    Block block;
     int peer;
   };
 
@@ -212,7 +262,8 @@ class InprocCommunicator final : public Communicator {
                                                            std::to_string(s_->size) + ")");
   }
 
-  void receive(void* buf, size_t bytes, int peer) {
+  void receive(const Block& b, int peer) {
+    const size_t bytes = b.bytes();
     std::unique_lock lock(s_->mutex);
     auto& box = s_->mailbox[peer * s_->size + rank_];
     if (!s_->cv.wait_for(lock, s_->timeout, [&] { return !box.empty(); }))
@@ -223,12 +274,11 @@ class InprocCommunicator final : public Communicator {
     InprocWorld::State::Message m = std::move(box.front());
     box.pop_front();
     lock.unlock();
-    if (m.bytes.size() != bytes)
+    if (!m.shape.same_shape(b) && !(m.shape.is_contiguous() && b.is_contiguous() && m.bytes.size() == bytes))
       throw RuntimeFailure(ATTNHOST_ERR_COMMUNICATION,
-                           "recv on rank " + std::to_string(rank_) + " expected " + std::to_string(bytes) +
-                               " bytes from rank " + std::to_string(peer) + ", which sent " +
-                               std::to_string(m.bytes.size()));
-    std::memcpy(buf, m.bytes.data(), bytes);
+                           "recv on rank " + std::to_string(rank_) + " expected " + b.shape() + " from rank " +
+                               std::to_string(peer) + ", which sent " + m.shape.shape());
+    unpack_block(m.bytes.data(), b);
   }
 
   std::shared_ptr<InprocWorld::State> s_;

@@ -41,6 +41,12 @@ std::vector<TraceEvent> Tracer::stop() {
 
 namespace {
 RankServices& self(void* context) { return *static_cast<RankServices*>(context); }
+
+Block block_of(const attnhost_block* b) {
+  if (!b || b->struct_size < ATTNHOST_STRUCT_SIZE(attnhost_block, slice_pitch))
+    throw RuntimeFailure(ATTNHOST_ERR_INVALID_ARGUMENT, "a block without its fields (struct_size too small)");
+  return {b->data, b->width, b->rows, b->pitch, b->slices, b->slice_pitch};
+}
 }  // namespace
 
 template <class F>
@@ -67,7 +73,7 @@ int32_t RankServices::guarded(const char* what, F f) {
 
 RankServices::RankServices(Device& device, Communicator& comm, Tracer& tracer, int rank)
     : device_(device), comm_(comm), tracer_(tracer), rank_(rank) {
-  api_.struct_size = ATTNHOST_STRUCT_SIZE(attnhost_host_api, log);
+  api_.struct_size = ATTNHOST_STRUCT_SIZE(attnhost_host_api, recv_block);
   api_.context = this;
   api_.stream = [](void* c, int32_t index) -> void* {
     if (index < 0 || index > 2) return nullptr;
@@ -97,6 +103,14 @@ RankServices::RankServices(Device& device, Communicator& comm, Tracer& tracer, i
   };
   api_.barrier = [](void* c) { return self(c).guarded("barrier", [&] { self(c).comm_.barrier(); }); };
   api_.native_comm = [](void* c) { return self(c).comm_.native(); };
+  if (comm_.blocks()) {  // else NULL: the plugin packs (ABI 1.7)
+    api_.send_block = [](void* c, const attnhost_block* b, int32_t peer, void* s) {
+      return self(c).guarded("send_block", [&] { self(c).comm_.send_block(block_of(b), peer, s); });
+    };
+    api_.recv_block = [](void* c, const attnhost_block* b, int32_t peer, void* s) {
+      return self(c).guarded("recv_block", [&] { self(c).comm_.recv_block(block_of(b), peer, s); });
+    };
+  }
   api_.range_begin = [](void* c, const char* name, int32_t kind, void* s) -> int32_t {
     const char* category = kind == ATTNHOST_RANGE_COMPUTE ? "compute"
                            : kind == ATTNHOST_RANGE_COMMUNICATION ? "communication" : "other";

@@ -51,7 +51,7 @@ extern "C" {
  * Versions
  * ------------------------------------------------------------------------------------------- */
 #define ATTNHOST_ABI_MAJOR 1
-#define ATTNHOST_ABI_MINOR 6
+#define ATTNHOST_ABI_MINOR 7
 
 /* Size of a struct up to and including its last known field (PJRT's STRUCT_SIZE). Use it to fill
  * struct_size so that a struct compiled against an older header reports its older, smaller size. */
@@ -316,6 +316,16 @@ typedef struct attnhost_span_list {
  * operation completes before it returns. Communication calls are enqueued on the stream given.
  * Buffers given to communication calls live on the instance's device.
  * ------------------------------------------------------------------------------------------- */
+/* ABI 1.7: a strided block of bytes for send_block and recv_block: `slices` slices of `rows` rows
+ * of `width` bytes; row r of slice s starts at data + s * slice_pitch + r * pitch. A contiguous
+ * message of n bytes is {n, 1, n, 1, n}. */
+typedef struct attnhost_block {
+  uint32_t struct_size;
+  void* data;
+  size_t width, rows, pitch;
+  size_t slices, slice_pitch;
+} attnhost_block;
+
 typedef struct attnhost_host_api {
   uint32_t struct_size;
   void* context;
@@ -352,6 +362,16 @@ typedef struct attnhost_host_api {
 
   /* -- log: one line, no trailing newline needed -- */
   void (*log)(void* context, int32_t level, const char* message);
+
+  /* -- ABI 1.7: point-to-point of strided blocks, neither end packed --
+   * A block sent meets the peer's block received with the same width, rows and slices (each end
+   * has its own pitches). Blocks and plain sends/recvs to and from one peer are matched in the
+   * order they are made, as send and recv are, and take part in the same groups. Where the GPUs
+   * reach one another's memory a block is one peer copy by the copy engines, so no SM packs or
+   * moves it. NULL where the transport cannot move a strided block as it lies (NCCL's kernels and
+   * MPI take contiguous buffers): pack the block into a contiguous message and send that. */
+  int32_t (*send_block)(void* context, const attnhost_block* block, int32_t peer, void* stream);
+  int32_t (*recv_block)(void* context, const attnhost_block* block, int32_t peer, void* stream);
 } attnhost_host_api;
 
 /* ---------------------------------------------------------------------------------------------

@@ -219,6 +219,16 @@ class Host {
   }
   void barrier() const { check(api_->barrier(api_->context), "barrier"); }
   void* native_comm() const { return api_->native_comm(api_->context); }
+  // ABI 1.7: whether blocks move as they lie (send_block/recv_block); else pack them.
+  bool blocks() const {
+    return ATTNHOST_HAS_FIELD(api_, attnhost_host_api, recv_block) && api_->send_block && api_->recv_block;
+  }
+  void send_block(const attnhost_block& b, int32_t peer, void* s) const {
+    check(api_->send_block(api_->context, &b, peer, s), "send_block");
+  }
+  void recv_block(const attnhost_block& b, int32_t peer, void* s) const {
+    check(api_->recv_block(api_->context, &b, peer, s), "recv_block");
+  }
 
   int32_t range_begin(const char* name, attnhost_range_kind kind, void* s) const {
     return api_->range_begin(api_->context, name, kind, s);

@@ -75,6 +75,65 @@ TEST_CASE("collectives: all_gather, all_reduce (bf16 too), reduce_scatter, barri
   for (const auto& e : errors) CHECK(e == "");
 }
 
+namespace {
+// Bytes of value f(i) at every byte a block covers, in a buffer of `total` bytes filled with 0xEE.
+std::vector<uint8_t> laid_out(const Block& shape, size_t total, const std::function<uint8_t(size_t)>& f) {
+  std::vector<uint8_t> buf(total, 0xEE), packed(shape.bytes());
+  for (size_t i = 0; i < packed.size(); ++i) packed[i] = f(i);
+  Block b = shape;
+  b.data = buf.data();
+  unpack_block(reinterpret_cast<const char*>(packed.data()), b);
+  return buf;
+}
+}  // namespace
+
+// A block is matched in order with plain sends, lands in the receiver's layout (its own pitches),
+// and leaves the bytes between its rows and slices alone.
+TEST_CASE("blocks: strided rows land in another layout, in order with plain sends") {
+  const Block from{nullptr, 24, 5, 40, 3, 240}, to{nullptr, 24, 5, 24, 3, 160};  // rows of 24 bytes, 5 x 3
+  const auto value = [](size_t i) { return static_cast<uint8_t>(i * 7 + 3); };
+  std::vector<uint8_t> got(480), plain_got(10);
+  auto errors = on_ranks(2, std::chrono::seconds(5), [&](int r, Communicator& c, RankGroup&) {
+    REQUIRE(c.blocks());
+    if (r == 0) {
+      std::vector<uint8_t> src = laid_out(from, 720, value), plain(10, 42);
+      Block b = from;
+      b.data = src.data();
+      c.group_start();
+      c.send(plain.data(), plain.size(), ATTNHOST_DTYPE_UINT8, 1, nullptr);
+      c.send_block(b, 1, nullptr);
+      c.group_end();
+      CHECK(c.bytes_sent() == 10 + 24 * 5 * 3);
+      return;
+    }
+    std::fill(got.begin(), got.end(), uint8_t{0xEE});
+    Block b = to;
+    b.data = got.data();
+    c.group_start();
+    c.recv(plain_got.data(), plain_got.size(), ATTNHOST_DTYPE_UINT8, 0, nullptr);
+    c.recv_block(b, 0, nullptr);
+    c.group_end();
+  });
+  for (int r = 0; r < 2; ++r) CHECK_MESSAGE(errors[r].empty(), "rank ", r, ": ", errors[r]);
+  CHECK(plain_got == std::vector<uint8_t>(10, 42));
+  CHECK(got == laid_out(to, 480, value));
+}
+
+TEST_CASE("blocks: another shape, or rows that overlap, are one-line errors") {
+  auto errors = on_ranks(2, std::chrono::seconds(2), [&](int r, Communicator& c, RankGroup&) {
+    std::vector<uint8_t> buf(1024);
+    if (r == 0) c.send_block({buf.data(), 24, 5, 24, 3, 120}, 1, nullptr);
+    else c.recv_block({buf.data(), 24, 3, 32, 5, 96}, 0, nullptr);  // (two contiguous blocks of one size would match)
+  });
+  CHECK(errors[0].empty());
+  CHECK(errors[1] == "recv on rank 1 expected 24 x 3 x 5 bytes from rank 0, which sent 360 bytes");
+  errors = on_ranks(1, std::chrono::seconds(2), [&](int, Communicator&, RankGroup&) {
+    std::vector<uint8_t> buf(1024);
+    check_block({buf.data(), 24, 5, 16, 1, 0}, "send on rank 0");
+  });
+  CHECK(errors[0] == "send on rank 0: a block of 1 slices of 5 rows of 24 bytes cannot lie at pitch 16 and slice pitch 0");
+}
+
 TEST_CASE("a receive nobody matches ends with an error naming ranks and size") {
   auto errors = on_ranks(2, std::chrono::milliseconds(200), [&](int r, Communicator& c, RankGroup&) {
     std::vector<float> buf(16);
@@ -249,6 +308,67 @@ TEST_CASE("gpu: copy-engine sends keep both streams' order" * doctest::test_suit
     }
     device.free(a);
     device.free(b);
+  });
+  for (int r = 0; r < 2; ++r) CHECK_MESSAGE(errors[r].empty(), "rank ", r, ": ", errors[r]);
+}
+
+// Blocks as the all-to-alls lay them: a quarter of each token's heads (1536 of 6144 bytes) into
+// contiguous rows with gaps between slices, and one row a slice (row statistics), after a plain send.
+TEST_CASE("gpu: copy-engine blocks land in the receiver's layout and keep their order among plain sends" * doctest::test_suite("gpu")) {
+  const int n = cuda_device_count();
+  if (n < 2 || !peer_access_among(n)) {
+    MESSAGE("needs two GPUs that reach each other's memory");
+    return;
+  }
+  struct Pair {
+    Block from, to;
+    size_t from_bytes, to_bytes;
+  };
+  const std::vector<Pair> pairs = {
+      {{nullptr, 1536, 64, 6144, 3, 64 * 6144}, {nullptr, 1536, 64, 1536, 3, 2 * 64 * 1536}, 3 * 64 * 6144, 6 * 64 * 1536},
+      {{nullptr, 4096, 1, 4096, 4, 3 * 4096}, {nullptr, 4096, 1, 4096, 4, 2 * 4096}, 12 * 4096, 8 * 4096}};
+  auto errors = on_gpus(2, std::chrono::milliseconds(20000), [&](int rank, Device& device, Communicator& comm) {
+    REQUIRE(comm.blocks());
+    const int peer = 1 - rank;
+    const auto value = [](int from, size_t k) { return [=](size_t i) { return static_cast<uint8_t>(i * 13 + k * 5 + from); }; };
+    std::vector<void*> src, dst;
+    for (size_t k = 0; k < pairs.size(); ++k) {
+      src.push_back(device.alloc(pairs[k].from_bytes));
+      dst.push_back(device.alloc(pairs[k].to_bytes));
+      device.copy_from_host(src[k], laid_out(pairs[k].from, pairs[k].from_bytes, value(rank, k)).data(), pairs[k].from_bytes);
+      device.copy_from_host(dst[k], std::vector<uint8_t>(pairs[k].to_bytes, 0xEE).data(), pairs[k].to_bytes);
+    }
+    void* plain_out = device.alloc(4096);
+    void* plain_in = device.alloc(4096);
+    device.copy_from_host(plain_out, message(rank, peer, 0, 4096).data(), 4096);
+    device.synchronize();
+    comm.group_start();
+    comm.send(plain_out, 4096, ATTNHOST_DTYPE_UINT8, peer, device.stream(2));
+    for (size_t k = 0; k < pairs.size(); ++k) {
+      Block b = pairs[k].from;
+      b.data = src[k];
+      comm.send_block(b, peer, device.stream(2));
+    }
+    comm.recv(plain_in, 4096, ATTNHOST_DTYPE_UINT8, peer, device.stream(2));
+    for (size_t k = 0; k < pairs.size(); ++k) {
+      Block b = pairs[k].to;
+      b.data = dst[k];
+      comm.recv_block(b, peer, device.stream(2));
+    }
+    comm.group_end();
+    device.synchronize();
+    std::vector<uint8_t> got(4096);
+    device.copy_to_host(got.data(), plain_in, 4096);
+    CHECK(got == message(peer, rank, 0, 4096));
+    for (size_t k = 0; k < pairs.size(); ++k) {
+      got.resize(pairs[k].to_bytes);
+      device.copy_to_host(got.data(), dst[k], pairs[k].to_bytes);
+      CHECK(got == laid_out(pairs[k].to, pairs[k].to_bytes, value(peer, k)));
+      device.free(src[k]);
+      device.free(dst[k]);
+    }
+    device.free(plain_out);
+    device.free(plain_in);
   });
   for (int r = 0; r < 2; ++r) CHECK_MESSAGE(errors[r].empty(), "rank ", r, ": ", errors[r]);
 }

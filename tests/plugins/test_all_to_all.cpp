@@ -53,6 +53,38 @@ TEST_CASE("ulysses and usp: a tapered pipeline (first and last batch entry alone
   }
 }
 
+// The CPU's communicator moves blocks as they lie, as the copy engines do: each (tensor, peer) one
+// block, no message packed. The values must be the packed messages' to the bit.
+TEST_CASE("ulysses and usp: blocks moved as they lie compute what packed messages do") {
+  struct Shape {
+    const char* plugin;
+    int32_t kv_heads;
+    const char* dtype;
+    int64_t ulysses_degree;
+  };
+  for (const Shape& s : {Shape{"ulysses", 4, "bf16", 0}, Shape{"ulysses", 1, "bf16", 0}, Shape{"ulysses", 2, "fp8_e4m3", 0},
+                         Shape{"usp", 4, "bf16", 2}}) {
+    std::vector<attnhost::CaseResult> runs;
+    for (const char* exchange : {"auto", "packed"}) {
+      auto c = dense_case(s.plugin, {2, 4}, 96, 8, s.kv_heads, 16, true, s.dtype);
+      c.problem.batch = 3;
+      c.params["taper"] = std::string("on");  // steps that start past the first entry
+      c.params["exchange"] = std::string(exchange);
+      if (s.ulysses_degree > 0) c.params["ulysses_degree"] = s.ulysses_degree;
+      runs.push_back(run_on(DeviceKind::cpu, c));
+      test::all_pass(runs.back());
+    }
+    for (size_t w = 0; w < runs[0].runs.size(); ++w) {
+      for (size_t rank = 0; rank < runs[0].runs[w].sent_bytes_fwd.size(); ++rank)  // no padding between blocks
+        CHECK(runs[0].runs[w].sent_bytes_fwd[rank] <= runs[1].runs[w].sent_bytes_fwd[rank]);
+      for (const char* tensor : {"O", "LSE", "dQ", "dK", "dV"}) {
+        INFO(s.plugin, " kv heads ", s.kv_heads, " ", s.dtype, " at world size ", runs[0].runs[w].world_size, ": ", tensor);
+        CHECK(test::error_of(runs[0].runs[w], tensor) == test::error_of(runs[1].runs[w], tensor));
+      }
+    }
+  }
+}
+
 TEST_CASE("ulysses, usp and allgather in FP8 on the CPU: inputs cross in FP8, outputs in bf16, amax reported") {
   for (const char* dtype : {"fp8_e4m3", "fp8_e5m2"})
     for (const char* plugin : {"ulysses", "usp", "allgather"}) {
@@ -239,6 +271,15 @@ TEST_CASE("gpu: ulysses and usp and allgather on the GPUs against the float64 re
     test::all_pass(run_on(DeviceKind::cuda, window));
   }
   test::all_pass(run_on(DeviceKind::cuda, dense_case("ulysses", sizes, 1024, 8, 1, 128, true)));  // replicated kv
+  for (const char* plugin : {"ulysses", "usp"}) {  // packed messages, on the transport that moves blocks
+    auto packed_messages = dense_case(plugin, sizes, 1000, 8, 2, 128, true);
+    packed_messages.params["exchange"] = std::string("packed");
+    packed_messages.problem.batch = 3;
+    packed_messages.params["taper"] = std::string("on");
+    auto r = run_on(DeviceKind::cuda, packed_messages);
+    test::all_pass(r);
+    test::error_does_not_grow(r);
+  }
   auto packed = dense_case("ulysses", sizes, 1, 8, 2, 128, true);  // documents: segments on the device
   attnhost::suite::SeqlenSpec lengths;
   lengths.lengths = {700, 1, 0, 300, 1000, 47};

@@ -70,7 +70,7 @@ struct UlyssesAttention::Copy {
 UlyssesAttention::UlyssesAttention(const UlyssesShape& shape, RingPlan plan, const ScheduleOptions& options)
     : s_(shape), host_(options.host), u_(shape.ulysses), member_(options.rank % shape.ulysses),
       base_(options.rank - options.rank % shape.ulysses), n_(shape.ring.local_q), overlap_(options.overlap),
-      engine_(Engine::make(options.cuda, options.cpu_fp64)) {
+      direct_(!shape.packed && host_.blocks()), engine_(Engine::make(options.cuda, options.cpu_fp64)) {
   const RingShape& r = s_.ring;
   heads_ = r.heads_q / u_;
   kv_heads_ = kv_heads_replicated(r.heads_kv, u_) ? 1 : r.heads_kv / u_;
@@ -110,7 +110,7 @@ UlyssesAttention::Buffers UlyssesAttention::layout(Carver& c) const {
   for (char** t : {&b.k, &b.v}) *t = c.take(groups_ * g.kv * in_el);
   for (char** t : {&b.dk, &b.dv}) *t = c.take(groups_ * g.kv * dkv_el);
   b.lse = c.take(groups_ * g.rows * 4);
-  b.staging = c.take(2 * u_ * message);
+  if (!direct_ || kv_heads_replicated(r.heads_kv, u_)) b.staging = c.take(2 * u_ * message);  // the packed messages
   if (kv_heads_replicated(r.heads_kv, u_)) {
     const size_t sum_elems = static_cast<size_t>(r.batch) * n_ * r.heads_kv * r.head_dim;
     b.dk_sum = c.take<float>(sum_elems * 4);
@@ -181,11 +181,41 @@ void UlyssesAttention::to_tokens(const std::vector<Piece>& pieces, const Step& s
   exchange(pieces, false, step, stream, own, what);
 }
 
-// One all-to-all inside the Ulysses group: one message each way between every two members, the
-// pieces for a peer packed side by side before it and unpacked after (narrow rows by the copy
-// kernel). Many small messages, one a batch entry and tensor, moved 2-3x slower over NVLink
-// (docs/KERNELS.md, "All-to-all messages"). Both ends lay a message out alike: every member's pieces
-// have the same sizes. The pieces are whole-batch tensors; the step's entries are exchanged.
+namespace {
+
+attnhost_block block(void* data, size_t width, size_t rows, size_t pitch, size_t slices, size_t slice_pitch) {
+  return {ATTNHOST_STRUCT_SIZE(attnhost_block, slice_pitch), data, width, rows, pitch, slices, slice_pitch};
+}
+
+// A contiguous block of `like`'s shape at `data`.
+attnhost_block packed_like(char* data, const attnhost_block& like) {
+  return block(data, like.width, like.rows, like.width, like.slices, like.width * like.rows);
+}
+
+// dst = src, two blocks of one shape, by the copy kernel: one 2-D copy where both blocks' slices
+// follow on at their row pitch, or both blocks' rows are contiguous; else one a slice.
+void copy_block(Engine& e, const attnhost_block& dst, const attnhost_block& src, void* stream) {
+  const auto slices_on = [](const attnhost_block& b) { return b.slices == 1 || b.slice_pitch == b.rows * b.pitch; };
+  const auto rows_on = [](const attnhost_block& b) { return b.rows == 1 || b.pitch == b.width; };
+  if (slices_on(dst) && slices_on(src))
+    return e.copy_rows(dst.data, dst.pitch, src.data, src.pitch, src.width, src.rows * src.slices, stream);
+  if (rows_on(dst) && rows_on(src))
+    return e.copy_rows(dst.data, dst.slice_pitch, src.data, src.slice_pitch, src.width * src.rows, src.slices, stream);
+  for (size_t i = 0; i < src.slices; ++i)
+    e.copy_rows(static_cast<char*>(dst.data) + i * dst.slice_pitch, dst.pitch,
+                static_cast<const char*>(src.data) + i * src.slice_pitch, src.pitch, src.width, src.rows, stream);
+}
+
+}  // namespace
+
+// One all-to-all inside the Ulysses group. Each (piece, peer) is a block on each side: the rows of
+// my tensor that go to the peer, and the rows of my other tensor that come from it. Where the host
+// moves blocks as they lie (GPUs that reach one another's memory, the CPU), each is one copy by the
+// copy engines and no kernel packs anything: between two H200s a 3-D peer copy of 1536-byte rows ran
+// at 376 GB/s under compute, the copy kernel and a contiguous copy at 165 (docs/KERNELS.md, "Blocks
+// as they lie"). Elsewhere (NCCL's kernels, MPI) the blocks for a peer are packed side by side into
+// one message each way by the copy kernel: many small NCCL messages moved 2-3x slower over NVLink
+// (docs/KERNELS.md, "All-to-all messages"). The member's own heads are copied on `own`.
 void UlyssesAttention::exchange(const std::vector<Piece>& whole, bool heads_out, const Step& step, void* stream,
                                 void* own, const char* what) {
   const RingShape& r = s_.ring;
@@ -196,89 +226,84 @@ void UlyssesAttention::exchange(const std::vector<Piece>& whole, bool heads_out,
     p.local = static_cast<char*>(p.local) + step.b0 * n * p.heads * unit;
     p.sharded = static_cast<char*>(p.sharded) + step.b0 * un * p.count * unit;
   }
-  std::vector<Copy> before, after, mine;  // mine: the member's own heads, on `own`
+  // Piece p's rows for member i in the local tensor (its heads, my tokens) and in the sharded one
+  // (my heads, its tokens).
+  const auto local_rows = [&](const Piece& p, int i) {
+    const size_t c = p.count, h0 = first_head(i, p, step.group);
+    if (!p.tokens) return block(static_cast<char*>(p.local) + h0 * n * 4, n * 4, c, n * 4, B, p.heads * n * 4);
+    const size_t el = piece_elem(p), row = c * D * el, lrow = p.heads * D * el;
+    return block(static_cast<char*>(p.local) + h0 * D * el, row, n, lrow, B, n * lrow);
+  };
+  const auto sharded_rows = [&](const Piece& p, int i) {
+    const size_t c = p.count;
+    if (!p.tokens) return block(static_cast<char*>(p.sharded) + i * n * 4, n * 4, c, un * 4, B, c * un * 4);
+    const size_t row = c * D * piece_elem(p);
+    return block(static_cast<char*>(p.sharded) + i * n * row, row, n, row, B, un * row);
+  };
   struct Sum {
     float* dst;
     const float* src;
     size_t count;
   };
   std::vector<Sum> sums;
-  // Bytes of a piece in one message, and where the pieces of peer i's messages start.
-  const auto piece_bytes = [&](const Piece& p) {
-    return align_up(p.tokens ? B * n * p.count * D * piece_elem(p) : B * p.count * n * 4);
-  };
+  std::vector<std::pair<attnhost_block, attnhost_block>> before, after, mine;  // (dst, src) copies
+  std::vector<std::vector<attnhost_block>> out(u_), in(u_);                    // by peer, in piece order
+  // The packed messages: a peer's pieces side by side, laid out alike at both ends since every
+  // member's pieces have the same sizes; the replicated kv heads' fp32 sums always arrive there.
   size_t message = 0;
-  for (const Piece& p : pieces) message += piece_bytes(p);
+  for (const Piece& p : pieces) {
+    const attnhost_block b = local_rows(p, 0);
+    message += align_up(b.width * b.rows * b.slices);
+  }
   char* staging = buffers().staging;
   const auto outgoing = [&](int i) { return staging + size_t(i) * 2 * message; };
   const auto incoming = [&](int i) { return staging + (size_t(i) * 2 + 1) * message; };
   size_t offset = 0;
   for (const Piece& p : pieces) {
-    const size_t c = p.count;
     for (int i = 0; i < u_; ++i) {
-      const int32_t h0 = first_head(i, p, step.group);
-      char* out = outgoing(i) + offset;
-      char* in = incoming(i) + offset;
-      const bool self = i == member_;
-      if (p.tokens) {  // local [B, n, heads, D]; sharded [B, u*n, c, D], member i's tokens at rows i*n
-        const size_t lel = piece_elem(p), row = c * D * lel, lrow = p.heads * D * lel;
-        char* local = static_cast<char*>(p.local) + h0 * D * lel;
-        char* rows_of_i = static_cast<char*>(p.sharded) + i * n * row;
-        if (p.sum) {  // i's fp32 gradients of my tokens (one kv head), added into the sums [B, Hkv, n, D]
-          const char* from = self ? rows_of_i : in;
-          if (!self) before.push_back({out, n * row, rows_of_i, un * row, n * row, B});
-          for (size_t b = 0; b < B; ++b)
-            sums.push_back({reinterpret_cast<float*>(static_cast<char*>(p.local) + (b * p.heads + h0) * n * row),
-                            reinterpret_cast<const float*>(from + b * (self ? un : n) * row), n * c * D});
-        } else if (self) {
-          for (size_t b = 0; b < B; ++b) {
-            char* l = local + b * n * lrow;
-            char* sh = rows_of_i + b * un * row;
-            if (heads_out) mine.push_back({sh, row, l, lrow, row, n});
-            else mine.push_back({l, lrow, sh, row, row, n});
-          }
-        } else if (heads_out) {
-          before.push_back({out, row, local, lrow, row, B * n});
-          after.push_back({rows_of_i, un * row, in, n * row, n * row, B});
-        } else {
-          before.push_back({out, n * row, rows_of_i, un * row, n * row, B});
-          after.push_back({local, lrow, in, row, row, B * n});
-        }
-      } else {  // row statistics: local [B, heads, n], sharded [B, c, u*n], fp32
-        const size_t run = n * 4;
-        char* local = static_cast<char*>(p.local) + h0 * run;
-        char* cols = static_cast<char*>(p.sharded) + i * run;
-        if (self) {
-          for (size_t b = 0; b < B; ++b) {
-            char* l = local + b * p.heads * run;
-            char* sh = cols + b * c * un * 4;
-            if (heads_out) mine.push_back({sh, un * 4, l, run, run, c});
-            else mine.push_back({l, run, sh, un * 4, run, c});
-          }
-        } else if (heads_out) {
-          before.push_back({out, c * run, local, p.heads * run, c * run, B});
-          after.push_back({cols, un * 4, in, run, run, B * c});
-        } else {
-          before.push_back({out, run, cols, un * 4, run, B * c});
-          after.push_back({local, p.heads * run, in, c * run, c * run, B});
-        }
+      const attnhost_block here = heads_out ? local_rows(p, i) : sharded_rows(p, i);   // goes to i
+      attnhost_block there = heads_out ? sharded_rows(p, i) : local_rows(p, i);        // comes from i
+      if (p.sum) {  // i's fp32 gradients of my tokens (one kv head), added into the sums [B, Hkv, n, D]
+        const size_t c = p.count, row = c * D * 4, h0 = first_head(i, p, step.group);
+        const char* from = i == member_ ? static_cast<char*>(here.data) : incoming(i) + offset;
+        if (i != member_) there = packed_like(incoming(i) + offset, here);
+        for (size_t b = 0; b < B; ++b)
+          sums.push_back({reinterpret_cast<float*>(static_cast<char*>(p.local) + (b * p.heads + h0) * n * row),
+                          reinterpret_cast<const float*>(from + b * (i == member_ ? un : n) * row), n * c * D});
+        if (i == member_) continue;
+      } else if (i == member_) {
+        mine.push_back({there, here});
+        continue;
       }
+      if (direct_) {
+        out[i].push_back(here);
+        in[i].push_back(there);
+        continue;
+      }
+      before.push_back({packed_like(outgoing(i) + offset, here), here});
+      if (!p.sum) after.push_back({there, packed_like(incoming(i) + offset, there)});
     }
-    offset += piece_bytes(p);
+    const attnhost_block b = local_rows(p, 0);
+    offset += align_up(b.width * b.rows * b.slices);
   }
   const std::string name = std::string(what) + " group " + std::to_string(step.group) + " entries " +
                            std::to_string(step.b0) + "-" + std::to_string(step.b0 + step.count - 1);
   const int32_t range = host_.range_begin(name.c_str(), ATTNHOST_RANGE_COMMUNICATION, stream);
-  for (const Copy& c : before) engine_->copy_rows(c.dst, c.dst_pitch, c.src, c.src_pitch, c.width, c.rows, stream);
-  for (const Copy& c : mine) engine_->copy_rows(c.dst, c.dst_pitch, c.src, c.src_pitch, c.width, c.rows, own);
+  for (const auto& [dst, src] : before) copy_block(*engine_, dst, src, stream);
+  for (const auto& [dst, src] : mine) copy_block(*engine_, dst, src, own);
   host_.group_start();
-  for (int i = 0; i < u_; ++i)
-    if (i != member_) {
+  for (int i = 0; i < u_; ++i) {
+    if (i == member_) continue;
+    if (!direct_) {
       host_.send(outgoing(i), message, ATTNHOST_DTYPE_UINT8, base_ + i, stream);
       host_.recv(incoming(i), message, ATTNHOST_DTYPE_UINT8, base_ + i, stream);
+      continue;
     }
+    for (const attnhost_block& b : out[i]) host_.send_block(b, base_ + i, stream);
+    for (const attnhost_block& b : in[i]) host_.recv_block(b, base_ + i, stream);
+  }
   host_.group_end();
-  for (const Copy& c : after) engine_->copy_rows(c.dst, c.dst_pitch, c.src, c.src_pitch, c.width, c.rows, stream);
+  for (const auto& [dst, src] : after) copy_block(*engine_, dst, src, stream);
   for (const Sum& m : sums) engine_->add(m.dst, m.src, m.count, stream);
   host_.range_end(range, stream);
 }

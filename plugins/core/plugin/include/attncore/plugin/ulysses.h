@@ -8,6 +8,9 @@
 // to sequence sharding. ulysses is u = P (a ring of one: one call over the whole sequence); usp is
 // any u that divides P (u = 1 is the ring alone).
 //
+// An all-to-all moves each tensor's rows for a peer as they lie, one copy by the copy engines a
+// (tensor, peer), where the host moves strided blocks; elsewhere they are packed into one message.
+//
 // The heads go in groups through a pipeline: while group g computes on stream 0, the all-to-all of
 // group g + 1 runs on stream 2 (the ring's own transfers use stream 1). Tapered, the first group's
 // first batch entry and the last group's last are steps of their own: what waits before the first
@@ -40,6 +43,7 @@ struct UlyssesShape {
   int32_t ulysses = 1;        // u: ranks of a Ulysses group (consecutive world ranks)
   int32_t head_groups = 0;    // groups of the pipeline; 0: two where they cut the kv heads evenly, else one
   Taper taper = Taper::automatic;
+  bool packed = false;        // all-to-alls packed into one message a peer even where blocks move as they lie
 };
 
 // Empty when `heads_q` query heads and `heads_kv` kv heads can be cut among `u` ranks, else one
@@ -103,6 +107,7 @@ class UlyssesAttention {
   int32_t groups_;
   std::vector<Step> steps_;
   bool overlap_;
+  bool direct_;                 // each block moved as it lies (the host's send_block), nothing packed
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<RingAttention> ring_;
   // The head-sharded tensors, group after group: Q, K, V, O, LSE (kept from the forward), dO, dQ,

@@ -19,7 +19,7 @@ namespace attncore::plugin {
 
 // The ring's parameters that apply across Ulysses groups (overlap, cpu_accumulate, engine,
 // partials), then the pipeline's, then usp's group size (last, so ulysses can leave it out).
-inline constexpr std::array<attnhost_param_spec, kNumPackedRingParams + 3> kUlyssesParams =
+inline constexpr std::array<attnhost_param_spec, kNumPackedRingParams + 4> kUlyssesParams =
     with_packed_ring_params(std::array{
         attnhost_param_spec{ATTNHOST_STRUCT_SIZE(attnhost_param_spec, choices), "head_groups", ATTNHOST_PARAM_INT,
                             "0",
@@ -33,13 +33,19 @@ inline constexpr std::array<attnhost_param_spec, kNumPackedRingParams + 3> kUlys
                             "last, or whole groups do (off); auto: on where one entry's call over a group holds at "
                             "least 1024 query tiles of 128 rows",
                             "auto|on|off"},
+        attnhost_param_spec{ATTNHOST_STRUCT_SIZE(attnhost_param_spec, choices), "exchange", ATTNHOST_PARAM_STRING,
+                            "\"auto\"",
+                            "how the all-to-alls move a peer's rows: auto: each tensor's as they lie, one copy by "
+                            "the copy engines, where the host moves strided blocks (GPUs that reach one another's "
+                            "memory, the CPU), else packed; packed: into one message a peer by the copy kernel",
+                            "auto|packed"},
         attnhost_param_spec{ATTNHOST_STRUCT_SIZE(attnhost_param_spec, choices), "ulysses_degree",
                             ATTNHOST_PARAM_INT, "0",
                             "ranks of a Ulysses group (all-to-all inside it, a zigzag ring across the groups); it "
                             "divides the world size (a smaller world is one group); 0: the ranks on one machine",
                             nullptr}});
-inline constexpr int32_t kNumUlyssesParams = kNumPackedRingParams + 2;  // ulysses: all but ulysses_degree
-inline constexpr int32_t kNumUspParams = kNumPackedRingParams + 3;
+inline constexpr int32_t kNumUlyssesParams = kNumPackedRingParams + 3;  // ulysses: all but ulysses_degree
+inline constexpr int32_t kNumUspParams = kNumPackedRingParams + 4;
 
 template <class Variant>
 class UlyssesPlugin {
@@ -138,7 +144,8 @@ class UlyssesPlugin {
   UlyssesShape shape_of(const attnhost::Problem& p) {
     const std::string taper = p.get_string("taper");
     return {shape(p), u_, static_cast<int32_t>(p.get_int("head_groups")),
-            taper == "on" ? Taper::on : taper == "off" ? Taper::off : Taper::automatic};
+            taper == "on" ? Taper::on : taper == "off" ? Taper::off : Taper::automatic,
+            p.get_string("exchange") == "packed"};
   }
 
   DenseReference reference_;
