@@ -10,6 +10,7 @@
 // (and, in the backward, its fp32 dK/dV), so the group count sets the memory: head_groups = 0 takes
 // the fewest groups with which a rank's memory stays within 1.5x of its working set (Q, K, V, O, dO,
 // dQ, dK, dV) plus one gathered group.
+#include "attncore/plugin/blocks.h"
 #include "attncore/plugin/dense_plans.h"
 #include "attncore/plugin/ring_plugin.h"
 
@@ -22,11 +23,17 @@ namespace {
 using namespace attncore;
 using namespace attncore::plugin;
 
-inline constexpr auto kParams = with_packed_ring_params(std::array{attnhost_param_spec{
-    ATTNHOST_STRUCT_SIZE(attnhost_param_spec, choices), "head_groups", ATTNHOST_PARAM_INT, "0",
-    "gather K/V in this many groups of kv heads, each under the previous group's attention; 0: the fewest "
-    "that keep a rank's memory within 1.5x of its working set plus one gathered group",
-    nullptr}});
+inline constexpr auto kParams = with_packed_ring_params(std::array{
+    attnhost_param_spec{ATTNHOST_STRUCT_SIZE(attnhost_param_spec, choices), "head_groups", ATTNHOST_PARAM_INT, "0",
+                        "gather K/V in this many groups of kv heads, each under the previous group's attention; 0: the "
+                        "fewest that keep a rank's memory within 1.5x of its working set plus one gathered group",
+                        nullptr},
+    attnhost_param_spec{ATTNHOST_STRUCT_SIZE(attnhost_param_spec, choices), "exchange", ATTNHOST_PARAM_STRING,
+                        "\"auto\"",
+                        "how a peer's K/V ranges and dK/dV partials move: auto: each range as it lies, one copy by the "
+                        "copy engines, where the host moves strided blocks (GPUs that reach one another's memory, the "
+                        "CPU), else packed; packed: into one message a peer by the copy kernel",
+                        "auto|packed"}});
 
 class Allgather {
  public:
@@ -59,7 +66,8 @@ class Allgather {
         batch_(static_cast<int32_t>(p->batch)), heads_(p->heads_q), kv_heads_(p->heads_kv), dim_(p->head_dim),
         dtype_(p->dtype), el_(attnhost::dtype_size(p->dtype)),
         out_el_(size_t(dtype_bytes(output_dtype(core_dtype(p->dtype))))), scale_(static_cast<float>(p->softmax_scale)),
-        deterministic_(p->deterministic != 0), overlap_(options.overlap), engine_(options.make_engine()) {
+        deterministic_(p->deterministic != 0), overlap_(options.overlap),
+        direct_(p.get_string("exchange") != "packed" && host_.blocks()), engine_(options.make_engine()) {
     // Zigzag chunks balance a causal mask (when the sequence cuts into 2P of them); else contiguous.
     const bool zigzag = world_ > 1 && p->causal && seqlen_ % (2 * world_) == 0;
     for (int member = 0; member < world_; ++member) {
@@ -201,9 +209,9 @@ class Allgather {
     return kv_heads_;
   }
   // The messages to and from every peer (fp32 dK and dV of a rank's tokens, each way) and this
-  // rank's K and V of a group, packed.
+  // rank's K and V of a group, packed, and the peers' (none where blocks go as they lie).
   double staging_bytes(int32_t kv) const {
-    return double(world_) * 4 * local_kv_elems(kv) * 4 + (world_ + 1) * 2.0 * local_kv_elems(kv) * el_;
+    return double(world_) * 4 * local_kv_elems(kv) * 4 + (direct_ ? 1 : world_ + 1) * 2.0 * local_kv_elems(kv) * el_;
   }
 
   void allocate() {
@@ -221,7 +229,7 @@ class Allgather {
     b.delta = c.take<float>(size_t(batch_) * heads_ * local_ * 4);
     b.home = c.take(world_ > 1 ? size_t(world_) * 2 * message_bytes() : 0);
     b.packed = c.take(kv_message_bytes());  // K, then V from its next 256 bytes
-    b.gathered_in = c.take(world_ > 1 ? size_t(world_) * kv_message_bytes() : 0);
+    b.gathered_in = c.take(world_ > 1 && !direct_ ? size_t(world_) * kv_message_bytes() : 0);
     return b;
   }
   const Buffers& buffers() const { return work_.forward(); }
@@ -328,9 +336,11 @@ class Allgather {
     return p;
   }
 
-  // Group g's K and V from every rank into slot g % 2, each range at its global position. One message
-  // each way between every two ranks: this rank's K and V slices packed side by side, a peer's
-  // unpacked range by range (docs/KERNELS.md, "All-to-all messages").
+  // Group g's K and V from every rank into slot g % 2, each range at its global position. Where the
+  // host moves blocks, each range goes as it lies from a rank's K/V into the peers' slots, one copy
+  // by the copy engines (docs/KERNELS.md, "Blocks as they lie"); else one message each way between
+  // every two ranks: this rank's K and V slices packed side by side, a peer's unpacked range by
+  // range (docs/KERNELS.md, "All-to-all messages").
   void gather(void* k, void* v, int g, void* stream) {
     const int32_t kv = group_kv();
     const size_t row = size_t(kv) * dim_ * el_, local_batch = local_ * row, global_batch = seqlen_ * row;
@@ -344,7 +354,21 @@ class Allgather {
         engine_->copy_rows(into[t] + r.global_begin * row, global_batch, buffers().packed + t * half + r.local_begin * row, local_batch,
                            r.length * row, batch_, stream);
     }
-    if (world_ > 1) {
+    if (world_ > 1 && direct_) {  // each range from the rank's K/V straight to its place in the peers' slots
+      const size_t pitch = size_t(kv_heads_) * dim_ * el_;
+      host_.group_start();
+      for (int peer = 0; peer < world_; ++peer)
+        if (peer != rank_)
+          for (int t = 0; t < 2; ++t) {
+            for (const attnhost_token_range& r : ranges_[rank_])
+              host_.send_block(make_block(const_cast<char*>(mine[t]) + r.local_begin * pitch, row, r.length, pitch, batch_, local_ * pitch),
+                               peer, stream);
+            for (const attnhost_token_range& r : ranges_[peer])
+              host_.recv_block(make_block(into[t] + r.global_begin * row, row, r.length, row, batch_, global_batch), peer,
+                               stream);
+          }
+      host_.group_end();
+    } else if (world_ > 1) {
       host_.group_start();
       for (int peer = 0; peer < world_; ++peer)
         if (peer != rank_) {
@@ -372,19 +396,34 @@ class Allgather {
     float* grads[2] = {slot(g).dk, slot(g).dv};
     void* out[2] = {a.dk.data, a.dv.data};
     const int32_t range = host_.range_begin(("dK dV home group " + std::to_string(g)).c_str(), ATTNHOST_RANGE_COMMUNICATION, stream);
-    if (world_ > 1) {
+    // The peer's ranges of the gathered partials, and where they land in its message from this rank.
+    const auto partials = [&](int t, const attnhost_token_range& r) {
+      return make_block(grads[t] + r.global_begin * count, r.length * frow, batch_, global_batch * 4);
+    };
+    const auto in_message = [&](char* message, int t, const attnhost_token_range& r) {
+      return make_block(message + t * half + r.local_begin * frow, r.length * frow, batch_, local_ * frow);
+    };
+    if (world_ > 1 && !direct_)
       for (int peer = 0; peer < world_; ++peer)
         if (peer != rank_)
           for (int t = 0; t < 2; ++t)
             for (const attnhost_token_range& r : ranges_[peer])
-              engine_->copy_rows(outgoing(peer) + t * half + r.local_begin * frow, local_ * frow,
-                                 grads[t] + r.global_begin * count, global_batch * 4, r.length * frow, batch_, stream);
+              copy_block(*engine_, in_message(outgoing(peer), t, r), partials(t, r), stream);
+    if (world_ > 1) {
       host_.group_start();
-      for (int peer = 0; peer < world_; ++peer)
-        if (peer != rank_) {
+      for (int peer = 0; peer < world_; ++peer) {
+        if (peer == rank_) continue;
+        if (!direct_) {
           host_.send(outgoing(peer), 2 * half, ATTNHOST_DTYPE_UINT8, peer, stream);
           host_.recv(incoming(peer), 2 * half, ATTNHOST_DTYPE_UINT8, peer, stream);
+          continue;
         }
+        for (int t = 0; t < 2; ++t) {  // into the peer's message from this rank, as packing would lay them
+          for (const attnhost_token_range& r : ranges_[peer]) host_.send_block(partials(t, r), peer, stream);
+          for (const attnhost_token_range& r : ranges_[rank_])
+            host_.recv_block(in_message(incoming(peer), t, r), peer, stream);
+        }
+      }
       host_.group_end();
     }
     // A range's partials from every peer but the last are added in place (fp32), the last one's in
@@ -448,6 +487,7 @@ class Allgather {
   size_t el_, out_el_;  // an input's and an output's element (FP8: one byte, and bf16's two)
   float scale_;
   bool deterministic_, overlap_;
+  bool direct_;  // ranges moved as they lie (the host's send_block), nothing packed for peers
   std::unique_ptr<Engine> engine_;
   std::vector<std::vector<attnhost_token_range>> ranges_;  // each rank's tokens
   int64_t local_ = 0;

@@ -53,22 +53,27 @@ TEST_CASE("ulysses and usp: a tapered pipeline (first and last batch entry alone
   }
 }
 
-// The CPU's communicator moves blocks as they lie, as the copy engines do: each (tensor, peer) one
-// block, no message packed. The values must be the packed messages' to the bit.
-TEST_CASE("ulysses and usp: blocks moved as they lie compute what packed messages do") {
+// The CPU's communicator moves blocks as they lie, as the copy engines do: each (tensor, peer) or
+// (range, peer) one block, no message packed. The values must be the packed messages' to the bit.
+TEST_CASE("ulysses, usp and allgather: blocks moved as they lie compute what packed messages do") {
   struct Shape {
     const char* plugin;
     int32_t kv_heads;
     const char* dtype;
     int64_t ulysses_degree;
+    bool causal = true;
   };
   for (const Shape& s : {Shape{"ulysses", 4, "bf16", 0}, Shape{"ulysses", 1, "bf16", 0}, Shape{"ulysses", 2, "fp8_e4m3", 0},
-                         Shape{"usp", 4, "bf16", 2}}) {
+                         Shape{"usp", 4, "bf16", 2}, Shape{"allgather", 4, "bf16", 0}, Shape{"allgather", 2, "fp8_e4m3", 0},
+                         Shape{"allgather", 4, "bf16", 0, false}}) {
     std::vector<attnhost::CaseResult> runs;
+    const bool allgather = std::string(s.plugin) == "allgather";
     for (const char* exchange : {"auto", "packed"}) {
-      auto c = dense_case(s.plugin, {2, 4}, 96, 8, s.kv_heads, 16, true, s.dtype);
+      auto c = dense_case(s.plugin, allgather ? std::vector<int>{2, 3} : std::vector<int>{2, 4}, 96, 8, s.kv_heads, 16,
+                          s.causal, s.dtype);
       c.problem.batch = 3;
-      c.params["taper"] = std::string("on");  // steps that start past the first entry
+      if (allgather) c.params["head_groups"] = int64_t{2};  // (causal: zigzag's two ranges a rank)
+      else c.params["taper"] = std::string("on");  // steps that start past the first entry
       c.params["exchange"] = std::string(exchange);
       if (s.ulysses_degree > 0) c.params["ulysses_degree"] = s.ulysses_degree;
       runs.push_back(run_on(DeviceKind::cpu, c));
@@ -271,11 +276,11 @@ TEST_CASE("gpu: ulysses and usp and allgather on the GPUs against the float64 re
     test::all_pass(run_on(DeviceKind::cuda, window));
   }
   test::all_pass(run_on(DeviceKind::cuda, dense_case("ulysses", sizes, 1024, 8, 1, 128, true)));  // replicated kv
-  for (const char* plugin : {"ulysses", "usp"}) {  // packed messages, on the transport that moves blocks
+  for (const char* plugin : {"ulysses", "usp", "allgather"}) {  // packed messages, on the transport that moves blocks
     auto packed_messages = dense_case(plugin, sizes, 1000, 8, 2, 128, true);
     packed_messages.params["exchange"] = std::string("packed");
     packed_messages.problem.batch = 3;
-    packed_messages.params["taper"] = std::string("on");
+    if (std::string(plugin) != "allgather") packed_messages.params["taper"] = std::string("on");
     auto r = run_on(DeviceKind::cuda, packed_messages);
     test::all_pass(r);
     test::error_does_not_grow(r);

@@ -1,5 +1,6 @@
 #include "attncore/plugin/ulysses.h"
 
+#include "attncore/plugin/blocks.h"
 #include "calls.h"
 
 #include <algorithm>
@@ -181,33 +182,6 @@ void UlyssesAttention::to_tokens(const std::vector<Piece>& pieces, const Step& s
   exchange(pieces, false, step, stream, own, what);
 }
 
-namespace {
-
-attnhost_block block(void* data, size_t width, size_t rows, size_t pitch, size_t slices, size_t slice_pitch) {
-  return {ATTNHOST_STRUCT_SIZE(attnhost_block, slice_pitch), data, width, rows, pitch, slices, slice_pitch};
-}
-
-// A contiguous block of `like`'s shape at `data`.
-attnhost_block packed_like(char* data, const attnhost_block& like) {
-  return block(data, like.width, like.rows, like.width, like.slices, like.width * like.rows);
-}
-
-// dst = src, two blocks of one shape, by the copy kernel: one 2-D copy where both blocks' slices
-// follow on at their row pitch, or both blocks' rows are contiguous; else one a slice.
-void copy_block(Engine& e, const attnhost_block& dst, const attnhost_block& src, void* stream) {
-  const auto slices_on = [](const attnhost_block& b) { return b.slices == 1 || b.slice_pitch == b.rows * b.pitch; };
-  const auto rows_on = [](const attnhost_block& b) { return b.rows == 1 || b.pitch == b.width; };
-  if (slices_on(dst) && slices_on(src))
-    return e.copy_rows(dst.data, dst.pitch, src.data, src.pitch, src.width, src.rows * src.slices, stream);
-  if (rows_on(dst) && rows_on(src))
-    return e.copy_rows(dst.data, dst.slice_pitch, src.data, src.slice_pitch, src.width * src.rows, src.slices, stream);
-  for (size_t i = 0; i < src.slices; ++i)
-    e.copy_rows(static_cast<char*>(dst.data) + i * dst.slice_pitch, dst.pitch,
-                static_cast<const char*>(src.data) + i * src.slice_pitch, src.pitch, src.width, src.rows, stream);
-}
-
-}  // namespace
-
 // One all-to-all inside the Ulysses group. Each (piece, peer) is a block on each side: the rows of
 // my tensor that go to the peer, and the rows of my other tensor that come from it. Where the host
 // moves blocks as they lie (GPUs that reach one another's memory, the CPU), each is one copy by the
@@ -230,15 +204,15 @@ void UlyssesAttention::exchange(const std::vector<Piece>& whole, bool heads_out,
   // (my heads, its tokens).
   const auto local_rows = [&](const Piece& p, int i) {
     const size_t c = p.count, h0 = first_head(i, p, step.group);
-    if (!p.tokens) return block(static_cast<char*>(p.local) + h0 * n * 4, n * 4, c, n * 4, B, p.heads * n * 4);
+    if (!p.tokens) return make_block(static_cast<char*>(p.local) + h0 * n * 4, n * 4, c, n * 4, B, p.heads * n * 4);
     const size_t el = piece_elem(p), row = c * D * el, lrow = p.heads * D * el;
-    return block(static_cast<char*>(p.local) + h0 * D * el, row, n, lrow, B, n * lrow);
+    return make_block(static_cast<char*>(p.local) + h0 * D * el, row, n, lrow, B, n * lrow);
   };
   const auto sharded_rows = [&](const Piece& p, int i) {
     const size_t c = p.count;
-    if (!p.tokens) return block(static_cast<char*>(p.sharded) + i * n * 4, n * 4, c, un * 4, B, c * un * 4);
+    if (!p.tokens) return make_block(static_cast<char*>(p.sharded) + i * n * 4, n * 4, c, un * 4, B, c * un * 4);
     const size_t row = c * D * piece_elem(p);
-    return block(static_cast<char*>(p.sharded) + i * n * row, row, n, row, B, un * row);
+    return make_block(static_cast<char*>(p.sharded) + i * n * row, row, n, row, B, un * row);
   };
   struct Sum {
     float* dst;
@@ -251,10 +225,7 @@ void UlyssesAttention::exchange(const std::vector<Piece>& whole, bool heads_out,
   // The packed messages: a peer's pieces side by side, laid out alike at both ends since every
   // member's pieces have the same sizes; the replicated kv heads' fp32 sums always arrive there.
   size_t message = 0;
-  for (const Piece& p : pieces) {
-    const attnhost_block b = local_rows(p, 0);
-    message += align_up(b.width * b.rows * b.slices);
-  }
+  for (const Piece& p : pieces) message += align_up(block_bytes(local_rows(p, 0)));
   char* staging = buffers().staging;
   const auto outgoing = [&](int i) { return staging + size_t(i) * 2 * message; };
   const auto incoming = [&](int i) { return staging + (size_t(i) * 2 + 1) * message; };
@@ -283,8 +254,7 @@ void UlyssesAttention::exchange(const std::vector<Piece>& whole, bool heads_out,
       before.push_back({packed_like(outgoing(i) + offset, here), here});
       if (!p.sum) after.push_back({there, packed_like(incoming(i) + offset, there)});
     }
-    const attnhost_block b = local_rows(p, 0);
-    offset += align_up(b.width * b.rows * b.slices);
+    offset += align_up(block_bytes(local_rows(p, 0)));
   }
   const std::string name = std::string(what) + " group " + std::to_string(step.group) + " entries " +
                            std::to_string(step.b0) + "-" + std::to_string(step.b0 + step.count - 1);
