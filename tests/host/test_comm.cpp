@@ -149,7 +149,7 @@ TEST_CASE("a size mismatch and a bad peer are errors") {
     if (r == 0) c.send(buf.data(), 8, ATTNHOST_DTYPE_FP32, 1, nullptr);
     if (r == 1) c.recv(buf.data(), 16, ATTNHOST_DTYPE_FP32, 0, nullptr);
   });
-  CHECK(errors[1] == "recv on rank 1 expected 64 bytes from rank 0, which sent 32");
+  CHECK(errors[1] == "recv on rank 1 expected 64 bytes from rank 0, which sent 32 bytes");
   auto bad = on_ranks(2, std::chrono::seconds(2), [&](int r, Communicator& c, RankGroup&) {
     float x = 0;
     if (r == 0) c.send(&x, 1, ATTNHOST_DTYPE_FP32, 5, nullptr);
