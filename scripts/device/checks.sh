@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine (device tool), in the repository's copy, with .gpu.tar.xz carried:
 #   scripts/device/checks.sh SECTION...   sections: info tests plugins verify shared mpi quick perf scaling suite
-#                                         cp peers fp8 striped ab ab2
+#                                         cp peers fp8 striped ab ab2 exchange
 # Every command has its own time limit so one hang cannot eat the call; logs go to $OUT.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -113,6 +113,16 @@ for section in "$@"; do
       done
       for v in engine=auto engine=cudnn engine=auto engine=cudnn; do
         echo "--- ring zigzag medium_window $v"; run 120 "$A" compare ring zigzag --config medium_window --param $v $T --out "$OUT/ab"
+      done ;;
+    exchange)
+      # The all-to-alls' blocks moved as they lie (copy engines, no pack kernels) against packed
+      # messages, alternating, same world size: ulysses and usp (timed at 00c2e59) and allgather.
+      step "A/B at world size $gpus: exchange=auto against packed"
+      T="--world-sizes $gpus --timing-method adaptive --warmup-runs 20 --no-check --quiet --format console --force"
+      for p in medium large; do
+        for v in auto packed auto packed; do
+          echo "--- ulysses allgather $p exchange=$v"; run 150 "$A" compare ulysses allgather --config $p --param exchange=$v $T --out "$OUT/ab"
+        done
       done ;;
     *) echo "unknown section $section" ;;
   esac
