@@ -80,6 +80,9 @@ class CopyEngineCommunicator final : public Communicator {
   CopyEngineCommunicator(std::unique_ptr<Communicator> nccl, std::shared_ptr<PeerMeeting> meeting)
       : nccl_(std::move(nccl)), meeting_(std::move(meeting)), sent_(nccl_->size()), received_(nccl_->size()) {
     check_cuda(cudaGetDevice(&device_), "cudaGetDevice", rank());
+    int max_pitch = 0;
+    check_cuda(cudaDeviceGetAttribute(&max_pitch, cudaDevAttrMaxPitch, device_), "cudaDeviceGetAttribute", rank());
+    max_pitch_ = size_t(max_pitch);
   }
   ~CopyEngineCommunicator() override {
     std::lock_guard lock(meeting_->mutex);
@@ -139,17 +142,42 @@ class CopyEngineCommunicator final : public Communicator {
   using Key = std::tuple<int, int, uint64_t>;
 
   static cudaStream_t stream(void* s) { return static_cast<cudaStream_t>(s); }
-  // A block as CUDA's 3-D copies see it: slices lie pitch x (slice_pitch / pitch) apart, so a slice
-  // pitch must be a whole number of rows (the ulysses layouts' are); check_block holds them apart.
-  cudaPitchedPtr pitched(const Block& b) const {
-    const size_t pitch = b.rows > 1 ? b.pitch : (b.slices > 1 ? b.slice_pitch : b.width);
-    const size_t ysize = b.slices > 1 ? b.slice_pitch / pitch : b.rows;
-    if (b.slices > 1 && (b.slice_pitch % pitch != 0 || ysize < b.rows))
-      throw RuntimeFailure(ATTNHOST_ERR_INVALID_ARGUMENT,
-                           "rank " + std::to_string(rank()) + ": a block's slice pitch " + std::to_string(b.slice_pitch) +
-                               " is not a whole number of its " + std::to_string(pitch) + "-byte rows");
-    return make_cudaPitchedPtr(b.data, pitch, b.width, ysize);
+  // One peer copy of a block, as CUDA's 3-D copies see it where they can: one copy whose slices lie
+  // pitch x ysize apart, so a slice pitch that is a whole number of rows; else a copy a slice; and
+  // a copy a row where a pitch passes the device's limit (rows of megabytes then).
+  void copy(const Block& dst, int dst_device, const Block& src, cudaStream_t stream) const {
+    if (src.is_contiguous() && dst.is_contiguous()) {
+      check_cuda(cudaMemcpyPeerAsync(dst.data, dst_device, src.data, device_, src.bytes(), stream), "cudaMemcpyPeerAsync",
+                 rank());
+      return;
+    }
+    const auto row_pitch = [](const Block& b) { return b.rows > 1 ? b.pitch : b.width; };
+    const auto fits = [&](const Block& b) { return row_pitch(b) <= max_pitch_; };
+    const auto whole = [&](const Block& b) { return fits(b) && (b.slices == 1 || b.slice_pitch % row_pitch(b) == 0); };
+    const auto at = [](const Block& b, size_t slice, size_t row) {
+      return static_cast<char*>(b.data) + slice * b.slice_pitch + row * b.pitch;
+    };
+    const auto copy3d = [&](void* d, const Block& db, void* s, const Block& sb, size_t slices) {
+      cudaMemcpy3DPeerParms p{};
+      p.srcPtr = make_cudaPitchedPtr(s, row_pitch(sb), sb.width, slices > 1 ? sb.slice_pitch / row_pitch(sb) : sb.rows);
+      p.srcDevice = device_;
+      p.dstPtr = make_cudaPitchedPtr(d, row_pitch(db), db.width, slices > 1 ? db.slice_pitch / row_pitch(db) : db.rows);
+      p.dstDevice = dst_device;
+      p.extent = make_cudaExtent(sb.width, sb.rows, slices);
+      check_cuda(cudaMemcpy3DPeerAsync(&p, stream), "cudaMemcpy3DPeerAsync", rank());
+    };
+    if (whole(src) && whole(dst)) return copy3d(dst.data, dst, src.data, src, src.slices);
+    for (size_t slice = 0; slice < src.slices; ++slice) {
+      if (fits(src) && fits(dst)) {
+        copy3d(at(dst, slice, 0), dst, at(src, slice, 0), src, 1);
+        continue;
+      }
+      for (size_t row = 0; row < src.rows; ++row)
+        check_cuda(cudaMemcpyPeerAsync(at(dst, slice, row), dst_device, at(src, slice, row), device_, src.width, stream),
+                   "cudaMemcpyPeerAsync", rank());
+    }
   }
+
   Key key(const Op& op) const { return op.send ? Key{rank(), op.peer, op.seq} : Key{op.peer, rank(), op.seq}; }
 
   void add(Op op) {
@@ -218,18 +246,7 @@ class CopyEngineCommunicator final : public Communicator {
                              "rank " + std::to_string(rank()) + " sends " + src.shape() + " to rank " +
                                  std::to_string(op.peer) + ", which receives " + slot.dst.shape());
       check_cuda(cudaStreamWaitEvent(op.stream, slot.writable, 0), "cudaStreamWaitEvent", rank());
-      if (flat) {
-        check_cuda(cudaMemcpyPeerAsync(slot.dst.data, slot.recv_device, src.data, device_, src.bytes(), op.stream),
-                   "cudaMemcpyPeerAsync", rank());
-      } else {
-        cudaMemcpy3DPeerParms p{};
-        p.srcPtr = pitched(src);
-        p.srcDevice = device_;
-        p.dstPtr = pitched(slot.dst);
-        p.dstDevice = slot.recv_device;
-        p.extent = make_cudaExtent(src.width, src.rows, src.slices);
-        check_cuda(cudaMemcpy3DPeerAsync(&p, op.stream), "cudaMemcpy3DPeerAsync", rank());
-      }
+      copy(slot.dst, slot.recv_device, src, op.stream);
       m.free_events[op.peer].push_back(slot.writable);  // waited for: the receiver may record it again
       slot.writable = nullptr;
       slot.dst = Block{};
@@ -255,6 +272,7 @@ class CopyEngineCommunicator final : public Communicator {
   std::vector<Op> ops_;
   int depth_ = 0;
   int device_ = 0;
+  size_t max_pitch_ = 0;  // cudaDevAttrMaxPitch: the largest row pitch of a 2-D or 3-D copy
 };
 
 }  // namespace

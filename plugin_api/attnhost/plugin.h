@@ -317,8 +317,9 @@ typedef struct attnhost_span_list {
  * Buffers given to communication calls live on the instance's device.
  * ------------------------------------------------------------------------------------------- */
 /* ABI 1.7: a strided block of bytes for send_block and recv_block: `slices` slices of `rows` rows
- * of `width` bytes; row r of slice s starts at data + s * slice_pitch + r * pitch. A contiguous
- * message of n bytes is {n, 1, n, 1, n}. */
+ * of `width` bytes; row r of slice s starts at data + s * slice_pitch + r * pitch. Rows and slices
+ * do not overlap: pitch >= width where rows > 1, slice_pitch >= (rows - 1) * pitch + width where
+ * slices > 1. A contiguous message of n bytes is {n, 1, n, 1, n}. */
 typedef struct attnhost_block {
   uint32_t struct_size;
   void* data;

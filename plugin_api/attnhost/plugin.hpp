@@ -224,9 +224,11 @@ class Host {
     return ATTNHOST_HAS_FIELD(api_, attnhost_host_api, recv_block) && api_->send_block && api_->recv_block;
   }
   void send_block(const attnhost_block& b, int32_t peer, void* s) const {
+    if (!blocks()) fail(ATTNHOST_ERR_UNSUPPORTED, "send_block: this host moves no blocks (ABI < 1.7, or NCCL or MPI): pack them");
     check(api_->send_block(api_->context, &b, peer, s), "send_block");
   }
   void recv_block(const attnhost_block& b, int32_t peer, void* s) const {
+    if (!blocks()) fail(ATTNHOST_ERR_UNSUPPORTED, "recv_block: this host moves no blocks (ABI < 1.7, or NCCL or MPI): pack them");
     check(api_->recv_block(api_->context, &b, peer, s), "recv_block");
   }
 

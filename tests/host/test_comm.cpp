@@ -313,7 +313,8 @@ TEST_CASE("gpu: copy-engine sends keep both streams' order" * doctest::test_suit
 }
 
 // Blocks as the all-to-alls lay them: a quarter of each token's heads (1536 of 6144 bytes) into
-// contiguous rows with gaps between slices, and one row a slice (row statistics), after a plain send.
+// contiguous rows with gaps between slices, one row a slice (row statistics), and slices that lie
+// no whole number of rows apart, after a plain send.
 TEST_CASE("gpu: copy-engine blocks land in the receiver's layout and keep their order among plain sends" * doctest::test_suite("gpu")) {
   const int n = cuda_device_count();
   if (n < 2 || !peer_access_among(n)) {
@@ -324,9 +325,11 @@ TEST_CASE("gpu: copy-engine blocks land in the receiver's layout and keep their 
     Block from, to;
     size_t from_bytes, to_bytes;
   };
+  const size_t odd = 63 * 6144 + 1536 + 272;  // a slice pitch that is no whole number of rows: a copy a slice
   const std::vector<Pair> pairs = {
       {{nullptr, 1536, 64, 6144, 3, 64 * 6144}, {nullptr, 1536, 64, 1536, 3, 2 * 64 * 1536}, 3 * 64 * 6144, 6 * 64 * 1536},
-      {{nullptr, 4096, 1, 4096, 4, 3 * 4096}, {nullptr, 4096, 1, 4096, 4, 2 * 4096}, 12 * 4096, 8 * 4096}};
+      {{nullptr, 4096, 1, 4096, 4, 3 * 4096}, {nullptr, 4096, 1, 4096, 4, 2 * 4096}, 12 * 4096, 8 * 4096},
+      {{nullptr, 1536, 64, 6144, 3, odd}, {nullptr, 1536, 64, 1536, 3, 64 * 1536}, 3 * odd, 3 * 64 * 1536}};
   auto errors = on_gpus(2, std::chrono::milliseconds(20000), [&](int rank, Device& device, Communicator& comm) {
     REQUIRE(comm.blocks());
     const int peer = 1 - rank;
