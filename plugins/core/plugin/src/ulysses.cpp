@@ -61,13 +61,6 @@ std::string check_ulysses_heads(int32_t heads_q, int32_t heads_kv, int32_t u) {
   return {};
 }
 
-struct UlyssesAttention::Copy {
-  void* dst;
-  size_t dst_pitch;
-  const void* src;
-  size_t src_pitch, width, rows;
-};
-
 UlyssesAttention::UlyssesAttention(const UlyssesShape& shape, RingPlan plan, const ScheduleOptions& options)
     : s_(shape), host_(options.host), u_(shape.ulysses), member_(options.rank % shape.ulysses),
       base_(options.rank - options.rank % shape.ulysses), n_(shape.ring.local_q), overlap_(options.overlap),

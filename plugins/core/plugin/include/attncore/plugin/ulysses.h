@@ -83,7 +83,6 @@ class UlyssesAttention {
     bool output = false;  // O, dQ, dK, dV: in the outputs' dtype (bf16 in an FP8 problem), else the inputs'
   };
   size_t piece_elem(const Piece& p) const;  // bytes of one element of a tokens piece
-  struct Copy;
   int32_t first_head(int member, const Piece& p, int32_t group) const;
   // The all-to-all of a step's entries of `pieces` (whole-batch tensors, the step's head group), on
   // `stream`; the member's own heads, which cross no link, are copied on `own` (the compute stream
@@ -111,7 +110,8 @@ class UlyssesAttention {
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<RingAttention> ring_;
   // The head-sharded tensors, group after group: Q, K, V, O, LSE (kept from the forward), dO, dQ,
-  // dK, dV; the staging of one all-to-all; the fp32 sums of replicated kv gradients. The same for
+  // dK, dV; the staging of one all-to-all's packed messages (none where blocks go as they lie, but
+  // for the replicated kv heads' gradients); the fp32 sums of those gradients. The same for
   // both passes (workspace.h): the backward reads what the forward keeps.
   struct Buffers {
     char *q = nullptr, *k = nullptr, *v = nullptr, *o = nullptr, *lse = nullptr, *d_o = nullptr, *dq = nullptr,
