@@ -99,7 +99,7 @@ class CopyEngineCommunicator final : public Communicator {
   void recv(void* buf, size_t n, int32_t dt, int peer, void* s) override {
     recv_block(Block::contiguous(buf, n * dtype_bytes(dt)), peer, s);
   }
-  // A strided block is one 3-D peer copy: the copy engines walk its rows at the rate of a
+  // A strided block is one 3-D peer copy (copy()): the copy engines walk its rows at the rate of a
   // contiguous copy (rows of 512-3072 bytes between two H200s, docs/KERNELS.md, "Blocks as they lie").
   bool blocks() const override { return true; }
   void send_block(const Block& b, int peer, void* s) override {
