@@ -81,20 +81,22 @@ class Allgather {
     for (const attnhost_token_range& r : ranges_[rank_]) layout_.add(r.global_begin, r.length);
     layout_.pad(local_ - layout_.local_tokens());
     groups_ = choose_groups(p.get_int("head_groups"));
+    forward_groups_ = p.get_int("head_groups") > 0 ? groups_ : choose_forward_groups();
     allocate();
   }
 
   attnhost_layout layout(int32_t) { return layout_.view(); }
 
   void forward(const attnhost_forward_args& a) {
+    pass_groups_ = forward_groups_;
     void* compute = host_.stream(0);
     void* gs = overlap_ ? host_.stream(1) : compute;
-    std::vector<Engine::Event> gathered(groups_), done(groups_);
+    std::vector<Engine::Event> gathered(pass_groups_), done(pass_groups_);
     engine_->wait(gs, compute);  // the inputs are ready
     gather(a.k.data, a.v.data, 0, gs);
     gathered[0] = engine_->record(gs);
-    for (int g = 0; g < groups_; ++g) {
-      if (g + 1 < groups_) {
+    for (int g = 0; g < pass_groups_; ++g) {
+      if (g + 1 < pass_groups_) {
         if (g > 0) engine_->wait(gs, done[g - 1]);  // its buffer was read by group g - 1
         gather(a.k.data, a.v.data, g + 1, gs);
         gathered[g + 1] = engine_->record(gs);
@@ -113,6 +115,7 @@ class Allgather {
   // gather waited behind group g - 1's gradients home, and ran uncovered between two groups'
   // attention (docs/KERNELS.md, "Allgather's backward").
   void backward(const attnhost_backward_args& a) {
+    pass_groups_ = groups_;
     void* compute = host_.stream(0);
     void* gs = overlap_ ? host_.stream(1) : compute;
     void* xs = overlap_ ? host_.stream(2) : compute;
@@ -185,7 +188,7 @@ class Allgather {
     char *home = nullptr, *packed = nullptr, *gathered_in = nullptr;
   };
 
-  int32_t group_kv() const { return kv_heads_ / groups_; }
+  int32_t group_kv() const { return kv_heads_ / pass_groups_; }
   int32_t group_q() const { return group_kv() * (heads_ / kv_heads_); }
   size_t group_q_elems() const { return size_t(batch_) * local_ * group_q() * dim_; }
   size_t gathered_elems() const { return size_t(batch_) * seqlen_ * group_kv() * dim_; }
@@ -208,6 +211,18 @@ class Allgather {
     }
     return kv_heads_;
   }
+  // The forward holds no gradients: its groups are the fewest whose K and V fit in a slot the
+  // backward's groups size (K, V and their fp32 gradients), so its calls are longer (at medium on
+  // two ranks, 4 groups of 6 kv heads in the room of 12 groups of 2). Only where blocks go as they
+  // lie: packed messages would need staging sized for the larger group.
+  int32_t choose_forward_groups() const {
+    if (!direct_ || world_ == 1) return groups_;
+    const size_t per_group = size_t(batch_) * seqlen_ * (kv_heads_ / groups_) * dim_;
+    const size_t room = 2 * align_up(per_group * el_) + align_up(2 * per_group * 4);
+    for (int32_t g = 1; g < groups_; ++g)
+      if (kv_heads_ % g == 0 && 2 * align_up(size_t(batch_) * seqlen_ * (kv_heads_ / g) * dim_ * el_) <= room) return g;
+    return groups_;
+  }
   // The messages to and from every peer (fp32 dK and dV of a rank's tokens, each way) and this
   // rank's K and V of a group, packed, and the peers' (none where blocks go as they lie).
   double staging_bytes(int32_t kv) const {
@@ -217,23 +232,32 @@ class Allgather {
   void allocate() {
     work_ = Workspace<Buffers>(host_, [&](Carver& c, Pass) { return layout(c); });
   }
+  // Sized by the backward's groups; the forward's K and V fit in its slots (kv_slot).
   Buffers layout(Carver& c) const {
+    const int32_t kv = kv_heads_ / groups_;
+    const size_t gathered = size_t(batch_) * seqlen_ * kv * dim_;
     Buffers b;
     for (Slot& slot : b.slots) {
-      slot.k = c.take(gathered_elems() * el_);
-      slot.v = c.take(gathered_elems() * el_);
-      slot.dk = c.take<float>(2 * gathered_elems() * 4);  // dV right after dK: zeroed together
-      slot.dv = slot.dk ? slot.dk + gathered_elems() : nullptr;
+      slot.k = c.take(gathered * el_);
+      slot.v = c.take(gathered * el_);
+      slot.dk = c.take<float>(2 * gathered * 4);  // dV right after dK: zeroed together
+      slot.dv = slot.dk ? slot.dk + gathered : nullptr;
     }
-    b.dq = c.take<float>(group_q_elems() * 4);
+    b.dq = c.take<float>(size_t(batch_) * local_ * kv * (heads_ / kv_heads_) * dim_ * 4);
     b.delta = c.take<float>(size_t(batch_) * heads_ * local_ * 4);
     b.home = c.take(world_ > 1 ? size_t(world_) * 2 * message_bytes() : 0);
-    b.packed = c.take(kv_message_bytes());  // K, then V from its next 256 bytes
-    b.gathered_in = c.take(world_ > 1 && !direct_ ? size_t(world_) * kv_message_bytes() : 0);
+    b.packed = c.take(kv_message_bytes(kv_heads_ / forward_groups_));  // K, then V from its next 256 bytes
+    b.gathered_in = c.take(world_ > 1 && !direct_ ? size_t(world_) * kv_message_bytes(kv) : 0);
     return b;
   }
   const Buffers& buffers() const { return work_.forward(); }
   const Slot& slot(int g) const { return buffers().slots[g % 2]; }
+  // Slot g % 2's K and V for the pass's groups: the backward's as laid out, the forward's larger
+  // ones from the slot's start (V after K), over the room of the backward's K, V and gradients.
+  std::pair<char*, char*> kv_slot(int g) const {
+    char* k = slot(g).k;
+    return {k, k + align_up(gathered_elems() * el_)};
+  }
 
   // [B, local tokens, heads, D] views of a Q-like tensor from local row `row0` and head `head0`.
   // (el: the tensor's element size, the inputs' el_ or the outputs' out_el_.)
@@ -301,8 +325,8 @@ class Allgather {
     p.seqlen_kv = keys.size();
     p.softmax_scale = scale_;
     p.q = q;
-    p.k = gathered(slot(g).k, keys.lo, false);
-    p.v = gathered(slot(g).v, keys.lo, false);
+    p.k = gathered(kv_slot(g).first, keys.lo, false);
+    p.v = gathered(kv_slot(g).second, keys.lo, false);
     p.mask = mask_at(r.global_begin, keys.lo);
     if (fp8) {
       p.descale_q = fp8->descale_q;
@@ -346,7 +370,7 @@ class Allgather {
     const size_t row = size_t(kv) * dim_ * el_, local_batch = local_ * row, global_batch = seqlen_ * row;
     const size_t half = align_up(batch_ * local_batch);  // one tensor in a message (kv_message_bytes)
     const char* mine[2] = {static_cast<char*>(k) + size_t(g) * kv * dim_ * el_, static_cast<char*>(v) + size_t(g) * kv * dim_ * el_};
-    char* into[2] = {slot(g).k, slot(g).v};
+    char* into[2] = {kv_slot(g).first, kv_slot(g).second};
     const int32_t range = host_.range_begin(("K V gather group " + std::to_string(g)).c_str(), ATTNHOST_RANGE_COMMUNICATION, stream);
     for (int t = 0; t < 2; ++t) {
       engine_->copy_rows(buffers().packed + t * half, row, mine[t], size_t(kv_heads_) * dim_ * el_, row, size_t(batch_) * local_, stream);
@@ -473,11 +497,13 @@ class Allgather {
 
   // Per peer, a message out and a message in of a group's [dK | dV] (fp32); and one in of its
   // [K | V] (dtype).
-  size_t message_bytes() const { return 2 * align_up(local_kv_elems(group_kv()) * 4); }
-  size_t kv_message_bytes() const { return 2 * align_up(local_kv_elems(group_kv()) * el_); }
+  // The backward's messages home (fp32 dK and dV of a rank's tokens), and a group of kv heads' K/V
+  // of a rank's tokens, packed (the forward's groups hold at least as many heads as the backward's).
+  size_t message_bytes() const { return 2 * align_up(local_kv_elems(kv_heads_ / groups_) * 4); }
+  size_t kv_message_bytes(int32_t kv) const { return 2 * align_up(local_kv_elems(kv) * el_); }
   char* outgoing(int peer) const { return buffers().home + size_t(peer) * 2 * message_bytes(); }
   char* incoming(int peer) const { return buffers().home + (size_t(peer) * 2 + 1) * message_bytes(); }
-  char* gathered_in(int peer) const { return buffers().gathered_in + size_t(peer) * kv_message_bytes(); }
+  char* gathered_in(int peer) const { return buffers().gathered_in + size_t(peer) * kv_message_bytes(group_kv()); }
 
   DenseReference reference_;
   attnhost::Host host_;
@@ -492,7 +518,9 @@ class Allgather {
   std::vector<std::vector<attnhost_token_range>> ranges_;  // each rank's tokens
   int64_t local_ = 0;
   attnhost::Layout layout_;
-  int32_t groups_ = 1;
+  int32_t groups_ = 1;          // the backward's groups of kv heads (and the forward's where asked)
+  int32_t forward_groups_ = 1;  // the forward's
+  int32_t pass_groups_ = 1;     // the pass in progress's: what group_kv() divides by
   Workspace<Buffers> work_;
 };
 
