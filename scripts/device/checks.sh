@@ -116,13 +116,17 @@ for section in "$@"; do
       done ;;
     exchange)
       # The all-to-alls' blocks moved as they lie (copy engines, no pack kernels) against packed
-      # messages, alternating, same world size: ulysses and usp (timed at 00c2e59) and allgather.
+      # messages, alternating, same world size: ulysses (timed at 00c2e59) and allgather.
       step "A/B at world size $gpus: exchange=auto against packed"
       T="--world-sizes $gpus --timing-method adaptive --warmup-runs 20 --no-check --quiet --format console --force"
       for p in medium large; do
         for v in auto packed auto packed; do
           echo "--- ulysses allgather $p exchange=$v"; run 150 "$A" compare ulysses allgather --config $p --param exchange=$v $T --out "$OUT/ab"
         done
+      done
+      # allgather's forward in fewer groups than its backward (auto) against the backward's count in both.
+      for v in head_groups=0 head_groups=12 head_groups=0 head_groups=12; do
+        echo "--- allgather medium $v"; run 150 "$A" compare allgather --config medium --param $v $T --out "$OUT/ab"
       done ;;
     *) echo "unknown section $section" ;;
   esac
