@@ -224,9 +224,10 @@ class Allgather {
     return groups_;
   }
   // The messages to and from every peer (fp32 dK and dV of a rank's tokens, each way) and this
-  // rank's K and V of a group, packed, and the peers' (none where blocks go as they lie).
+  // rank's K and V of a group, packed, and the peers'. Where blocks go as they lie, only the
+  // messages in and this rank's K and V.
   double staging_bytes(int32_t kv) const {
-    return double(world_) * 4 * local_kv_elems(kv) * 4 + (direct_ ? 1 : world_ + 1) * 2.0 * local_kv_elems(kv) * el_;
+    return double(world_) * (direct_ ? 2 : 4) * local_kv_elems(kv) * 4 + (direct_ ? 1 : world_ + 1) * 2.0 * local_kv_elems(kv) * el_;
   }
 
   void allocate() {
@@ -245,7 +246,7 @@ class Allgather {
     }
     b.dq = c.take<float>(size_t(batch_) * local_ * kv * (heads_ / kv_heads_) * dim_ * 4);
     b.delta = c.take<float>(size_t(batch_) * heads_ * local_ * 4);
-    b.home = c.take(world_ > 1 ? size_t(world_) * 2 * message_bytes() : 0);
+    b.home = c.take(world_ > 1 ? size_t(world_) * (direct_ ? 1 : 2) * message_bytes() : 0);  // (direct: incoming only)
     b.packed = c.take(kv_message_bytes(kv_heads_ / forward_groups_));  // K, then V from its next 256 bytes
     b.gathered_in = c.take(world_ > 1 && !direct_ ? size_t(world_) * kv_message_bytes(kv) : 0);
     return b;
@@ -501,8 +502,10 @@ class Allgather {
   // of a rank's tokens, packed (the forward's groups hold at least as many heads as the backward's).
   size_t message_bytes() const { return 2 * align_up(local_kv_elems(kv_heads_ / groups_) * 4); }
   size_t kv_message_bytes(int32_t kv) const { return 2 * align_up(local_kv_elems(kv) * el_); }
-  char* outgoing(int peer) const { return buffers().home + size_t(peer) * 2 * message_bytes(); }
-  char* incoming(int peer) const { return buffers().home + (size_t(peer) * 2 + 1) * message_bytes(); }
+  char* outgoing(int peer) const { return buffers().home + size_t(peer) * 2 * message_bytes(); }  // (packed only)
+  char* incoming(int peer) const {
+    return buffers().home + (direct_ ? size_t(peer) : size_t(peer) * 2 + 1) * message_bytes();
+  }
   char* gathered_in(int peer) const { return buffers().gathered_in + size_t(peer) * kv_message_bytes(group_kv()); }
 
   DenseReference reference_;
