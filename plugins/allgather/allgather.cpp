@@ -26,7 +26,9 @@ using namespace attncore::plugin;
 inline constexpr auto kParams = with_packed_ring_params(std::array{
     attnhost_param_spec{ATTNHOST_STRUCT_SIZE(attnhost_param_spec, choices), "head_groups", ATTNHOST_PARAM_INT, "0",
                         "gather K/V in this many groups of kv heads, each under the previous group's attention; 0: the "
-                        "fewest that keep a rank's memory within 1.5x of its working set plus one gathered group",
+                        "fewest that keep a rank's memory within 1.5x of its working set plus one gathered group (the "
+                        "backward's: the forward, which holds no gradients, takes larger groups in the same memory "
+                        "where blocks go as they lie)",
                         nullptr},
     attnhost_param_spec{ATTNHOST_STRUCT_SIZE(attnhost_param_spec, choices), "exchange", ATTNHOST_PARAM_STRING,
                         "\"auto\"",
