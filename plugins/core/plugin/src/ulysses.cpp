@@ -104,7 +104,8 @@ UlyssesAttention::Buffers UlyssesAttention::layout(Carver& c) const {
   for (char** t : {&b.k, &b.v}) *t = c.take(groups_ * g.kv * in_el);
   for (char** t : {&b.dk, &b.dv}) *t = c.take(groups_ * g.kv * dkv_el);
   b.lse = c.take(groups_ * g.rows * 4);
-  if (!direct_ || kv_heads_replicated(r.heads_kv, u_)) b.staging = c.take(2 * u_ * message);  // the packed messages
+  // The packed messages out and in, or (blocks as they lie) the replicated kv heads' sums coming in.
+  if (!direct_ || kv_heads_replicated(r.heads_kv, u_)) b.staging = c.take((direct_ ? 1 : 2) * u_ * message);
   if (kv_heads_replicated(r.heads_kv, u_)) {
     const size_t sum_elems = static_cast<size_t>(r.batch) * n_ * r.heads_kv * r.head_dim;
     b.dk_sum = c.take<float>(sum_elems * 4);
@@ -220,8 +221,8 @@ void UlyssesAttention::exchange(const std::vector<Piece>& whole, bool heads_out,
   size_t message = 0;
   for (const Piece& p : pieces) message += align_up(block_bytes(local_rows(p, 0)));
   char* staging = buffers().staging;
-  const auto outgoing = [&](int i) { return staging + size_t(i) * 2 * message; };
-  const auto incoming = [&](int i) { return staging + (size_t(i) * 2 + 1) * message; };
+  const auto outgoing = [&](int i) { return staging + size_t(i) * 2 * message; };  // (packed only)
+  const auto incoming = [&](int i) { return staging + (direct_ ? size_t(i) : size_t(i) * 2 + 1) * message; };
   size_t offset = 0;
   for (const Piece& p : pieces) {
     for (int i = 0; i < u_; ++i) {
