@@ -29,7 +29,12 @@ struct Block {
   bool is_contiguous() const {
     return (rows == 1 || pitch == width) && (slices == 1 || slice_pitch == width * rows);
   }
-  bool same_shape(const Block& o) const { return width == o.width && rows == o.rows && slices == o.slices; }
+  // Whether a block sent meets this one received: two contiguous blocks of one size, else the same
+  // width, rows and slices.
+  bool matches(const Block& o) const {
+    if (is_contiguous() && o.is_contiguous()) return bytes() == o.bytes();
+    return width == o.width && rows == o.rows && slices == o.slices;
+  }
   std::string shape() const;  // "W x R x S bytes" (or "N bytes" when contiguous), for errors
 };
 

@@ -240,8 +240,7 @@ class CopyEngineCommunicator final : public Communicator {
       PeerMeeting::Slot& slot = m.slots[key(op)];
       wait(lock, op, "its receive", [&] { return slot.writable != nullptr; });
       const Block& src = op.block;
-      const bool flat = src.is_contiguous() && slot.dst.is_contiguous();
-      if (flat ? src.bytes() != slot.dst.bytes() : !src.same_shape(slot.dst))
+      if (!src.matches(slot.dst))
         throw RuntimeFailure(ATTNHOST_ERR_COMMUNICATION,
                              "rank " + std::to_string(rank()) + " sends " + src.shape() + " to rank " +
                                  std::to_string(op.peer) + ", which receives " + slot.dst.shape());

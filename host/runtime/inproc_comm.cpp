@@ -274,7 +274,7 @@ class InprocCommunicator final : public Communicator {
     InprocWorld::State::Message m = std::move(box.front());
     box.pop_front();
     lock.unlock();
-    if (!m.shape.same_shape(b) && !(m.shape.is_contiguous() && b.is_contiguous() && m.bytes.size() == bytes))
+    if (!m.shape.matches(b))
       throw RuntimeFailure(ATTNHOST_ERR_COMMUNICATION,
                            "recv on rank " + std::to_string(rank_) + " expected " + b.shape() + " from rank " +
                                std::to_string(peer) + ", which sent " + m.shape.shape());
