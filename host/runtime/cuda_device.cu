@@ -104,8 +104,11 @@ class CudaDevice final : public Device {
     // an idle GPU took 14 ms under a long backward kernel at the default priority).
     int least = 0, greatest = 0;
     check_cuda(cudaDeviceGetStreamPriorityRange(&least, &greatest), "cudaDeviceGetStreamPriorityRange");
+    // Stream 3 is at stream 0's priority: its blocks wait for the running kernel's to be placed,
+    // then take the SMs its last wave leaves (docs/KERNELS.md, "Filling the last wave").
     for (size_t i = 0; i < std::size(streams_); ++i)
-      check_cuda(cudaStreamCreateWithPriority(&streams_[i], cudaStreamNonBlocking, i == 0 ? least : greatest),
+      check_cuda(cudaStreamCreateWithPriority(&streams_[i], cudaStreamNonBlocking,
+                                              i == 0 || i == 3 ? least : greatest),
                  "cudaStreamCreate");
     check_cuda(cudaMalloc(&scratch_count_, sizeof(unsigned long long)), "cudaMalloc");
   }
@@ -131,7 +134,7 @@ class CudaDevice final : public Device {
   void fill_bytes(void* dst, int v, size_t n) override {
     check_cuda(cudaMemsetAsync(dst, v, n, streams_[0]), "cudaMemset");
   }
-  void* stream(int index) override { return index >= 0 && index < 3 ? streams_[index] : nullptr; }
+  void* stream(int index) override { return index >= 0 && index < int(std::size(streams_)) ? streams_[index] : nullptr; }
   void synchronize() override {
     for (cudaStream_t s : streams_) check_cuda(cudaStreamSynchronize(s), "cudaStreamSynchronize");
     check_cuda(cudaGetLastError(), "kernel launch");
@@ -213,7 +216,7 @@ class CudaDevice final : public Device {
   int ordinal_;
   std::string name_;
   size_t l2_bytes_ = 0;
-  cudaStream_t streams_[3]{};
+  cudaStream_t streams_[4]{};
   void* flush_ = nullptr;
   int flush_value_ = 0;
   unsigned long long* scratch_count_ = nullptr;

@@ -82,7 +82,7 @@ class Device {
   virtual void copy_from_host(void* dst, const void* src, size_t bytes) = 0;
   virtual void fill_bytes(void* dst, int value, size_t bytes) = 0;
 
-  virtual void* stream(int index) = 0; // 0 timed, 1 and 2 auxiliary; NULL on the CPU
+  virtual void* stream(int index) = 0; // 0 timed; 1 and 2 auxiliary at the greatest priority, 3 at 0's; NULL on the CPU
   virtual void synchronize() = 0;      // waits for every stream
   virtual std::unique_ptr<Marker> marker() = 0;
   virtual void flush_l2() = 0;         // evicts caches between timed samples

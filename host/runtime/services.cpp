@@ -76,7 +76,7 @@ RankServices::RankServices(Device& device, Communicator& comm, Tracer& tracer, i
   api_.struct_size = ATTNHOST_STRUCT_SIZE(attnhost_host_api, recv_block);
   api_.context = this;
   api_.stream = [](void* c, int32_t index) -> void* {
-    if (index < 0 || index > 2) return nullptr;
+    if (index < 0 || index > 3) return nullptr;
     return self(c).device_.stream(index);
   };
   api_.alloc = [](void* c, size_t bytes, void** out) {

@@ -51,7 +51,7 @@ extern "C" {
  * Versions
  * ------------------------------------------------------------------------------------------- */
 #define ATTNHOST_ABI_MAJOR 1
-#define ATTNHOST_ABI_MINOR 7
+#define ATTNHOST_ABI_MINOR 8
 
 /* Size of a struct up to and including its last known field (PJRT's STRUCT_SIZE). Use it to fill
  * struct_size so that a struct compiled against an older header reports its older, smaller size. */
@@ -335,7 +335,10 @@ typedef struct attnhost_host_api {
   /* Stream `index` of this rank: 0 is the stream the host times (forward/backward must enqueue
    * their work on it or join other streams back into it before returning); 1 and 2 are
    * auxiliary streams (e.g. for communication) created by the host at the device's greatest
-   * priority, so that their work is scheduled ahead of stream 0's waiting blocks. NULL on the CPU. */
+   * priority, so that their work is scheduled ahead of stream 0's waiting blocks. ABI 1.8: 3 is
+   * an auxiliary stream at stream 0's priority, for work that should take the SMs stream 0's
+   * kernels leave free (a kernel's last wave) rather than cut ahead of them; NULL from an older
+   * host. NULL on the CPU. */
   void* (*stream)(void* context, int32_t index);
 
   /* -- memory: device memory of this rank, accounted by the host -- */

@@ -134,6 +134,37 @@ TEST_CASE("a ring's auto slices never starve the backward's grid") {
   CHECK(many.head_slices == 1);
 }
 
+// Two row sets let a slice's delta and dQ be made and rounded under its neighbours' steps; a packed
+// head slice makes them between its pack and its call, in the one set.
+TEST_CASE("a ring's backward keeps two row sets over batch slices, one over head slices or none") {
+  RingShape s;
+  s.batch = 2;
+  s.heads_q = 32;
+  s.heads_kv = 2;
+  s.head_dim = 64;
+  s.local_q = s.local_kv = 8192;
+  s.mask.seqlen = 16384;
+  s.mask.causal = true;
+  RingShape batch = s;
+  batch.batch_slices = 2;
+  batch.head_slices = 1;
+  choose_slices(batch, 2, 0);
+  CHECK(batch.double_rows);
+  RingShape heads = s;
+  heads.batch_slices = 2;
+  heads.head_slices = 2;
+  choose_slices(heads, 2, 0);
+  CHECK_FALSE(heads.double_rows);
+  RingShape whole = s;
+  whole.batch_slices = whole.head_slices = 1;
+  choose_slices(whole, 2, 0);
+  CHECK_FALSE(whole.double_rows);
+  // The second set is counted (the workspace is the larger pass's, here past the forward's).
+  RingShape single = batch;
+  single.double_rows = false;
+  CHECK(RingAttention::workspace_bytes(batch, 2) > RingAttention::workspace_bytes(single, 2));
+}
+
 // B=4 S=8192 H=24 D=128 bf16 causal on two ranks (the medium preset): the memory rule cuts the
 // backward into four slices of one entry; the forward, without fp32 gradients, fits two of two in
 // the same bytes.

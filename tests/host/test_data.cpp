@@ -2,6 +2,7 @@
 #include "runtime/comm.h"
 #include "runtime/data.h"
 #include "runtime/device.h"
+#include "runtime/services.h"
 
 #include <doctest/doctest.h>
 
@@ -185,17 +186,30 @@ TEST_CASE("gpu: the CUDA kernel generates bit-identical data to the CPU with zer
 }
 // A transfer on an auxiliary stream at the default priority waited behind every block of the kernel
 // it should have hidden under (a 1.1 ms hop took 14 ms under a backward, docs/KERNELS.md, "Communication streams at the greatest priority").
-TEST_CASE("gpu: the auxiliary streams run at the device's greatest priority and stream 0 at its least" *
+// Stream 3 (ABI 1.8) fills the SMs stream 0's kernels leave: at their priority, it waits for their
+// blocks to be placed rather than cutting ahead (docs/KERNELS.md, "Filling the last wave").
+TEST_CASE("gpu: the auxiliary streams run at the device's greatest priority, stream 0 and the fill stream at its least" *
           doctest::test_suite("gpu")) {
   REQUIRE_MESSAGE(attnhost::cuda_device_count() > 0, "no GPU visible");
   auto device = attnhost::make_cuda_device(0);
   int least = 0, greatest = 0;
   REQUIRE(cudaDeviceGetStreamPriorityRange(&least, &greatest) == cudaSuccess);
   REQUIRE(greatest != least);  // (lower numbers are greater priorities)
-  for (int index : {0, 1, 2}) {
+  for (int index : {0, 1, 2, 3}) {
     int priority = 0;
     REQUIRE(cudaStreamGetPriority(static_cast<cudaStream_t>(device->stream(index)), &priority) == cudaSuccess);
-    CHECK(priority == (index == 0 ? least : greatest));
+    CHECK(priority == (index == 0 || index == 3 ? least : greatest));
   }
+  CHECK(device->stream(4) == nullptr);
+  // What a plugin is lent through the host API: every stream the device has, and no other (the
+  // fill stream was once the device's and not the plugins').
+  InprocWorld world(1, std::chrono::milliseconds(1000));
+  auto comm = world.communicator(0);
+  Tracer tracer(*device, 0);
+  RankServices services(*device, *comm, tracer, 0);
+  const attnhost_host_api* api = services.api();
+  for (int index : {0, 1, 2, 3}) CHECK(api->stream(api->context, index) == device->stream(index));
+  CHECK(api->stream(api->context, 4) == nullptr);
+  CHECK(api->stream(api->context, -1) == nullptr);
 }
 #endif

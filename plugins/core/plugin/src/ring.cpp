@@ -140,8 +140,9 @@ RingAttention::Buffers RingAttention::carve(Carver& c, Pass pass, const RingShap
   if (world_size > 1)
     for (KV& r : b.receive) r = {c.take(block_bytes(s)), c.take(block_bytes(s))};
   if (s.heads_kv < shape.heads_kv) b.packed = take_packed(c, s);
-  b.rows = take_row_buffers(c, pass, s);
+  b.rows[0] = take_row_buffers(c, pass, s);
   if (pass == Pass::forward) return b;
+  if (s.double_rows) b.rows[1] = take_row_buffers(c, pass, s);
   if (world_size > 1 && s.carried_columns >= 0) {
     const size_t column = size_t(s.batch) * s.heads_kv * s.head_dim * 4;
     b.kept = {c.take(column * s.kept_columns), c.take(column * s.kept_columns)};
@@ -168,7 +169,8 @@ RingAttention::RingAttention(const RingShape& shape, RingPlan plan, const Schedu
       world_(members.size), overlap_(options.overlap), dtype_partials_(options.engine.dtype_partials),
       engine_(options.make_engine()),
       work_(options.host,
-            [&](Carver& c, Pass pass) { return carve(c, pass, pass == Pass::forward ? forward_s_ : s_, world_); }) {}
+            [&](Carver& c, Pass pass) { return carve(c, pass, pass == Pass::forward ? forward_s_ : s_, world_); }),
+      fill_(overlap_ && host_.stream(3) ? host_.stream(3) : host_.stream(0)) {}
 
 void RingAttention::plan_reach() {
   if (!carried_.empty() || world_ == 1) return;
@@ -317,7 +319,7 @@ void RingAttention::forward_slice(const RingShape& s, const attnhost_forward_arg
   std::vector<std::vector<BlockCall>> steps(world_);
   for (int step = 0; step < world_; ++step) steps[step] = plan_(rank_, source(step));
   const std::vector<std::vector<OutputCall>> plans = output_calls(steps);
-  OutputAccumulator out(s, *engine_, w.rows, static_cast<float*>(a.lse.data), a.o.data);
+  OutputAccumulator out(s, *engine_, w.rows[0], static_cast<float*>(a.lse.data), a.o.data);
 
   // A step's kernels are enqueued before its hop: the host's time launching the messages then passes
   // while the GPU computes, and the hop still starts with the step.
@@ -342,41 +344,74 @@ void RingAttention::forward_slice(const RingShape& s, const attnhost_forward_arg
 }
 
 void RingAttention::backward(const attnhost_backward_args& a) {
-  backward(a, 0, s_.batch);
+  engine_->wait(host_.stream(0), backward(a, 0, s_.batch));
   report_amax(*engine_, s_, a, host_.stream(0));  // every output is home on the compute stream by now
 }
 
-void RingAttention::backward(const attnhost_backward_args& a, int32_t b0, int32_t count) {
+void RingAttention::prepare(const attnhost_backward_args& whole, const Slice& slice, const Engine::Event& inputs) {
+  const int set = next_set_;
+  next_set_ = s_.double_rows ? 1 - next_set_ : 0;
+  const RowBuffers& rows = work_.backward().rows[set];
+  attnhost_backward_args x = whole;
+  for (attnhost_tensor* t : {&x.o, &x.d_o}) *t = from_entry(*t, slice.b0, slice.shape.batch);
+  engine_->wait(fill_, inputs);
+  compute_local_delta(slice.shape, *engine_, x, rows.delta, rows.dq, fill_);
+  prepared_.push_back({set, engine_->record(fill_)});
+}
+
+// Each slice's delta and zeroed fp32 dQ (its prologue) and its dQ rounded out (its epilogue) are
+// memory passes. On the compute stream they left 125 us between a slice's last step and the next
+// one's first at medium on two H200s; on the fill stream, with two row sets, the next slice's
+// prologue runs under this one's steps and this one's epilogue under the next one's (docs/KERNELS.md,
+// "Filling the last wave"). A slice of packed heads keeps both on the compute stream, between its
+// pack and unpack.
+Engine::Event RingAttention::backward(const attnhost_backward_args& a, int32_t b0, int32_t count) {
   plan_reach();
   void* compute = host_.stream(0);
-  for (const Slice& slice : slices(s_, b0, count)) {
+  const std::vector<Slice> list = slices(s_, b0, count);
+  const Engine::Event inputs = engine_->record(compute);  // the caller's O and dO
+  prepared_.clear();
+  for (size_t i = 0; i < list.size(); ++i) {
+    const Slice& slice = list[i];
     attnhost_backward_args x = a;
     for (attnhost_tensor* t : {&x.q, &x.k, &x.v, &x.o, &x.lse, &x.d_o, &x.dq, &x.dk, &x.dv})
       *t = from_entry(*t, slice.b0, slice.shape.batch);
-    if (!slice.packed) {
-      backward_slice(slice.shape, x, slice.last);
+    if (slice.packed) {
+      const Packed& p = work_.backward().packed;
+      const RowBuffers& rows = work_.backward().rows[0];
+      std::vector<Swap> swaps = {{&x.q, p.q, Kind::q, true},     {&x.o, p.o, Kind::q, true},
+                                 {&x.d_o, p.d_o, Kind::q, true}, {&x.lse, p.lse, Kind::stats, true},
+                                 {&x.k, p.k, Kind::kv, true},    {&x.v, p.v, Kind::kv, true},
+                                 {&x.dq, p.dq, Kind::q, false},  {&x.dk, p.dk, Kind::kv, false},
+                                 {&x.dv, p.dv, Kind::kv, false}};
+      pack(slice, swaps, compute);
+      compute_local_delta(slice.shape, *engine_, x, rows.delta, rows.dq, compute);
+      backward_slice(slice.shape, x, true, rows);  // (dK and dV must be home: they are unpacked next)
+      convert_out(slice.shape, *engine_, rows.dq, x.dq.data, false, compute);
+      unpack(slice, swaps, compute);
       continue;
     }
-    const Packed& p = work_.backward().packed;
-    std::vector<Swap> swaps = {{&x.q, p.q, Kind::q, true},     {&x.o, p.o, Kind::q, true},
-                               {&x.d_o, p.d_o, Kind::q, true}, {&x.lse, p.lse, Kind::stats, true},
-                               {&x.k, p.k, Kind::kv, true},    {&x.v, p.v, Kind::kv, true},
-                               {&x.dq, p.dq, Kind::q, false},  {&x.dk, p.dk, Kind::kv, false},
-                               {&x.dv, p.dv, Kind::kv, false}};
-    pack(slice, swaps, compute);
-    backward_slice(slice.shape, x, true);  // (dK and dV must be home: they are unpacked next)
-    unpack(slice, swaps, compute);
+    if (prepared_.empty()) prepare(a, slice, inputs);
+    if (s_.double_rows && i + 1 < list.size()) prepare(a, list[i + 1], inputs);  // under this slice's steps
+    const Prepared ready = prepared_.front();
+    prepared_.erase(prepared_.begin());
+    const RowBuffers& rows = work_.backward().rows[ready.set];
+    engine_->wait(compute, ready.ready);
+    backward_slice(slice.shape, x, slice.last, rows);
+    engine_->wait(fill_, engine_->record(compute));
+    convert_out(slice.shape, *engine_, rows.dq, x.dq.data, false, fill_);
   }
+  return engine_->record(fill_);
 }
 
-void RingAttention::backward_slice(const RingShape& s, const attnhost_backward_args& a, bool last) {
-  if (s.carried_columns >= 0 && world_ > 1) return backward_home(s, a);
+void RingAttention::backward_slice(const RingShape& s, const attnhost_backward_args& a, bool last,
+                                   const RowBuffers& rows) {
+  if (s.carried_columns >= 0 && world_ > 1) return backward_home(s, a, rows);
   void* compute = host_.stream(0);
   void* comm = overlap_ ? host_.stream(1) : compute;
   const size_t kv_elems = local_sizes(s).kv;
   const Buffers& w = work_.backward();
-  float *delta = w.rows.delta, *dq = w.rows.dq;
-  compute_local_delta(s, *engine_, a, delta, dq, compute);
+  float *delta = rows.delta, *dq = rows.dq;
 
   // The block in hand's gradients travel with it, summed on the way. Step i computes this rank's
   // share into a fresh pair (pair i % 2) while the sums of the ranks before it arrive in pair 2;
@@ -473,18 +508,17 @@ void RingAttention::backward_slice(const RingShape& s, const attnhost_backward_a
       if (step % 2 == 0 && s.kv_grads_fp32) pair0_free = grads_ready;  // (sent home from pair 0 itself)
     }
   }
-  convert_out(s, *engine_, dq, a.dq.data, false, compute);
   // dK and dV are home (every slice's: the hops are in order). A slice before the last leaves its
   // hop under the next slice's first step, once pair 0 is free.
   engine_->wait(compute, last ? grads_ready : pair0_free);
 }
 
-void RingAttention::backward_home(const RingShape& s, const attnhost_backward_args& a) {
+void RingAttention::backward_home(const RingShape& s, const attnhost_backward_args& a, const RowBuffers& rows) {
   void* compute = host_.stream(0);
   void* comm = overlap_ ? host_.stream(1) : compute;
   const int64_t token = int64_t{s.heads_kv} * s.head_dim;
   const Buffers& w = work_.backward();
-  float *delta = w.rows.delta, *dq = w.rows.dq;
+  float *delta = rows.delta, *dq = rows.dq;
 
   // This rank's block's gradients are kept in fp32 only in `kept`: the columns other members reach
   // (their shares arrive and are added in) and those several own calls reach. Every other column
@@ -548,9 +582,8 @@ void RingAttention::backward_home(const RingShape& s, const attnhost_backward_ar
   };
 
   engine_->wait(comm, compute);  // the inputs are ready
-  bool passed = pass_kv(s, {a.k.data, a.v.data}, w.receive[1], 0, comm);  // under delta and the first own pieces
+  bool passed = pass_kv(s, {a.k.data, a.v.data}, w.receive[1], 0, comm);  // under the first own pieces
   Engine::Event kv_ready = engine_->record(comm);
-  compute_local_delta(s, *engine_, a, delta, dq, compute);
   if (kept.size() > 0) {
     engine_->zero(sum.k, size_t(s.batch) * kept.size() * token * 4, compute);
     engine_->zero(sum.v, size_t(s.batch) * kept.size() * token * 4, compute);
@@ -630,7 +663,6 @@ void RingAttention::backward_home(const RingShape& s, const attnhost_backward_ar
       cv.dst = LocalViews{s}.kv(out, kept.lo, Elem::output);
       engine_->convert(cv, compute);
     }
-  convert_out(s, *engine_, dq, a.dq.data, false, compute);
 }
 
 void RingAttention::finish_kv_grad(const RingShape& s, const float* grad, void* out, void* stream) {

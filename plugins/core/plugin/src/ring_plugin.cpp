@@ -77,9 +77,10 @@ int64_t backward_ctas(const RingShape& s) {
   return slice(s.local_kv, 128) * slice(s.heads_kv, s.head_slices) * slice(s.batch, s.batch_slices);
 }
 
-}  // namespace
+// Packed head slices keep one row set: their prologue runs between their pack and their call.
+bool wants_double_rows(const RingShape& s) { return s.batch_slices > 1 && s.head_slices == 1; }
 
-void choose_slices(RingShape& s, int world_size, int64_t min_ctas) {
+void choose_slice_counts(RingShape& s, int world_size, int64_t min_ctas) {
   const bool auto_batch = s.batch_slices <= 0, auto_heads = s.head_slices <= 0;
   s.forward_batch_slices = auto_batch ? 0 : s.batch_slices;  // asked for: both passes
   if (auto_batch) s.batch_slices = 1;
@@ -93,7 +94,9 @@ void choose_slices(RingShape& s, int world_size, int64_t min_ctas) {
   const double lse = double(s.batch) * s.heads_q * s.local_q * 4;
   const double working_set = 4 * q + 4 * kv + 4 * kv_elems * in;  // Q O dO dQ, K V dK dV, two K/V blocks
   const auto fits = [&] {
-    return 4 * q + 4 * kv + lse + double(RingAttention::workspace_bytes(s, world_size)) <= 1.3 * working_set;
+    RingShape t = s;
+    t.double_rows = wants_double_rows(t);
+    return 4 * q + 4 * kv + lse + double(RingAttention::workspace_bytes(t, world_size)) <= 1.3 * working_set;
   };
   if (fits()) return;
   // One more slice of `count` (of `total`), unless it would starve the backward's grid; then no
@@ -113,6 +116,13 @@ void choose_slices(RingShape& s, int world_size, int64_t min_ctas) {
   if (auto_heads)
     while (more(s.head_slices, s.heads_kv))
       if (fits()) return;
+}
+
+}  // namespace
+
+void choose_slices(RingShape& s, int world_size, int64_t min_ctas) {
+  choose_slice_counts(s, world_size, min_ctas);
+  s.double_rows = wants_double_rows(s);
 }
 
 void choose_slices(RingShape& s, int world_size) { choose_slices(s, world_size, 0); }

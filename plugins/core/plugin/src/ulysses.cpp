@@ -360,7 +360,7 @@ void UlyssesAttention::backward(const attnhost_backward_args& a) {
     const int32_t dkv_type = replicated ? ATTNHOST_DTYPE_FP32 : output_dtype(r);
     x.dk = sharded(at(b.dk, g.kv, group, dkv_el), true, dkv_type);
     x.dv = sharded(at(b.dv, g.kv, group, dkv_el), true, dkv_type);
-    ring_->backward(x, step.b0, step.count);
+    engine_->wait(compute, ring_->backward(x, step.b0, step.count));  // (dQ: on the ring's fill stream)
     engine_->wait(xs, compute);
     Piece dk{a.dk.data, x.dk.data, r.heads_kv, group_shape_.heads_kv, true, true, false, true};
     Piece dv{a.dv.data, x.dv.data, r.heads_kv, group_shape_.heads_kv, true, true, false, true};

@@ -82,6 +82,11 @@ struct RingShape {
   // The forward's batch slices where they differ; 0: the fewest whose buffers fit in the
   // backward's (a forward holds no fp32 gradients), RingAttention::forward_shape.
   int32_t forward_batch_slices = 0;
+  // The backward's delta and fp32 dQ in two sets, where it runs several batch slices one after
+  // another: the next slice's are made on the fill stream under this one's steps, and this one's
+  // dQ rounded there under the next one's (docs/KERNELS.md, "Filling the last wave").
+  // choose_slices sets it and counts it in its memory rule.
+  bool double_rows = false;
 };
 
 // A rank's fp32 row buffers, which the ring and routed schedules carve (workspace.h): the forward's
@@ -118,8 +123,10 @@ class RingAttention {
   void backward(const attnhost_backward_args& a);
   // The ring over batch entries [b0, b0 + count) alone, the args' tensors holding the whole batch:
   // a caller's pipeline over entries. An FP8 pass's amax is reported by the whole-batch calls above.
+  // The backward returns the point on the fill stream after which dQ is written; dK and dV are
+  // written on the compute stream.
   void forward(const attnhost_forward_args& a, int32_t b0, int32_t count);
-  void backward(const attnhost_backward_args& a, int32_t b0, int32_t count);
+  Engine::Event backward(const attnhost_backward_args& a, int32_t b0, int32_t count);
   // Pairs this rank computes (every call of every step, batch and heads included).
   int64_t rank_pairs() const;
   // The bytes a ring of `shape` allocates beyond the problem's tensors (receive buffers and the
@@ -173,7 +180,7 @@ class RingAttention {
   struct Buffers {
     KV receive[2]{};
     Packed packed;
-    RowBuffers rows;
+    RowBuffers rows[2];  // [1]: the backward's second set (double_rows)
     KV kept{}, grads[3]{};
   };
   static Buffers layout(Carver& c, Pass pass, const RingShape& shape, int world_size);
@@ -205,7 +212,14 @@ class RingAttention {
   // not `last` leaves its last dK/dV hop on the communication stream, under the next slice's first
   // step; the last one waits for it.
   void forward_slice(const RingShape& s, const attnhost_forward_args& a);
-  void backward_slice(const RingShape& s, const attnhost_backward_args& a, bool last);
+  void backward_slice(const RingShape& s, const attnhost_backward_args& a, bool last, const RowBuffers& rows);
+  // A backward slice's prologue, its delta and zeroed fp32 dQ in the next row set, made on the fill
+  // stream once `inputs` are there; `whole` holds the whole batch.
+  struct Prepared {
+    int set;              // of rows[]
+    Engine::Event ready;
+  };
+  void prepare(const attnhost_backward_args& whole, const Slice& slice, const Engine::Event& inputs);
   // A finished fp32 dK or dV of a ring of one into the output: rounded, or copied (kv_grads_fp32).
   void finish_kv_grad(const RingShape& s, const float* grad, void* out, void* stream);
   void exchange(const void* send_k, const void* send_v, void* recv_k, void* recv_v, int32_t dtype, size_t count,
@@ -214,7 +228,7 @@ class RingAttention {
   // each cut to carried(). False when neither way carries anything.
   bool pass_kv(const RingShape& s, KV in_hand, KV into, int step, void* stream);
   // The backward where the gradients go home from every step (RingShape::carried_columns set).
-  void backward_home(const RingShape& s, const attnhost_backward_args& a);
+  void backward_home(const RingShape& s, const attnhost_backward_args& a, const RowBuffers& rows);
 
   RingShape s_;
   RingShape forward_s_;  // s_ at the forward's batch slices (forward_shape)
@@ -226,6 +240,9 @@ class RingAttention {
   bool overlap_, dtype_partials_;
   std::unique_ptr<Engine> engine_;
   Workspace<Buffers> work_;
+  void* fill_;                       // host stream 3 where there is one, else the compute stream
+  std::vector<Prepared> prepared_;   // in the order the slices run
+  int next_set_ = 0;
 };
 
 }  // namespace attncore::plugin
