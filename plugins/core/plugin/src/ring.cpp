@@ -428,12 +428,19 @@ void RingAttention::backward_slice(const RingShape& s, const attnhost_backward_a
     // A step of one call over every key of the block writes its share rather than adding it into
     // zeros: on one rank in the problem dtype straight into dK and dV (no fp32 pair to convert),
     // else in fp32. (Not with dtype partials: there cuDNN serves the call, and it adds.)
+    // So does one unmasked call over a run of the block's columns (zigzag's other rank reaching one
+    // chunk of two): only the columns it does not reach are zeroed.
     const std::vector<BlockCall> calls = plan_(rank_, source(step));
     const bool covers = calls.size() == 1 && covers_all_keys(s, calls[0]);
-    const bool sole = covers && world_ == 1, writes = covers && (sole || !dtype_partials_);
+    const bool run = calls.size() == 1 && !covers && world_ > 1 && !dtype_partials_ && !calls[0].masked &&
+                     calls[0].q_end > calls[0].q_begin && !calls[0].segments && !calls[0].backward_segments &&
+                     !calls[0].blocks;
+    const bool sole = covers && world_ == 1, writes = (covers && (sole || !dtype_partials_)) || run;
     if (!writes) {
       engine_->zero(grad.k, kv_elems * 4, compute);
       engine_->zero(grad.v, kv_elems * 4, compute);
+    } else if (run) {
+      zero_outside(s, grad, calls[0].kv_begin, calls[0].kv_end, compute);
     }
     for (const BlockCall& c : calls) {
       if (c.backward_segments && c.num_backward_segments == 0) continue;  // nothing attends: nothing to differentiate
@@ -662,6 +669,16 @@ void RingAttention::backward_home(const RingShape& s, const attnhost_backward_ar
       cv.src = compact(total, kept, kept.lo);
       cv.dst = LocalViews{s}.kv(out, kept.lo, Elem::output);
       engine_->convert(cv, compute);
+    }
+}
+
+void RingAttention::zero_outside(const RingShape& s, const KV& grad, int64_t begin, int64_t end, void* stream) {
+  const size_t token = size_t(s.heads_kv) * s.head_dim * 4;
+  for (void* t : {grad.k, grad.v})
+    for (int32_t b = 0; b < s.batch; ++b) {
+      char* entry = static_cast<char*>(t) + size_t(b) * s.local_kv * token;
+      if (begin > 0) engine_->zero(entry, size_t(begin) * token, stream);
+      if (end < s.local_kv) engine_->zero(entry + size_t(end) * token, size_t(s.local_kv - end) * token, stream);
     }
 }
 

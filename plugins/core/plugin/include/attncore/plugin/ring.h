@@ -220,6 +220,8 @@ class RingAttention {
     Engine::Event ready;
   };
   void prepare(const attnhost_backward_args& whole, const Slice& slice, const Engine::Event& inputs);
+  // Zeroes the columns of an fp32 dK/dV pair outside [begin, end), every batch entry.
+  void zero_outside(const RingShape& s, const KV& grad, int64_t begin, int64_t end, void* stream);
   // A finished fp32 dK or dV of a ring of one into the output: rounded, or copied (kv_grads_fp32).
   void finish_kv_grad(const RingShape& s, const float* grad, void* out, void* stream);
   void exchange(const void* send_k, const void* send_v, void* recv_k, void* recv_v, int32_t dtype, size_t count,
