@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine (device tool), in the repository's copy, with .gpu.tar.xz carried:
 #   scripts/device/checks.sh SECTION...   sections: info tests plugins verify shared mpi quick perf scaling suite
-#                                         cp peers fp8 striped ab ab2 exchange
+#                                         cp peers fp8 striped ab ab2 exchange kernels
 # Every command has its own time limit so one hang cannot eat the call; logs go to $OUT.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -128,6 +128,13 @@ for section in "$@"; do
       for v in head_groups=0 head_groups=12 head_groups=0 head_groups=12; do
         echo "--- allgather medium $v"; run 150 "$A" compare allgather --config medium --param $v $T --out "$OUT/ab"
       done ;;
+    kernels)
+      # Every kernel and copy of a short run, per GPU and stream (scripts/device/kernel_trace.cpp):
+      # what fills the time between the trace's ranges. KERNELS_CASE picks the compare.
+      step "kernel timelines at world size $gpus: ${KERNELS_CASE:-zigzag ulysses --config medium}"
+      CUDA_INJECTION64_PATH=$PWD/.gpu/tests/kernel_trace.so KERNEL_TRACE_OUT="$OUT/kernels.tsv" \
+        run 200 "$A" compare ${KERNELS_CASE:-zigzag ulysses --config medium} --world-sizes "$gpus" \
+        --timing-method adaptive --warmup-runs 5 --no-check --quiet --format console,trace --force --out "$OUT/kernels" ;;
     *) echo "unknown section $section" ;;
   esac
 done

@@ -1,12 +1,12 @@
 // Every kernel, copy and memset a process runs on its GPUs, with their streams and times, from
 // CUPTI's activity records: the timeline between attnhost's trace ranges (what fills a gap between
 // two attention calls). Loaded by the CUDA driver as an injection library, with no change to the
-// program; the GPU machine has no Nsight Systems.
-//   g++ -O2 -shared -fPIC -std=c++17 scripts/device/kernel_trace.cpp -I$CUDA/include -L$CUDA/lib64 -lcupti \
-//       -o kernel_trace.so
-//   CUDA_INJECTION64_PATH=$PWD/kernel_trace.so KERNEL_TRACE_OUT=kernels.tsv attnhost compare ...
-// Writes one line a record: kind, device, stream, start and end (ns, the GPU's clock), bytes, name.
-// Records are buffered and written at exit; KERNEL_TRACE_LAST keeps only the last that many (200000).
+// program; the GPU machine has no Nsight Systems. pack.sh builds it into .gpu/tests/, and
+// `checks.sh kernels` runs a compare under it:
+//   CUDA_INJECTION64_PATH=$PWD/.gpu/tests/kernel_trace.so KERNEL_TRACE_OUT=kernels.tsv attnhost compare ...
+// Writes one line a record: kind (K kernel, C copy, P peer copy, S memset), device, stream, start and
+// end (ns, one clock for every GPU), bytes, name. Records are buffered and written at exit;
+// KERNEL_TRACE_LAST keeps only the last that many (200000). scripts/device/kernel_gaps.py prints them.
 #include <cupti.h>
 
 #include <cstdio>

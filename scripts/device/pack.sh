@@ -19,6 +19,10 @@ cp build-gpu/bin/attnhost_*_tests build-gpu/bin/test_core_* .gpu/tests/ 2>/dev/n
 [ -x build-gpu/bin/bench_core ] && cp build-gpu/bin/bench_core .gpu/tests/
 cp -r tests/integration/two_ranks.toml .gpu/tests/
 mkdir -p .gpu/peers && cp ../shared/peers/*.py .gpu/peers/
+# The CUPTI timeline of a run (checks.sh kernels): an injection library the CUDA driver loads.
+cuda=$(dirname "$(dirname "$(command -v nvcc)")")
+g++ -O2 -shared -fPIC -std=c++17 scripts/device/kernel_trace.cpp -I"$cuda/include" -L"$cuda/lib64" -lcupti \
+  -o .gpu/tests/kernel_trace.so
 exclude=$(git rev-parse --git-path info/exclude)
 mkdir -p "$(dirname "$exclude")"
 for d in /.gpu/ /.gpu.tar.xz /build-gpu/; do grep -qxF "$d" "$exclude" 2>/dev/null || echo "$d" >> "$exclude"; done

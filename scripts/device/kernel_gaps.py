@@ -1,0 +1,45 @@
+#!/usr/bin/env python3
+"""Prints the records of kernel_trace.cpp's file around the last backward kernel of GPU 0: one line a
+kernel, copy or memset, both GPUs, in start order, times in us from the window's first record.
+    scripts/device/kernel_gaps.py kernels.tsv [milliseconds before the last backward kernel, 6]"""
+import sys
+
+
+def short(name):
+    """A mangled name's last component (its function), else the name as given."""
+    if not name.startswith("_ZN"):
+        return name[:48]
+    parts, i = [], 3
+    while i < len(name) and name[i].isdigit():
+        j = i
+        while name[j].isdigit():
+            j += 1
+        n = int(name[i:j])
+        parts.append(name[j:j + n])
+        i = j + n
+    return parts[-1][:48] if parts else name[:48]
+
+
+def main():
+    path = sys.argv[1]
+    span_ms = float(sys.argv[2]) if len(sys.argv) > 2 else 6.0
+    records = []
+    with open(path) as f:
+        for line in f:
+            kind, device, stream, start, end, size, name = line.rstrip("\n").split("\t", 6)
+            records.append((int(start), int(end), kind, int(device), int(stream), int(size), name))
+    records.sort()
+    backward = [r for r in records if r[3] == 0 and r[2] == "K" and "backward" in r[6]]
+    if not backward:
+        sys.exit("no backward kernel on GPU 0 in " + path)
+    last = backward[-1][0]
+    window = [r for r in records if last - span_ms * 1e6 < r[0] <= last + 1e6]
+    base = window[0][0]
+    print("kind gpu stream    start      end     us  bytes  name")
+    for start, end, kind, device, stream, size, name in window:
+        print(f"{kind:4} {device:3} {stream:6} {(start - base) / 1e3:9.1f} {(end - base) / 1e3:9.1f} "
+              f"{(end - start) / 1e3:7.1f} {size or '':>10} {short(name)}")
+
+
+if __name__ == "__main__":
+    main()
