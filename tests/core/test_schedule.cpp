@@ -98,11 +98,10 @@ TEST_CASE("a workspace is as large as its larger pass, its buffers start on 256 
   CHECK(counting.used() == 256 + 1024);
 }
 
-// GQA 16:1 at d64 on two ranks (B=2 S=16384, 32 query heads on 2 kv heads): the fp32 dQ is most of
-// the workspace, and the memory rule alone cut the batch and then the kv heads to one of each, 64
-// backward CTAs a call; the grid's floor keeps it whole (unsliced it ran in half the time on two
-// H200s). At medium the floor leaves the memory rule's four slices (768 CTAs a slice, next case).
-TEST_CASE("a ring's auto slices never starve the backward's grid") {
+namespace {
+
+// GQA 16:1 at d64, a rank's half of B=2 S=16384 with 32 query heads on 2 kv heads, causal.
+RingShape gqa_16_to_1_half() {
   RingShape s;
   s.batch = 2;
   s.heads_q = 32;
@@ -111,6 +110,17 @@ TEST_CASE("a ring's auto slices never starve the backward's grid") {
   s.local_q = s.local_kv = 8192;
   s.mask.seqlen = 16384;
   s.mask.causal = true;
+  return s;
+}
+
+}  // namespace
+
+// GQA 16:1 at d64 on two ranks: the fp32 dQ is most of the workspace, and the memory rule alone cut
+// the batch and then the kv heads to one of each, 64 backward CTAs a call; the grid's floor keeps it
+// whole (unsliced it ran in half the time on two H200s). At medium the floor leaves the memory
+// rule's four slices (768 CTAs a slice, next case).
+TEST_CASE("a ring's auto slices never starve the backward's grid") {
+  RingShape s = gqa_16_to_1_half();
   s.batch_slices = s.head_slices = 0;
   RingShape cpu = s;  // no floor (the CPU's choice): one entry and one kv head a slice
   choose_slices(cpu, 2, 0);
@@ -137,14 +147,7 @@ TEST_CASE("a ring's auto slices never starve the backward's grid") {
 // Two row sets let a slice's delta and dQ be made and rounded under its neighbours' steps; a packed
 // head slice makes them between its pack and its call, in the one set.
 TEST_CASE("a ring's backward keeps two row sets over batch slices, one over head slices or none") {
-  RingShape s;
-  s.batch = 2;
-  s.heads_q = 32;
-  s.heads_kv = 2;
-  s.head_dim = 64;
-  s.local_q = s.local_kv = 8192;
-  s.mask.seqlen = 16384;
-  s.mask.causal = true;
+  const RingShape s = gqa_16_to_1_half();
   RingShape batch = s;
   batch.batch_slices = 2;
   batch.head_slices = 1;
