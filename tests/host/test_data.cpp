@@ -188,7 +188,7 @@ TEST_CASE("gpu: the CUDA kernel generates bit-identical data to the CPU with zer
 // it should have hidden under (a 1.1 ms hop took 14 ms under a backward, docs/KERNELS.md, "Communication streams at the greatest priority").
 // Stream 3 (ABI 1.8) fills the SMs stream 0's kernels leave: at their priority, it waits for their
 // blocks to be placed rather than cutting ahead (docs/KERNELS.md, "Filling the last wave").
-TEST_CASE("gpu: the auxiliary streams run at the device's greatest priority, stream 0 and the fill stream at its least" *
+TEST_CASE("gpu: the auxiliary streams run at the device's greatest priority and stream 0 and the fill stream at its least" *
           doctest::test_suite("gpu")) {
   REQUIRE_MESSAGE(attnhost::cuda_device_count() > 0, "no GPU visible");
   auto device = attnhost::make_cuda_device(0);
