@@ -532,6 +532,56 @@ TEST_CASE("cpu: merge of two empty sides stays (0, -inf), one empty side passes 
   CHECK(acc.get(0, 1, 0, 3) == doctest::Approx(3.0));
 }
 
+// A ring's last merge on its rows writes the output in its dtype: the same bits as merging in fp32
+// and converting after (OutputAccumulator drops the conversion pass over those rows).
+TEST_CASE("cpu: the last merge rounds into the output, bit for bit as merge then convert") {
+  std::mt19937_64 rng(17);
+  for (DType dt : {DType::bf16, DType::fp16}) {
+    CAPTURE(int(dt));
+    const int64_t B = 2, S = 5, H = 3, D = 8;
+    Tensor acc(DType::fp32, B, S, H, D, 2), part(DType::fp32, B, S, H, D);
+    acc.fill_normal(rng, 1.0);
+    part.fill_normal(rng, 1.0);
+    Stats la(B, H, S), lp(B, H, S);
+    std::uniform_real_distribution<float> u(-3.f, 3.f);
+    for (size_t i = 0; i < la.v.size(); ++i) {  // some sides empty, and one row with neither
+      la.v[i] = i % 4 == 1 ? kNegInf : u(rng);
+      lp.v[i] = i % 3 == 1 ? kNegInf : u(rng);
+    }
+    Tensor acc_twice = acc;
+    Stats la_twice = la;
+    const auto params = [&](Tensor& a, Stats& l) {
+      MergeParams m;
+      m.batch = int32_t(B);
+      m.heads = int32_t(H);
+      m.head_dim = int32_t(D);
+      m.seqlen = S;
+      m.o_acc = a.ref();
+      m.lse_acc = l.ref();
+      m.o_part = part.ref();
+      m.lse_part = lp.ref();
+      return m;
+    };
+    cpu::merge_partial(params(acc_twice, la_twice));
+    Tensor want(dt, B, S, H, D, 1);
+    ConvertParams cv{dt, int32_t(B), int32_t(H), int32_t(D), S, acc_twice.ref(), want.ref()};
+    cpu::convert(cv);
+    Tensor got(dt, B, S, H, D, 1);
+    MergeParams once = params(acc, la);
+    once.o_out = got.ref();
+    once.out_dtype = dt;
+    cpu::merge_partial(once);
+    CHECK(got.bytes == want.bytes);
+    CHECK(la.v == la_twice.v);
+  }
+  Tensor acc(DType::fp32, 1, 1, 1, 4), out(DType::fp32, 1, 1, 1, 4);
+  Stats l(1, 1, 1);
+  MergeParams fp32_out{1, 1, 4, 1, acc.ref(), l.ref(), acc.ref(), l.ref()};
+  fp32_out.o_out = out.ref();
+  fp32_out.out_dtype = DType::fp32;
+  CHECK_THROWS_AS(cpu::merge_partial(fp32_out), Error);
+}
+
 TEST_CASE("cpu: amax is the largest |x|, skipping NaN rows, 0 for no rows") {
   Tensor x(DType::bf16, 2, 3, 2, 8);
   x.fill(0.25f);

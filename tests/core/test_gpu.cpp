@@ -773,6 +773,31 @@ TEST_CASE("gpu: delta, merge and convert on aligned and padded rows") {
         }
     CHECK(bad_lse == 0);
     CHECK(bad_o == 0);
+    // The last merge on its rows, rounded into the output as it goes (o_out): the same LSE, and O
+    // the rounding of the fp32 merge.
+    {
+      DeviceTensor again_d(acc);
+      DeviceStats lse_again_d(lse_acc);
+      Tensor rounded(DType::bf16, B, S, H, D, pad);
+      DeviceTensor rounded_d(rounded);
+      rounded_d.buf->poison();
+      MergeParams last{int32_t(B), int32_t(H), D, S, again_d.ref, lse_again_d.ref, part_d.ref, lse_part_d.ref};
+      last.o_out = rounded_d.ref;
+      last.out_dtype = DType::bf16;
+      merge_partial_cuda(last, nullptr);
+      Stats lse_again = lse_acc;
+      CUDA_OK(cudaDeviceSynchronize());
+      rounded_d.download(rounded);
+      lse_again_d.download(lse_again);
+      long bad_rounded = 0;
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t i = 0; i < S; ++i)
+          for (int64_t h = 0; h < H; ++h)
+            for (int32_t d = 0; d < D; ++d)
+              bad_rounded += rounded.get(b, i, h, d) != double(bf16_to_float(float_to_bf16(float(merged.get(b, i, h, d)))));
+      CHECK(bad_rounded == 0);
+      CHECK(lse_again.v == lse.v);
+    }
 
     // out's elements that are not merged + added (a [B, S, H, D] tensor or none) rounded to out's dtype
     const auto mismatches = [&](const Tensor& out, const Tensor* added) {

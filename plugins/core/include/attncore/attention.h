@@ -243,6 +243,11 @@ struct MergeParams {
   RowStatsRef lse_acc;  // in/out
   TensorRef o_part;     // fp32
   RowStatsRef lse_part;
+  // (7.0) The last merge on its rows: o goes rounded to out_dtype (bf16 or fp16) into
+  // o_out, not back into o_acc (whose rows then hold anything), so that no conversion pass follows.
+  // Data null: o_acc in fp32, as before.
+  TensorRef o_out;
+  DType out_dtype = DType::bf16;
 };
 
 // dst = src (+ add) rounded to dtype (round to nearest even): a merged fp32 output, or fp32

@@ -237,6 +237,16 @@ std::vector<std::vector<OutputCall>> output_calls(const std::vector<std::vector<
       }
       piece(at, c.q_end, true);
     }
+  // A call is the last on its rows where no call after it, in this order, reaches any of them.
+  for (size_t step = 0; step < out.size(); ++step)
+    for (size_t i = 0; i < out[step].size(); ++i) {
+      const BlockCall& c = out[step][i].call;
+      bool later = false;
+      for (size_t t = step; t < out.size() && !later; ++t)
+        for (size_t j = t == step ? i + 1 : 0; j < out[t].size() && !later; ++j)
+          later = std::min(out[t][j].call.q_end, c.q_end) > std::max(out[t][j].call.q_begin, c.q_begin);
+      out[step][i].last = !later;
+    }
   return out;
 }
 
@@ -272,6 +282,13 @@ void OutputAccumulator::run(ForwardParams p, const OutputCall& oc, void* stream)
   m.lse_acc = views.stats(lse_, c.q_begin);
   m.o_part = p.o;
   m.lse_part = p.lse;
+  // The last merge rounds its rows into the output as it writes them: the conversion pass over them
+  // (half as many bytes again as the merge) is not made.
+  if (oc.last && output_dtype(s_) != ATTNHOST_DTYPE_FP32) {
+    m.o_out = views.q(o_, c.q_begin, Elem::output);
+    m.out_dtype = core_dtype(output_dtype(s_));
+    rounded_.emplace_back(c.q_begin, c.q_end);
+  }
   engine_.merge(m, stream);
 }
 
@@ -284,6 +301,21 @@ std::vector<std::pair<int64_t, int64_t>> merged(std::vector<std::pair<int64_t, i
   for (auto [b, e] : ranges)
     if (!out.empty() && b <= out.back().second) out.back().second = std::max(out.back().second, e);
     else out.emplace_back(b, e);
+  return out;
+}
+
+// Sorted, disjoint row ranges `from` less sorted, disjoint `cut`.
+std::vector<std::pair<int64_t, int64_t>> without(const std::vector<std::pair<int64_t, int64_t>>& from,
+                                                 const std::vector<std::pair<int64_t, int64_t>>& cut) {
+  std::vector<std::pair<int64_t, int64_t>> out;
+  for (auto [b, e] : from) {
+    for (auto [cb, ce] : cut) {
+      if (ce <= b || cb >= e) continue;
+      if (cb > b) out.emplace_back(b, cb);
+      b = std::max(b, ce);
+    }
+    if (e > b) out.emplace_back(b, e);
+  }
   return out;
 }
 
@@ -308,7 +340,7 @@ void OutputAccumulator::finish(void* stream) {
         engine_.fill(lse_ + (static_cast<int64_t>(b) * s_.heads_q + h) * s_.local_q + begin,
                      -std::numeric_limits<float>::infinity(), end - begin, stream);
     }
-  const std::vector<std::pair<int64_t, int64_t>> fp32 = merged(rows_);
+  const std::vector<std::pair<int64_t, int64_t>> fp32 = without(merged(rows_), merged(rounded_));
   if (fp32.size() == 1 && fp32[0] == std::pair<int64_t, int64_t>{0, s_.local_q})
     return convert_out(s_, engine_, o_acc_, o_, false, stream);
   for (auto [begin, end] : fp32) {

@@ -88,16 +88,18 @@ bool dense(const BlockCall& c);
 struct OutputCall {
   BlockCall call;
   bool direct;
+  bool last = false;  // no later call writes its rows: their merge is the last, rounded out as it goes
 };
-// A rank's calls, step by step, each with whether it writes directly. A dense call (no segments, no
-// block list) is cut where other calls' rows begin and end, so that the rows no other call reaches
-// are written directly (a window's own block, but for the rows that reach the previous rank).
+// A rank's calls, step by step, each with whether it writes directly and whether it is the last on
+// its rows. A dense call (no segments, no block list) is cut where other calls' rows begin and end,
+// so that the rows no other call reaches are written directly (a window's own block, but for the
+// rows that reach the previous rank).
 std::vector<std::vector<OutputCall>> output_calls(const std::vector<std::vector<BlockCall>>& steps);
 
 // The forward's output. A direct call writes (O, LSE) in the final output; otherwise in fp32, where
-// the first call on a row writes (O, LSE) and later calls write a partial that is merged in.
-// finish() gives rows no call reached O = 0 and LSE = -inf, and converts the fp32 rows to the
-// problem dtype.
+// the first call on a row writes (O, LSE) and later calls write a partial that is merged in, the
+// last merge on a row straight into the output in its dtype. finish() gives rows no call reached
+// O = 0 and LSE = -inf, and converts the fp32 rows no merge rounded out to the output's dtype.
 class OutputAccumulator {
  public:
   // The forward's row buffers (take_row_buffers); lse and o: the final output.
@@ -113,7 +115,8 @@ class OutputAccumulator {
   Engine& engine_;
   float *o_acc_, *o_part_, *lse_part_, *lse_;
   void* o_;
-  std::vector<std::pair<int64_t, int64_t>> rows_, direct_;  // row ranges written in fp32, and directly
+  // Row ranges written in fp32, directly, and rounded out by their last merge.
+  std::vector<std::pair<int64_t, int64_t>> rows_, direct_, rounded_;
 };
 
 }  // namespace attncore::plugin

@@ -15,6 +15,8 @@ void merge_partial(const MergeParams& p) {
   if (p.seqlen == 0) return;
   if (!p.o_acc.data || !p.o_part.data || !p.lse_acc.data || !p.lse_part.data)
     fail("merge_partial: a pointer is null");
+  if (p.o_out.data && p.out_dtype != DType::bf16 && p.out_dtype != DType::fp16)
+    fail("merge_partial: out_dtype must be bf16 or fp16");
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   const int D = p.head_dim;
   for (int64_t b = 0; b < p.batch; ++b)
@@ -29,14 +31,15 @@ void merge_partial(const MergeParams& p) {
         if (hi == kNegInf) { // neither side saw a key
           std::fill_n(o, D, 0.f);
           lse_acc[i] = kNegInf;
-          continue;
+        } else {
+          // logaddexp, stable: the larger side factors out, the smaller enters through log1p.
+          const float lse = hi + std::log1p(std::exp(std::min(la, lp) - hi));
+          const float wa = la == kNegInf ? 0.f : std::exp(la - lse);
+          const float wp = lp == kNegInf ? 0.f : std::exp(lp - lse);
+          for (int d = 0; d < D; ++d) o[d] = wa * o[d] + wp * op[d];
+          lse_acc[i] = lse;
         }
-        // logaddexp, stable: the larger side factors out, the smaller enters through log1p.
-        const float lse = hi + std::log1p(std::exp(std::min(la, lp) - hi));
-        const float wa = la == kNegInf ? 0.f : std::exp(la - lse);
-        const float wp = lp == kNegInf ? 0.f : std::exp(lp - lse);
-        for (int d = 0; d < D; ++d) o[d] = wa * o[d] + wp * op[d];
-        lse_acc[i] = lse;
+        if (p.o_out.data) store(p.out_dtype, p.o_out.data, offset(p.o_out, b, i, h), D, o);
       }
     }
 }

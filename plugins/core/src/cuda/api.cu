@@ -311,12 +311,14 @@ __global__ void __launch_bounds__(kRowWarps * 32, 4) delta_kernel(const __grid_c
   }
 }
 
-template <int kV> __device__ void merge_row(const MergeParams& p, const RowIndex& r) {
+// TO: float merges back into o_acc; bf16 or half writes the rounded result into o_out.
+template <class TO, int kV> __device__ void merge_row(const MergeParams& p, const RowIndex& r) {
   const int lane = threadIdx.x % 32;
   float* lse_acc = p.lse_acc.data + r.b * p.lse_acc.batch_stride + r.h * p.lse_acc.head_stride + r.i;
   const float la = *lse_acc;
   const float lp = p.lse_part.data[r.b * p.lse_part.batch_stride + r.h * p.lse_part.head_stride + r.i];
   const int64_t oa = row_offset(p.o_acc, r), op = row_offset(p.o_part, r);
+  const int64_t oo = std::is_same_v<TO, float> ? oa : row_offset(p.o_out, r);
   const float hi = fmaxf(la, lp);
   float lse = -INFINITY, wa = 0.f, wp = 0.f; // neither side saw a key: (0, -inf)
   if (hi != -INFINITY) {
@@ -331,15 +333,16 @@ template <int kV> __device__ void merge_row(const MergeParams& p, const RowIndex
     load_part<float, kV>(p.o_part.data, op + d, b);
 #pragma unroll
     for (int e = 0; e < kV; ++e) a[e] = wa * a[e] + wp * b[e];
-    store_part<float, kV>(p.o_acc.data, oa + d, a);
+    if constexpr (std::is_same_v<TO, float>) store_part<float, kV>(p.o_acc.data, oa + d, a);
+    else store_part<TO, kV>(p.o_out.data, oo + d, a);
   }
   __syncwarp(); // every lane has read lse_acc before it is replaced
   if (lane == 0) *lse_acc = lse;
 }
 
-template <int kV> __global__ void merge_kernel(const __grid_constant__ MergeParams p, int64_t rows) {
+template <class TO, int kV> __global__ void merge_kernel(const __grid_constant__ MergeParams p, int64_t rows) {
   const RowIndex r = row_index(p.heads, p.seqlen, rows, warp_first_row<1>());
-  if (r.valid) merge_row<kV>(p, r);
+  if (r.valid) merge_row<TO, kV>(p, r);
 }
 
 // dst = src (+ add) in TD, kWarpRows rows a warp, their loads issued together (as delta's). 78
@@ -583,9 +586,16 @@ void merge_partial_cuda(const MergeParams& p, void* stream) {
   check_rows(p.batch, p.heads, p.head_dim, p.seqlen, "merge_partial");
   if (p.seqlen == 0) return;
   if (!p.o_acc.data || !p.o_part.data || !p.lse_acc.data || !p.lse_part.data) fail("merge_partial: a pointer is null");
+  if (p.o_out.data && p.out_dtype != DType::bf16 && p.out_dtype != DType::fp16)
+    fail("merge_partial: out_dtype must be bf16 or fp16");
   const int64_t rows = int64_t(p.batch) * p.heads * p.seqlen;
-  const bool v4 = p.head_dim % 4 == 0 && rows_aligned4(p.o_acc, 4) && rows_aligned4(p.o_part, 4);
-  launch_rows(v4, merge_kernel<4>, merge_kernel<1>, rows, 1, static_cast<cudaStream_t>(stream), p);
+  const bool v4 = p.head_dim % 4 == 0 && rows_aligned4(p.o_acc, 4) && rows_aligned4(p.o_part, 4) &&
+                  (!p.o_out.data || rows_aligned4(p.o_out, 2));
+  const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  if (!p.o_out.data) launch_rows(v4, merge_kernel<float, 4>, merge_kernel<float, 1>, rows, 1, s, p);
+  else if (p.out_dtype == DType::bf16)
+    launch_rows(v4, merge_kernel<__nv_bfloat16, 4>, merge_kernel<__nv_bfloat16, 1>, rows, 1, s, p);
+  else launch_rows(v4, merge_kernel<__half, 4>, merge_kernel<__half, 1>, rows, 1, s, p);
   check_launch("merge_partial");
 }
 
