@@ -386,7 +386,7 @@ Engine::Event RingAttention::backward(const attnhost_backward_args& a, int32_t b
                                  {&x.dv, p.dv, Kind::kv, false}};
       pack(slice, swaps, compute);
       compute_local_delta(slice.shape, *engine_, x, rows.delta, rows.dq, compute);
-      backward_slice(slice.shape, x, true, rows);  // (dK and dV must be home: they are unpacked next)
+      backward_slice(slice.shape, x, true, rows, nullptr);  // (dK and dV must be home: they are unpacked next)
       convert_out(slice.shape, *engine_, rows.dq, x.dq.data, false, compute);
       unpack(slice, swaps, compute);
       continue;
@@ -395,23 +395,22 @@ Engine::Event RingAttention::backward(const attnhost_backward_args& a, int32_t b
     if (s_.double_rows && i + 1 < list.size()) prepare(a, list[i + 1], inputs);  // under this slice's steps
     const Prepared ready = prepared_.front();
     prepared_.erase(prepared_.begin());
-    const RowBuffers& rows = work_.backward().rows[ready.set];
-    engine_->wait(compute, ready.ready);
-    backward_slice(slice.shape, x, slice.last, rows);
+    backward_slice(slice.shape, x, slice.last, work_.backward().rows[ready.set], ready.ready);
     engine_->wait(fill_, engine_->record(compute));
-    convert_out(slice.shape, *engine_, rows.dq, x.dq.data, false, fill_);
+    convert_out(slice.shape, *engine_, work_.backward().rows[ready.set].dq, x.dq.data, false, fill_);
   }
   return engine_->record(fill_);
 }
 
 void RingAttention::backward_slice(const RingShape& s, const attnhost_backward_args& a, bool last,
-                                   const RowBuffers& rows) {
-  if (s.carried_columns >= 0 && world_ > 1) return backward_home(s, a, rows);
+                                   const RowBuffers& rows, const Engine::Event& prologue) {
+  if (s.carried_columns >= 0 && world_ > 1) return backward_home(s, a, rows, prologue);
   void* compute = host_.stream(0);
   void* comm = overlap_ ? host_.stream(1) : compute;
   const size_t kv_elems = local_sizes(s).kv;
   const Buffers& w = work_.backward();
   float *delta = rows.delta, *dq = rows.dq;
+  engine_->wait(compute, prologue);
 
   // The block in hand's gradients travel with it, summed on the way. Step i computes this rank's
   // share into a fresh pair (pair i % 2) while the sums of the ranks before it arrive in pair 2;
@@ -432,9 +431,8 @@ void RingAttention::backward_slice(const RingShape& s, const attnhost_backward_a
     // chunk of two): only the columns it does not reach are zeroed.
     const std::vector<BlockCall> calls = plan_(rank_, source(step));
     const bool covers = calls.size() == 1 && covers_all_keys(s, calls[0]);
-    const bool run = calls.size() == 1 && !covers && world_ > 1 && !dtype_partials_ && !calls[0].masked &&
-                     calls[0].q_end > calls[0].q_begin && !calls[0].segments && !calls[0].backward_segments &&
-                     !calls[0].blocks;
+    const bool run = calls.size() == 1 && !covers && world_ > 1 && !dtype_partials_ && dense(calls[0]) &&
+                     !calls[0].masked && calls[0].q_end > calls[0].q_begin;
     const bool sole = covers && world_ == 1, writes = (covers && (sole || !dtype_partials_)) || run;
     if (!writes) {
       engine_->zero(grad.k, kv_elems * 4, compute);
@@ -520,7 +518,8 @@ void RingAttention::backward_slice(const RingShape& s, const attnhost_backward_a
   engine_->wait(compute, last ? grads_ready : pair0_free);
 }
 
-void RingAttention::backward_home(const RingShape& s, const attnhost_backward_args& a, const RowBuffers& rows) {
+void RingAttention::backward_home(const RingShape& s, const attnhost_backward_args& a, const RowBuffers& rows,
+                                  const Engine::Event& prologue) {
   void* compute = host_.stream(0);
   void* comm = overlap_ ? host_.stream(1) : compute;
   const int64_t token = int64_t{s.heads_kv} * s.head_dim;
@@ -589,8 +588,9 @@ void RingAttention::backward_home(const RingShape& s, const attnhost_backward_ar
   };
 
   engine_->wait(comm, compute);  // the inputs are ready
-  bool passed = pass_kv(s, {a.k.data, a.v.data}, w.receive[1], 0, comm);  // under the first own pieces
+  bool passed = pass_kv(s, {a.k.data, a.v.data}, w.receive[1], 0, comm);  // under delta and the first own pieces
   Engine::Event kv_ready = engine_->record(comm);
+  engine_->wait(compute, prologue);
   if (kept.size() > 0) {
     engine_->zero(sum.k, size_t(s.batch) * kept.size() * token * 4, compute);
     engine_->zero(sum.v, size_t(s.batch) * kept.size() * token * 4, compute);

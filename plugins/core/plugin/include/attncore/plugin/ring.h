@@ -212,7 +212,9 @@ class RingAttention {
   // not `last` leaves its last dK/dV hop on the communication stream, under the next slice's first
   // step; the last one waits for it.
   void forward_slice(const RingShape& s, const attnhost_forward_args& a);
-  void backward_slice(const RingShape& s, const attnhost_backward_args& a, bool last, const RowBuffers& rows);
+  // `prologue`: where its delta and zeroed dQ are ready (null: made on the compute stream already).
+  void backward_slice(const RingShape& s, const attnhost_backward_args& a, bool last, const RowBuffers& rows,
+                      const Engine::Event& prologue);
   // A backward slice's prologue, its delta and zeroed fp32 dQ in the next row set, made on the fill
   // stream once `inputs` are there; `whole` holds the whole batch.
   struct Prepared {
@@ -230,7 +232,8 @@ class RingAttention {
   // each cut to carried(). False when neither way carries anything.
   bool pass_kv(const RingShape& s, KV in_hand, KV into, int step, void* stream);
   // The backward where the gradients go home from every step (RingShape::carried_columns set).
-  void backward_home(const RingShape& s, const attnhost_backward_args& a, const RowBuffers& rows);
+  void backward_home(const RingShape& s, const attnhost_backward_args& a, const RowBuffers& rows,
+                     const Engine::Event& prologue);
 
   RingShape s_;
   RingShape forward_s_;  // s_ at the forward's batch slices (forward_shape)
