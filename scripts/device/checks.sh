@@ -56,13 +56,17 @@ for section in "$@"; do
       step "the plugins' GPU tests"
       run 300 .gpu/tests/attnhost_plugin_tests -ts=gpu ${PLUGIN_TESTS:+-tc="$PLUGIN_TESTS"} ;;
     cp)
+      # The whole suite at world sizes 1 and 2 takes longer than one 600 s call on two H200s: split it
+      # by preset, each part with the PyTorch shapes it is compared with, e.g.
+      #   CP_ARGS="--case medium --case large" CP_PEERS="4,24,8192,128,1 4,32,16384,128,1"
+      #   CP_ARGS="--case large_seq --case large_full" CP_PEERS="4,24,32768,128,1 4,32,16384,128,0"
       ws=${CP_WS:-1,2}; n=${ws##*,}
       step "context-parallel strategies at world sizes $ws"
       run ${CP_LIMIT:-400} "$A" run .gpu/share/attnhost/configs/suites/cp_strategies.toml --world-sizes "$ws" ${CP_ARGS:-} \
         --out "$OUT/cp$n" --format console,json,csv,markdown --quiet
       step "PyTorch context parallel ($n GPUs), the same problems"
       run 300 python3 -m torch.distributed.run --nproc_per_node="$n" .gpu/peers/torch_cp.py --out "$OUT/torch_cp$n.json" \
-        4,24,8192,128,1 4,32,16384,128,1 4,24,32768,128,1 4,32,16384,128,0 ;;
+        ${CP_PEERS:-4,24,8192,128,1 4,32,16384,128,1 4,24,32768,128,1 4,32,16384,128,0} ;;
     suite)
       step "suite ${SUITE}"
       run ${SUITE_LIMIT:-300} "$A" run .gpu/share/attnhost/configs/suites/${SUITE}.toml ${SUITE_ARGS:-} --out "$OUT/${SUITE}" --format console,json,csv,markdown ;;
