@@ -56,6 +56,7 @@ struct PeerMeeting {
     int recv_device = -1;
     cudaEvent_t writable = nullptr;  // receiver's: its buffer may be written from here on
     cudaEvent_t copied = nullptr;    // sender's: the data is in the receiver's buffer
+    std::string refused;             // the sender's block, where it did not match: no copy comes
   };
   explicit PeerMeeting(int size, std::chrono::milliseconds timeout) : free_events(size), timeout(timeout) {}
   ~PeerMeeting() {  // what a failed exchange left behind
@@ -240,10 +241,13 @@ class CopyEngineCommunicator final : public Communicator {
       PeerMeeting::Slot& slot = m.slots[key(op)];
       wait(lock, op, "its receive", [&] { return slot.writable != nullptr; });
       const Block& src = op.block;
-      if (!src.matches(slot.dst))
+      if (!src.matches(slot.dst)) {  // the receiver hears it too, rather than wait out the timeout
+        slot.refused = src.shape();
+        m.changed.notify_all();
         throw RuntimeFailure(ATTNHOST_ERR_COMMUNICATION,
                              "rank " + std::to_string(rank()) + " sends " + src.shape() + " to rank " +
                                  std::to_string(op.peer) + ", which receives " + slot.dst.shape());
+      }
       check_cuda(cudaStreamWaitEvent(op.stream, slot.writable, 0), "cudaStreamWaitEvent", rank());
       copy(slot.dst, slot.recv_device, src, op.stream);
       m.free_events[op.peer].push_back(slot.writable);  // waited for: the receiver may record it again
@@ -258,7 +262,15 @@ class CopyEngineCommunicator final : public Communicator {
       if (op.send) continue;
       std::unique_lock lock(m.mutex);
       auto at = m.slots.find(key(op));
-      wait(lock, op, "its send", [&] { return at->second.copied != nullptr; });
+      wait(lock, op, "its send", [&] { return at->second.copied != nullptr || !at->second.refused.empty(); });
+      if (!at->second.refused.empty()) {
+        const std::string sent = at->second.refused;
+        m.free_events[rank()].push_back(at->second.writable);  // posted, never waited for
+        m.slots.erase(at);
+        throw RuntimeFailure(ATTNHOST_ERR_COMMUNICATION, "rank " + std::to_string(rank()) + " receives " +
+                                                             op.block.shape() + " from rank " +
+                                                             std::to_string(op.peer) + ", which sends " + sent);
+      }
       check_cuda(cudaStreamWaitEvent(op.stream, at->second.copied, 0), "cudaStreamWaitEvent", rank());
       m.free_events[op.peer].push_back(at->second.copied);
       m.slots.erase(at);
