@@ -348,15 +348,13 @@ void RingAttention::backward(const attnhost_backward_args& a) {
   report_amax(*engine_, s_, a, host_.stream(0));  // every output is home on the compute stream by now
 }
 
-void RingAttention::prepare(const attnhost_backward_args& whole, const Slice& slice, const Engine::Event& inputs) {
-  const int set = next_set_;
-  next_set_ = s_.double_rows ? 1 - next_set_ : 0;
-  const RowBuffers& rows = work_.backward().rows[set];
+Engine::Event RingAttention::prepare(const attnhost_backward_args& whole, const Slice& slice, const RowBuffers& rows,
+                                     const Engine::Event& inputs) {
   attnhost_backward_args x = whole;
   for (attnhost_tensor* t : {&x.o, &x.d_o}) *t = from_entry(*t, slice.b0, slice.shape.batch);
   engine_->wait(fill_, inputs);
   compute_local_delta(slice.shape, *engine_, x, rows.delta, rows.dq, fill_);
-  prepared_.push_back({set, engine_->record(fill_)});
+  return engine_->record(fill_);
 }
 
 // Each slice's delta and zeroed fp32 dQ (its prologue) and its dQ rounded out (its epilogue) are
@@ -370,7 +368,9 @@ Engine::Event RingAttention::backward(const attnhost_backward_args& a, int32_t b
   void* compute = host_.stream(0);
   const std::vector<Slice> list = slices(s_, b0, count);
   const Engine::Event inputs = engine_->record(compute);  // the caller's O and dO
-  prepared_.clear();
+  const size_t sets = s_.double_rows ? 2 : 1;            // slice i takes rows[i % sets]
+  Engine::Event ahead;  // slice i's prologue, where slice i - 1 made it (ahead_made)
+  bool ahead_made = false;
   for (size_t i = 0; i < list.size(); ++i) {
     const Slice& slice = list[i];
     attnhost_backward_args x = a;
@@ -391,13 +391,13 @@ Engine::Event RingAttention::backward(const attnhost_backward_args& a, int32_t b
       unpack(slice, swaps, compute);
       continue;
     }
-    if (prepared_.empty()) prepare(a, slice, inputs);
-    if (s_.double_rows && i + 1 < list.size()) prepare(a, list[i + 1], inputs);  // under this slice's steps
-    const Prepared ready = prepared_.front();
-    prepared_.erase(prepared_.begin());
-    backward_slice(slice.shape, x, slice.last, work_.backward().rows[ready.set], ready.ready);
+    const RowBuffers& rows = work_.backward().rows[i % sets];
+    const Engine::Event ready = ahead_made ? ahead : prepare(a, slice, rows, inputs);
+    ahead_made = sets == 2 && i + 1 < list.size();  // the next slice's, under this slice's steps
+    if (ahead_made) ahead = prepare(a, list[i + 1], work_.backward().rows[(i + 1) % sets], inputs);
+    backward_slice(slice.shape, x, slice.last, rows, ready);
     engine_->wait(fill_, engine_->record(compute));
-    convert_out(slice.shape, *engine_, work_.backward().rows[ready.set].dq, x.dq.data, false, fill_);
+    convert_out(slice.shape, *engine_, rows.dq, x.dq.data, false, fill_);
   }
   return engine_->record(fill_);
 }

@@ -215,13 +215,10 @@ class RingAttention {
   // `prologue`: where its delta and zeroed dQ are ready (null: made on the compute stream already).
   void backward_slice(const RingShape& s, const attnhost_backward_args& a, bool last, const RowBuffers& rows,
                       const Engine::Event& prologue);
-  // A backward slice's prologue, its delta and zeroed fp32 dQ in the next row set, made on the fill
-  // stream once `inputs` are there; `whole` holds the whole batch.
-  struct Prepared {
-    int set;              // of rows[]
-    Engine::Event ready;
-  };
-  void prepare(const attnhost_backward_args& whole, const Slice& slice, const Engine::Event& inputs);
+  // A backward slice's prologue, its delta and zeroed fp32 dQ in `rows`, made on the fill stream
+  // once `inputs` are there; returns where it is done. `whole` holds the whole batch.
+  Engine::Event prepare(const attnhost_backward_args& whole, const Slice& slice, const RowBuffers& rows,
+                        const Engine::Event& inputs);
   // Zeroes the columns of an fp32 dK/dV pair outside [begin, end), every batch entry.
   void zero_outside(const RingShape& s, const KV& grad, int64_t begin, int64_t end, void* stream);
   // A finished fp32 dK or dV of a ring of one into the output: rounded, or copied (kv_grads_fp32).
@@ -245,9 +242,7 @@ class RingAttention {
   bool overlap_, dtype_partials_;
   std::unique_ptr<Engine> engine_;
   Workspace<Buffers> work_;
-  void* fill_;                       // host stream 3 where there is one, else the compute stream
-  std::vector<Prepared> prepared_;   // in the order the slices run
-  int next_set_ = 0;
+  void* fill_;  // host stream 3 where there is one, else the compute stream
 };
 
 }  // namespace attncore::plugin
