@@ -22,14 +22,26 @@ namespace {
 // How the backward puts dK and dV out (BackwardParams::write_dkdv, write_dkdv_fp32).
 enum class Dkdv { add, write, write_fp32 };
 
+// Other calls' fp32 shares of keys [begin, end), added before dK and dV are written
+// (BackwardParams::dk_add).
+struct Shares {
+  const Tensor *dk = nullptr, *dv = nullptr;
+  int64_t begin = 0, end = 0;
+};
+
 // The backward on the device into host tensors dq, dk, dv (fp32 accumulators starting from their
 // contents; written dk and dv, in the problem's dtype or in fp32, over NaN poison). The call gets
 // the workspace it asks for, unless `workspace` is false.
 void backward_gpu(Problem& p, Stats lse, Stats delta, Tensor& dq, Tensor& dk, Tensor& dv, bool deterministic,
-                  Dkdv out, bool workspace = true) {
+                  Dkdv out, bool workspace = true, Shares shares = {}) {
   DeviceProblem dp(p);
   DeviceStats lse_d(lse), delta_d(delta);
   DeviceTensor dq_d(dq), dk_d(dk), dv_d(dv);
+  std::unique_ptr<DeviceTensor> dk_add, dv_add;
+  if (shares.dk) {
+    dk_add = std::make_unique<DeviceTensor>(*shares.dk);
+    dv_add = std::make_unique<DeviceTensor>(*shares.dv);
+  }
   if (out != Dkdv::add) {
     dk_d.buf->poison();
     dv_d.buf->poison();
@@ -44,6 +56,12 @@ void backward_gpu(Problem& p, Stats lse, Stats delta, Tensor& dq, Tensor& dk, Te
   g.deterministic = deterministic;
   g.write_dkdv = out != Dkdv::add;
   g.write_dkdv_fp32 = out == Dkdv::write_fp32;
+  if (dk_add) {
+    g.dk_add = dk_add->ref;
+    g.dv_add = dv_add->ref;
+    g.add_begin = shares.begin;
+    g.add_end = shares.end;
+  }
   // The sums of a block list's split key groups (and FP8's widened inputs), over poison: the call
   // writes what it reads.
   std::unique_ptr<DeviceBuffer> room;
@@ -902,6 +920,52 @@ TEST_CASE("gpu: write_dkdv writes dK and dV in dtype, the accumulators rounded, 
         p.blocks = block_list_from_mask(p.mask, p.Sq, p.Skv, 128, 128);
         const Outputs acc_blocks = run_gpu(p, true, false, &want);
         check_write_dkdv(p, want, acc_blocks);
+      }
+    unsetenv("ATTNCORE_KERNELS");
+  }
+}
+
+// dk_add and dv_add: a ring's owner of a block adds the shares the other ranks made of some of its
+// keys in the call that writes them. On keys [begin, end) the written values must be the fp32 sum
+// of the accumulator mode's dK or dV and the share, rounded once, bit for bit; elsewhere as without.
+TEST_CASE("gpu: write_dkdv adds fp32 shares of a range of keys before it writes, rounded once") {
+  REQUIRE(device_count() > 0);
+  std::mt19937_64 rng(43);
+  for (const char* kernels : {"", "mma"}) {
+    if (*kernels) setenv("ATTNCORE_KERNELS", kernels, 1);
+    for (DType dt : {DType::bf16, DType::fp16})
+      for (int32_t D : {64, 128}) {
+        Problem p = random_problem(rng, dt, D, 2, 300);
+        std::mt19937_64 data(rng());
+        p.randomize(data);
+        p.mask.causal = true;
+        const Outputs want = run_cpu(p, true);
+        const Outputs acc = run_gpu(p, true, false, &want);
+        Tensor share_k(DType::fp32, p.B, p.Skv, p.Hkv, p.D), share_v = share_k;
+        std::normal_distribution<float> normal(0.f, 0.05f);
+        for (Tensor* t : {&share_k, &share_v})
+          for (int64_t b = 0; b < p.B; ++b)
+            for (int64_t j = 0; j < p.Skv; ++j)
+              for (int32_t h = 0; h < p.Hkv; ++h)
+                for (int32_t d = 0; d < p.D; ++d) t->set(b, j, h, d, normal(data));
+        const Shares shares{&share_k, &share_v, p.Skv / 3, p.Skv - 7};
+        Tensor dq32(DType::fp32, p.B, p.Sq, p.Hq, p.D), dk(dt, p.B, p.Skv, p.Hkv, p.D), dv = dk;
+        backward_gpu(p, want.lse, want.delta, dq32, dk, dv, false, Dkdv::write, true, shares);
+        CAPTURE(kernels);
+        CAPTURE(name(dt));
+        CAPTURE(D);
+        Tensor rounded(dt, 1, 1, 1, 2);
+        int64_t differ = 0;
+        for (int64_t b = 0; b < p.B; ++b)
+          for (int64_t j = 0; j < p.Skv; ++j)
+            for (int32_t h = 0; h < p.Hkv; ++h)
+              for (int32_t d = 0; d < p.D; ++d) {
+                const bool added = j >= shares.begin && j < shares.end;
+                rounded.set(0, 0, 0, 0, float(acc.dk.get(b, j, h, d)) + (added ? float(share_k.get(b, j, h, d)) : 0.f));
+                rounded.set(0, 0, 0, 1, float(acc.dv.get(b, j, h, d)) + (added ? float(share_v.get(b, j, h, d)) : 0.f));
+                differ += !(dk.get(b, j, h, d) == rounded.get(0, 0, 0, 0)) || !(dv.get(b, j, h, d) == rounded.get(0, 0, 0, 1));
+              }
+        CHECK(differ == 0);
       }
     unsetenv("ATTNCORE_KERNELS");
   }

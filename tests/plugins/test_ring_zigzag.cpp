@@ -125,13 +125,13 @@ TEST_CASE("ring and zigzag in batch slices: the same answers, and a rank's memor
     const double q_bytes = 5.0 * 128 * 4 * 32 * 2;   // per rank: B x local tokens x heads x D x bf16
     const double working_set = 4 * q_bytes + 8 * q_bytes;  // Q O dO dQ, K V dK dV, two K/V blocks
     std::map<int64_t, attnhost::RunResult> runs;
-    for (int64_t slices : {1, 2, 3, 0}) {
+    for (int64_t slices : {1, 2, 3, 5, 0}) {
       c.params["batch_slices"] = slices;
       attnhost::CaseResult r = run_on(DeviceKind::cpu, c);
       test::all_pass(r);
       runs[slices] = r.runs[0];
     }
-    for (int64_t slices : {2, 3, 0})
+    for (int64_t slices : {2, 3, 5, 0})
       for (const char* tensor : {"O", "LSE", "dQ", "dK", "dV"}) {
         INFO(plugin, " ", tensor, " in ", slices, " slices");
         CHECK(test::error_of(runs[slices], tensor) == test::error_of(runs[1], tensor));  // the same values
@@ -324,6 +324,33 @@ TEST_CASE("bytes sent: a window sends only the keys it reaches, and their gradie
   for (int rank = 0; rank < 2; ++rank) {
     CHECK(z.runs[0].sent_bytes_fwd[rank] == 2 * columns * 2);
     CHECK(z.runs[0].sent_bytes_bwd[rank] == 2 * columns * 2 + 2 * columns * 4);
+  }
+}
+
+TEST_CASE("bytes sent: two ranks over batch slices take their own block last, so only shares go home, in fp32") {
+  // Zigzag, 128 tokens (chunks of 32), B=2, 2 kv heads, D=16. In one slice the gradients travel:
+  // each rank's own block's go out in fp32 and come back summed in bf16. In two, a rank sends what it
+  // computed of the other's block home (fp32, the keys it reaches), and its own block's call adds
+  // what came home of it: rank 0 reaches both of rank 1's chunks, rank 1 only rank 0's first.
+  const uint64_t chunk = 2ull * 32 * 2 * 16;  // B x 32 tokens x Hkv x D, per tensor
+  auto c = dense_case("zigzag", {2}, 128, 4, 2, 16, true);
+  c.params["head_slices"] = int64_t{1};
+  std::map<int64_t, attnhost::RunResult> runs;
+  for (int64_t slices : {1, 2}) {
+    c.params["batch_slices"] = slices;
+    attnhost::CaseResult r = run_on(DeviceKind::cpu, c);
+    test::all_pass(r);
+    runs[slices] = r.runs[0];
+  }
+  const uint64_t kv_sent[] = {2 * chunk * 2, 2 * 2 * chunk * 2};  // K and V in bf16: rank 0 one chunk, rank 1 two
+  for (int rank = 0; rank < 2; ++rank) {
+    INFO("rank ", rank);
+    CHECK(runs[1].sent_bytes_bwd[rank] == kv_sent[rank] + 2 * 2 * chunk * 4 + 2 * 2 * chunk * 2);
+    CHECK(runs[2].sent_bytes_bwd[rank] == kv_sent[rank] + 2 * (rank == 0 ? 2 : 1) * chunk * 4);
+  }
+  for (const char* tensor : {"dQ", "dK", "dV"}) {
+    INFO(tensor);
+    CHECK(test::error_of(runs[2], tensor) == test::error_of(runs[1], tensor));  // the same sums, added in fp32
   }
 }
 

@@ -29,6 +29,17 @@ std::string check_supported_do(DType dtype, DType dtype_do) {
   return "attncore: dO in another type than Q, K and V is taken only as fp8_e5m2 beside fp8_e4m3 inputs";
 }
 
+std::string check_grad_addend(const BackwardParams& p) {
+  if (!p.dk_add.data && !p.dv_add.data) return {};
+  if (!p.dk_add.data || !p.dv_add.data) return "attncore: backward: dk_add and dv_add go together";
+  if (!p.write_dkdv) return "attncore: backward: dk_add and dv_add go with write_dkdv (they are added before dK and dV are written)";
+  if (p.blocks) return "attncore: backward: dk_add and dv_add are not taken with a block list";
+  if (p.add_begin < 0 || p.add_begin > p.add_end || p.add_end > p.seqlen_kv)
+    return "attncore: backward: the added keys [" + std::to_string(p.add_begin) + ", " + std::to_string(p.add_end) +
+           ") are not within the call's " + std::to_string(p.seqlen_kv);
+  return {};
+}
+
 // Since 3.1 the backward takes what the forward takes.
 std::string check_supported_forward(DType dtype, int32_t head_dim) { return check_supported(dtype, head_dim); }
 

@@ -92,8 +92,8 @@ class SelectingEngine final : public Engine {
   }
   void backward(const BackwardParams& p, void* s) override {
     ++backward_.calls;
-    if (p.write_dkdv_fp32) {
-      // dK, dV written in fp32: the native kernels' mode alone
+    if (p.write_dkdv_fp32 || p.dk_add.data) {
+      // dK, dV written in fp32, or with other calls' shares added first: the native kernels' modes alone
     } else if (p.write_dkdv) {  // cuDNN writes dK, dV in place and dQ in dtype into scratch, added into fp32
       BackwardParams r = p;
       r.write_dkdv = false;

@@ -101,6 +101,14 @@ void set_block_reach(RingShape& s, const RingPlan& plan, int world_size) {
   }
 }
 
+void set_own_last(RingShape& s, const RingPlan& plan, int world_size, bool dtype_partials) {
+  s.own_last = world_size == 2 && s.carried_columns < 0 && !dtype_partials;
+  for (int m = 0; m < world_size && s.own_last; ++m) {
+    const std::vector<BlockCall> own = plan(m, m);
+    s.own_last = own.size() == 1 && covers_all_keys(s, own[0]) && dense(own[0]);
+  }
+}
+
 RingAttention::Packed RingAttention::take_packed(Carver& c, const RingShape& s) {
   const LocalSizes n = local_sizes(s);
   const size_t in = elem_size(s, Elem::input), out = elem_size(s, Elem::output);
@@ -143,6 +151,7 @@ RingAttention::Buffers RingAttention::carve(Carver& c, Pass pass, const RingShap
   b.rows[0] = take_row_buffers(c, pass, s);
   if (pass == Pass::forward) return b;
   if (s.double_rows) b.rows[1] = take_row_buffers(c, pass, s);
+  if (s.own_last) b.rows[2] = take_row_buffers(c, pass, s);
   if (world_size > 1 && s.carried_columns >= 0) {
     const size_t column = size_t(s.batch) * s.heads_kv * s.head_dim * 4;
     b.kept = {c.take(column * s.kept_columns), c.take(column * s.kept_columns)};
@@ -368,6 +377,7 @@ Engine::Event RingAttention::backward(const attnhost_backward_args& a, int32_t b
   void* compute = host_.stream(0);
   const std::vector<Slice> list = slices(s_, b0, count);
   const Engine::Event inputs = engine_->record(compute);  // the caller's O and dO
+  if (s_.own_last && list.size() > 1) return backward_own_last(a, list, inputs);
   const size_t sets = s_.double_rows ? 2 : 1;            // slice i takes rows[i % sets]
   Engine::Event ahead;  // slice i's prologue, where slice i - 1 made it (ahead_made)
   bool ahead_made = false;
@@ -399,6 +409,109 @@ Engine::Event RingAttention::backward(const attnhost_backward_args& a, int32_t b
     engine_->wait(fill_, engine_->record(compute));
     convert_out(slice.shape, *engine_, rows.dq, x.dq.data, false, fill_);
   }
+  return engine_->record(fill_);
+}
+
+// Slice i's step 1 (its share of the other member's block) runs before slice i - 1's step 0 (the
+// own block), so that the share of the own block the other member made in step 1 has come home by
+// then: on the compute stream 1(0) 1(1) 0(0) 1(2) 0(1) ... 1(n-1) 0(n-2) 0(n-1). A slice's rows
+// live from its step 1 to its step 0 and dQ's rounding after it: three sets, slice i in set i % 3.
+Engine::Event RingAttention::backward_own_last(const attnhost_backward_args& a, const std::vector<Slice>& list,
+                                               const Engine::Event& inputs) {
+  void* compute = host_.stream(0);
+  void* comm = overlap_ ? host_.stream(1) : compute;
+  const Buffers& w = work_.backward();
+  const int peer = source(1);  // (two members: the one before is the one after)
+  const size_t n = list.size();
+  std::vector<attnhost_backward_args> args(n, a);
+  for (size_t i = 0; i < n; ++i)
+    for (attnhost_tensor* t : {&args[i].q, &args[i].k, &args[i].v, &args[i].o, &args[i].lse, &args[i].d_o,
+                               &args[i].dq, &args[i].dk, &args[i].dv})
+      *t = from_entry(*t, list[i].b0, list[i].shape.batch);
+  const auto rows = [&](size_t i) -> const RowBuffers& { return w.rows[i % 3]; };
+  // Slice i's share of the other's block is computed into one fp32 pair and sent home from it while
+  // its share of this rank's block arrives in another, read by its step 0, which comes after the
+  // next slice's step 1. Three pairs in turn: slice i computes into the pair slice i - 2's share
+  // arrived in (read since by its step 0), and receives into the one slice i - 1 sent from (sent
+  // since: the hops home are in order on their stream).
+  const auto computed = [&](size_t i) { return w.grads[(3 - i % 3) % 3]; };
+  const auto arriving = [&](size_t i) { return w.grads[(4 - i % 3) % 3]; };
+  const Interval out = reached(1, peer), in = reached(1, rank_);
+  const auto fp32_block = [&](void* data, const RingShape& s) { return Columns{data, s.local_kv, 0, ATTNHOST_DTYPE_FP32}; };
+
+  std::vector<Engine::Event> prepared(n), kv_in(n), home(n);
+  const auto hop = [&](size_t i) {  // slice i's block of the other member into receive[i % 2]
+    const attnhost_backward_args& x = args[i];
+    pass_kv(list[i].shape, {x.k.data, x.v.data}, w.receive[i % 2], 0, comm);
+    kv_in[i] = engine_->record(comm);
+  };
+  engine_->wait(comm, inputs);
+  for (size_t i = 0; i < std::min<size_t>(n, 2); ++i) hop(i);
+  for (size_t i = 0; i < std::min<size_t>(n, 3); ++i) prepared[i] = prepare(a, list[i], rows(i), inputs);
+
+  const auto share = [&](size_t i) {  // step 1 of slice i, and its share home
+    const RingShape& s = list[i].shape;
+    const attnhost_backward_args& x = args[i];
+    const KV cur = w.receive[i % 2], grad = computed(i);
+    engine_->wait(compute, prepared[i]);
+    engine_->wait(compute, kv_in[i]);
+    const std::vector<BlockCall> calls = plan_(rank_, peer);
+    // One dense call writes its columns, the only ones that go home, rather than adding into zeros.
+    const bool writes = calls.size() == 1 && dense(calls[0]) && calls[0].q_end > calls[0].q_begin;
+    if (!calls.empty() && !writes) {
+      engine_->zero(grad.k, local_sizes(s).kv * 4, compute);
+      engine_->zero(grad.v, local_sizes(s).kv * 4, compute);
+    }
+    for (const BlockCall& c : calls) {
+      if (c.backward_segments && c.num_backward_segments == 0) continue;  // nothing attends: nothing to differentiate
+      const int32_t range = host_.range_begin("attention backward step 1", ATTNHOST_RANGE_COMPUTE, compute);
+      BackwardParams p = backward_params(s, c, x, cur.k, cur.v, rows(i).delta, rows(i).dq, static_cast<float*>(grad.k),
+                                         static_cast<float*>(grad.v));
+      p.write_dkdv = p.write_dkdv_fp32 = writes;
+      engine_->backward(p, compute);
+      host_.range_end(range, compute);
+    }
+    const Engine::Event read = engine_->record(compute);  // the block in hand is read, the share made
+    engine_->wait(comm, read);
+    const int32_t range = host_.range_begin("dK dV home", ATTNHOST_RANGE_COMMUNICATION, comm);
+    host_.group_start();
+    for (void* g : {grad.k, grad.v}) transfer(true, fp32_block(g, s), fp32_block(g, s), out, peer, s, comm);
+    for (void* g : {arriving(i).k, arriving(i).v}) transfer(false, fp32_block(g, s), fp32_block(g, s), in, peer, s, comm);
+    host_.group_end();
+    host_.range_end(range, comm);
+    home[i] = engine_->record(comm);
+    if (i + 2 < n) hop(i + 2);  // into the buffer this step has read
+  };
+  const auto own = [&](size_t i) {  // step 0 of slice i, then its dQ rounded on the fill stream
+    const RingShape& s = list[i].shape;
+    const attnhost_backward_args& x = args[i];
+    const BlockCall c = plan_(rank_, rank_)[0];
+    engine_->wait(compute, home[i]);  // the other member's share of this block is here
+    const int32_t range = host_.range_begin("attention backward step 0", ATTNHOST_RANGE_COMPUTE, compute);
+    BackwardParams p = backward_params(s, c, x, x.k.data, x.v.data, rows(i).delta, rows(i).dq, nullptr, nullptr);
+    write_dkdv_into(p, s, c, x);
+    if (s.kv_grads_fp32) {
+      p.dk = LocalViews{s}.kv(x.dk.data, c.kv_begin, Elem::fp32);
+      p.dv = LocalViews{s}.kv(x.dv.data, c.kv_begin, Elem::fp32);
+      p.write_dkdv_fp32 = true;
+    }
+    if (in.size() > 0) {
+      p.dk_add = view(fp32_block(arriving(i).k, s), c.kv_begin, s);
+      p.dv_add = view(fp32_block(arriving(i).v, s), c.kv_begin, s);
+      p.add_begin = in.lo - c.kv_begin;
+      p.add_end = in.hi - c.kv_begin;
+    }
+    engine_->backward(p, compute);
+    host_.range_end(range, compute);
+    engine_->wait(fill_, engine_->record(compute));
+    convert_out(s, *engine_, rows(i).dq, x.dq.data, false, fill_);
+    if (i + 3 < n) prepared[i + 3] = prepare(a, list[i + 3], rows(i + 3), inputs);  // into the set just freed
+  };
+  for (size_t i = 0; i < n; ++i) {
+    share(i);
+    if (i > 0) own(i - 1);
+  }
+  own(n - 1);
   return engine_->record(fill_);
 }
 

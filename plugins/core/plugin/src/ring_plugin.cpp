@@ -80,12 +80,13 @@ int64_t backward_ctas(const RingShape& s) {
 // Packed head slices keep one row set: their prologue runs between their pack and their call.
 bool wants_double_rows(const RingShape& s) { return s.batch_slices > 1 && s.head_slices == 1; }
 
-void choose_slice_counts(RingShape& s, int world_size, int64_t min_ctas) {
+// False when no count it may take meets the rule (it then takes the most it may).
+bool choose_slice_counts(RingShape& s, int world_size, int64_t min_ctas) {
   const bool auto_batch = s.batch_slices <= 0, auto_heads = s.head_slices <= 0;
   s.forward_batch_slices = auto_batch ? 0 : s.batch_slices;  // asked for: both passes
   if (auto_batch) s.batch_slices = 1;
   if (auto_heads) s.head_slices = 1;
-  if (world_size == 1 || (!auto_batch && !auto_heads)) return;
+  if (world_size == 1 || (!auto_batch && !auto_heads)) return true;
   // Inputs (Q, dO, K, V, and the blocks) in the problem's dtype, outputs in theirs (bf16 for FP8).
   const double in = static_cast<double>(elem_size(s, Elem::input)), out = static_cast<double>(elem_size(s, Elem::output));
   const double q_elems = double(s.batch) * s.local_q * s.heads_q * s.head_dim;
@@ -96,9 +97,10 @@ void choose_slice_counts(RingShape& s, int world_size, int64_t min_ctas) {
   const auto fits = [&] {
     RingShape t = s;
     t.double_rows = wants_double_rows(t);
+    t.own_last = s.own_last && t.double_rows;
     return 4 * q + 4 * kv + lse + double(RingAttention::workspace_bytes(t, world_size)) <= 1.3 * working_set;
   };
-  if (fits()) return;
+  if (fits()) return true;
   // One more slice of `count` (of `total`), unless it would starve the backward's grid; then no
   // more slices of any kind.
   bool starved = false;
@@ -112,17 +114,29 @@ void choose_slice_counts(RingShape& s, int world_size, int64_t min_ctas) {
   };
   if (auto_batch)
     while (more(s.batch_slices, s.batch))
-      if (fits()) return;
+      if (fits()) return true;
   if (auto_heads)
     while (more(s.head_slices, s.heads_kv))
-      if (fits()) return;
+      if (fits()) return true;
+  return false;
 }
 
 }  // namespace
 
 void choose_slices(RingShape& s, int world_size, int64_t min_ctas) {
-  choose_slice_counts(s, world_size, min_ctas);
+  // own_last's third row set is taken only where the travelling backward would run in the same slices.
+  RingShape travelling = s;
+  travelling.own_last = false;
+  choose_slice_counts(travelling, world_size, min_ctas);
+  if (s.own_last) {
+    RingShape t = s;
+    const bool fits = choose_slice_counts(t, world_size, min_ctas);
+    s = fits && t.batch_slices == travelling.batch_slices && t.head_slices == travelling.head_slices ? t : travelling;
+  } else {
+    s = travelling;
+  }
   s.double_rows = wants_double_rows(s);
+  s.own_last = s.own_last && s.double_rows;
 }
 
 void choose_slices(RingShape& s, int world_size) { choose_slices(s, world_size, 0); }

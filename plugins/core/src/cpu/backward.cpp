@@ -58,6 +58,7 @@ template <class Acc> void backward(const BackwardParams& p) {
     fail("backward: write_dkdv needs a call with queries (it writes its keys' dK and dV)");
   if (p.write_dkdv_fp32 && !p.write_dkdv) fail("backward: write_dkdv_fp32 goes with write_dkdv");
   if (std::string why = check_supported_do(p.dtype, p.dtype_do); !why.empty()) throw Error(why);  // (prefixed)
+  if (std::string why = check_grad_addend(p); !why.empty()) throw Error(why);
   if (p.seqlen_q == 0 || p.seqlen_kv == 0) return;
   if (!p.q.data || !p.k.data || !p.v.data || !p.d_o.data || !p.lse.data || !p.delta.data ||
       !p.dq.data || !p.dk.data || !p.dv.data)
@@ -169,6 +170,11 @@ template <class Acc> void backward(const BackwardParams& p) {
           if (!owned[j]) continue;
           const DType out = p.write_dkdv_fp32 ? DType::fp32 : output_dtype(p.dtype);
           for (int d = 0; d < D; ++d) dk[size_t(j) * D + d] *= scale;
+          if (p.dk_add.data && j >= p.add_begin && j < p.add_end)  // in fp32, as the kernels' registers
+            for (auto [x, add] : {std::pair{&dk[size_t(j) * D], p.dk_add}, std::pair{&dv[size_t(j) * D], p.dv_add}}) {
+              const float* from = static_cast<const float*>(add.data) + offset(add, b, j, hk);
+              for (int d = 0; d < D; ++d) x[d] = Acc(float(x[d]) + from[d]);
+            }
           store(out, p.dk.data, offset(p.dk, b, j, hk), D, &dk[size_t(j) * D]);
           store(out, p.dv.data, offset(p.dv, b, j, hk), D, &dv[size_t(j) * D]);
           continue;

@@ -524,8 +524,13 @@ void backward_cuda(const BackwardParams& params, void* stream) {
     fail("backward: write_dkdv needs a call with queries (it writes its keys' dK and dV)");
   if (p.write_dkdv_fp32 && !p.write_dkdv) fail("backward: write_dkdv_fp32 goes with write_dkdv");
   if (std::string why = check_supported_do(p.dtype, p.dtype_do); !why.empty()) throw Error(why);  // (prefixed)
+  if (std::string why = check_grad_addend(p); !why.empty()) throw Error(why);
   if (p.seqlen_q == 0 || p.seqlen_kv == 0) return;
   if (is_fp8(p.dtype)) check_fp8_inputs({&p.q, &p.k, &p.v, &p.d_o}, "FP8 q, k, v and d_o");
+  if (p.dk_add.data) {
+    check_tensor(p.dk_add, true, "dk_add");
+    check_tensor(p.dv_add, true, "dv_add");
+  }
   check_tensor(p.q, false, "q");
   check_tensor(p.k, false, "k");
   check_tensor(p.v, false, "v");

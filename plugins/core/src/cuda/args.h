@@ -28,6 +28,10 @@ struct AttnArgs {
   // CTA does).
   TensorRef split_dk, split_dv;
   int64_t split_slot_stride = 0;
+  // Written dK and dV first take the fp32 shares other calls made of keys [add_begin, add_end)
+  // (BackwardParams::dk_add; null data: none).
+  TensorRef dk_add, dv_add;
+  int32_t add_begin = 0, add_end = 0;
 };
 
 // Slot `slot` of a split group's sums (AttnArgs::split_dk, split_dv).
@@ -90,6 +94,10 @@ inline AttnArgs backward_args(const BackwardParams& p) {
   a.dk = p.dk;
   a.dv = p.dv;
   a.dkdv_out = !p.write_dkdv ? GradOut::add_fp32 : p.write_dkdv_fp32 ? GradOut::write_fp32 : GradOut::write_dtype;
+  a.dk_add = p.dk_add;
+  a.dv_add = p.dv_add;
+  a.add_begin = int32_t(p.add_begin);
+  a.add_end = int32_t(p.add_end);
   return a;
 }
 

@@ -630,7 +630,7 @@ template <class T, class C, bool kScaleInDs>
 __device__ __forceinline__ void write_dkdv(const AttnArgs& a, const Region& reg, const int32_t& n0, const int& kv_head,
                                            const int& batch, const int& lane, const int& grow0, const int& col0,
                                            float (&dk)[C::kGradMTiles][C::kOutTiles][4],
-                                           const float (&dv)[C::kGradMTiles][C::kOutTiles][4]) {
+                                           float (&dv)[C::kGradMTiles][C::kOutTiles][4]) {
 #pragma unroll
   for (int mt = 0; mt < C::kGradMTiles; ++mt) {
     if constexpr (!kScaleInDs) {
@@ -641,6 +641,8 @@ __device__ __forceinline__ void write_dkdv(const AttnArgs& a, const Region& reg,
     }
     const int32_t key = n0 + grow0 + 16 * mt + (lane >> 2);
     const int col = col0 + (lane & 3) * 2;
+    add_grad_tile(a.dk_add, batch, kv_head, key, a.add_begin, a.add_end, col, dk[mt]);
+    add_grad_tile(a.dv_add, batch, kv_head, key, a.add_begin, a.add_end, col, dv[mt]);
     put_grad_tile<T>(a.dk, batch, kv_head, key, reg.col_end, col, dk[mt], a.dkdv_out);
     put_grad_tile<T>(a.dv, batch, kv_head, key, reg.col_end, col, dv[mt], a.dkdv_out);
   }

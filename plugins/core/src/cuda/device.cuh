@@ -84,6 +84,28 @@ __device__ __forceinline__ void put_grad_tile(const TensorRef& g, int batch, int
     each([&](int64_t off, float a, float b) { *reinterpret_cast<uint32_t*>(static_cast<T*>(g.data) + off) = pack2<T>(a, b); });
 }
 
+// Adds rows [lo, hi) of `add` (fp32, laid out as the gradient) to a lane's part of an m16 tile, in
+// put_grad_tile's layout, before it is written: the shares of these keys that other calls made
+// (BackwardParams::dk_add). Null data: nothing.
+template <int kTiles>
+__device__ __forceinline__ void add_grad_tile(const TensorRef& add, int batch, int head, int32_t row, int32_t lo,
+                                              int32_t hi, int col, float (&x)[kTiles][4]) {
+  if (!add.data) return;
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const int32_t r = row + 8 * hh;
+    if (r < lo || r >= hi) continue;
+    const float* at = static_cast<const float*>(add.data) + batch * add.batch_stride + head * add.head_stride +
+                      int64_t(r) * add.token_stride + col;
+#pragma unroll
+    for (int j = 0; j < kTiles; ++j) {
+      const float2 v = *reinterpret_cast<const float2*>(at + j * 8);
+      x[j][2 * hh] += v.x;
+      x[j][2 * hh + 1] += v.y;
+    }
+  }
+}
+
 template <class T> __device__ __forceinline__ float2 unpack2(uint32_t x);
 template <> __device__ __forceinline__ float2 unpack2<__nv_bfloat16>(uint32_t x) {
   return __bfloat1622float2(*reinterpret_cast<__nv_bfloat162*>(&x));

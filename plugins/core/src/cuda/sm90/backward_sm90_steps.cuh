@@ -706,6 +706,8 @@ __device__ __forceinline__ void store_dkdv(GradTiles<C>& dk, GradTiles<C>& dv, c
     put_grad_tile<T>(split_slot(a.split_dv, slot, a.split_slot_stride), batch, kv_head, key - g0,
                      reg.col_end - g0, col, dv, GradOut::add_fp32);
   } else {
+    add_grad_tile(a.dk_add, batch, kv_head, key, a.add_begin, a.add_end, col, dk);
+    add_grad_tile(a.dv_add, batch, kv_head, key, a.add_begin, a.add_end, col, dv);
     put_grad_tile<T>(a.dk, batch, kv_head, key, reg.col_end, col, dk, a.dkdv_out);
     put_grad_tile<T>(a.dv, batch, kv_head, key, reg.col_end, col, dv, a.dkdv_out);
   }

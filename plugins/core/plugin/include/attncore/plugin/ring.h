@@ -87,6 +87,14 @@ struct RingShape {
   // dQ rounded there under the next one's (docs/KERNELS.md, "Filling the last wave").
   // choose_slices sets it and counts it in its memory rule.
   bool double_rows = false;
+  // The backward takes each member's own block last (set_own_last, then choose_slices, which counts
+  // it): at world size 2, over several batch slices, where a member's own block is one call over all
+  // its keys. A slice's share of the other member's block is computed first and sent home in fp32;
+  // the own block runs a slice later, in one call that adds the share that came home meanwhile and
+  // writes dK and dV (attncore's BackwardParams::dk_add). No pass adds or rounds gradients, and what
+  // ends the pass is the own call, not a hop home (docs/KERNELS.md, "Shares home, own block last").
+  // A third row set then; the three fp32 pairs take turns at being computed, sent and received.
+  bool own_last = false;
 };
 
 // A rank's fp32 row buffers, which the ring and routed schedules carve (workspace.h): the forward's
@@ -111,6 +119,11 @@ struct RingMembers {
 // the ring: where each block's message home in fp32 is no longer than the block in the problem dtype,
 // and the others reach at most 2/3 of it (a sliding window). Else leaves them -1.
 void set_block_reach(RingShape& s, const RingPlan& plan, int world_size);
+// Sets own_last of `s` where a ring of `world_size` running `plan` can take each member's own block
+// last: two members whose gradients travel (set_block_reach left them so), each with one call over
+// every key of its own block, and exact fp32 partials (`dtype_partials` false). choose_slices keeps
+// it only where there are several batch slices.
+void set_own_last(RingShape& s, const RingPlan& plan, int world_size, bool dtype_partials);
 
 class RingAttention {
  public:
@@ -180,7 +193,7 @@ class RingAttention {
   struct Buffers {
     KV receive[2]{};
     Packed packed;
-    RowBuffers rows[2];  // [1]: the backward's second set (double_rows)
+    RowBuffers rows[3];  // [1]: the backward's second set (double_rows); [2]: its third (own_last)
     KV kept{}, grads[3]{};
   };
   static Buffers layout(Carver& c, Pass pass, const RingShape& shape, int world_size);
@@ -228,6 +241,10 @@ class RingAttention {
   // The K/V hop into step + 1: the block in hand on to the next member, the previous member's in,
   // each cut to carried(). False when neither way carries anything.
   bool pass_kv(const RingShape& s, KV in_hand, KV into, int step, void* stream);
+  // The backward over slices `list` with each rank's own block last (RingShape::own_last); returns
+  // where dQ is written on the fill stream.
+  Engine::Event backward_own_last(const attnhost_backward_args& a, const std::vector<Slice>& list,
+                                  const Engine::Event& inputs);
   // The backward where the gradients go home from every step (RingShape::carried_columns set).
   void backward_home(const RingShape& s, const attnhost_backward_args& a, const RowBuffers& rows,
                      const Engine::Event& prologue);

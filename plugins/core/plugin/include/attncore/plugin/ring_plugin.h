@@ -97,7 +97,8 @@ DenseMask dense_mask(const attnhost::Problem& p);
 // has under `min_ctas` CTAs (kMinBackwardCtas on GPUs, 0 on the CPU, which has no grid to starve).
 // Batch slices asked for are both passes'; chosen, they are the backward's
 // (RingShape::forward_batch_slices). Sets double_rows where there is more than one batch slice and
-// no head slice, and counts it.
+// no head slice, and keeps own_last (set_own_last) only there and where its third row set needs no
+// more slices than the backward without it.
 void choose_slices(RingShape& s, int world_size, int64_t min_ctas);
 void choose_slices(RingShape& s, int world_size);  // (5.0) without the floor
 // The GPU backward runs a CTA a (key tile of 128, kv head, batch entry). GQA 16:1 at d64 on two
@@ -193,7 +194,9 @@ class RingPlugin {
     RingShape s = dense_shape(p, variant_.layout().local_tokens());
     s.batch_slices = static_cast<int32_t>(std::min<int64_t>(p.get_int("batch_slices"), s.batch));
     s.head_slices = static_cast<int32_t>(std::min<int64_t>(p.get_int("head_slices"), s.heads_kv));
-    set_block_reach(s, [this](int rank, int source) { return variant_.calls(rank, source); }, p->world_size);
+    const RingPlan plan = [this](int rank, int source) { return variant_.calls(rank, source); };
+    set_block_reach(s, plan, p->world_size);
+    set_own_last(s, plan, p->world_size, p.has("partials") && p.get_string("partials") == "dtype");
     choose_slices(s, p->world_size, p->device_type == ATTNHOST_DEVICE_CUDA ? kMinBackwardCtas : 0);
     return s;
   }
