@@ -321,6 +321,34 @@ struct ErrorStat {
   double rel(double floor = 1e-6) const { return max_abs / std::max(ref_max, floor); }
 };
 
+// Random fp32 values of spread `sigma` in every element of `t`: another call's share of a gradient.
+inline void fill_normal(Tensor& t, std::mt19937_64& rng, float sigma) {
+  std::normal_distribution<float> normal(0.f, sigma);
+  for (int64_t b = 0; b < t.B; ++b)
+    for (int64_t i = 0; i < t.S; ++i)
+      for (int64_t h = 0; h < t.H; ++h)
+        for (int64_t d = 0; d < t.D; ++d) t.set(b, i, h, d, normal(rng));
+}
+
+// Elements where dK or dV, written in their dtype by a call given other calls' shares of keys
+// [begin, end) (BackwardParams::dk_add), differ from the call's own fp32 gradients `grad_k`,
+// `grad_v` plus those shares, rounded once (NaN differs).
+inline int64_t differ_from_shared(const Tensor& dk, const Tensor& dv, const Tensor& grad_k, const Tensor& grad_v,
+                                  const Tensor& share_k, const Tensor& share_v, int64_t begin, int64_t end) {
+  Tensor one(dk.dtype, 1, 1, 1, 2);
+  int64_t differ = 0;
+  for (int64_t b = 0; b < dk.B; ++b)
+    for (int64_t j = 0; j < dk.S; ++j)
+      for (int64_t h = 0; h < dk.H; ++h)
+        for (int64_t d = 0; d < dk.D; ++d) {
+          const bool added = j >= begin && j < end;
+          one.set(0, 0, 0, 0, float(grad_k.get(b, j, h, d)) + (added ? float(share_k.get(b, j, h, d)) : 0.f));
+          one.set(0, 0, 0, 1, float(grad_v.get(b, j, h, d)) + (added ? float(share_v.get(b, j, h, d)) : 0.f));
+          differ += !(dk.get(b, j, h, d) == one.get(0, 0, 0, 0)) || !(dv.get(b, j, h, d) == one.get(0, 0, 0, 1));
+        }
+  return differ;
+}
+
 // What a whole problem's run gives: O in dtype and in fp32 (partial mode) with their LSE, delta, and
 // the gradients (fp32 accumulators started at zero).
 struct Outputs {

@@ -942,29 +942,15 @@ TEST_CASE("gpu: write_dkdv adds fp32 shares of a range of keys before it writes,
         const Outputs want = run_cpu(p, true);
         const Outputs acc = run_gpu(p, true, false, &want);
         Tensor share_k(DType::fp32, p.B, p.Skv, p.Hkv, p.D), share_v = share_k;
-        std::normal_distribution<float> normal(0.f, 0.05f);
-        for (Tensor* t : {&share_k, &share_v})
-          for (int64_t b = 0; b < p.B; ++b)
-            for (int64_t j = 0; j < p.Skv; ++j)
-              for (int32_t h = 0; h < p.Hkv; ++h)
-                for (int32_t d = 0; d < p.D; ++d) t->set(b, j, h, d, normal(data));
+        fill_normal(share_k, data, 0.05f);
+        fill_normal(share_v, data, 0.05f);
         const Shares shares{&share_k, &share_v, p.Skv / 3, p.Skv - 7};
         Tensor dq32(DType::fp32, p.B, p.Sq, p.Hq, p.D), dk(dt, p.B, p.Skv, p.Hkv, p.D), dv = dk;
         backward_gpu(p, want.lse, want.delta, dq32, dk, dv, false, Dkdv::write, true, shares);
         CAPTURE(kernels);
         CAPTURE(name(dt));
         CAPTURE(D);
-        Tensor rounded(dt, 1, 1, 1, 2);
-        int64_t differ = 0;
-        for (int64_t b = 0; b < p.B; ++b)
-          for (int64_t j = 0; j < p.Skv; ++j)
-            for (int32_t h = 0; h < p.Hkv; ++h)
-              for (int32_t d = 0; d < p.D; ++d) {
-                const bool added = j >= shares.begin && j < shares.end;
-                rounded.set(0, 0, 0, 0, float(acc.dk.get(b, j, h, d)) + (added ? float(share_k.get(b, j, h, d)) : 0.f));
-                rounded.set(0, 0, 0, 1, float(acc.dv.get(b, j, h, d)) + (added ? float(share_v.get(b, j, h, d)) : 0.f));
-                differ += !(dk.get(b, j, h, d) == rounded.get(0, 0, 0, 0)) || !(dv.get(b, j, h, d) == rounded.get(0, 0, 0, 1));
-              }
+        const int64_t differ = differ_from_shared(dk, dv, acc.dk, acc.dv, share_k, share_v, shares.begin, shares.end);
         CHECK(differ == 0);
       }
     unsetenv("ATTNCORE_KERNELS");
