@@ -98,16 +98,16 @@ class Allgather {
     gather(a.k.data, a.v.data, 0, gs);
     gathered[0] = engine_->record(gs);
     for (int g = 0; g < pass_groups_; ++g) {
-      if (g + 1 < pass_groups_) {
-        if (g > 0) engine_->wait(gs, done[g - 1]);  // its buffer was read by group g - 1
-        gather(a.k.data, a.v.data, g + 1, gs);
-        gathered[g + 1] = engine_->record(gs);
-      }
       engine_->wait(compute, gathered[g]);
       const int32_t range = host_.range_begin(("attention group " + std::to_string(g)).c_str(), ATTNHOST_RANGE_COMPUTE, compute);
       for (const attnhost_token_range& r : ranges_[rank_]) engine_->forward(forward_call(a, r, g), compute);
       host_.range_end(range, compute);
       done[g] = engine_->record(compute);
+      if (g + 1 < pass_groups_) {  // (after the calls are queued: the host meets the peers here)
+        if (g > 0) engine_->wait(gs, done[g - 1]);  // its buffer was read by group g - 1
+        gather(a.k.data, a.v.data, g + 1, gs);
+        gathered[g + 1] = engine_->record(gs);
+      }
     }
     engine_->wait(compute, gs);
     if (attnhost_fp8_amax* amax = fp8_amax(a)) report_amax(&amax->o, a.o.data, heads_, compute);
@@ -137,11 +137,6 @@ class Allgather {
     gather(a.k.data, a.v.data, 0, gs);
     gathered[0] = engine_->record(gs);
     for (int g = 0; g < groups_; ++g) {
-      if (g + 1 < groups_) {
-        if (g > 0) engine_->wait(gs, done[g - 1]);  // K and V of its slot were read by group g - 1
-        gather(a.k.data, a.v.data, g + 1, gs);
-        gathered[g + 1] = engine_->record(gs);
-      }
       if (g >= 2) engine_->wait(compute, summed[g - 2]);  // its gradient buffer went home
       engine_->zero(slot(g).dk, 2 * gathered_elems() * 4, compute);  // dK and dV are adjacent
       engine_->zero(buffers().dq, group_q_elems() * 4, compute);
@@ -152,6 +147,11 @@ class Allgather {
       convert_dq(a, g, compute);  // this group's dQ is whole: its fp32 buffer serves the next group
       host_.range_end(range, compute);
       done[g] = engine_->record(compute);
+      if (g + 1 < groups_) {  // (after the calls are queued, as in the forward)
+        if (g > 0) engine_->wait(gs, done[g - 1]);  // K and V of its slot were read by group g - 1
+        gather(a.k.data, a.v.data, g + 1, gs);
+        gathered[g + 1] = engine_->record(gs);
+      }
       engine_->wait(xs, done[g]);
       send_home(a, g, xs);
       summed[g] = engine_->record(xs);
@@ -375,12 +375,17 @@ class Allgather {
     const char* mine[2] = {static_cast<char*>(k) + size_t(g) * kv * dim_ * el_, static_cast<char*>(v) + size_t(g) * kv * dim_ * el_};
     char* into[2] = {kv_slot(g).first, kv_slot(g).second};
     const int32_t range = host_.range_begin(("K V gather group " + std::to_string(g)).c_str(), ATTNHOST_RANGE_COMMUNICATION, stream);
-    for (int t = 0; t < 2; ++t) {
-      engine_->copy_rows(buffers().packed + t * half, row, mine[t], size_t(kv_heads_) * dim_ * el_, row, size_t(batch_) * local_, stream);
-      for (const attnhost_token_range& r : ranges_[rank_])
-        engine_->copy_rows(into[t] + r.global_begin * row, global_batch, buffers().packed + t * half + r.local_begin * row, local_batch,
-                           r.length * row, batch_, stream);
-    }
+    const auto own = [&] {  // this rank's ranges into its own slot, through the packed buffer
+      for (int t = 0; t < 2; ++t) {
+        engine_->copy_rows(buffers().packed + t * half, row, mine[t], size_t(kv_heads_) * dim_ * el_, row, size_t(batch_) * local_, stream);
+        for (const attnhost_token_range& r : ranges_[rank_])
+          engine_->copy_rows(into[t] + r.global_begin * row, global_batch, buffers().packed + t * half + r.local_begin * row,
+                             local_batch, r.length * row, batch_, stream);
+      }
+    };
+    // Straight from K and V, the messages go first: the group is where the host meets the peers
+    // (docs/KERNELS.md, "The host's order at a pass's start"). Packed, they are sent from the buffer.
+    if (!(world_ > 1 && direct_)) own();
     if (world_ > 1 && direct_) {  // each range from the rank's K/V straight to its place in the peers' slots
       const size_t pitch = size_t(kv_heads_) * dim_ * el_;
       host_.group_start();
@@ -395,6 +400,7 @@ class Allgather {
                                stream);
           }
       host_.group_end();
+      own();
     } else if (world_ > 1) {
       host_.group_start();
       for (int peer = 0; peer < world_; ++peer)

@@ -254,7 +254,6 @@ void UlyssesAttention::exchange(const std::vector<Piece>& whole, bool heads_out,
                            std::to_string(step.b0) + "-" + std::to_string(step.b0 + step.count - 1);
   const int32_t range = host_.range_begin(name.c_str(), ATTNHOST_RANGE_COMMUNICATION, stream);
   for (const auto& [dst, src] : before) copy_block(*engine_, dst, src, stream);
-  for (const auto& [dst, src] : mine) copy_block(*engine_, dst, src, own);
   host_.group_start();
   for (int i = 0; i < u_; ++i) {
     if (i == member_) continue;
@@ -267,6 +266,9 @@ void UlyssesAttention::exchange(const std::vector<Piece>& whole, bool heads_out,
     for (const attnhost_block& b : in[i]) host_.recv_block(b, base_ + i, stream);
   }
   host_.group_end();
+  // The own heads after the messages: the group is where the host meets the peers, and a pass's
+  // first call waits for both (docs/KERNELS.md, "The host's order at a pass's start").
+  for (const auto& [dst, src] : mine) copy_block(*engine_, dst, src, own);
   for (const auto& [dst, src] : after) copy_block(*engine_, dst, src, stream);
   for (const Sum& m : sums) engine_->add(m.dst, m.src, m.count, stream);
   host_.range_end(range, stream);
@@ -296,11 +298,11 @@ void UlyssesAttention::forward(const attnhost_forward_args& a) {
   bring(0);
   for (size_t k = 0; k < steps_.size(); ++k) {
     const Step& step = steps_[k];
-    if (k + 1 < steps_.size()) bring(k + 1);
     engine_->wait(compute, arrived[k]);
     attnhost_forward_args x = a;
     kept_tensors(step.group, x.q, x.k, x.v, x.o, x.lse);
     ring_->forward(x, step.b0, step.count);
+    if (k + 1 < steps_.size()) bring(k + 1);  // (after the call is queued: the host meets the peer here)
     engine_->wait(xs, compute);
     to_tokens({{a.o.data, x.o.data, s_.ring.heads_q, group_shape_.heads_q, false, true, false, true},
                {a.lse.data, x.lse.data, s_.ring.heads_q, group_shape_.heads_q, false, false}},
@@ -350,7 +352,6 @@ void UlyssesAttention::backward(const attnhost_backward_args& a) {
   for (size_t k = 0; k < steps_.size(); ++k) {
     const Step& step = steps_[k];
     const int group = step.group;
-    if (k + 1 < steps_.size()) bring(k + 1);
     engine_->wait(compute, arrived[k]);
     attnhost_backward_args x = a;
     kept_tensors(group, x.q, x.k, x.v, x.o, x.lse);
@@ -361,6 +362,7 @@ void UlyssesAttention::backward(const attnhost_backward_args& a) {
     x.dk = sharded(at(b.dk, g.kv, group, dkv_el), true, dkv_type);
     x.dv = sharded(at(b.dv, g.kv, group, dkv_el), true, dkv_type);
     engine_->wait(compute, ring_->backward(x, step.b0, step.count));  // (dQ: on the ring's fill stream)
+    if (k + 1 < steps_.size()) bring(k + 1);  // (after the call is queued, as in the forward)
     engine_->wait(xs, compute);
     Piece dk{a.dk.data, x.dk.data, r.heads_kv, group_shape_.heads_kv, true, true, false, true};
     Piece dv{a.dv.data, x.dv.data, r.heads_kv, group_shape_.heads_kv, true, true, false, true};
