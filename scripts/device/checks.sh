@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine (device tool), in the repository's copy, with .gpu.tar.xz carried:
 #   scripts/device/checks.sh SECTION...   sections: info tests plugins verify shared mpi quick perf scaling suite
-#                                         cp peers fp8 striped ab ab2 exchange kernels
+#                                         cp peers fp8 striped ab ab2 exchange builds kernels
 # Every command has its own time limit so one hang cannot eat the call; logs go to $OUT.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -131,6 +131,22 @@ for section in "$@"; do
       # allgather's forward in fewer groups than its backward (auto) against the backward's count in both.
       for v in head_groups=0 head_groups=12 head_groups=0 head_groups=12; do
         echo "--- allgather medium $v"; run 150 "$A" compare allgather --config medium --param $v $T --out "$OUT/ab"
+      done ;;
+    builds)
+      # This build against another, carried as .gpu-base.tar.xz (pack it first, then copy it there),
+      # alternating, same world size; BUILDS_CASES holds compares separated by '|', e.g.
+      #   BUILDS_CASES="zigzag ring --config medium|ulysses allgather --config large" checks.sh builds
+      [ -d base/.gpu ] || { mkdir -p base && tar -xJf .gpu-base.tar.xz -C base; }
+      step "A/B at world size $gpus: this build (new) against .gpu-base.tar.xz (base)"
+      T="--world-sizes $gpus --timing-method adaptive --warmup-runs 20 --no-check --quiet --format console --force"
+      IFS='|' read -ra compares <<< "${BUILDS_CASES:-zigzag ring --config medium}"
+      for c in "${compares[@]}"; do
+        for round in 1 2; do
+          for build in new base; do
+            bin=$A; [ $build = base ] && bin=$PWD/base/.gpu/bin/attnhost
+            echo "--- $build, round $round: $c"; run 150 "$bin" compare $c $T --out "$OUT/builds_$build"
+          done
+        done
       done ;;
     kernels)
       # Every kernel and copy of a short run, per GPU and stream (scripts/device/kernel_trace.cpp):

@@ -25,6 +25,6 @@ g++ -O2 -shared -fPIC -std=c++17 scripts/device/kernel_trace.cpp -I"$cuda/includ
   -o .gpu/tests/kernel_trace.so
 exclude=$(git rev-parse --git-path info/exclude)
 mkdir -p "$(dirname "$exclude")"
-for d in /.gpu/ /.gpu.tar.xz /build-gpu/; do grep -qxF "$d" "$exclude" 2>/dev/null || echo "$d" >> "$exclude"; done
+for d in /.gpu/ /.gpu.tar.xz /.gpu-base.tar.xz /base/ /build-gpu/; do grep -qxF "$d" "$exclude" 2>/dev/null || echo "$d" >> "$exclude"; done
 tar -cJf .gpu.tar.xz .gpu
 echo "pack: .gpu.tar.xz $(du -m .gpu.tar.xz | cut -f1) MiB (unpacked $(du -sm .gpu | cut -f1) MiB)"
