@@ -179,7 +179,7 @@ struct BackwardParams {
   // Appended (4.0). dO's type where it is not `dtype`: fp8_e5m2 beside e4m3 Q, K and V (the hybrid
   // FP8 recipe, gradients in the format of wider range). invalid: dtype. See check_supported_do.
   DType dtype_do = DType::invalid;
-  // Appended (7.1). With write_dkdv: fp32 gradients that other calls made of keys
+  // Appended (8.0). With write_dkdv: fp32 gradients that other calls made of keys
   // [add_begin, add_end) of this call (their rows of dk_add and dv_add, laid out as dk and dv are),
   // added to this call's before dK and dV are written, in one rounding: the sum a ring's owner of a
   // block writes once the other ranks' shares of it are home. Null data: nothing added.
@@ -191,7 +191,7 @@ inline DType do_dtype(const BackwardParams& p) { return p.dtype_do == DType::inv
 // Empty when a backward of `dtype` inputs takes dO in `dtype_do` (invalid: dtype) on every back end
 // that takes `dtype`, else one line: the only mix is e5m2 dO with e4m3 Q, K and V (4.0).
 std::string check_supported_do(DType dtype, DType dtype_do);
-// Empty when a backward's dk_add and dv_add (7.1) are both set or both null and, set, go with
+// Empty when a backward's dk_add and dv_add (8.0) are both set or both null and, set, go with
 // write_dkdv and no block list, over keys within the call's; else one line.
 std::string check_grad_addend(const BackwardParams& p);
 
