@@ -141,9 +141,11 @@ bool covers_all_keys(const RingShape& s, const BlockCall& c) {
 
 void write_dkdv_into(BackwardParams& p, const RingShape& s, const BlockCall& c, const attnhost_backward_args& a) {
   const LocalViews views{s};
-  p.dk = views.kv(a.dk.data, c.kv_begin, Elem::output);
-  p.dv = views.kv(a.dv.data, c.kv_begin, Elem::output);
+  const Elem e = s.kv_grads_fp32 ? Elem::fp32 : Elem::output;
+  p.dk = views.kv(a.dk.data, c.kv_begin, e);
+  p.dv = views.kv(a.dv.data, c.kv_begin, e);
   p.write_dkdv = true;
+  p.write_dkdv_fp32 = s.kv_grads_fp32;
 }
 
 LocalSizes local_sizes(const RingShape& s) {

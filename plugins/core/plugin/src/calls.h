@@ -41,7 +41,8 @@ BackwardParams backward_params(const RingShape& s, const BlockCall& c, const att
 
 // Whether call `c` alone can make every local key's gradients, when it is a rank's only call and no
 // other rank reads its keys: no segments, all local keys, some queries. Such a call writes dK and
-// dV in the problem dtype straight into the outputs (write_dkdv_into).
+// dV straight into the outputs (write_dkdv_into: in the problem's output dtype, or in fp32 where
+// the shape's kv_grads_fp32 says so).
 bool covers_all_keys(const RingShape& s, const BlockCall& c);
 void write_dkdv_into(BackwardParams& p, const RingShape& s, const BlockCall& c, const attnhost_backward_args& a);
 

@@ -490,11 +490,6 @@ Engine::Event RingAttention::backward_own_last(const attnhost_backward_args& a, 
     const int32_t range = host_.range_begin("attention backward step 0", ATTNHOST_RANGE_COMPUTE, compute);
     BackwardParams p = backward_params(s, c, x, x.k.data, x.v.data, rows(i).delta, rows(i).dq, nullptr, nullptr);
     write_dkdv_into(p, s, c, x);
-    if (s.kv_grads_fp32) {
-      p.dk = LocalViews{s}.kv(x.dk.data, c.kv_begin, Elem::fp32);
-      p.dv = LocalViews{s}.kv(x.dv.data, c.kv_begin, Elem::fp32);
-      p.write_dkdv_fp32 = true;
-    }
     if (in.size() > 0) {
       p.dk_add = view(fp32_block(arriving(i).k, s), c.kv_begin, s);
       p.dv_add = view(fp32_block(arriving(i).v, s), c.kv_begin, s);
@@ -563,11 +558,6 @@ void RingAttention::backward_slice(const RingShape& s, const attnhost_backward_a
       p.v = view(held(step, source(step), cur.v), c.kv_begin, s);
       if (sole) write_dkdv_into(p, s, c, a);
       else p.write_dkdv = p.write_dkdv_fp32 = writes;
-      if (sole && s.kv_grads_fp32) {
-        p.dk = LocalViews{s}.kv(a.dk.data, c.kv_begin, Elem::fp32);
-        p.dv = LocalViews{s}.kv(a.dv.data, c.kv_begin, Elem::fp32);
-        p.write_dkdv_fp32 = true;
-      }
       engine_->backward(p, compute);
       host_.range_end(range, compute);
     }
@@ -688,10 +678,6 @@ void RingAttention::backward_home(const RingShape& s, const attnhost_backward_ar
           if (inside) {
             p.dk = compact(sum.k, kept, piece.kv_begin);
             p.dv = compact(sum.v, kept, piece.kv_begin);
-          } else if (s.kv_grads_fp32) {
-            p.dk = LocalViews{s}.kv(a.dk.data, piece.kv_begin, Elem::fp32);
-            p.dv = LocalViews{s}.kv(a.dv.data, piece.kv_begin, Elem::fp32);
-            p.write_dkdv_fp32 = p.write_dkdv = true;
           } else {
             write_dkdv_into(p, s, piece, a);
           }
