@@ -39,6 +39,13 @@ attnhost_tensor from_entry(attnhost_tensor t, int64_t b0, int64_t batch) {
   return t;
 }
 
+// A backward's every tensor cut to the batch entries of `slice` (b0 on, shape.batch of them).
+template <class Slice> attnhost_backward_args entries_of(attnhost_backward_args a, const Slice& slice) {
+  for (attnhost_tensor* t : {&a.q, &a.k, &a.v, &a.o, &a.lse, &a.d_o, &a.dq, &a.dk, &a.dv})
+    *t = from_entry(*t, slice.b0, slice.shape.batch);
+  return a;
+}
+
 // The smallest interval holding both.
 Interval cover(Interval a, Interval b) {
   if (a.size() == 0) return b;
@@ -383,9 +390,7 @@ Engine::Event RingAttention::backward(const attnhost_backward_args& a, int32_t b
   bool ahead_made = false;
   for (size_t i = 0; i < list.size(); ++i) {
     const Slice& slice = list[i];
-    attnhost_backward_args x = a;
-    for (attnhost_tensor* t : {&x.q, &x.k, &x.v, &x.o, &x.lse, &x.d_o, &x.dq, &x.dk, &x.dv})
-      *t = from_entry(*t, slice.b0, slice.shape.batch);
+    attnhost_backward_args x = entries_of(a, slice);
     if (slice.packed) {
       const Packed& p = work_.backward().packed;
       const RowBuffers& rows = work_.backward().rows[0];
@@ -423,11 +428,8 @@ Engine::Event RingAttention::backward_own_last(const attnhost_backward_args& a, 
   const Buffers& w = work_.backward();
   const int peer = source(1);  // (two members: the one before is the one after)
   const size_t n = list.size();
-  std::vector<attnhost_backward_args> args(n, a);
-  for (size_t i = 0; i < n; ++i)
-    for (attnhost_tensor* t : {&args[i].q, &args[i].k, &args[i].v, &args[i].o, &args[i].lse, &args[i].d_o,
-                               &args[i].dq, &args[i].dk, &args[i].dv})
-      *t = from_entry(*t, list[i].b0, list[i].shape.batch);
+  std::vector<attnhost_backward_args> args;
+  for (const Slice& slice : list) args.push_back(entries_of(a, slice));
   const auto rows = [&](size_t i) -> const RowBuffers& { return w.rows[i % 3]; };
   // Slice i's share of the other's block is computed into one fp32 pair and sent home from it while
   // its share of this rank's block arrives in another, read by its step 0, which comes after the
