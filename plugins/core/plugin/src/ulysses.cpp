@@ -22,13 +22,13 @@ int32_t choose_groups(int32_t asked, int32_t kv_heads, int u) {
   return 1;
 }
 
-// Automatic: tapered where one batch entry's call over a head group holds at least 1024 query tiles
-// of 128 rows (8 waves on 132 SMs). At 1024 and 1536 a call of one entry kept the rate of the
-// group's call of four; at 384 (6 heads, 8192 rows) it lost 13-30% (docs/KERNELS.md, "Tapered
-// pipeline").
-bool tapered(Taper taper, int32_t heads_per_group, int64_t rows) {
+// Automatic: the forward always tapered; the backward where one batch entry's call over a head
+// group holds at least 1024 query tiles of 128 rows (8 waves on 132 SMs). At 1024 and 1536 a call of
+// one entry kept the rate of the group's call of four; at 384 (6 heads, 8192 rows) the backward's
+// lost more than the exchange it hid, the forward's less (docs/KERNELS.md, "Tapered pipeline").
+bool tapered(Taper taper, bool forward, int32_t heads_per_group, int64_t rows) {
   if (taper != Taper::automatic) return taper == Taper::on;
-  return int64_t{heads_per_group} * ((rows + 127) / 128) >= 1024;
+  return forward || int64_t{heads_per_group} * ((rows + 127) / 128) >= 1024;
 }
 
 // The pipeline's steps, group after group: each group whole, or, tapered, with the first group's
@@ -75,7 +75,7 @@ UlyssesAttention::UlyssesAttention(const UlyssesShape& shape, RingPlan plan, con
   group_shape_.local_q = group_shape_.local_kv = u_ * n_;
   group_shape_.batch_slices = group_shape_.head_slices = 1;
   group_shape_.kv_grads_fp32 = kv_heads_replicated(r.heads_kv, u_);
-  steps_ = pipeline_steps(groups_, r.batch, tapered(s_.taper, group_shape_.heads_q, group_shape_.local_q));
+  steps_ = pipeline_steps(groups_, r.batch, tapered(s_.taper, false, group_shape_.heads_q, group_shape_.local_q));
   const RingMembers members{options.rank / u_, options.world_size / u_, member_, u_};
   ring_ = std::make_unique<RingAttention>(group_shape_, std::move(plan), options, members);
   if (u_ == 1) return;  // the ring runs on the problem's own tensors
@@ -87,6 +87,10 @@ UlyssesAttention::UlyssesAttention(const UlyssesShape& shape, RingPlan plan, con
 }
 
 UlyssesAttention::~UlyssesAttention() = default;
+
+std::vector<UlyssesAttention::Step> UlyssesAttention::forward_steps() const {
+  return pipeline_steps(groups_, s_.ring.batch, tapered(s_.taper, true, group_shape_.heads_q, group_shape_.local_q));
+}
 
 UlyssesAttention::Buffers UlyssesAttention::layout(Carver& c) const {
   const RingShape& r = s_.ring;
@@ -285,28 +289,29 @@ void UlyssesAttention::forward(const attnhost_forward_args& a) {
   const auto own = [&](size_t k, size_t edge) { return k == edge ? compute : xs; };
   const Buffers& b = buffers();
   const auto at = [&](char* base, size_t elems, int group, size_t bytes) { return base + group * elems * bytes; };
-  std::vector<Engine::Event> arrived(steps_.size());
+  const std::vector<Step> steps = forward_steps();
+  std::vector<Engine::Event> arrived(steps.size());
   const auto bring = [&](size_t k) {
-    const int group = steps_[k].group;
+    const int group = steps[k].group;
     to_heads({{a.q.data, at(b.q, g.q, group, el), s_.ring.heads_q, group_shape_.heads_q, false},
               {a.k.data, at(b.k, g.kv, group, el), s_.ring.heads_kv, group_shape_.heads_kv, true},
               {a.v.data, at(b.v, g.kv, group, el), s_.ring.heads_kv, group_shape_.heads_kv, true}},
-             steps_[k], xs, own(k, 0), "Q K V to heads");
+             steps[k], xs, own(k, 0), "Q K V to heads");
     arrived[k] = engine_->record(xs);
   };
   engine_->wait(xs, compute);  // the inputs are ready
   bring(0);
-  for (size_t k = 0; k < steps_.size(); ++k) {
-    const Step& step = steps_[k];
+  for (size_t k = 0; k < steps.size(); ++k) {
+    const Step& step = steps[k];
     engine_->wait(compute, arrived[k]);
     attnhost_forward_args x = a;
     kept_tensors(step.group, x.q, x.k, x.v, x.o, x.lse);
     ring_->forward(x, step.b0, step.count);
-    if (k + 1 < steps_.size()) bring(k + 1);  // (after the call is queued: the host meets the peer here)
+    if (k + 1 < steps.size()) bring(k + 1);  // (after the call is queued: the host meets the peer here)
     engine_->wait(xs, compute);
     to_tokens({{a.o.data, x.o.data, s_.ring.heads_q, group_shape_.heads_q, false, true, false, true},
                {a.lse.data, x.lse.data, s_.ring.heads_q, group_shape_.heads_q, false, false}},
-              step, xs, own(k, steps_.size() - 1), "O LSE to tokens");
+              step, xs, own(k, steps.size() - 1), "O LSE to tokens");
   }
   engine_->wait(compute, xs);
   report_amax(*engine_, s_.ring, a, compute);  // O is home, in sequence sharding
@@ -329,9 +334,10 @@ void UlyssesAttention::backward(const attnhost_backward_args& a) {
   const size_t sum_elems = static_cast<size_t>(r.batch) * n_ * r.heads_kv * r.head_dim;
   const Buffers& b = buffers();
   float *dk_sum = b.dk_sum, *dv_sum = b.dv_sum;
-  std::vector<Engine::Event> arrived(steps_.size());
+  const std::vector<Step>& steps = steps_;
+  std::vector<Engine::Event> arrived(steps.size());
   const auto bring = [&](size_t k) {
-    const int group = steps_[k].group;
+    const int group = steps[k].group;
     std::vector<Piece> in = {{a.d_o.data, at(b.d_o, g.q, group, el), r.heads_q, group_shape_.heads_q, false}};
     if (!kept) {
       in.push_back({a.q.data, at(b.q, g.q, group, el), r.heads_q, group_shape_.heads_q, false});
@@ -340,7 +346,7 @@ void UlyssesAttention::backward(const attnhost_backward_args& a) {
       in.push_back({a.v.data, at(b.v, g.kv, group, el), r.heads_kv, group_shape_.heads_kv, true});
       in.push_back({a.lse.data, at(b.lse, g.rows, group, 4), r.heads_q, group_shape_.heads_q, false, false});
     }
-    to_heads(in, steps_[k], xs, own(k, 0), kept ? "dO to heads" : "Q K V O dO LSE to heads");
+    to_heads(in, steps[k], xs, own(k, 0), kept ? "dO to heads" : "Q K V O dO LSE to heads");
     arrived[k] = engine_->record(xs);
   };
   engine_->wait(xs, compute);
@@ -349,8 +355,8 @@ void UlyssesAttention::backward(const attnhost_backward_args& a) {
     engine_->zero(dv_sum, sum_elems * 4, xs);
   }
   bring(0);
-  for (size_t k = 0; k < steps_.size(); ++k) {
-    const Step& step = steps_[k];
+  for (size_t k = 0; k < steps.size(); ++k) {
+    const Step& step = steps[k];
     const int group = step.group;
     engine_->wait(compute, arrived[k]);
     attnhost_backward_args x = a;
@@ -361,9 +367,11 @@ void UlyssesAttention::backward(const attnhost_backward_args& a) {
     const int32_t dkv_type = replicated ? ATTNHOST_DTYPE_FP32 : output_dtype(r);
     x.dk = sharded(at(b.dk, g.kv, group, dkv_el), true, dkv_type);
     x.dv = sharded(at(b.dv, g.kv, group, dkv_el), true, dkv_type);
-    engine_->wait(compute, ring_->backward(x, step.b0, step.count));  // (dQ: on the ring's fill stream)
-    if (k + 1 < steps_.size()) bring(k + 1);  // (after the call is queued, as in the forward)
-    engine_->wait(xs, compute);
+    const Engine::Event rounded = ring_->backward(x, step.b0, step.count);  // dQ, on the ring's fill stream
+    const Engine::Event written = engine_->record(compute);                  // dK and dV, by the call itself
+    engine_->wait(compute, rounded);
+    if (k + 1 < steps.size()) bring(k + 1);  // (after the call is queued, as in the forward)
+    Piece dq{a.dq.data, x.dq.data, r.heads_q, group_shape_.heads_q, false, true, false, true};
     Piece dk{a.dk.data, x.dk.data, r.heads_kv, group_shape_.heads_kv, true, true, false, true};
     Piece dv{a.dv.data, x.dv.data, r.heads_kv, group_shape_.heads_kv, true, true, false, true};
     if (replicated) {
@@ -371,8 +379,18 @@ void UlyssesAttention::backward(const attnhost_backward_args& a) {
       dv.local = dv_sum;
       dk.sum = dv.sum = true;
     }
-    to_tokens({{a.dq.data, x.dq.data, r.heads_q, group_shape_.heads_q, false, true, false, true}, dk, dv}, step, xs,
-              own(k, steps_.size() - 1), "dQ dK dV to tokens");
+    // Where blocks go as they lie, dK and dV leave as the call ends and dQ once rounded, so after the
+    // last call the rounding is not in the way (docs/KERNELS.md, "Ulysses's backward"); packed, one
+    // message a peer carries all three.
+    if (direct_) {
+      engine_->wait(xs, written);
+      to_tokens({dk, dv}, step, xs, own(k, steps.size() - 1), "dK dV to tokens");
+      engine_->wait(xs, rounded);
+      to_tokens({dq}, step, xs, own(k, steps.size() - 1), "dQ to tokens");
+    } else {
+      engine_->wait(xs, compute);
+      to_tokens({dq, dk, dv}, step, xs, own(k, steps.size() - 1), "dQ dK dV to tokens");
+    }
   }
   if (replicated)
     for (auto [sum, out] : {std::pair{dk_sum, a.dk.data}, std::pair{dv_sum, a.dv.data}}) {

@@ -14,7 +14,7 @@
 // The heads go in groups through a pipeline: while group g computes on stream 0, the all-to-all of
 // group g + 1 runs on stream 2 (the ring's own transfers use stream 1). Tapered, the first group's
 // first batch entry and the last group's last are steps of their own: what waits before the first
-// call and after the last is one entry's exchange, not a group's. The forward's head-sharded
+// call and after the last is one entry's exchange, not a group's. Each pass tapers or not on its own. The forward's head-sharded
 // Q, K, V, O and LSE stay for the backward, as a framework's autograd keeps them: a backward on the
 // forward's tensors sends only dO in and dQ, dK, dV out; one on other tensors exchanges those too.
 //
@@ -67,7 +67,8 @@ class UlyssesAttention {
   struct Step {
     int32_t group, b0, count;
   };
-  const std::vector<Step>& steps() const { return steps_; }
+  const std::vector<Step>& steps() const { return steps_; }  // the backward's
+  std::vector<Step> forward_steps() const;                     // (8.1) the forward's, tapered on their own
 
  private:
   // One tensor of an all-to-all: `tokens` [B, n, heads, D] local and [B, u*n, count, D] head-sharded;
@@ -104,7 +105,7 @@ class UlyssesAttention {
   int64_t n_;                   // tokens a rank holds
   int32_t heads_, kv_heads_;    // a rank's query and kv heads
   int32_t groups_;
-  std::vector<Step> steps_;
+  std::vector<Step> steps_;     // the backward's pipeline (forward_steps: the forward's)
   bool overlap_;
   bool direct_;                 // each block moved as it lies (the host's send_block), nothing packed
   std::unique_ptr<Engine> engine_;

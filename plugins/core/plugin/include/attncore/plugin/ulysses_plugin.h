@@ -30,8 +30,8 @@ inline constexpr std::array<attnhost_param_spec, kNumPackedRingParams + 4> kUlys
                             "\"auto\"",
                             "the first group's first batch entry and the last group's last go through the pipeline "
                             "alone (on), so that only one entry's exchange waits before the first call and after the "
-                            "last, or whole groups do (off); auto: on where one entry's call over a group holds at "
-                            "least 1024 query tiles of 128 rows",
+                            "last, or whole groups do (off); auto: the forward on, the backward on where one entry's "
+                            "call over a group holds at least 1024 query tiles of 128 rows",
                             "auto|on|off"},
         attnhost_param_spec{ATTNHOST_STRUCT_SIZE(attnhost_param_spec, choices), "exchange", ATTNHOST_PARAM_STRING,
                             "\"auto\"",
