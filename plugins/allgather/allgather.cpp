@@ -8,8 +8,8 @@
 // computes, into the other of two buffers; in the backward, group g - 1's gradients go home on
 // stream 2 meanwhile. Each buffer holds one group's K/V for the whole sequence
 // (and, in the backward, its fp32 dK/dV), so the group count sets the memory: head_groups = 0 takes
-// the fewest groups with which a rank's memory stays within 1.5x of its working set (Q, K, V, O, dO,
-// dQ, dK, dV) plus one gathered group.
+// the fewest groups with which a rank's memory stays within 1.5x of its working set (Q, K, V, O,
+// LSE, dO, dQ, dK, dV) plus one gathered group.
 #include "attncore/plugin/blocks.h"
 #include "attncore/plugin/dense_plans.h"
 #include "attncore/plugin/ring_plugin.h"
@@ -87,7 +87,7 @@ class Allgather {
     for (const attnhost_token_range& r : ranges_[rank_]) layout_.add(r.global_begin, r.length);
     layout_.pad(local_ - layout_.local_tokens());
     groups_ = choose_groups(p.get_int("head_groups"));
-    forward_groups_ = p.get_int("head_groups") > 0 ? groups_ : choose_forward_groups();
+    forward_groups_ = p.get_int("head_groups") > 0 ? groups_ : forward_groups_for(groups_);
     allocate();
   }
 
@@ -223,34 +223,36 @@ class Allgather {
     if (asked > 0) return static_cast<int32_t>(asked);
     if (world_ == 1) return 1;
     const double q = double(q_elems()) * el_, kv = double(local_kv_elems(kv_heads_)) * el_;
-    const double working_set = 4 * q + 4 * kv;
+    const double lse = double(batch_) * heads_ * local_ * 4;
+    const double working_set = 4 * q + 4 * kv + lse;
     for (int32_t g = 1; g <= kv_heads_; ++g) {
       if (kv_heads_ % g != 0) continue;
       const double per_group = double(batch_) * seqlen_ * (kv_heads_ / g) * dim_;
       const double chunk = 2 * per_group * el_;  // one gathered group's K and V
-      const double extra = 2 * (chunk + 2 * per_group * 4) + double(q_elems()) * 4 / g + double(batch_) * heads_ * local_ * 4 +
-                           staging_bytes(kv_heads_ / g);
+      const double extra = 2 * (chunk + 2 * per_group * 4) + double(q_elems()) * 4 / g + lse + staging_bytes(g);
       if (working_set + extra <= 1.5 * working_set + chunk) return g;
     }
     return kv_heads_;
   }
   // The forward holds no gradients: its groups are the fewest whose K and V fit in a slot the
-  // backward's groups size (K, V and their fp32 gradients), so its calls are longer (at medium on
-  // two ranks, 4 groups of 6 kv heads in the room of 12 groups of 2). Only where blocks go as they
+  // backward's `groups` size (K, V and their fp32 gradients), so its calls are longer (at medium on
+  // two ranks, 3 groups of 8 kv heads in the room of 8 groups of 3). Only where blocks go as they
   // lie: packed messages would need staging sized for the larger group.
-  int32_t choose_forward_groups() const {
-    if (!direct_ || world_ == 1) return groups_;
-    const size_t per_group = size_t(batch_) * seqlen_ * (kv_heads_ / groups_) * dim_;
+  int32_t forward_groups_for(int32_t groups) const {
+    if (!direct_ || world_ == 1) return groups;
+    const size_t per_group = size_t(batch_) * seqlen_ * (kv_heads_ / groups) * dim_;
     const size_t room = 2 * align_up(per_group * el_) + align_up(2 * per_group * 4);
-    for (int32_t g = 1; g < groups_; ++g)
+    for (int32_t g = 1; g < groups; ++g)
       if (kv_heads_ % g == 0 && 2 * align_up(size_t(batch_) * seqlen_ * (kv_heads_ / g) * dim_ * el_) <= room) return g;
-    return groups_;
+    return groups;
   }
-  // The messages to and from every peer (fp32 dK and dV of a rank's tokens, each way) and this
-  // rank's K and V of a group, packed, and the peers'. Where blocks go as they lie, only the
+  // The messages to and from the peers (fp32 dK and dV of a rank's tokens, each way), this rank's K
+  // and V of a forward group, packed, and the peers' (layout). Where blocks go as they lie, only the
   // messages in and this rank's K and V.
-  double staging_bytes(int32_t kv) const {
-    return double(world_) * (direct_ ? 2 : 4) * local_kv_elems(kv) * 4 + (direct_ ? 1 : world_ + 1) * 2.0 * local_kv_elems(kv) * el_;
+  double staging_bytes(int32_t groups) const {
+    const double messages = double(world_ - 1) * (direct_ ? 2 : 4) * local_kv_elems(kv_heads_ / groups) * 4;
+    const double gathered_in = direct_ ? 0 : double(world_ - 1) * kv_message_bytes(kv_heads_ / groups);
+    return messages + kv_message_bytes(kv_heads_ / forward_groups_for(groups)) + gathered_in;
   }
 
   void allocate() {
@@ -269,9 +271,9 @@ class Allgather {
     }
     b.dq = c.take<float>(size_t(batch_) * local_ * kv * (heads_ / kv_heads_) * dim_ * 4);
     b.delta = c.take<float>(size_t(batch_) * heads_ * local_ * 4);
-    b.home = c.take(world_ > 1 ? size_t(world_) * (direct_ ? 1 : 2) * message_bytes() : 0);  // (direct: incoming only)
+    b.home = c.take(size_t(world_ - 1) * (direct_ ? 1 : 2) * message_bytes());  // (direct: incoming only)
     b.packed = c.take(kv_message_bytes(kv_heads_ / forward_groups_));  // K, then V from its next 256 bytes
-    b.gathered_in = c.take(world_ > 1 && !direct_ ? size_t(world_) * kv_message_bytes(kv) : 0);
+    b.gathered_in = c.take(direct_ ? 0 : size_t(world_ - 1) * kv_message_bytes(kv));
     return b;
   }
   const Buffers& buffers() const { return work_.forward(); }
@@ -531,11 +533,13 @@ class Allgather {
   // of a rank's tokens, packed (the forward's groups hold at least as many heads as the backward's).
   size_t message_bytes() const { return 2 * align_up(local_kv_elems(kv_heads_ / groups_) * 4); }
   size_t kv_message_bytes(int32_t kv) const { return 2 * align_up(local_kv_elems(kv) * el_); }
-  char* outgoing(int peer) const { return buffers().home + size_t(peer) * 2 * message_bytes(); }  // (packed only)
+  // A peer's place among the others (this rank has no message of its own).
+  size_t peer_slot(int peer) const { return size_t(peer < rank_ ? peer : peer - 1); }
+  char* outgoing(int peer) const { return buffers().home + peer_slot(peer) * 2 * message_bytes(); }  // (packed only)
   char* incoming(int peer) const {
-    return buffers().home + (direct_ ? size_t(peer) : size_t(peer) * 2 + 1) * message_bytes();
+    return buffers().home + (direct_ ? peer_slot(peer) : peer_slot(peer) * 2 + 1) * message_bytes();
   }
-  char* gathered_in(int peer) const { return buffers().gathered_in + size_t(peer) * kv_message_bytes(group_kv()); }
+  char* gathered_in(int peer) const { return buffers().gathered_in + peer_slot(peer) * kv_message_bytes(group_kv()); }
 
   DenseReference reference_;
   attnhost::Host host_;

@@ -2,6 +2,8 @@
 // the messages that refuse a problem, and the bytes each strategy moves.
 #include "harness.h"
 
+#include <map>
+
 #include "suite/varlen.h"
 
 using attnhost::DeviceKind;
@@ -200,6 +202,28 @@ TEST_CASE("allgather: causal (zigzag chunks), full, a window, GQA, groups of hea
   groups.params["head_groups"] = int64_t{4};
   test::all_pass(run_on(DeviceKind::cpu, groups));
   test::all_pass(run_on(DeviceKind::cpu, dense_case("allgather", {1, 2}, 128, 4, 4, 24, true, "fp16")));
+}
+
+TEST_CASE("allgather: auto groups keep a rank's memory within 1.5x its working set plus one gathered group") {
+  // B=2, S=512, 24 heads of 32 at world size 2. A rank's working set is Q, K, V, O, dO, dQ, dK, dV
+  // and LSE; groups of 3 kv heads (8 groups) fit the rule. While a rank also counted a message from
+  // itself it never had, auto took 12 groups of 2, below the memory of explicit 8.
+  auto c = dense_case("allgather", {2}, 512, 24, 24, 32, true);
+  std::map<int64_t, attnhost::RunResult> runs;
+  for (int64_t groups : {0, 8, 12}) {
+    c.params["head_groups"] = groups;
+    attnhost::CaseResult r = run_on(DeviceKind::cpu, c);
+    test::all_pass(r);
+    runs[groups] = r.runs[0];
+  }
+  const double tensor = 2.0 * 256 * 24 * 32 * 2, lse = 2.0 * 24 * 256 * 4;  // a rank's: B x tokens x heads x D x bf16
+  const double working_set = 8 * tensor + lse, gathered = 2 * (2.0 * 512 * 3 * 32 * 2);  // K and V of a group of 3
+  for (int rank = 0; rank < 2; ++rank) {
+    INFO("rank ", rank);
+    CHECK(runs[0].peak_bytes[rank] <= 1.5 * working_set + gathered);
+    CHECK(runs[0].peak_bytes[rank] >= runs[8].peak_bytes[rank]);  // the backward's slots hold 3 kv heads
+    CHECK(runs[8].peak_bytes[rank] > runs[12].peak_bytes[rank]);
+  }
 }
 
 TEST_CASE("bytes sent: ulysses moves Q, K, V and O once each way, allgather every K/V block to every rank") {
