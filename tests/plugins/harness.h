@@ -9,6 +9,8 @@
 #include <doctest/doctest.h>
 
 #include <cstdlib>
+#include <initializer_list>
+#include <map>
 
 namespace test {
 
@@ -103,6 +105,20 @@ inline void error_does_not_grow(const attnhost::CaseResult& r) {
       CHECK(error_of(run, tensor) <= 1.1 * single + 1e-7);
     }
   }
+}
+
+// The case run on the CPU once for each value of integer parameter `param`, each run passing its
+// checks: the first world size's result by value.
+inline std::map<int64_t, attnhost::RunResult> runs_by(attnhost::suite::Case c, const std::string& param,
+                                                      std::initializer_list<int64_t> values) {
+  std::map<int64_t, attnhost::RunResult> runs;
+  for (int64_t v : values) {
+    c.params[param] = v;
+    attnhost::CaseResult r = run_on(attnhost::DeviceKind::cpu, c);
+    all_pass(r);
+    runs[v] = r.runs[0];
+  }
+  return runs;
 }
 
 }  // namespace test

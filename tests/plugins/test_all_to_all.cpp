@@ -209,13 +209,7 @@ TEST_CASE("allgather: auto groups keep a rank's memory within 1.5x its working s
   // and LSE; groups of 3 kv heads (8 groups) fit the rule. While a rank also counted a message from
   // itself it never had, auto took 12 groups of 2, below the memory of explicit 8.
   auto c = dense_case("allgather", {2}, 512, 24, 24, 32, true);
-  std::map<int64_t, attnhost::RunResult> runs;
-  for (int64_t groups : {0, 8, 12}) {
-    c.params["head_groups"] = groups;
-    attnhost::CaseResult r = run_on(DeviceKind::cpu, c);
-    test::all_pass(r);
-    runs[groups] = r.runs[0];
-  }
+  std::map<int64_t, attnhost::RunResult> runs = test::runs_by(c, "head_groups", {0, 8, 12});
   const double tensor = 2.0 * 256 * 24 * 32 * 2, lse = 2.0 * 24 * 256 * 4;  // a rank's: B x tokens x heads x D x bf16
   const double working_set = 8 * tensor + lse, gathered = 2 * (2.0 * 512 * 3 * 32 * 2);  // K and V of a group of 3
   for (int rank = 0; rank < 2; ++rank) {

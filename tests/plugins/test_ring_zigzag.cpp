@@ -124,13 +124,7 @@ TEST_CASE("ring and zigzag in batch slices: the same answers, and a rank's memor
     c.params["head_slices"] = int64_t{1};
     const double q_bytes = 5.0 * 128 * 4 * 32 * 2;   // per rank: B x local tokens x heads x D x bf16
     const double working_set = 4 * q_bytes + 8 * q_bytes;  // Q O dO dQ, K V dK dV, two K/V blocks
-    std::map<int64_t, attnhost::RunResult> runs;
-    for (int64_t slices : {1, 2, 3, 5, 0}) {
-      c.params["batch_slices"] = slices;
-      attnhost::CaseResult r = run_on(DeviceKind::cpu, c);
-      test::all_pass(r);
-      runs[slices] = r.runs[0];
-    }
+    std::map<int64_t, attnhost::RunResult> runs = test::runs_by(c, "batch_slices", {1, 2, 3, 5, 0});
     for (int64_t slices : {2, 3, 5, 0})
       for (const char* tensor : {"O", "LSE", "dQ", "dK", "dV"}) {
         INFO(plugin, " ", tensor, " in ", slices, " slices");
@@ -162,13 +156,7 @@ TEST_CASE("ring and zigzag in head slices (a batch of one): the same answers, me
     c.problem.batch = 1;
     const double q_bytes = 1.0 * 128 * 10 * 32 * 2, kv_bytes = q_bytes / 2;
     const double working_set = 4 * q_bytes + 8 * kv_bytes;
-    std::map<int64_t, attnhost::RunResult> runs;
-    for (int64_t slices : {1, 2, 0}) {
-      c.params["head_slices"] = slices;
-      attnhost::CaseResult r = run_on(DeviceKind::cpu, c);
-      test::all_pass(r);
-      runs[slices] = r.runs[0];
-    }
+    std::map<int64_t, attnhost::RunResult> runs = test::runs_by(c, "head_slices", {1, 2, 0});
     for (int64_t slices : {2, 0})
       for (const char* tensor : {"O", "LSE", "dQ", "dK", "dV"}) {
         INFO(plugin, " ", tensor, " in ", slices, " head slices");
@@ -335,13 +323,7 @@ TEST_CASE("bytes sent: two ranks over batch slices take their own block last, so
   const uint64_t chunk = 2ull * 32 * 2 * 16;  // B x 32 tokens x Hkv x D, per tensor
   auto c = dense_case("zigzag", {2}, 128, 4, 2, 16, true);
   c.params["head_slices"] = int64_t{1};
-  std::map<int64_t, attnhost::RunResult> runs;
-  for (int64_t slices : {1, 2}) {
-    c.params["batch_slices"] = slices;
-    attnhost::CaseResult r = run_on(DeviceKind::cpu, c);
-    test::all_pass(r);
-    runs[slices] = r.runs[0];
-  }
+  std::map<int64_t, attnhost::RunResult> runs = test::runs_by(c, "batch_slices", {1, 2});
   const uint64_t kv_sent[] = {2 * chunk * 2, 2 * 2 * chunk * 2};  // K and V in bf16: rank 0 one chunk, rank 1 two
   for (int rank = 0; rank < 2; ++rank) {
     INFO("rank ", rank);
