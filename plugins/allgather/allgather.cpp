@@ -70,10 +70,7 @@ class Allgather {
         out_el_(size_t(dtype_bytes(output_dtype(core_dtype(p->dtype))))), scale_(static_cast<float>(p->softmax_scale)),
         deterministic_(p->deterministic != 0), overlap_(options.overlap),
         direct_(p.get_string("exchange") != "packed" && host_.blocks()), engine_(options.make_engine()) {
-    if (overlap_ && !deterministic_ && host_.stream(3)) {
-      fill_ = host_.stream(3);
-      fill_engine_ = options.make_engine();
-    }
+    if (overlap_ && !deterministic_) fill_ = host_.stream(3);
     // Zigzag chunks balance a causal mask (when the sequence cuts into 2P of them); else contiguous.
     const bool zigzag = world_ > 1 && p->causal && seqlen_ % (2 * world_) == 0;
     for (int member = 0; member < world_; ++member) {
@@ -104,7 +101,7 @@ class Allgather {
     for (int g = 0; g < pass_groups_; ++g) {
       engine_->wait(compute, gathered[g]);
       const int32_t range = host_.range_begin(("attention group " + std::to_string(g)).c_str(), ATTNHOST_RANGE_COMPUTE, compute);
-      for_each_range(compute, [&](Engine& e, const attnhost_token_range& r, void* s) { e.forward(forward_call(a, r, g), s); });
+      for_each_range(compute, true, [&](const attnhost_token_range& r, void* s) { engine_->forward(forward_call(a, r, g), s); });
       host_.range_end(range, compute);
       done[g] = engine_->record(compute);
       if (g + 1 < pass_groups_) {  // (after the calls are queued: the host meets the peers here)
@@ -137,6 +134,8 @@ class Allgather {
     dp.delta = {buffers().delta, int64_t{heads_} * local_, local_};
     engine_->compute_delta(dp, compute);
     std::vector<Engine::Event> gathered(groups_), done(groups_), summed(groups_);
+    bool atomic = true;  // every range's call adds its dK and dV by atomics (the groups' calls are alike)
+    for (const attnhost_token_range& r : ranges_[rank_]) atomic = atomic && engine_->adds_atomically(backward_call(a, r, 0));
     engine_->wait(gs, compute);
     gather(a.k.data, a.v.data, 0, gs);
     gathered[0] = engine_->record(gs);
@@ -147,7 +146,7 @@ class Allgather {
       engine_->wait(compute, gathered[g]);
       const int32_t range = host_.range_begin(("attention backward group " + std::to_string(g)).c_str(),
                                               ATTNHOST_RANGE_COMPUTE, compute);
-      for_each_range(compute, [&](Engine& e, const attnhost_token_range& r, void* s) { e.backward(backward_call(a, r, g), s); });
+      for_each_range(compute, atomic, [&](const attnhost_token_range& r, void* s) { engine_->backward(backward_call(a, r, g), s); });
       convert_dq(a, g, compute);  // this group's dQ is whole: its fp32 buffer serves the next group
       host_.range_end(range, compute);
       done[g] = engine_->record(compute);
@@ -195,19 +194,16 @@ class Allgather {
   };
 
   // A group's calls, one a query range of this rank. Under a causal mask the last range reaches the
-  // most keys: it goes first, on the compute stream, and the others beside it on the fill stream
-  // with an engine of their own (an engine's scratch serves one stream at a time), so that their
-  // blocks fill its last wave rather than run after it in waves of their own (docs/KERNELS.md,
-  // "Allgather: the ranges side by side"). Both add into the same fp32 dK and dV, atomically; a
+  // most keys: it goes first, on the compute stream, and the others beside it on the fill stream,
+  // so that their blocks fill its last wave rather than run after it in waves of their own
+  // (docs/KERNELS.md, "Allgather: the ranges side by side"). Only where `together` allows: backward
+  // calls add into the same fp32 dK and dV, which two calls at once may do only by atomics; and a
   // deterministic problem keeps them in one stream.
-  template <class Call> void for_each_range(void* compute, Call&& call) {
+  template <class Call> void for_each_range(void* compute, bool together, Call&& call) {
     const std::vector<attnhost_token_range>& ranges = ranges_[rank_];
-    const bool beside = fill_ && ranges.size() > 1;
+    const bool beside = together && fill_ && ranges.size() > 1;
     if (beside) engine_->wait(fill_, compute);
-    for (size_t i = ranges.size(); i-- > 0;) {
-      if (beside && i + 1 < ranges.size()) call(*fill_engine_, ranges[i], fill_);
-      else call(*engine_, ranges[i], compute);
-    }
+    for (size_t i = ranges.size(); i-- > 0;) call(ranges[i], beside && i + 1 < ranges.size() ? fill_ : compute);
     if (beside) engine_->wait(compute, fill_);
   }
 
@@ -551,8 +547,7 @@ class Allgather {
   bool deterministic_, overlap_;
   bool direct_;  // ranges moved as they lie (the host's send_block), nothing packed for peers
   std::unique_ptr<Engine> engine_;
-  void* fill_ = nullptr;                 // host stream 3, where a group's shorter ranges run (null: none)
-  std::unique_ptr<Engine> fill_engine_;  // the engine of the calls on it
+  void* fill_ = nullptr;  // host stream 3, where a group's shorter ranges run (null: none)
   std::vector<std::vector<attnhost_token_range>> ranges_;  // each rank's tokens
   int64_t local_ = 0;
   attnhost::Layout layout_;

@@ -342,3 +342,48 @@ TEST_CASE("engine: cudnn and auto serve a dtype-O forward and a gradient-writing
     }
   }
 }
+
+TEST_CASE("engine: a backward call adds into fp32 dK and dV by atomics only where the native kernels serve it") {
+  // Two such calls may then run at once on two streams over the same keys (allgather's query ranges).
+  // (cuDNN serves no call that adds into fp32 gradients of bf16 inputs: those stay native.)
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess) devices = 0;
+  REQUIRE_MESSAGE(devices > 0, "needs a CUDA device");
+  const int B = 2, Hq = 8, Hkv = 2, D = 128, S = 2048;  // a block cuDNN serves (see the case above)
+  const size_t nq = size_t(B) * S * Hq * D, nkv = size_t(B) * S * Hkv * D, rows = size_t(B) * Hq * S;
+  DeviceArray q(nq * 2), kv(nkv * 2), o(nq * 2), d_o(nq * 2), lse(rows * 4), delta(rows * 4), dq(nq * 4),
+      dk(nkv * 4), dv(nkv * 4);
+  BackwardParams g;
+  g.dtype = DType::bf16;
+  g.batch = B;
+  g.heads_q = Hq;
+  g.heads_kv = Hkv;
+  g.head_dim = D;
+  g.seqlen_q = g.seqlen_kv = S;
+  g.q = {q.ptr, int64_t(S) * Hq * D, int64_t(Hq) * D, D};
+  g.k = g.v = {kv.ptr, int64_t(S) * Hkv * D, int64_t(Hkv) * D, D};
+  g.o = {o.ptr, int64_t(S) * Hq * D, int64_t(Hq) * D, D};
+  g.d_o = {d_o.ptr, int64_t(S) * Hq * D, int64_t(Hq) * D, D};
+  g.lse = RowStatsRef{static_cast<float*>(lse.ptr), int64_t(Hq) * S, S};
+  g.delta = RowStatsRef{static_cast<float*>(delta.ptr), int64_t(Hq) * S, S};
+  g.dq = {dq.ptr, int64_t(S) * Hq * D, int64_t(Hq) * D, D};
+  g.dk = {dk.ptr, int64_t(S) * Hkv * D, int64_t(Hkv) * D, D};
+  g.dv = {dv.ptr, int64_t(S) * Hkv * D, int64_t(Hkv) * D, D};
+  g.mask.causal = true;
+  FakeHost host;
+  const auto atomic = [&](EngineChoice choice, bool dtype_partials, const BackwardParams& p) {
+    auto engine = Engine::make(true, false, EngineOptions{choice, attnhost::Host(&host.api), dtype_partials});
+    return engine->adds_atomically(p);
+  };
+  CHECK(atomic(EngineChoice::native, false, g));
+  BackwardParams deterministic = g, writes = g;
+  deterministic.deterministic = true;  // (its dQ kernels are others; it keeps one stream)
+  writes.write_dkdv = true;
+  CHECK_FALSE(atomic(EngineChoice::native, false, deterministic));
+  CHECK_FALSE(atomic(EngineChoice::native, false, writes));
+  CHECK(atomic(EngineChoice::native, true, g));  // partials in dtype matter only where cuDNN may serve
+  if (cudnn_version() > 0) {  // cuDNN writes this call's gradients in dtype, added into fp32 by a pass of its own
+    CHECK_FALSE(atomic(EngineChoice::cudnn, true, g));
+    CHECK_FALSE(atomic(EngineChoice::automatic, true, g));
+  }
+}

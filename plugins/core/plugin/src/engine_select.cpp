@@ -77,18 +77,18 @@ class SelectingEngine final : public Engine {
       r.o_fp32 = false;
       r.o = packed(kUndecided, p.seqlen_q, p.heads_q, p);
       if (use_cudnn(r, forward_)) {
-        r.o.data = partials(elements(p.seqlen_q, p.heads_q, p), output_dtype(p.dtype));
-        forward_cudnn(r, s, workspace());
+        r.o.data = partials(elements(p.seqlen_q, p.heads_q, p), output_dtype(p.dtype), s);
+        forward_cudnn(r, s, workspace(s));
         widen(output_dtype(p.dtype), r.o, p.o, p.batch, p.heads_q, p.head_dim, p.seqlen_q, false, s);
         ++forward_.cudnn;
         return;
       }
     } else if (use_cudnn(p, forward_)) {
-      forward_cudnn(p, s, workspace());
+      forward_cudnn(p, s, workspace(s));
       ++forward_.cudnn;
       return;
     }
-    native_->forward(with_workspace(p, forward_workspace_bytes(p)), s);
+    native_->forward(with_workspace(p, forward_workspace_bytes(p), s), s);
   }
   void backward(const BackwardParams& p, void* s) override {
     ++backward_.calls;
@@ -100,8 +100,8 @@ class SelectingEngine final : public Engine {
       r.write_grads = true;
       r.dq = packed(kUndecided, p.seqlen_q, p.heads_q, p);
       if (use_cudnn(r, backward_)) {
-        r.dq.data = partials(elements(p.seqlen_q, p.heads_q, p), output_dtype(p.dtype));
-        backward_cudnn(r, s, workspace());
+        r.dq.data = partials(elements(p.seqlen_q, p.heads_q, p), output_dtype(p.dtype), s);
+        backward_cudnn(r, s, workspace(s));
         widen(output_dtype(p.dtype), r.dq, p.dq, p.batch, p.heads_q, p.head_dim, p.seqlen_q, true, s);
         ++backward_.cudnn;
         return;
@@ -119,8 +119,8 @@ class SelectingEngine final : public Engine {
       };
       place(kUndecided);
       if (use_cudnn(r, backward_)) {
-        place(static_cast<char*>(partials(nq + 2 * nkv, out)));
-        backward_cudnn(r, s, workspace());
+        place(static_cast<char*>(partials(nq + 2 * nkv, out, s)));
+        backward_cudnn(r, s, workspace(s));
         widen(out, r.dq, p.dq, p.batch, p.heads_q, p.head_dim, p.seqlen_q, true, s);
         widen(out, r.dk, p.dk, p.batch, p.heads_kv, p.head_dim, p.seqlen_kv, true, s);
         widen(out, r.dv, p.dv, p.batch, p.heads_kv, p.head_dim, p.seqlen_kv, true, s);
@@ -128,17 +128,24 @@ class SelectingEngine final : public Engine {
         return;
       }
     } else if (use_cudnn(p, backward_)) {
-      backward_cudnn(p, s, workspace());
+      backward_cudnn(p, s, workspace(s));
       ++backward_.cudnn;
       return;
     }
-    native_->backward(with_workspace(p, backward_workspace_bytes(p)), s);
+    native_->backward(with_workspace(p, backward_workspace_bytes(p), s), s);
   }
   void widen(const WidenParams& p, void* s) override { native_->widen(p, s); }
   void compute_delta(const DeltaParams& p, void* s) override { native_->compute_delta(p, s); }
   void merge(const MergeParams& p, void* s) override { native_->merge(p, s); }
   void convert(const ConvertParams& p, void* s) override { native_->convert(p, s); }
   void amax(const AmaxParams& p, void* s) override { native_->amax(p, s); }
+  // The native kernels add by atomics; cuDNN's gradients are added into fp32 by a pass of their own
+  // (dtype partials widened with add; fp32 or FP8 sums read and written).
+  bool adds_atomically(const BackwardParams& p) override {
+    if (p.write_grads || p.write_dkdv) return false;
+    if (choice_ == EngineChoice::native) return native_->adds_atomically(p);
+    return !dtype_partials_ && !use_cudnn(p, backward_) && native_->adds_atomically(p);
+  }
   void zero(void* dst, size_t bytes, void* s) override { native_->zero(dst, bytes, s); }
   void copy_rows(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width, size_t rows,
                  void* s) override {
@@ -211,39 +218,42 @@ class SelectingEngine final : public Engine {
     w.add = add;
     native_->widen(w, s);
   }
-  // Scratch for outputs in dtype, grown to the largest call; like the workspace, freeing the old
-  // buffer waits for the device.
-  void* partials(size_t count, DType dtype) {
-    const size_t bytes = count * dtype_bytes(dtype);
-    if (bytes > partials_.bytes()) {
-      partials_.reset();
-      partials_ = attnhost::HostBuffer(host_, bytes);
+  // A stream's scratch: cuDNN's workspace, outputs in dtype, and the native kernels' workspace where
+  // the caller gave too little (FP8: V^T, the widened inputs). Each grows to the largest call;
+  // freeing an old buffer waits for the device. One set a stream, so that calls on two streams at
+  // once (allgather's query ranges side by side) never share one.
+  struct Scratch {
+    attnhost::Host host;
+    attnhost::HostBuffer cudnn, partials, native;
+  };
+  static void* grown(attnhost::HostBuffer& b, const attnhost::Host& host, size_t bytes) {
+    if (bytes > b.bytes()) {
+      b.reset();
+      b = attnhost::HostBuffer(host, bytes);
     }
-    return partials_.get();
+    return b.get();
   }
-
-  Workspace workspace() { return {&SelectingEngine::grow, this}; }
-  // A native call that needs more workspace than its caller gave (FP8: V^T, the widened inputs) takes
-  // the engine's own, grown to the largest call like the others.
-  template <class Params> Params with_workspace(const Params& p, size_t need) {
+  Scratch& scratch(void* s) {
+    auto [it, fresh] = scratch_.try_emplace(s);
+    if (fresh) it->second.host = host_;
+    return it->second;
+  }
+  void* partials(size_t count, DType dtype, void* s) {
+    Scratch& sc = scratch(s);
+    return grown(sc.partials, sc.host, count * dtype_bytes(dtype));
+  }
+  static void* grow(void* context, size_t bytes) {
+    auto* sc = static_cast<Scratch*>(context);
+    return grown(sc->cudnn, sc->host, bytes);
+  }
+  Workspace workspace(void* s) { return {&SelectingEngine::grow, &scratch(s)}; }
+  template <class Params> Params with_workspace(const Params& p, size_t need, void* s) {
     if (need == 0 || (p.workspace && p.workspace_bytes >= need)) return p;
-    if (need > native_scratch_.bytes()) {
-      native_scratch_.reset();
-      native_scratch_ = attnhost::HostBuffer(host_, need);
-    }
+    Scratch& sc = scratch(s);
     Params r = p;
-    r.workspace = native_scratch_.get();
+    r.workspace = grown(sc.native, sc.host, need);
     r.workspace_bytes = need;
     return r;
-  }
-  // The scratch grows to the largest call; freeing the old buffer waits for the device (cudaFree).
-  static void* grow(void* self, size_t bytes) {
-    auto* e = static_cast<SelectingEngine*>(self);
-    if (bytes > e->scratch_.bytes()) {
-      e->scratch_.reset();
-      e->scratch_ = attnhost::HostBuffer(e->host_, bytes);
-    }
-    return e->scratch_.get();
   }
 
   std::unique_ptr<Engine> native_;
@@ -252,7 +262,7 @@ class SelectingEngine final : public Engine {
   attnhost::Host host_;
   int sm_major_ = 0;
   Tally forward_, backward_;
-  attnhost::HostBuffer scratch_, partials_, native_scratch_;
+  std::map<void*, Scratch> scratch_;  // by stream (a map: a Scratch's address is the workspace's context)
 };
 
 }  // namespace

@@ -89,6 +89,14 @@ class Engine {
   // Appended (3.1; after the others, so that their slots stay where 3.0 put them): max |x| of an
   // output (attention.h, AmaxParams).
   virtual void amax(const AmaxParams& p, void* stream) = 0;
+  // Appended (8.2): whether backward call `p` adds its dK and dV into their fp32 accumulators by
+  // atomics, so that another call may add into the same keys at the same time on another stream
+  // (the native kernels do; a call cuDNN serves is added by a pass that reads and writes). An engine
+  // that does not say is taken not to.
+  virtual bool adds_atomically(const BackwardParams& p) {
+    (void)p;
+    return false;
+  }
   // `to` waits for everything enqueued on `from` so far (an event on the GPU; nothing on the CPU,
   // where every operation has finished when it returns).
   void wait(void* to, void* from) {
