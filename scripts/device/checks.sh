@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine (device tool), in the repository's copy, with .gpu.tar.xz carried:
 #   scripts/device/checks.sh SECTION...   sections: info tests plugins verify shared mpi quick perf scaling suite
-#                                         cp peers fp8 striped ab ab2 exchange builds kernels
+#                                         cp strategies peers fp8 striped ab ab2 exchange builds kernels
 # Every command has its own time limit so one hang cannot eat the call; logs go to $OUT.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -67,6 +67,21 @@ for section in "$@"; do
       step "PyTorch context parallel ($n GPUs), the same problems"
       run 300 python3 -m torch.distributed.run --nproc_per_node="$n" .gpu/peers/torch_cp.py --out "$OUT/torch_cp$n.json" \
         ${CP_PEERS:-4,24,8192,128,1 4,32,16384,128,1 4,24,32768,128,1 4,32,16384,128,0} ;;
+    strategies)
+      # PERFORMANCE.md's two-GPU command (a): the strategies side by side at world sizes 1 and all
+      # GPUs, adaptive after 20 warm-ups, then PyTorch's context parallelism on the same shapes.
+      ws="1,$gpus"
+      declare -A shape=([medium]=4,24,8192,128,1 [large]=4,32,16384,128,1 [large_seq]=4,24,32768,128,1)
+      peers=""
+      for p in ${STRATEGY_PRESETS:-medium large}; do
+        step "compare ${STRATEGIES:-zigzag ulysses allgather} --config $p, world sizes $ws"
+        run 250 "$A" compare ${STRATEGIES:-zigzag ulysses allgather} --config "$p" --world-sizes "$ws" \
+          --timing-method adaptive --warmup-runs 20 --quiet --format console,json --out "$OUT/strategies_$p"
+        peers+=" ${shape[$p]}"
+      done
+      step "PyTorch context parallel ($gpus GPUs), the same shapes"
+      run 300 python3 -m torch.distributed.run --nproc_per_node="$gpus" .gpu/peers/torch_cp.py \
+        --out "$OUT/torch_cp$gpus.json" $peers ;;
     suite)
       step "suite ${SUITE}"
       run ${SUITE_LIMIT:-300} "$A" run .gpu/share/attnhost/configs/suites/${SUITE}.toml ${SUITE_ARGS:-} --out "$OUT/${SUITE}" --format console,json,csv,markdown ;;
