@@ -25,6 +25,16 @@ namespace {
 
 #define CUDA_OK(expr) REQUIRE((expr) == cudaSuccess)
 
+// A bf16 call's shape: B entries of S rows and S keys, Hq query and Hkv kv heads of D.
+template <class Params> void set_shape(Params& p, int B, int Hq, int Hkv, int D, int S) {
+  p.dtype = DType::bf16;
+  p.batch = B;
+  p.heads_q = Hq;
+  p.heads_kv = Hkv;
+  p.head_dim = D;
+  p.seqlen_q = p.seqlen_kv = S;
+}
+
 // The host services a ring at world size 1 uses.
 struct FakeHost {
   attnhost_host_api api{};
@@ -250,12 +260,7 @@ TEST_CASE("engine: cudnn and auto serve a dtype-O forward and a gradient-writing
       {
         auto engine = Engine::make(true, false, EngineOptions{choice, attnhost::Host(&host.api)});
         ForwardParams f;
-        f.dtype = DType::bf16;
-        f.batch = B;
-        f.heads_q = Hq;
-        f.heads_kv = Hkv;
-        f.head_dim = D;
-        f.seqlen_q = f.seqlen_kv = S;
+        set_shape(f, B, Hq, Hkv, D, S);
         f.q = qt(dq_in.ptr);
         f.k = f.v = kvt(dk_in.ptr);
         f.o = qt(o.ptr);
@@ -263,12 +268,7 @@ TEST_CASE("engine: cudnn and auto serve a dtype-O forward and a gradient-writing
         f.mask.causal = causal == 1;
         engine->forward(f, nullptr);
         BackwardParams g;
-        g.dtype = DType::bf16;
-        g.batch = B;
-        g.heads_q = Hq;
-        g.heads_kv = Hkv;
-        g.head_dim = D;
-        g.seqlen_q = g.seqlen_kv = S;
+        set_shape(g, B, Hq, Hkv, D, S);
         g.q = f.q;
         g.k = g.v = f.k;
         g.o = f.o;
@@ -354,12 +354,7 @@ TEST_CASE("engine: a backward call adds into fp32 dK and dV by atomics only wher
   DeviceArray q(nq * 2), kv(nkv * 2), o(nq * 2), d_o(nq * 2), lse(rows * 4), delta(rows * 4), dq(nq * 4),
       dk(nkv * 4), dv(nkv * 4);
   BackwardParams g;
-  g.dtype = DType::bf16;
-  g.batch = B;
-  g.heads_q = Hq;
-  g.heads_kv = Hkv;
-  g.head_dim = D;
-  g.seqlen_q = g.seqlen_kv = S;
+  set_shape(g, B, Hq, Hkv, D, S);
   g.q = {q.ptr, int64_t(S) * Hq * D, int64_t(Hq) * D, D};
   g.k = g.v = {kv.ptr, int64_t(S) * Hkv * D, int64_t(Hkv) * D, D};
   g.o = {o.ptr, int64_t(S) * Hq * D, int64_t(Hq) * D, D};
