@@ -319,7 +319,9 @@ TEST_CASE("bytes sent: two ranks over batch slices take their own block last, so
   // Zigzag, 128 tokens (chunks of 32), B=2, 2 kv heads, D=16. In one slice the gradients travel:
   // each rank's own block's go out in fp32 and come back summed in bf16. In two, a rank sends what it
   // computed of the other's block home (fp32, the keys it reaches), and its own block's call adds
-  // what came home of it: rank 0 reaches both of rank 1's chunks, rank 1 only rank 0's first.
+  // what came home of it: rank 0 reaches both of rank 1's chunks, rank 1 only rank 0's first. And
+  // the forward sends the backward's first slice's block (one entry) at its end, so a backward after
+  // its forward sends only the second's.
   const uint64_t chunk = 2ull * 32 * 2 * 16;  // B x 32 tokens x Hkv x D, per tensor
   auto c = dense_case("zigzag", {2}, 128, 4, 2, 16, true);
   c.params["head_slices"] = int64_t{1};
@@ -328,7 +330,9 @@ TEST_CASE("bytes sent: two ranks over batch slices take their own block last, so
   for (int rank = 0; rank < 2; ++rank) {
     INFO("rank ", rank);
     CHECK(runs[1].sent_bytes_bwd[rank] == kv_sent[rank] + 2 * 2 * chunk * 4 + 2 * 2 * chunk * 2);
-    CHECK(runs[2].sent_bytes_bwd[rank] == kv_sent[rank] + 2 * (rank == 0 ? 2 : 1) * chunk * 4);
+    CHECK(runs[2].sent_bytes_bwd[rank] == kv_sent[rank] / 2 + 2 * (rank == 0 ? 2 : 1) * chunk * 4);
+    CHECK(runs[1].sent_bytes_fwd[rank] == kv_sent[rank]);
+    CHECK(runs[2].sent_bytes_fwd[rank] == kv_sent[rank] + kv_sent[rank] / 2);
   }
   for (const char* tensor : {"dQ", "dK", "dV"}) {
     INFO(tensor);

@@ -304,11 +304,33 @@ void RingAttention::exchange(const void* send_k, const void* send_v, void* recv_
 }
 
 void RingAttention::forward(const attnhost_forward_args& a) {
+  const Engine::Event begun = engine_->record(host_.stream(0));  // the inputs, and the last pass done
   forward(a, 0, s_.batch);
+  prefetched_ = prefetch_backward_kv(a, begun);
+  engine_->wait(host_.stream(0), prefetched_.arrived);  // the pass ends with its last transfer
   report_amax(*engine_, s_, a, host_.stream(0));
 }
 
+RingAttention::Prefetch RingAttention::prefetch_backward_kv(const attnhost_forward_args& a,
+                                                             const Engine::Event& begun) {
+  if (world_ != 2 || !s_.own_last) return {};
+  const std::vector<Slice> list = slices(s_, 0, s_.batch);
+  if (list.size() < 2 || list[0].packed) return {};
+  // The backward's first receive buffer lies where the forward's first does, which two members never
+  // use (their one hop goes into the second): checked, as the two layouts are carved apart.
+  const KV into = work_.backward().receive[0];
+  const char* end = static_cast<char*>(into.v) + block_bytes(list[0].shape);
+  if (end > static_cast<char*>(work_.forward().receive[1].k)) return {};
+  void* comm = overlap_ ? host_.stream(1) : host_.stream(0);
+  engine_->wait(comm, begun);  // not before the last backward has read the buffer
+  const Slice& first = list[0];
+  const KV mine{from_entry(a.k, first.b0, first.shape.batch).data, from_entry(a.v, first.b0, first.shape.batch).data};
+  pass_kv(first.shape, mine, into, 0, comm);
+  return {true, a.k.data, a.v.data, engine_->record(comm)};
+}
+
 void RingAttention::forward(const attnhost_forward_args& a, int32_t b0, int32_t count) {
+  prefetched_ = {};
   plan_reach();
   void* compute = host_.stream(0);
   for (const Slice& slice : slices(forward_s_, b0, count)) {
@@ -360,7 +382,16 @@ void RingAttention::forward_slice(const RingShape& s, const attnhost_forward_arg
 }
 
 void RingAttention::backward(const attnhost_backward_args& a) {
-  engine_->wait(host_.stream(0), backward(a, 0, s_.batch));
+  const Prefetch sent = std::exchange(prefetched_, {});
+  const bool same_kv = sent.made && sent.k == a.k.data && sent.v == a.v.data;
+  plan_reach();
+  const std::vector<Slice> list = slices(s_, 0, s_.batch);
+  if (same_kv && s_.own_last && list.size() > 1) {
+    const Engine::Event inputs = engine_->record(host_.stream(0));
+    engine_->wait(host_.stream(0), backward_own_last(a, list, inputs, sent));
+  } else {
+    engine_->wait(host_.stream(0), backward(a, 0, s_.batch));
+  }
   report_amax(*engine_, s_, a, host_.stream(0));  // every output is home on the compute stream by now
 }
 
@@ -384,7 +415,8 @@ Engine::Event RingAttention::backward(const attnhost_backward_args& a, int32_t b
   void* compute = host_.stream(0);
   const std::vector<Slice> list = slices(s_, b0, count);
   const Engine::Event inputs = engine_->record(compute);  // the caller's O and dO
-  if (s_.own_last && list.size() > 1) return backward_own_last(a, list, inputs);
+  prefetched_ = {};
+  if (s_.own_last && list.size() > 1) return backward_own_last(a, list, inputs, Prefetch{});
   const size_t sets = s_.double_rows ? 2 : 1;            // slice i takes rows[i % sets]
   Engine::Event ahead;  // slice i's prologue, where slice i - 1 made it (ahead_made)
   bool ahead_made = false;
@@ -422,7 +454,7 @@ Engine::Event RingAttention::backward(const attnhost_backward_args& a, int32_t b
 // then: on the compute stream 1(0) 1(1) 0(0) 1(2) 0(1) ... 1(n-1) 0(n-2) 0(n-1). A slice's rows
 // live from its step 1 to its step 0 and dQ's rounding after it: three sets, slice i in set i % 3.
 Engine::Event RingAttention::backward_own_last(const attnhost_backward_args& a, const std::vector<Slice>& list,
-                                               const Engine::Event& inputs) {
+                                               const Engine::Event& inputs, const Prefetch& sent) {
   void* compute = host_.stream(0);
   void* comm = overlap_ ? host_.stream(1) : compute;
   const Buffers& w = work_.backward();
@@ -448,7 +480,8 @@ Engine::Event RingAttention::backward_own_last(const attnhost_backward_args& a, 
     kv_in[i] = engine_->record(comm);
   };
   engine_->wait(comm, inputs);
-  for (size_t i = 0; i < std::min<size_t>(n, 2); ++i) hop(i);
+  if (sent.made) kv_in[0] = sent.arrived;  // the forward sent slice 0's block
+  for (size_t i = sent.made ? 1 : 0; i < std::min<size_t>(n, 2); ++i) hop(i);
   for (size_t i = 0; i < std::min<size_t>(n, 3); ++i) prepared[i] = prepare(a, list[i], rows(i), inputs);
 
   const auto share = [&](size_t i) {  // step 1 of slice i, and its share home

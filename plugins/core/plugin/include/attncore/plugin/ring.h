@@ -243,8 +243,19 @@ class RingAttention {
   bool pass_kv(const RingShape& s, KV in_hand, KV into, int step, void* stream);
   // The backward over slices `list` with each rank's own block last (RingShape::own_last); returns
   // where dQ is written on the fill stream.
+  struct Prefetch;
   Engine::Event backward_own_last(const attnhost_backward_args& a, const std::vector<Slice>& list,
-                                  const Engine::Event& inputs);
+                                  const Engine::Event& inputs, const Prefetch& sent);
+  // The first K/V hop of a backward with its own block last, made at the end of a whole-batch
+  // forward, under its last step (docs/KERNELS.md, "The backward's first block, sent by the forward"):
+  // into the backward's first receive buffer, which a forward of two members never uses. A backward
+  // on the same K and V then starts computing at once; any backward forgets it.
+  struct Prefetch {
+    bool made = false;
+    const void *k = nullptr, *v = nullptr;  // the forward's K and V
+    Engine::Event arrived;                  // on the communication stream
+  };
+  Prefetch prefetch_backward_kv(const attnhost_forward_args& a, const Engine::Event& begun);
   // The backward where the gradients go home from every step (RingShape::carried_columns set).
   void backward_home(const RingShape& s, const attnhost_backward_args& a, const RowBuffers& rows,
                      const Engine::Event& prologue);
@@ -260,6 +271,7 @@ class RingAttention {
   std::unique_ptr<Engine> engine_;
   Workspace<Buffers> work_;
   void* fill_;  // host stream 3 where there is one, else the compute stream
+  Prefetch prefetched_;
 };
 
 }  // namespace attncore::plugin
