@@ -22,36 +22,26 @@ int32_t choose_groups(int32_t asked, int32_t kv_heads, int u) {
   return 1;
 }
 
-// Which ends of a pass's pipeline go through alone.
-struct Cuts {
-  bool first, last;
-};
-
 // Automatic: the forward always tapered; the backward where one batch entry's call over a head
 // group holds at least 1024 query tiles of 128 rows (8 waves on 132 SMs). At 1024 and 1536 a call of
 // one entry kept the rate of the group's call of four; at 384 (6 heads, 8192 rows) the backward's
 // lost more than the exchange it hid, the forward's less (docs/KERNELS.md, "Tapered pipeline").
-Cuts tapered(Taper taper, bool forward, int32_t heads_per_group, int64_t rows) {
-  switch (taper) {
-    case Taper::on: return {true, true};
-    case Taper::off: return {false, false};
-    case Taper::last: return {false, true};
-    case Taper::automatic: break;
-  }
-  const bool cut = forward || int64_t{heads_per_group} * ((rows + 127) / 128) >= 1024;
-  return {cut, cut};
+bool tapered(Taper taper, bool forward, int32_t heads_per_group, int64_t rows) {
+  if (taper != Taper::automatic) return taper == Taper::on;
+  return forward || int64_t{heads_per_group} * ((rows + 127) / 128) >= 1024;
 }
 
 // The pipeline's steps, group after group: each group whole, or, tapered, with the first group's
 // first batch entry and the last group's last one steps of their own. The exchange before the first
 // call and the one after the last then move one entry's heads, and the next step's exchange still
 // has a call to run under.
-std::vector<UlyssesAttention::Step> pipeline_steps(int32_t groups, int32_t batch, Cuts cuts) {
+std::vector<UlyssesAttention::Step> pipeline_steps(int32_t groups, int32_t batch, bool taper) {
   std::vector<UlyssesAttention::Step> steps;
+  const bool cut = taper && batch > 1;
   for (int32_t g = 0; g < groups; ++g) {
     int32_t b0 = 0, end = batch;
-    if (cuts.first && batch > 1 && g == 0) steps.push_back({g, b0++, 1});
-    const bool last_alone = cuts.last && g == groups - 1 && end - b0 > 1;
+    if (cut && g == 0) steps.push_back({g, b0++, 1});
+    const bool last_alone = cut && g == groups - 1 && end - b0 > 1;
     if (last_alone) --end;
     if (end > b0) steps.push_back({g, b0, end - b0});
     if (last_alone) steps.push_back({g, end, 1});

@@ -35,9 +35,8 @@
 namespace attncore::plugin {
 
 // Whether the pipeline's first and last batch entries are steps of their own (above): automatic
-// tapers where one entry's call over a head group is long enough to keep the group call's rate;
-// last cuts only the last entry off.
-enum class Taper : int32_t { automatic, on, off, last };
+// tapers where one entry's call over a head group is long enough to keep the group call's rate.
+enum class Taper : int32_t { automatic, on, off };
 
 struct UlyssesShape {
   RingShape ring;             // the whole problem: local_q = local_kv = n, this rank's tokens

@@ -30,10 +30,9 @@ inline constexpr std::array<attnhost_param_spec, kNumPackedRingParams + 4> kUlys
                             "\"auto\"",
                             "the first group's first batch entry and the last group's last go through the pipeline "
                             "alone (on), so that only one entry's exchange waits before the first call and after the "
-                            "last, or whole groups do (off), or only the last entry goes alone (last); auto: the forward "
-                            "on, the backward on where one entry's call over a group holds at least 1024 query tiles "
-                            "of 128 rows",
-                            "auto|on|off|last"},
+                            "last, or whole groups do (off); auto: the forward on, the backward on where one entry's "
+                            "call over a group holds at least 1024 query tiles of 128 rows",
+                            "auto|on|off"},
         attnhost_param_spec{ATTNHOST_STRUCT_SIZE(attnhost_param_spec, choices), "exchange", ATTNHOST_PARAM_STRING,
                             "\"auto\"",
                             "how the all-to-alls move a peer's rows: auto: each tensor's as they lie, one copy by "
@@ -145,7 +144,7 @@ class UlyssesPlugin {
   UlyssesShape shape_of(const attnhost::Problem& p) {
     const std::string taper = p.get_string("taper");
     return {shape(p), u_, static_cast<int32_t>(p.get_int("head_groups")),
-            taper == "on" ? Taper::on : taper == "off" ? Taper::off : taper == "last" ? Taper::last : Taper::automatic,
+            taper == "on" ? Taper::on : taper == "off" ? Taper::off : Taper::automatic,
             p.get_string("exchange") == "packed"};
   }
 
