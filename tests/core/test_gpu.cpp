@@ -182,8 +182,9 @@ void check_all(Problem& p, bool grads = true) {
 }
 
 // The backward with write_dkdv: dK and dV in the input dtype over NaN poison. Each key's gradient
-// is one add into zero in accumulator mode, so the written values must be `acc`'s dK and dV
-// rounded, bit for bit, on every key (zeros where no query sees it).
+// is one add into zero in accumulator mode (no GQA group cut over CTAs at these lengths), so the
+// written values must be `acc`'s dK and dV rounded, bit for bit, on every key (zeros where no query
+// sees it).
 void check_write_dkdv(Problem& p, const Outputs& want, const Outputs& acc) {
   Tensor dq32(DType::fp32, p.B, p.Sq, p.Hq, p.D), dk(p.dtype, p.B, p.Skv, p.Hkv, p.D), dv(p.dtype, p.B, p.Skv, p.Hkv, p.D);
   backward_gpu(p, want.lse, want.delta, dq32, dk, dv, false, Dkdv::write);
@@ -389,6 +390,33 @@ TEST_CASE("gpu: GQA ratios 1 to 8") {
     CAPTURE(ratio);
     check_all(p);
   }
+}
+
+// The Hopper backward cuts a GQA group's query heads over several CTAs a key tile where a call has
+// few CTAs and long walks (sm90 backward_head_splits); ATTNCORE_HEAD_SPLITS forces the cut on shapes
+// the reference can afford. The parts add dK and dV by atomics: into accumulators, and where the call
+// writes fp32 dK and dV (over NaN poison here) into the pair it has zeroed first. Not bit for bit
+// the uncut call's: a key's gradients are several adds.
+TEST_CASE("gpu: GQA groups cut over several CTAs a key tile add dK and dV (accumulated and written in fp32)") {
+  REQUIRE(device_count() > 0);
+  std::mt19937_64 rng(29);
+  for (const char* splits : {"2", "4"})
+    for (bool causal : {true, false})
+      for (int32_t D : {64, 128}) {
+        setenv("ATTNCORE_HEAD_SPLITS", splits, 1);
+        Problem p = random_problem(rng, DType::bf16, D, 4, 400);
+        p.mask.causal = causal;
+        CAPTURE(splits);
+        CAPTURE(causal);
+        CAPTURE(D);
+        const Outputs want = run_cpu(p, true);
+        Outputs got = run_gpu(p, true, false, &want);
+        check_backward(p, want, got);
+        Tensor dq(DType::fp32, p.B, p.Sq, p.Hq, p.D);
+        backward_gpu(p, want.lse, want.delta, dq, got.dk, got.dv, false, Dkdv::write_fp32);
+        check_backward(p, want, got);
+        unsetenv("ATTNCORE_HEAD_SPLITS");
+      }
 }
 
 TEST_CASE("gpu: rows with no key (keys after every query, and a window past the keys)") {

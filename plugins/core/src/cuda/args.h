@@ -32,6 +32,9 @@ struct AttnArgs {
   // (BackwardParams::dk_add; null data: none).
   TensorRef dk_add, dv_add;
   int32_t add_begin = 0, add_end = 0;
+  // The Hopper backward's CTAs a (key tile, kv head): each walks group / head_splits of the kv
+  // head's query heads, grid y being heads_kv x head_splits; above 1 they add dK and dV by atomics.
+  int32_t head_splits = 1;
 };
 
 // Slot `slot` of a split group's sums (AttnArgs::split_dk, split_dv).

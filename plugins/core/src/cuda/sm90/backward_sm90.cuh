@@ -31,6 +31,8 @@
 
 #include <cuda.h>
 
+#include <algorithm>
+#include <cstdlib>
 #include <cstring>
 
 #include "../args.h"
@@ -59,7 +61,7 @@ __global__ void __launch_bounds__(BackwardConfig<T, D, kBlockM>::kThreads, 1)
       L::regions(smem);
 
   const int tid = threadIdx.x, warp = warp_uniform(int(tid / 32)), lane = tid % 32, group = warp / 4;
-  const int kv_head = blockIdx.y, batch = blockIdx.z;
+  const int kv_head = blockIdx.y / a.head_splits, batch = blockIdx.z;
 
   if (tid == 0) init_barriers<C>(kv_full, kv_empty, dq_full, dq_empty, q_full, q_empty, piece, a, dq_add);
   __syncthreads();
@@ -187,6 +189,42 @@ __global__ void __launch_bounds__(BackwardConfig<T, D, kBlockM>::kThreads, 1)
 }
 
 
+// A kv head's query heads cut over several CTAs a key tile (GQA), where a call has too few CTAs for
+// its longest walk to end with the rest: a causal call's first key tile walks every row of every
+// query head of its group, about twice the mean, so it wants four CTAs an SM, a full call two; but
+// no CTA walks fewer than kMinSplitRows rows (query heads x rows), where a split would pay a key
+// tile's start and its dK/dV atomics for little. Two H200s, zigzag at world size 2, B=2, 2 kv heads
+// of 16 query heads at d64, 8192 keys a rank (256 CTAs a call): the own block's causal call ran 1.5x
+// the other block's full call of as many pairs; cut in 4, the backward went 8.95 -> 7.72 ms
+// (docs/KERNELS.md, "GQA groups over several CTAs"). The parts add dK and dV by atomics, so not where
+// the call writes them in the dtype, adds a share first, walks by pieces or must be reproducible; a
+// call that writes them in fp32 has them zeroed first instead (every key of it). Each key's
+// gradients are then a sum of several adds, not one. ATTNCORE_HEAD_SPLITS=N forces N (a divisor of
+// the group) where a split is allowed, for tests.
+constexpr int64_t kMinSplitRows = 16384;
+inline int32_t backward_head_splits(const BackwardParams& p, const AttnArgs& a, int64_t ctas, bool by_pieces) {
+  if (a.group == 1 || by_pieces || p.deterministic || p.dk_add.data || a.dkdv_out == GradOut::write_dtype) return 1;
+  const auto dense_rows = [&](const TensorRef& t) {
+    return t.head_stride == p.head_dim && t.token_stride == int64_t{p.heads_kv} * p.head_dim;
+  };
+  if (a.dkdv_out == GradOut::write_fp32 && (p.num_segments > 0 || !dense_rows(p.dk) || !dense_rows(p.dv))) return 1;
+  if (const char* forced = std::getenv("ATTNCORE_HEAD_SPLITS")) {
+    const int32_t s = std::atoi(forced);
+    return s > 0 && a.group % s == 0 ? s : 1;
+  }
+  static const int sms = [] {
+    int device = 0, n = 0;
+    cudaGetDevice(&device);
+    cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device);
+    return n;
+  }();
+  const int64_t wanted = int64_t{p.mask.causal ? 4 : 2} * sms;
+  int32_t splits = 1;
+  for (int32_t s = 2; s <= a.group && ctas * splits < wanted; ++s)
+    if (a.group % s == 0 && int64_t{a.group / s} * p.seqlen_q >= kMinSplitRows) splits = s;
+  return splits;
+}
+
 template <class T, int D, int kBlockM>
 void launch_backward_config(const BackwardParams& p, cudaStream_t stream) {
   using C = BackwardConfig<T, D, kBlockM>;
@@ -210,7 +248,16 @@ void launch_backward_config(const BackwardParams& p, cudaStream_t stream) {
   constexpr size_t smem = BackwardSmem<T, D, kBlockM>::kBytes;
   cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
   const int64_t tiles = by_pieces ? piece_tiles(p, C::kBlockN) : tile_grid(p.seqlen_kv, C::kBlockN, p.num_segments);
-  const dim3 grid(unsigned(tiles), unsigned(p.heads_kv), unsigned(p.batch));
+  a.head_splits = backward_head_splits(p, a, tiles * p.heads_kv * p.batch, by_pieces);
+  if (a.head_splits > 1 && a.dkdv_out == GradOut::write_fp32) {  // written: zeroed, then added into
+    for (const TensorRef& t : {p.dk, p.dv}) {
+      const size_t width = size_t(p.seqlen_kv) * t.token_stride * 4;
+      cudaMemset2DAsync(t.data, std::max(width, size_t(t.batch_stride) * 4), 0, width, size_t(p.batch), stream);
+      check_launch("zeroing dK and dV (sm90)");
+    }
+    a.dkdv_out = GradOut::add_fp32;
+  }
+  const dim3 grid(unsigned(tiles), unsigned(p.heads_kv * a.head_splits), unsigned(p.batch));
   kernel<<<grid, C::kThreads, smem, stream>>>(q_map, k_map, v_map, do_map, dq_map, a, dq_add);
   check_launch("flash backward (sm90)");
   write_split_sums(p, a, stream);

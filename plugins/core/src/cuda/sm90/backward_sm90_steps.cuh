@@ -264,7 +264,8 @@ __device__ __forceinline__ void produce_steps(unsigned char* smem, const CUtenso
     QWalk<C::kBlockM, C::kBlockN> walk;
     const BlockArgs no_list{};
     const BlockArgs& blocks = C::kBlockLists ? a.blocks : no_list;
-    walk.init(a.mask, reg, blocks, kv_head * a.group, a.group, n0);
+    const int32_t heads = a.group / a.head_splits;  // this CTA's query heads: the y-th run of them
+    walk.init(a.mask, reg, blocks, int32_t(blockIdx.y) * heads, heads, n0);
     for (;; ++step) {
       const uint32_t s = step % C::kStages;
       QStep q;
