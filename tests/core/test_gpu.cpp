@@ -394,29 +394,49 @@ TEST_CASE("gpu: GQA ratios 1 to 8") {
 
 // The Hopper backward cuts a GQA group's query heads over several CTAs a key tile where a call has
 // few CTAs and long walks (sm90 backward_head_splits); ATTNCORE_HEAD_SPLITS forces the cut on shapes
-// the reference can afford. The parts add dK and dV by atomics: into accumulators, and where the call
-// writes fp32 dK and dV (over NaN poison here) into the pair it has zeroed first. Not bit for bit
-// the uncut call's: a key's gradients are several adds.
+// the reference can afford, in each step size (64 rows; 128 at d64 from 4096 rows; 80 at d128 from
+// 1024 full). The parts add dK and dV by atomics: into accumulators, and where the call writes fp32
+// dK and dV (over NaN poison here) into the pair it has zeroed first. Not bit for bit the uncut
+// call's: a key's gradients are several adds.
 TEST_CASE("gpu: GQA groups cut over several CTAs a key tile add dK and dV (accumulated and written in fp32)") {
   REQUIRE(device_count() > 0);
+  struct ForcedSplits {  // set for one case, unset however it ends
+    explicit ForcedSplits(const char* n) { setenv("ATTNCORE_HEAD_SPLITS", n, 1); }
+    ~ForcedSplits() { unsetenv("ATTNCORE_HEAD_SPLITS"); }
+  };
   std::mt19937_64 rng(29);
+  struct Shape {
+    int32_t D;
+    int64_t Sq, Skv;  // 0: random up to 400
+    bool causal;
+  };
+  const Shape shapes[] = {{64, 0, 0, true}, {64, 0, 0, false}, {128, 0, 0, true}, {128, 0, 0, false},
+                          {64, 4100, 200, false}, {128, 1100, 300, false}};
   for (const char* splits : {"2", "4"})
-    for (bool causal : {true, false})
-      for (int32_t D : {64, 128}) {
-        setenv("ATTNCORE_HEAD_SPLITS", splits, 1);
-        Problem p = random_problem(rng, DType::bf16, D, 4, 400);
-        p.mask.causal = causal;
-        CAPTURE(splits);
-        CAPTURE(causal);
-        CAPTURE(D);
-        const Outputs want = run_cpu(p, true);
-        Outputs got = run_gpu(p, true, false, &want);
-        check_backward(p, want, got);
-        Tensor dq(DType::fp32, p.B, p.Sq, p.Hq, p.D);
-        backward_gpu(p, want.lse, want.delta, dq, got.dk, got.dv, false, Dkdv::write_fp32);
-        check_backward(p, want, got);
-        unsetenv("ATTNCORE_HEAD_SPLITS");
+    for (const Shape& shape : shapes) {
+      const ForcedSplits forced(splits);
+      Problem p = random_problem(rng, DType::bf16, shape.D, 4, 400);
+      if (shape.Sq > 0) {
+        p.B = 1;
+        p.Hkv = 1;
+        p.Hq = 4;
+        p.Sq = shape.Sq;
+        p.Skv = shape.Skv;
+        std::mt19937_64 data(rng());
+        p.randomize(data);
       }
+      p.mask.causal = shape.causal;
+      CAPTURE(splits);
+      CAPTURE(shape.D);
+      CAPTURE(p.Sq);
+      CAPTURE(shape.causal);
+      const Outputs want = run_cpu(p, true);
+      Outputs got = run_gpu(p, true, false, &want);
+      check_backward(p, want, got);
+      Tensor dq(DType::fp32, p.B, p.Sq, p.Hq, p.D);
+      backward_gpu(p, want.lse, want.delta, dq, got.dk, got.dv, false, Dkdv::write_fp32);
+      check_backward(p, want, got);
+    }
 }
 
 TEST_CASE("gpu: rows with no key (keys after every query, and a window past the keys)") {

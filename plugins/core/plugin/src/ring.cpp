@@ -326,7 +326,7 @@ RingAttention::Prefetch RingAttention::prefetch_backward_kv(const attnhost_forwa
   const Slice& first = list[0];
   const KV mine{from_entry(a.k, first.b0, first.shape.batch).data, from_entry(a.v, first.b0, first.shape.batch).data};
   pass_kv(first.shape, mine, into, 0, comm);
-  return {true, a.k.data, a.v.data, engine_->record(comm)};
+  return {true, a.k, a.v, engine_->record(comm)};
 }
 
 void RingAttention::forward(const attnhost_forward_args& a, int32_t b0, int32_t count) {
@@ -383,7 +383,11 @@ void RingAttention::forward_slice(const RingShape& s, const attnhost_forward_arg
 
 void RingAttention::backward(const attnhost_backward_args& a) {
   const Prefetch sent = std::exchange(prefetched_, {});
-  const bool same_kv = sent.made && sent.k == a.k.data && sent.v == a.v.data;
+  const auto same = [](const attnhost_tensor& x, const attnhost_tensor& y) {
+    return x.data == y.data && x.dtype == y.dtype && x.ndim == y.ndim && std::equal(x.shape, x.shape + x.ndim, y.shape) &&
+           std::equal(x.strides, x.strides + x.ndim, y.strides);
+  };
+  const bool same_kv = sent.made && same(sent.k, a.k) && same(sent.v, a.v);
   plan_reach();
   const std::vector<Slice> list = slices(s_, 0, s_.batch);
   if (same_kv && s_.own_last && list.size() > 1) {

@@ -198,26 +198,26 @@ __global__ void __launch_bounds__(BackwardConfig<T, D, kBlockM>::kThreads, 1)
 // the other block's full call of as many pairs; cut in 4, the backward went 8.95 -> 7.72 ms
 // (docs/KERNELS.md, "GQA groups over several CTAs"). The parts add dK and dV by atomics, so not where
 // the call writes them in the dtype, adds a share first, walks by pieces or must be reproducible; a
-// call that writes them in fp32 has them zeroed first instead (every key of it). Each key's
+// call that writes them in fp32 has them zeroed first instead (every key of it). Plain calls only:
+// a window's, a segment's or a block list's walk is shorter than its rows (not measured). Each key's
 // gradients are then a sum of several adds, not one. ATTNCORE_HEAD_SPLITS=N forces N (a divisor of
 // the group) where a split is allowed, for tests.
 constexpr int64_t kMinSplitRows = 16384;
 inline int32_t backward_head_splits(const BackwardParams& p, const AttnArgs& a, int64_t ctas, bool by_pieces) {
-  if (a.group == 1 || by_pieces || p.deterministic || p.dk_add.data || a.dkdv_out == GradOut::write_dtype) return 1;
+  const bool plain = !p.blocks && p.num_segments == 0 && p.mask.window_left < 0 && p.mask.window_right < 0;
+  if (a.group == 1 || !plain || by_pieces || p.deterministic || p.dk_add.data || a.dkdv_out == GradOut::write_dtype)
+    return 1;
   const auto dense_rows = [&](const TensorRef& t) {
     return t.head_stride == p.head_dim && t.token_stride == int64_t{p.heads_kv} * p.head_dim;
   };
-  if (a.dkdv_out == GradOut::write_fp32 && (p.num_segments > 0 || !dense_rows(p.dk) || !dense_rows(p.dv))) return 1;
+  if (a.dkdv_out == GradOut::write_fp32 && (!dense_rows(p.dk) || !dense_rows(p.dv))) return 1;
   if (const char* forced = std::getenv("ATTNCORE_HEAD_SPLITS")) {
     const int32_t s = std::atoi(forced);
     return s > 0 && a.group % s == 0 ? s : 1;
   }
-  static const int sms = [] {
-    int device = 0, n = 0;
-    cudaGetDevice(&device);
-    cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device);
-    return n;
-  }();
+  int device = 0, sms = 0;
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
   const int64_t wanted = int64_t{p.mask.causal ? 4 : 2} * sms;
   int32_t splits = 1;
   for (int32_t s = 2; s <= a.group && ctas * splits < wanted; ++s)

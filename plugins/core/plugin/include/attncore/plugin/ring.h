@@ -249,11 +249,14 @@ class RingAttention {
   // The first K/V hop of a backward with its own block last, made at the end of a whole-batch
   // forward, under its last step (docs/KERNELS.md, "The backward's first block, sent by the forward"):
   // into the backward's first receive buffer, which a forward of two members never uses. A backward
-  // on the same K and V then starts computing at once; any backward forgets it.
+  // given the same K and V tensors (address, dtype, shape, strides) starts computing at once; any
+  // backward forgets it. The contract, as a framework's autograd keeps it: a backward after its
+  // forward reads K and V unchanged, on every rank alike (each rank decides for itself, and the
+  // two must agree on which hops they make).
   struct Prefetch {
     bool made = false;
-    const void *k = nullptr, *v = nullptr;  // the forward's K and V
-    Engine::Event arrived;                  // on the communication stream
+    attnhost_tensor k{}, v{};  // the forward's
+    Engine::Event arrived;     // on the communication stream
   };
   Prefetch prefetch_backward_kv(const attnhost_forward_args& a, const Engine::Event& begun);
   // The backward where the gradients go home from every step (RingShape::carried_columns set).
