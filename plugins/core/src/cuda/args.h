@@ -35,6 +35,10 @@ struct AttnArgs {
   // The Hopper backward's CTAs a (key tile, kv head): each walks group / head_splits of the kv
   // head's query heads, grid y being heads_kv x head_splits; above 1 they add dK and dV by atomics.
   int32_t head_splits = 1;
+  // The Hopper backward's order of CTAs: 0, key tiles along x and runs of query heads along y; else
+  // launch order (x then y) counts groups of this many runs, each group's key tiles heaviest first
+  // with its runs side by side (cta_tile, cta_run).
+  int32_t tile_groups = 0;
 };
 
 // Slot `slot` of a split group's sums (AttnArgs::split_dk, split_dv).

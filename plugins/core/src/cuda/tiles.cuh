@@ -270,6 +270,7 @@ struct QStep {
 // in the pieces' own CSC, which the walk reads.
 struct TilePiece {
   int32_t n0, slot;
+  int32_t run = 0, kv_head = 0;  // the Hopper backward CTA's run of query heads and its kv head (cta_place)
 };
 template <int kN> __device__ __forceinline__ TilePiece tile_piece(const int32_t* pieces, int32_t x) {
   constexpr int32_t kTiles = kPieceKeys / kN; // key tiles a group

@@ -61,7 +61,7 @@ __global__ void __launch_bounds__(BackwardConfig<T, D, kBlockM>::kThreads, 1)
       L::regions(smem);
 
   const int tid = threadIdx.x, warp = warp_uniform(int(tid / 32)), lane = tid % 32, group = warp / 4;
-  const int kv_head = blockIdx.y / a.head_splits, batch = blockIdx.z;
+  const int batch = blockIdx.z;
 
   if (tid == 0) init_barriers<C>(kv_full, kv_empty, dq_full, dq_empty, q_full, q_empty, piece, a, dq_add);
   __syncthreads();
@@ -69,7 +69,7 @@ __global__ void __launch_bounds__(BackwardConfig<T, D, kBlockM>::kThreads, 1)
   if (group == 0) {
     regs_dealloc<C::kProducerRegs>();
     if (warp == 0) { // 2. The producer: K and V a key tile; Q, dO and the record a step.
-      produce_steps<C, D, T>(smem, k_map, v_map, q_map, do_map, a, kv_head, batch, lane);
+      produce_steps<C, D, T>(smem, k_map, v_map, q_map, do_map, a, batch, lane);
     } else if (dq_add != DqAdd::copy_engine || warp == 1) { // 3. The dQ reducer: each step's part into dQ.
       const int rt = tid - 32; // 0 .. kReducers - 1
       for (uint32_t round = 0;; ++round) {
@@ -182,7 +182,7 @@ __global__ void __launch_bounds__(BackwardConfig<T, D, kBlockM>::kThreads, 1)
       ++round;
     }
 
-    store_dkdv<C, T>(dk, dv, a, piece, kv_empty, reg, n0, key0, col0, kv_head, batch, lane);
+    store_dkdv<C, T>(dk, dv, a, piece, kv_empty, reg, n0, key0, col0, piece->kv_head, batch, lane);
   }
   end_reducer(dq_rec, dq_full, dq_empty, round, wg == 0 && warp_in_wg == 0 && lane == 0, lane);
 #endif
@@ -203,6 +203,9 @@ __global__ void __launch_bounds__(BackwardConfig<T, D, kBlockM>::kThreads, 1)
 // gradients are then a sum of several adds, not one. ATTNCORE_HEAD_SPLITS=N forces N (a divisor of
 // the group) where a split is allowed, for tests.
 constexpr int64_t kMinSplitRows = 16384;
+// Runs of query heads a group of the causal order counts (cta_place; docs/KERNELS.md, "Heaviest key
+// tiles first").
+constexpr int32_t kTileGroupRuns = 4;
 inline int32_t backward_head_splits(const BackwardParams& p, const AttnArgs& a, int64_t ctas, bool by_pieces) {
   const bool plain = !p.blocks && p.num_segments == 0 && p.mask.window_left < 0 && p.mask.window_right < 0;
   if (a.group == 1 || !plain || by_pieces || p.deterministic || p.dk_add.data || a.dkdv_out == GradOut::write_dtype)
@@ -249,6 +252,8 @@ void launch_backward_config(const BackwardParams& p, cudaStream_t stream) {
   cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
   const int64_t tiles = by_pieces ? piece_tiles(p, C::kBlockN) : tile_grid(p.seqlen_kv, C::kBlockN, p.num_segments);
   a.head_splits = backward_head_splits(p, a, tiles * p.heads_kv * p.batch, by_pieces);
+  const bool plain = !p.blocks && p.num_segments == 0 && !by_pieces;
+  a.tile_groups = plain && p.mask.causal ? kTileGroupRuns : 0;
   if (a.head_splits > 1 && a.dkdv_out == GradOut::write_fp32) {  // written: zeroed, then added into
     for (const TensorRef& t : {p.dk, p.dv}) {
       const size_t width = size_t(p.seqlen_kv) * t.token_stride * 4;

@@ -148,6 +148,7 @@ template <class T, int D, int kBlockM> struct BackwardSmem {
     DqRecord* dq_rec;
     // With a block list cut in pieces, this CTA's piece, in shared memory: held in registers by
     // every role, or loaded where each role needs it, it spilled the producer (24 registers) at d128.
+    // And the CTA's place (cta_place): its first key, its run of query heads and its kv head.
     TilePiece* piece;
     uint64_t *kv_full, *kv_empty, *dq_full, *dq_empty, *q_full, *q_empty; // q_*: kStages each
   };
@@ -171,7 +172,27 @@ template <class T, int D, int kBlockM> struct BackwardSmem {
   }
 };
 
-// The barriers, and this CTA's piece of a block list cut in pieces.
+// The CTA's key tile and run of query heads (the kv head's group / head_splits heads): blockIdx.x
+// and blockIdx.y, or, in a causal plain call (tile_groups), the launch order read as groups of runs
+// whose key tiles go heaviest first, the group's runs side by side. In head order each head's
+// heaviest tile (every row) starts only after the heads before it, the last ones in the grid's last
+// wave; so ordered, every group's heavy tiles start before its light ones, and the light ones fill
+// the end, while a group of runs keeps the heads whose Q, dO and dQ are in flight as few as in head
+// order (docs/KERNELS.md, "Heaviest key tiles first").
+struct CtaPlace {
+  int32_t tile, run;
+};
+__device__ __forceinline__ CtaPlace cta_place(const AttnArgs& a) {
+  if (a.tile_groups == 0) return {int32_t(blockIdx.x), int32_t(blockIdx.y)};
+  const int32_t tiles = int32_t(gridDim.x), runs = int32_t(gridDim.y), g = a.tile_groups;
+  const int32_t launch = int32_t(blockIdx.y) * tiles + int32_t(blockIdx.x);
+  const int32_t group = launch / (tiles * g), r = launch - group * tiles * g;
+  const int32_t width = min(g, runs - group * g);
+  const int32_t tile = r / width;
+  return {tile, group * g + (r - tile * width)};
+}
+
+// The barriers, this CTA's piece of a block list cut in pieces, and its place (cta_place).
 template <class C>
 __device__ __forceinline__ void init_barriers(uint64_t* kv_full, uint64_t* kv_empty, uint64_t* dq_full, uint64_t* dq_empty,
                                               uint64_t* q_full, uint64_t* q_empty, TilePiece* piece, const AttnArgs& a,
@@ -186,6 +207,10 @@ __device__ __forceinline__ void init_barriers(uint64_t* kv_full, uint64_t* kv_em
   }
   barrier_init_fence();
   if (a.blocks.pieces) *piece = tile_piece<C::kBlockN>(a.blocks.pieces, int32_t(blockIdx.x));
+  const CtaPlace place = cta_place(a);
+  if (a.tile_groups) piece->n0 = place.tile * C::kBlockN;
+  piece->run = place.run;
+  piece->kv_head = place.run / a.head_splits;
 }
 
 // The key tiles of this CTA, in the same order for every role: one (the i == 0 call), or a stride
@@ -195,7 +220,7 @@ __device__ __forceinline__ bool key_tile(const AttnArgs& a, const TilePiece* pie
   const int32_t x = int32_t(blockIdx.x) + i * int32_t(gridDim.x);
   if (a.nseg == 0) {
     reg = whole_call(a.mask, a.seqlen_q, a.seqlen_kv);
-    n0 = a.blocks.pieces ? piece->n0 : x * C::kBlockN;
+    n0 = a.blocks.pieces || a.tile_groups ? piece->n0 : x * C::kBlockN;
     return i == 0 && n0 < a.seqlen_kv;
   }
   int32_t seg, tile;
@@ -241,7 +266,7 @@ __device__ __forceinline__ void load_q_do(T* sQ, T* sdO, const CUtensorMap& q_ma
 template <class C, int D, class T>
 __device__ __forceinline__ void produce_steps(unsigned char* smem, const CUtensorMap& k_map, const CUtensorMap& v_map,
                                               const CUtensorMap& q_map, const CUtensorMap& do_map, const AttnArgs& a,
-                                              int kv_head, int batch, int lane) {
+                                              int batch, int lane) {
   using L = BackwardSmem<T, D, C::kBlockM>;
   using Record = StepRecord<C::kBlockM>;
   T* sK = reinterpret_cast<T*>(smem + L::kK);
@@ -260,12 +285,12 @@ __device__ __forceinline__ void produce_steps(unsigned char* smem, const CUtenso
   int32_t n0;
   for (int32_t i = 0; key_tile<C>(a, piece, i, reg, n0); ++i) {
     barrier_wait(kv_empty, (i & 1) ^ 1);
-    if (lane == 0) load_kv<C, D>(sK, sV, k_map, v_map, kv_full, n0, kv_head, batch);
+    if (lane == 0) load_kv<C, D>(sK, sV, k_map, v_map, kv_full, n0, piece->kv_head, batch);
     QWalk<C::kBlockM, C::kBlockN> walk;
     const BlockArgs no_list{};
     const BlockArgs& blocks = C::kBlockLists ? a.blocks : no_list;
-    const int32_t heads = a.group / a.head_splits;  // this CTA's query heads: the y-th run of them
-    walk.init(a.mask, reg, blocks, int32_t(blockIdx.y) * heads, heads, n0);
+    const int32_t heads = a.group / a.head_splits;  // this CTA's query heads: its run of them
+    walk.init(a.mask, reg, blocks, piece->run * heads, heads, n0);
     for (;; ++step) {
       const uint32_t s = step % C::kStages;
       QStep q;
