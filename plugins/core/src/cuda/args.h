@@ -37,7 +37,7 @@ struct AttnArgs {
   int32_t head_splits = 1;
   // The Hopper backward's order of CTAs: 0, key tiles along x and runs of query heads along y; else
   // launch order (x then y) counts groups of this many runs, each group's key tiles heaviest first
-  // with its runs side by side (cta_tile, cta_run).
+  // with its runs side by side (sm90 cta_place, cta_order.h).
   int32_t tile_groups = 0;
 };
 

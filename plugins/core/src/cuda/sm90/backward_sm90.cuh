@@ -252,8 +252,8 @@ void launch_backward_config(const BackwardParams& p, cudaStream_t stream) {
   cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
   const int64_t tiles = by_pieces ? piece_tiles(p, C::kBlockN) : tile_grid(p.seqlen_kv, C::kBlockN, p.num_segments);
   a.head_splits = backward_head_splits(p, a, tiles * p.heads_kv * p.batch, by_pieces);
-  const bool plain = !p.blocks && p.num_segments == 0 && !by_pieces;
-  a.tile_groups = plain && p.mask.causal ? kTileGroupRuns : 0;
+  const bool plain = !p.blocks && p.num_segments == 0 && !by_pieces && p.mask.window_left < 0 && p.mask.window_right < 0;
+  a.tile_groups = plain && p.mask.causal ? kTileGroupRuns : 0;  // (a window's tiles weigh alike)
   if (a.head_splits > 1 && a.dkdv_out == GradOut::write_fp32) {  // written: zeroed, then added into
     for (const TensorRef& t : {p.dk, p.dv}) {
       const size_t width = size_t(p.seqlen_kv) * t.token_stride * 4;

@@ -6,6 +6,7 @@
 #include <cuda.h>
 
 #include "../args.h"
+#include "../cta_order.h"
 #include "../device.cuh"
 #include "../tiles.cuh"
 #include "hopper.cuh"
@@ -179,17 +180,10 @@ template <class T, int D, int kBlockM> struct BackwardSmem {
 // wave; so ordered, every group's heavy tiles start before its light ones, and the light ones fill
 // the end, while a group of runs keeps the heads whose Q, dO and dQ are in flight as few as in head
 // order (docs/KERNELS.md, "Heaviest key tiles first").
-struct CtaPlace {
-  int32_t tile, run;
-};
 __device__ __forceinline__ CtaPlace cta_place(const AttnArgs& a) {
   if (a.tile_groups == 0) return {int32_t(blockIdx.x), int32_t(blockIdx.y)};
-  const int32_t tiles = int32_t(gridDim.x), runs = int32_t(gridDim.y), g = a.tile_groups;
-  const int32_t launch = int32_t(blockIdx.y) * tiles + int32_t(blockIdx.x);
-  const int32_t group = launch / (tiles * g), r = launch - group * tiles * g;
-  const int32_t width = min(g, runs - group * g);
-  const int32_t tile = r / width;
-  return {tile, group * g + (r - tile * width)};
+  const int32_t launch = int32_t(blockIdx.y) * int32_t(gridDim.x) + int32_t(blockIdx.x);
+  return place_in_groups(launch, int32_t(gridDim.x), int32_t(gridDim.y), a.tile_groups);
 }
 
 // The barriers, this CTA's piece of a block list cut in pieces, and its place (cta_place).
