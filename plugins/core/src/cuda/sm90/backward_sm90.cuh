@@ -206,10 +206,9 @@ constexpr int64_t kMinSplitRows = 16384;
 // Runs of query heads a group of the causal order counts (cta_place; docs/KERNELS.md, "Heaviest key
 // tiles first").
 constexpr int32_t kTileGroupRuns = 4;
-inline int32_t backward_head_splits(const BackwardParams& p, const AttnArgs& a, int64_t ctas, bool by_pieces) {
-  const bool plain = !p.blocks && p.num_segments == 0 && p.mask.window_left < 0 && p.mask.window_right < 0;
-  if (a.group == 1 || !plain || by_pieces || p.deterministic || p.dk_add.data || a.dkdv_out == GradOut::write_dtype)
-    return 1;
+// `plain`: no block list, pieces, segments or window (launch_backward_config).
+inline int32_t backward_head_splits(const BackwardParams& p, const AttnArgs& a, int64_t ctas, bool plain) {
+  if (a.group == 1 || !plain || p.deterministic || p.dk_add.data || a.dkdv_out == GradOut::write_dtype) return 1;
   const auto dense_rows = [&](const TensorRef& t) {
     return t.head_stride == p.head_dim && t.token_stride == int64_t{p.heads_kv} * p.head_dim;
   };
@@ -251,8 +250,8 @@ void launch_backward_config(const BackwardParams& p, cudaStream_t stream) {
   constexpr size_t smem = BackwardSmem<T, D, kBlockM>::kBytes;
   cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
   const int64_t tiles = by_pieces ? piece_tiles(p, C::kBlockN) : tile_grid(p.seqlen_kv, C::kBlockN, p.num_segments);
-  a.head_splits = backward_head_splits(p, a, tiles * p.heads_kv * p.batch, by_pieces);
   const bool plain = !p.blocks && p.num_segments == 0 && !by_pieces && p.mask.window_left < 0 && p.mask.window_right < 0;
+  a.head_splits = backward_head_splits(p, a, tiles * p.heads_kv * p.batch, plain);
   a.tile_groups = plain && p.mask.causal ? kTileGroupRuns : 0;  // (a window's tiles weigh alike)
   if (a.head_splits > 1 && a.dkdv_out == GradOut::write_fp32) {  // written: zeroed, then added into
     for (const TensorRef& t : {p.dk, p.dv}) {

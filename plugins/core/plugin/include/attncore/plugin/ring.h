@@ -241,11 +241,6 @@ class RingAttention {
   // The K/V hop into step + 1: the block in hand on to the next member, the previous member's in,
   // each cut to carried(). False when neither way carries anything.
   bool pass_kv(const RingShape& s, KV in_hand, KV into, int step, void* stream);
-  // The backward over slices `list` with each rank's own block last (RingShape::own_last); returns
-  // where dQ is written on the fill stream.
-  struct Prefetch;
-  Engine::Event backward_own_last(const attnhost_backward_args& a, const std::vector<Slice>& list,
-                                  const Engine::Event& inputs, const Prefetch& sent);
   // The first K/V hop of a backward with its own block last, made at the end of a whole-batch
   // forward, under its last step (docs/KERNELS.md, "The backward's first block, sent by the forward"):
   // into the backward's first receive buffer, which a forward of two members never uses. A backward
@@ -259,6 +254,10 @@ class RingAttention {
     Engine::Event arrived;     // on the communication stream
   };
   Prefetch prefetch_backward_kv(const attnhost_forward_args& a, const Engine::Event& begun);
+  // The backward over slices `list` with each rank's own block last (RingShape::own_last); returns
+  // where dQ is written on the fill stream. `sent`: slice 0's block, if the forward sent it.
+  Engine::Event backward_own_last(const attnhost_backward_args& a, const std::vector<Slice>& list,
+                                  const Engine::Event& inputs, const Prefetch& sent);
   // The backward where the gradients go home from every step (RingShape::carried_columns set).
   void backward_home(const RingShape& s, const attnhost_backward_args& a, const RowBuffers& rows,
                      const Engine::Event& prologue);
