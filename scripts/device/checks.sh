@@ -149,11 +149,12 @@ for section in "$@"; do
       done ;;
     builds)
       # This build against another, carried as .gpu-base.tar.xz (pack it first, then copy it there),
-      # alternating, same world size; BUILDS_CASES holds compares separated by '|', e.g.
-      #   BUILDS_CASES="zigzag ring --config medium|ulysses allgather --config large" checks.sh builds
+      # alternating, at world size BUILDS_WS (default: every GPU; a kernel change wants 1 too);
+      # BUILDS_CASES holds compares separated by '|', e.g.
+      #   BUILDS_WS=1 BUILDS_CASES="zigzag ring --config medium|ulysses allgather --config large" checks.sh builds
       [ -d base/.gpu ] || { mkdir -p base && tar -xJf .gpu-base.tar.xz -C base; }
-      step "A/B at world size $gpus: this build (new) against .gpu-base.tar.xz (base)"
-      T="--world-sizes $gpus --timing-method adaptive --warmup-runs 20 --no-check --quiet --format console --force"
+      step "A/B at world size ${BUILDS_WS:-$gpus}: this build (new) against .gpu-base.tar.xz (base)"
+      T="--world-sizes ${BUILDS_WS:-$gpus} --timing-method adaptive --warmup-runs 20 --no-check --quiet --format console --force"
       IFS='|' read -ra compares <<< "${BUILDS_CASES:-zigzag ring --config medium}"
       for c in "${compares[@]}"; do
         for round in 1 2; do
@@ -165,11 +166,14 @@ for section in "$@"; do
       done ;;
     kernels)
       # Every kernel and copy of a short run, per GPU and stream (scripts/device/kernel_trace.cpp):
-      # what fills the time between the trace's ranges. KERNELS_CASE picks the compare.
+      # what fills the time between the trace's ranges. KERNELS_CASE picks the compare. The timeline
+      # comes back as kernels.tsv.xz (two plugins' runs pass the 16 MiB a file the device tool
+      # returns), which scripts/device/kernel_gaps.py reads as it is.
       step "kernel timelines at world size $gpus: ${KERNELS_CASE:-zigzag ulysses --config medium}"
       CUDA_INJECTION64_PATH=$PWD/.gpu/tests/kernel_trace.so KERNEL_TRACE_OUT="$OUT/kernels.tsv" \
         run 200 "$A" compare ${KERNELS_CASE:-zigzag ulysses --config medium} --world-sizes "$gpus" \
-        --timing-method adaptive --warmup-runs 5 --no-check --quiet --format console,trace --force --out "$OUT/kernels" ;;
+        --timing-method adaptive --warmup-runs 5 --no-check --quiet --format console,trace --force --out "$OUT/kernels"
+      [ -f "$OUT/kernels.tsv" ] && xz -T0 -f "$OUT/kernels.tsv" ;;
     *) echo "unknown section $section" ;;
   esac
 done

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Prints the records of kernel_trace.cpp's file around the last backward kernel of GPU 0: one line a
 kernel, copy or memset, both GPUs, in start order, times in us from the window's first record.
-    scripts/device/kernel_gaps.py kernels.tsv [milliseconds before the last backward kernel, 6]"""
+    scripts/device/kernel_gaps.py kernels.tsv[.xz] [milliseconds before the last backward kernel, 6]"""
+import lzma
 import sys
 
 
@@ -24,7 +25,7 @@ def main():
     path = sys.argv[1]
     span_ms = float(sys.argv[2]) if len(sys.argv) > 2 else 6.0
     records = []
-    with open(path) as f:
+    with (lzma.open(path, "rt") if path.endswith(".xz") else open(path)) as f:
         for line in f:
             kind, device, stream, start, end, size, name = line.rstrip("\n").split("\t", 6)
             records.append((int(start), int(end), kind, int(device), int(stream), int(size), name))
