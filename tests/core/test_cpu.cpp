@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <array>
 #include <string>
 #include <thread>
 #include <vector>
@@ -430,6 +431,60 @@ TEST_CASE("cpu: partial forward + merge equals one shot, per-block backward sums
     CHECK(edq.rel() < 1e-5);
     CHECK(edk.rel() < 1e-5);
     CHECK(edv.rel() < 1e-5);
+  }
+}
+
+// The same ring with each later call merging the rows' partial in itself (ForwardParams::o_prior):
+// in place in fp32, the last into the output in the dtype. Rows before 40 see none of block
+// [100, 150): one order merges a prior into rows the call sees nothing of, the other has no prior.
+TEST_CASE("cpu: a forward merges a prior partial in, in place and into the output") {
+  for (const std::array<int, 3>& order : {std::array<int, 3>{0, 1, 2}, std::array<int, 3>{2, 0, 1}}) {
+    CAPTURE(order[0]);
+    Problem p = make({"ring", DType::bf16, 2, 4, 2, 32, 60, 150, true, -1, -1, 60, 0}, 510);
+    const Outputs one = run<float>(p, false);
+    const int64_t starts[] = {0, 50, 100, 150};
+    Tensor acc(DType::fp32, p.B, p.Sq, p.Hq, p.D), out(p.dtype, p.B, p.Sq, p.Hq, p.D);
+    Stats lse(p.B, p.Hq, p.Sq);
+    const auto run_calls = [&](bool into_output) {
+      for (int i = 0; i < 3; ++i) {
+        const int blk = order[i];
+        ForwardParams f = p.forward_params(acc, lse, true);
+        f.seqlen_kv = starts[blk + 1] - starts[blk];
+        f.mask.kv_pos0 = starts[blk];
+        for (auto [t, from] : {std::pair{&f.k, &p.k}, std::pair{&f.v, &p.v}}) {
+          *t = from->ref();
+          t->data = static_cast<uint8_t*>(t->data) + starts[blk] * from->token_stride() * dtype_bytes(from->dtype);
+        }
+        if (i > 0) {
+          f.o_prior = acc.ref();
+          f.lse_prior = lse.ref();
+        }
+        if (i == 2 && into_output) {
+          f.o = out.ref();
+          f.o_fp32 = false;
+        }
+        cpu::forward<float>(f);
+      }
+    };
+    run_calls(false);
+    const Tensor merged32 = acc;
+    const Stats lse32 = lse;
+    run_calls(true);
+    ErrorStat e32, e16;
+    int bad = 0;
+    for (int64_t b = 0; b < p.B; ++b)
+      for (int32_t h = 0; h < p.Hq; ++h)
+        for (int64_t i = 0; i < p.Sq; ++i) {
+          bad += std::abs(lse.at(b, h, i) - one.lse32.at(b, h, i)) > 1e-5 || lse.at(b, h, i) != lse32.at(b, h, i);
+          for (int32_t d = 0; d < p.D; ++d) {
+            e32.add(merged32.get(b, i, h, d), one.o32.get(b, i, h, d));
+            e16.add(out.get(b, i, h, d), one.o.get(b, i, h, d));
+            bad += out.get(b, i, h, d) != bf16_to_float(float_to_bf16(float(merged32.get(b, i, h, d))));
+          }
+        }
+    CHECK(bad == 0);
+    CHECK(e32.rel() < 2e-6);
+    CHECK(e16.rel() < 8e-3);
   }
 }
 

@@ -7,6 +7,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <array>
 #include <memory>
 #include <string>
 
@@ -727,6 +728,84 @@ TEST_CASE("gpu: partial fp32 forward + merge + convert equals the CPU's") {
     for (int32_t d = 0; d < p.D; ++d)
       convert_bad += got.o.get(0, i, 0, d) != bf16_to_float(float_to_bf16(float(got.o32.get(0, i, 0, d))));
   CHECK(convert_bad == 0);
+}
+
+// A ring's later calls on a row merge its partial in their epilogue (ForwardParams::o_prior): in
+// place in fp32, the last straight into the output in the dtype. Three key blocks in two orders:
+// the causal rows before block [300, 450) see none of it, so one order merges a prior into rows the
+// call sees nothing of, the other gives rows no prior. Both kernel families.
+TEST_CASE("gpu: a forward merges a prior partial in its epilogue, in place and into the output") {
+  REQUIRE(device_count() > 0);
+  std::mt19937_64 rng(23);
+  for (const char* kernels : {"", "mma"})
+    for (int32_t D : {64, 128})
+      for (const std::array<int, 3>& order : {std::array<int, 3>{0, 1, 2}, std::array<int, 3>{2, 0, 1}}) {
+        if (*kernels) setenv("ATTNCORE_KERNELS", kernels, 1);
+        else unsetenv("ATTNCORE_KERNELS");
+        CAPTURE(kernels);
+        CAPTURE(D);
+        CAPTURE(order[0]);
+        Problem p = random_problem(rng, DType::bf16, D, 2, 10);
+        p.Sq = 190;
+        p.Skv = 450;
+        std::mt19937_64 data(rng());
+        p.randomize(data);
+        p.mask.causal = true;
+        p.mask.q_pos0 = 200;
+        const Outputs want = run_cpu(p, false);
+        DeviceProblem dp(p);
+        Tensor acc(DType::fp32, p.B, p.Sq, p.Hq, p.D), out(p.dtype, p.B, p.Sq, p.Hq, p.D);
+        Stats lse(p.B, p.Hq, p.Sq);
+        const int64_t starts[] = {0, 150, 300, 450};
+        // The three calls, the last into fp32 (into_output false) or into the output in the dtype.
+        const auto run = [&](DeviceTensor& acc_d, DeviceTensor& out_d, DeviceStats& lse_d, bool into_output) {
+          for (int i = 0; i < 3; ++i) {
+            const int blk = order[i];
+            ForwardParams f = p.forward_params(acc, lse, true);
+            dp.point(p, f);
+            const int64_t off = starts[blk] * p.k.token_stride() * 2;
+            f.k.data = static_cast<uint8_t*>(f.k.data) + off;
+            f.v.data = static_cast<uint8_t*>(f.v.data) + off;
+            f.seqlen_kv = starts[blk + 1] - starts[blk];
+            f.mask.kv_pos0 = starts[blk];
+            f.o = acc_d.ref;
+            f.lse = lse_d.ref;
+            if (i > 0) {
+              f.o_prior = acc_d.ref;
+              f.lse_prior = lse_d.ref;
+            }
+            if (i == 2 && into_output) {
+              f.o = out_d.ref;
+              f.o_fp32 = false;
+            }
+            forward_cuda(f, nullptr);
+          }
+        };
+        DeviceTensor acc_d(acc), out_d(out), acc2_d(acc), unused_d(out);
+        DeviceStats lse_d(lse), lse2_d(lse);
+        out_d.buf->poison();
+        run(acc_d, unused_d, lse_d, false);
+        run(acc2_d, out_d, lse2_d, true);
+        CUDA_OK(cudaDeviceSynchronize());
+        Outputs got;
+        got.o = out;
+        got.o32 = acc;
+        out_d.download(got.o);
+        acc_d.download(got.o32);
+        lse2_d.download(lse);
+        got.lse = lse;
+        lse_d.download(lse);
+        got.lse32 = lse;
+        check_forward(p, want, got);
+        long rounding_bad = 0; // the dtype output is the fp32 one rounded: the same registers
+        for (int64_t b = 0; b < p.B; ++b)
+          for (int32_t h = 0; h < p.Hq; ++h)
+            for (int64_t i = 0; i < p.Sq; ++i)
+              for (int32_t d = 0; d < p.D; ++d)
+                rounding_bad += got.o.get(b, i, h, d) != bf16_to_float(float_to_bf16(float(got.o32.get(b, i, h, d))));
+        CHECK(rounding_bad == 0);
+      }
+  unsetenv("ATTNCORE_KERNELS");
 }
 
 // The row kernels take a lane's 4 elements in one access where every row starts 4-element aligned,

@@ -270,6 +270,21 @@ void OutputAccumulator::run(ForwardParams p, const OutputCall& oc, void* stream)
   p.o = oc.direct ? views.q(o_, c.q_begin, Elem::output) : views.q(first ? o_acc_ : o_part_, c.q_begin, Elem::fp32);
   p.o_fp32 = !oc.direct;
   p.lse = views.stats(first ? lse_ : lse_part_, c.q_begin);
+  if (!first && dense(c)) {
+    // The kernel merges the rows' partial in as it writes them, the last merge straight into the
+    // output in its dtype: no partial in fp32 goes out and back, and no merge pass follows.
+    p.o_prior = views.q(o_acc_, c.q_begin, Elem::fp32);
+    p.lse_prior = p.lse = views.stats(lse_, c.q_begin);
+    if (oc.last && output_dtype(s_) != ATTNHOST_DTYPE_FP32) {
+      p.o = views.q(o_, c.q_begin, Elem::output);
+      p.o_fp32 = false;
+      rounded_.emplace_back(c.q_begin, c.q_end);
+    } else {
+      p.o = p.o_prior;
+    }
+    engine_.forward(p, stream);
+    return;
+  }
   engine_.forward(p, stream);
   if (first) {
     (oc.direct ? direct_ : rows_).emplace_back(c.q_begin, c.q_end);

@@ -98,8 +98,9 @@ struct OutputCall {
 std::vector<std::vector<OutputCall>> output_calls(const std::vector<std::vector<BlockCall>>& steps);
 
 // The forward's output. A direct call writes (O, LSE) in the final output; otherwise in fp32, where
-// the first call on a row writes (O, LSE) and later calls write a partial that is merged in, the
-// last merge on a row straight into the output in its dtype. finish() gives rows no call reached
+// the first call on a row writes (O, LSE) and later calls merge into it: a dense call in its kernel
+// (ForwardParams::o_prior), a call over segments or a block list by writing a partial that a merge
+// pass adds in; the last merge on a row goes straight into the output in its dtype. finish() gives rows no call reached
 // O = 0 and LSE = -inf, and converts the fp32 rows no merge rounded out to the output's dtype.
 class OutputAccumulator {
  public:

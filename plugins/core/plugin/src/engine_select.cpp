@@ -33,7 +33,7 @@ void push_common(std::vector<int64_t>& k, DType dtype, int32_t batch, int32_t hq
 
 // Everything a call's answer depends on, pointers aside.
 std::vector<int64_t> shape_key(const ForwardParams& p) {
-  std::vector<int64_t> k = {0, p.o_fp32};
+  std::vector<int64_t> k = {0, p.o_fp32, p.o_prior.data != nullptr};
   push_common(k, p.dtype, p.batch, p.heads_q, p.heads_kv, p.head_dim, p.seqlen_q, p.seqlen_kv, p.softmax_scale, p.mask,
               p.num_segments, p.blocks, p.lse);
   for (const TensorRef* t : {&p.q, &p.k, &p.v, &p.o}) push_tensor(k, *t);

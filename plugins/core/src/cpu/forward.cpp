@@ -28,6 +28,22 @@ template <class Acc> struct ForwardTile {
     std::fill(l.begin(), l.end(), Acc(0));
   }
 
+  // A partial of the same rows over other keys (its LSE, and O in fp32 by prior_row(r)) as one more
+  // term of the sums: weight e^(LSE' - m), the larger side the new maximum.
+  template <class Row> void merge_prior(int rows, const float* lse_prior, Row prior_row) {
+    for (int r = 0; r < rows; ++r) {
+      const Acc lp = lse_prior[r];
+      if (lp == -std::numeric_limits<Acc>::infinity()) continue;
+      const Acc m_new = std::max(m[r], lp);
+      const Acc keep = std::exp(m[r] - m_new), c = std::exp(lp - m_new); // keep is 0 when m was -inf
+      const float* o = prior_row(r);
+      Acc* ar = &acc[size_t(r) * D];
+      for (int d = 0; d < D; ++d) ar[d] = ar[d] * keep + c * Acc(o[d]);
+      l[r] = l[r] * keep + c;
+      m[r] = m_new;
+    }
+  }
+
   // s = q . K[c0:c1]^T for `rows` rows; kt is [D][ld] (transposed keys).
   void scores(int rows, const Acc* kt, int64_t ld, int64_t c0, int cols) {
     for (int r = 0; r < rows; ++r) std::fill_n(&s[size_t(r) * kColTile], cols, Acc(0));
@@ -79,6 +95,7 @@ template <class Acc> void forward(const ForwardParams& p) {
   if (p.seqlen_q == 0) return;
   if (!p.q.data || !p.o.data || !p.lse.data || (p.seqlen_kv > 0 && (!p.k.data || !p.v.data)))
     fail("forward: a tensor pointer is null");
+  if (p.o_prior.data && !p.lse_prior.data) fail("forward: lse_prior is null where o_prior is given");
   const int D = p.head_dim;
   const int group = p.heads_q / p.heads_kv;
   const Acc scale = resolve_scale(p.softmax_scale, D);
@@ -120,6 +137,10 @@ template <class Acc> void forward(const ForwardParams& p) {
                       t.s[size_t(r) * kColTile + c] = -std::numeric_limits<Acc>::infinity();
               t.softmax_step(rows, v.data(), kv.c0, cols);
             }
+            if (p.o_prior.data)
+              t.merge_prior(rows, stat_ptr(p.lse_prior, b, hq) + r0, [&](int r) {
+                return static_cast<const float*>(p.o_prior.data) + offset(p.o_prior, b, r0 + r, hq);
+              });
             for (int r = 0; r < rows; ++r) {
               const Acc l = t.l[r];
               const Acc inv = l > Acc(0) ? Acc(1) / l : Acc(0);

@@ -508,6 +508,10 @@ void forward_cuda(const ForwardParams& params, void* stream) {
   check_tensor(p.v, false, "v");
   check_tensor(p.o, p.o_fp32, "o");
   if (!p.lse.data) fail("lse is null");
+  if (p.o_prior.data) {
+    check_tensor(p.o_prior, true, "o_prior");
+    if (!p.lse_prior.data) fail("lse_prior is null where o_prior is given");
+  }
   const auto s = static_cast<cudaStream_t>(stream);
   if (is_fp8(p.dtype)) dispatch_forward_fp8(p, s);
   else if (p.dtype == DType::bf16) dispatch_forward<__nv_bfloat16>(p, s);

@@ -15,6 +15,8 @@ struct AttnArgs {
   int32_t seqlen_q = 0, seqlen_kv = 0, heads_q = 1, group = 1;
   float scale = 0.f, scale_log2 = 0.f; // softmax scale, and times log2(e)
   bool o_fp32 = false;
+  TensorRef o_prior;   // the forward's partial (O fp32, LSE) merged in (ForwardParams::o_prior); null: none
+  RowStatsRef lse_prior;
   bool accumulate_dq = false; // dK/dV kernel also adds dQ (atomically)
   GradOut dkdv_out = GradOut::add_fp32; // BackwardParams::write_dkdv and write_dkdv_fp32
   MaskArgs mask;
@@ -89,6 +91,8 @@ inline AttnArgs forward_args(const ForwardParams& p) {
   AttnArgs a = call_args(p);
   a.o = p.o;
   a.o_fp32 = p.o_fp32;
+  a.o_prior = p.o_prior;
+  a.lse_prior = p.lse_prior;
   return a;
 }
 

@@ -199,6 +199,7 @@ __global__ void __launch_bounds__(ForwardConfig<T, D, kBlockN, kWarps>::kThreads
     buf ^= 1;
   }
   cp_async_wait<0>();
+  if (a.o_prior.data) w.merge_prior(a, batch, head, m0 + warp_row0, m1, lane);
   w.template store<T>(a, batch, head, m0 + warp_row0, m1, lane);
 }
 

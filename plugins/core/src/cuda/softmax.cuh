@@ -169,6 +169,42 @@ template <int kMTiles, int kOTiles> struct OnlineSoftmax {
       }
   }
 
+  // A partial of the same rows over other keys (a.o_prior in fp32, a.lse_prior) enters as one more
+  // term of the row's sums: l gains the partial's weight c = e^(LSE' - m) (on the quad's first
+  // lane, as quad_sum adds the four), O gains c O', and finish() or store() then write the output
+  // over both key sets. The largest side is the new maximum, so no weight overflows. Every read
+  // comes before any write of the rows (o and lse may be the prior's own): the LSE is read by the
+  // quad's first lane, which alone writes it, and the O pairs by the lane that writes them.
+  __device__ void merge_prior(const AttnArgs& a, int b, int h, int32_t row0, int32_t row_end, int lane) {
+    const float* lse = a.lse_prior.data + b * a.lse_prior.batch_stride + h * a.lse_prior.head_stride;
+    const float* prior = static_cast<const float*>(a.o_prior.data) + b * a.o_prior.batch_stride + h * a.o_prior.head_stride;
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int32_t r = row0 + mt * 16 + (lane >> 2) + hh * 8;
+        float lse_prior = (lane & 3) == 0 && r < row_end ? lse[r] : -INFINITY;
+        lse_prior = __shfl_sync(kFullMask, lse_prior, lane & ~3);
+        if (lse_prior == -INFINITY) continue; // nothing to merge, or past the rows
+        const float p2 = lse_prior * kLog2e, m2 = row_max[mt][hh] * a.scale_log2; // -inf: no key yet
+        float keep = 1.f, c = 1.f;
+        if (p2 > m2) {
+          keep = exp2f(m2 - p2); // 0 where this call saw no key
+          row_max[mt][hh] = p2 / a.scale_log2;
+        } else {
+          c = exp2f(p2 - m2);
+        }
+        row_sum[mt][hh] = row_sum[mt][hh] * keep + ((lane & 3) == 0 ? c : 0.f);
+        const float* row = prior + int64_t(r) * a.o_prior.token_stride + (lane & 3) * 2;
+#pragma unroll
+        for (int j = 0; j < kOTiles; ++j) {
+          const float2 x = *reinterpret_cast<const float2*>(row + j * 8);
+          o[mt][j][2 * hh] = fmaf(c, x.x, o[mt][j][2 * hh] * keep);
+          o[mt][j][2 * hh + 1] = fmaf(c, x.y, o[mt][j][2 * hh + 1] * keep);
+        }
+      }
+  }
+
   // O / l and LSE of the warp's rows that lie in [.., row_end): writes each row's LSE and hands
   // the lane's normalized pairs to put(row, col, x0, x1) (columns col, col + 1 of O).
   template <class Put>

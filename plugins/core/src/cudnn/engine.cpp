@@ -276,6 +276,7 @@ Resolved resolve(const ForwardParams& p) {
   r.why = common_check(p.dtype, p.batch, p.heads_q, p.heads_kv, p.head_dim, p.seqlen_q, p.seqlen_kv, p.softmax_scale,
                        p.mask, p.num_segments, p.blocks, &s);
   if (!r.why.empty()) return r;
+  if (p.o_prior.data) return no("cuDNN engine: a prior partial merged into O (o_prior) is the native kernels' mode");
   const bool fp8 = is_fp8(p.dtype);
   if (fp8) {
     r.why = fp8_check({p.descale_q, p.descale_k, p.descale_v});

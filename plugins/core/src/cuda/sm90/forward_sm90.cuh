@@ -597,7 +597,8 @@ __global__ void __launch_bounds__(ForwardConfig<T, D, kTiles>::kThreads, Forward
     fence_registers(r.sm.o[0]);
     consumer.release(&sh.v_empty[s]);
   }
-  // 4. O / l out.
+  // 4. O / l out, a prior partial of the rows merged in first where the call has one.
+  if (a.o_prior.data) r.sm.merge_prior(a, batch, head, op.r_lo + 16 * op.warp_in_wg, rows.m1, lane);
   consumer.store_o(o_map, o_bulk, head, batch);
 #endif
 }

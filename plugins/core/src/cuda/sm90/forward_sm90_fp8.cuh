@@ -280,6 +280,7 @@ template <class C> struct Fp8ForwardConsumer {
 #pragma unroll
       for (int e = 0; e < 4; ++e) sm.o[0][j][e] *= descale_v;
     const int32_t row0 = r_lo + 16 * warp_in_wg;
+    if (a.o_prior.data) sm.merge_prior(a, batch, head, row0, rows.m1, lane); // in O's units, after the descale
     if (o_bulk) named_barrier_sync(2, C::kConsumers * 128);
     if (o_bulk && has_rows && warp_uniform(r_lo + 64 <= rows.reg.row_end || rows.reg.row_end == a.seqlen_q)) {
       const int cols = a.o_fp32 ? C::kF32Cols : C::kOutW;
