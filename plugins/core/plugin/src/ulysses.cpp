@@ -64,7 +64,7 @@ std::string check_ulysses_heads(int32_t heads_q, int32_t heads_kv, int32_t u) {
 UlyssesAttention::UlyssesAttention(const UlyssesShape& shape, RingPlan plan, const ScheduleOptions& options)
     : s_(shape), host_(options.host), u_(shape.ulysses), member_(options.rank % shape.ulysses),
       base_(options.rank - options.rank % shape.ulysses), n_(shape.ring.local_q), overlap_(options.overlap),
-      ring_alone_(options.world_size == shape.ulysses), direct_(!shape.packed && host_.blocks()), engine_(Engine::make(options.cuda, options.cpu_fp64)) {
+      direct_(!shape.packed && host_.blocks()), engine_(Engine::make(options.cuda, options.cpu_fp64)) {
   const RingShape& r = s_.ring;
   heads_ = r.heads_q / u_;
   kv_heads_ = kv_heads_replicated(r.heads_kv, u_) ? 1 : r.heads_kv / u_;
@@ -326,9 +326,6 @@ void UlyssesAttention::backward(const attnhost_backward_args& a) {
   const size_t el = elem_size(r, Elem::input), out_el = elem_size(r, Elem::output);
   void* compute = host_.stream(0);
   void* xs = overlap_ ? host_.stream(2) : compute;
-  // dQ goes home on a stream of its own where the ring's transfer stream is idle, beside dK and dV
-  // rather than after them (docs/KERNELS.md, "Ulysses's backward").
-  void* xq = overlap_ && ring_alone_ && direct_ ? host_.stream(1) : xs;
   const auto own = [&](size_t k, size_t edge) { return k == edge ? compute : xs; };  // as in the forward
   const auto at = [&](char* base, size_t elems, int group, size_t bytes) { return base + group * elems * bytes; };
   const void* given[5] = {a.q.data, a.k.data, a.v.data, a.o.data, a.lse.data};
@@ -388,8 +385,8 @@ void UlyssesAttention::backward(const attnhost_backward_args& a) {
     if (direct_) {
       engine_->wait(xs, written);
       to_tokens({dk, dv}, step, xs, own(k, steps.size() - 1), "dK dV to tokens");
-      engine_->wait(xq, rounded);
-      to_tokens({dq}, step, xq, own(k, steps.size() - 1) == compute ? compute : xq, "dQ to tokens");
+      engine_->wait(xs, rounded);
+      to_tokens({dq}, step, xs, own(k, steps.size() - 1), "dQ to tokens");
     } else {
       engine_->wait(xs, compute);
       to_tokens({dq, dk, dv}, step, xs, own(k, steps.size() - 1), "dQ dK dV to tokens");
@@ -408,7 +405,6 @@ void UlyssesAttention::backward(const attnhost_backward_args& a) {
       engine_->convert(cv, xs);
     }
   engine_->wait(compute, xs);
-  engine_->wait(compute, xq);
   report_amax(*engine_, r, a, compute);  // the gradients are home
   std::copy_n(given, 5, kept_);
 }

@@ -107,7 +107,6 @@ class UlyssesAttention {
   int32_t groups_;
   std::vector<Step> steps_;     // the backward's pipeline (forward_steps: the forward's)
   bool overlap_;
-  bool ring_alone_;             // a ring of one member (ulysses; usp with u = P): its transfer stream is idle
   bool direct_;                 // each block moved as it lies (the host's send_block), nothing packed
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<RingAttention> ring_;
