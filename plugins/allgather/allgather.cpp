@@ -10,17 +10,11 @@
 // (and, in the backward, its fp32 dK/dV), so the group count sets the memory: head_groups = 0 takes
 // the fewest groups with which a rank's memory stays within 1.5x of its working set (Q, K, V, O,
 // LSE, dO, dQ, dK, dV) plus one gathered group.
-//
-// Under a plain causal mask the backward gathers a rank's own chunks first and the others after
-// them, so that one call walks both chunks' rows per key (both_chunks.h).
 #include "attncore/plugin/blocks.h"
 #include "attncore/plugin/dense_plans.h"
-#include "attncore/plugin/list_store.h"
 #include "attncore/plugin/ring_plugin.h"
-#include "both_chunks.h"
 
 #include <algorithm>
-#include <optional>
 #include <utility>
 #include <vector>
 
@@ -89,7 +83,6 @@ class Allgather {
     local_ = zigzag ? ZigzagPlan(reference_.mask(), world_).block_tokens() : ContiguousPlan(reference_.mask(), world_).block_tokens();
     for (const attnhost_token_range& r : ranges_[rank_]) layout_.add(r.global_begin, r.length);
     layout_.pad(local_ - layout_.local_tokens());
-    if (zigzag) plan_one_call(p->device_type == ATTNHOST_DEVICE_CUDA);
     groups_ = choose_groups(p.get_int("head_groups"));
     forward_groups_ = p.get_int("head_groups") > 0 ? groups_ : forward_groups_for(groups_);
     allocate();
@@ -99,7 +92,6 @@ class Allgather {
 
   void forward(const attnhost_forward_args& a) {
     pass_groups_ = forward_groups_;
-    backward_order_ = false;
     void* compute = host_.stream(0);
     void* gs = overlap_ ? host_.stream(1) : compute;
     std::vector<Engine::Event> gathered(pass_groups_), done(pass_groups_);
@@ -127,7 +119,6 @@ class Allgather {
   // attention (docs/KERNELS.md, "Allgather's backward").
   void backward(const attnhost_backward_args& a) {
     pass_groups_ = groups_;
-    backward_order_ = !slot_keys_.empty();
     void* compute = host_.stream(0);
     void* gs = overlap_ ? host_.stream(1) : compute;
     void* xs = overlap_ ? host_.stream(2) : compute;
@@ -145,10 +136,6 @@ class Allgather {
     std::vector<Engine::Event> gathered(groups_), done(groups_), summed(groups_);
     bool atomic = true;  // every range's call adds its dK and dV by atomics (the groups' calls are alike)
     for (const attnhost_token_range& r : ranges_[rank_]) atomic = atomic && engine_->adds_atomically(backward_call(a, r, 0));
-    const auto calls = [&](int g) {
-      if (backward_order_) return engine_->backward(both_chunks_call(a, g), compute);
-      for_each_range(compute, atomic, [&](const attnhost_token_range& r, void* s) { engine_->backward(backward_call(a, r, g), s); });
-    };
     engine_->wait(gs, compute);
     gather(a.k.data, a.v.data, 0, gs);
     gathered[0] = engine_->record(gs);
@@ -159,7 +146,7 @@ class Allgather {
       engine_->wait(compute, gathered[g]);
       const int32_t range = host_.range_begin(("attention backward group " + std::to_string(g)).c_str(),
                                               ATTNHOST_RANGE_COMPUTE, compute);
-      calls(g);
+      for_each_range(compute, atomic, [&](const attnhost_token_range& r, void* s) { engine_->backward(backward_call(a, r, g), s); });
       convert_dq(a, g, compute);  // this group's dQ is whole: its fp32 buffer serves the next group
       host_.range_end(range, compute);
       done[g] = engine_->record(compute);
@@ -344,37 +331,31 @@ class Allgather {
     return mask;
   }
 
-  // What a forward and a backward call of `rows` query rows in group g share: the shape, Q, the
-  // gathered K and V of slot keys [keys.lo, keys.hi), the mask, and an FP8 problem's descales of Q,
-  // K and V.
+  // What a forward and a backward call of query range r in group g share: the shape, Q, the
+  // gathered K and V from the first key the range reaches, the mask at those positions, and an FP8
+  // problem's descales of Q, K and V.
   template <class Params>
-  Params call(const TensorRef& q, int64_t rows, Interval keys, const Mask& mask, int g,
-              const attnhost_fp8_scaling* fp8) const {
+  Params call(const TensorRef& q, const attnhost_token_range& r, int g, const attnhost_fp8_scaling* fp8) const {
+    const Interval keys = keys_of(r);
     Params p;
     p.dtype = core_dtype(dtype_);
     p.batch = batch_;
     p.heads_q = group_q();
     p.heads_kv = group_kv();
     p.head_dim = dim_;
-    p.seqlen_q = rows;
+    p.seqlen_q = r.length;
     p.seqlen_kv = keys.size();
     p.softmax_scale = scale_;
     p.q = q;
     p.k = gathered(kv_slot(g).first, keys.lo, false);
     p.v = gathered(kv_slot(g).second, keys.lo, false);
-    p.mask = mask;
+    p.mask = mask_at(r.global_begin, keys.lo);
     if (fp8) {
       p.descale_q = fp8->descale_q;
       p.descale_k = fp8->descale_k;
       p.descale_v = fp8->descale_v;
     }
     return p;
-  }
-  // Query range r's: the keys it reaches, at their global positions (the slot's global order).
-  template <class Params>
-  Params call(const TensorRef& q, const attnhost_token_range& r, int g, const attnhost_fp8_scaling* fp8) const {
-    const Interval keys = keys_of(r);
-    return call<Params>(q, r.length, keys, mask_at(r.global_begin, keys.lo), g, fp8);
   }
 
   ForwardParams forward_call(const attnhost_forward_args& a, const attnhost_token_range& r, int g) const {
@@ -386,45 +367,19 @@ class Allgather {
   }
 
   BackwardParams backward_call(const attnhost_backward_args& a, const attnhost_token_range& r, int g) const {
-    BackwardParams p = call<BackwardParams>(q_like(a.q.data, r.local_begin, g * group_q(), el_), r, g, fp8_scaling(a));
-    return with_rows(p, a, r.local_begin, keys_of(r).lo, g);
-  }
-  // Every local row against every key of the slot in the backward's order, through the block list
-  // (plan_one_call).
-  BackwardParams both_chunks_call(const attnhost_backward_args& a, int g) const {
-    BackwardParams p = call<BackwardParams>(q_like(a.q.data, 0, g * group_q(), el_), local_, {0, seqlen_},
-                                            mask_at(0, 0), g, fp8_scaling(a));
-    p.blocks = lists_.get(0);
-    return with_rows(p, a, 0, 0, g);
-  }
-  // A backward call's row tensors from local row `row0`, and its fp32 dK/dV from slot key `key0`.
-  BackwardParams with_rows(BackwardParams p, const attnhost_backward_args& a, int64_t row0, int64_t key0, int g) const {
     const int32_t head0 = g * group_q();
-    p.d_o = q_like(a.d_o.data, row0, head0, el_);
-    p.o = q_like(a.o.data, row0, head0, out_el_);
+    BackwardParams p = call<BackwardParams>(q_like(a.q.data, r.local_begin, head0, el_), r, g, fp8_scaling(a));
+    p.d_o = q_like(a.d_o.data, r.local_begin, head0, el_);
+    p.o = q_like(a.o.data, r.local_begin, head0, out_el_);
     if (const attnhost_fp8_scaling* fp8 = fp8_scaling(a)) p.descale_do = fp8->descale_do;
-    p.lse = rows(static_cast<float*>(a.lse.data), row0, head0);
-    p.delta = rows(buffers().delta, row0, head0);
-    p.dq = group_dq(row0);
+    p.lse = rows(static_cast<float*>(a.lse.data), r.local_begin, head0);
+    p.delta = rows(buffers().delta, r.local_begin, head0);
+    p.dq = group_dq(r.local_begin);
+    const int64_t key0 = keys_of(r).lo;
     p.dk = gathered(slot(g).dk, key0, true);
     p.dv = gathered(slot(g).dv, key0, true);
     p.deterministic = deterministic_;
     return p;
-  }
-
-  // The backward over both of a rank's chunks in one call where it applies (both_chunks.h).
-  void plan_one_call(bool device) {
-    if (world_ == 1 || deterministic_) return;
-    std::optional<allgather::BothChunks> plan =
-        allgather::plan_both_chunks(reference_.mask(), ranges_, rank_, local_, seqlen_);
-    if (!plan) return;
-    lists_ = ListStore({std::move(plan->list)}, device, host_);
-    slot_keys_ = std::move(plan->slot_keys);
-  }
-  // Where range i of rank `owner` lies in this rank's gathered slot: at its global position, or in
-  // the backward over both chunks, in that call's order.
-  int64_t slot_key(int owner, size_t i) const {
-    return backward_order_ ? slot_keys_[owner][i] : ranges_[owner][i].global_begin;
   }
 
   // Group g's K and V from every rank into slot g % 2, each range at its global position. Where the
@@ -442,11 +397,9 @@ class Allgather {
     const auto own = [&] {  // this rank's ranges into its own slot, through the packed buffer
       for (int t = 0; t < 2; ++t) {
         engine_->copy_rows(buffers().packed + t * half, row, mine[t], size_t(kv_heads_) * dim_ * el_, row, size_t(batch_) * local_, stream);
-        for (size_t i = 0; i < ranges_[rank_].size(); ++i) {
-          const attnhost_token_range& r = ranges_[rank_][i];
-          engine_->copy_rows(into[t] + slot_key(rank_, i) * row, global_batch, buffers().packed + t * half + r.local_begin * row,
+        for (const attnhost_token_range& r : ranges_[rank_])
+          engine_->copy_rows(into[t] + r.global_begin * row, global_batch, buffers().packed + t * half + r.local_begin * row,
                              local_batch, r.length * row, batch_, stream);
-        }
       }
     };
     // Straight from K and V, the messages go first: the group is where the host meets the peers
@@ -461,10 +414,9 @@ class Allgather {
             for (const attnhost_token_range& r : ranges_[rank_])
               host_.send_block(make_block(const_cast<char*>(mine[t]) + r.local_begin * pitch, row, r.length, pitch, batch_, local_ * pitch),
                                peer, stream);
-            for (size_t i = 0; i < ranges_[peer].size(); ++i)
-              host_.recv_block(make_block(into[t] + slot_key(peer, i) * row, row, ranges_[peer][i].length, row, batch_,
-                                          global_batch),
-                               peer, stream);
+            for (const attnhost_token_range& r : ranges_[peer])
+              host_.recv_block(make_block(into[t] + r.global_begin * row, row, r.length, row, batch_, global_batch), peer,
+                               stream);
           }
       host_.group_end();
       own();
@@ -479,11 +431,9 @@ class Allgather {
       for (int peer = 0; peer < world_; ++peer)
         if (peer != rank_)
           for (int t = 0; t < 2; ++t)
-            for (size_t i = 0; i < ranges_[peer].size(); ++i) {
-              const attnhost_token_range& r = ranges_[peer][i];
-              engine_->copy_rows(into[t] + slot_key(peer, i) * row, global_batch, gathered_in(peer) + t * half + r.local_begin * row,
+            for (const attnhost_token_range& r : ranges_[peer])
+              engine_->copy_rows(into[t] + r.global_begin * row, global_batch, gathered_in(peer) + t * half + r.local_begin * row,
                                  local_batch, r.length * row, batch_, stream);
-            }
     }
     host_.range_end(range, stream);
   }
@@ -499,8 +449,8 @@ class Allgather {
     void* out[2] = {a.dk.data, a.dv.data};
     const int32_t range = host_.range_begin(("dK dV home group " + std::to_string(g)).c_str(), ATTNHOST_RANGE_COMMUNICATION, stream);
     // The peer's ranges of the gathered partials, and where they land in its message from this rank.
-    const auto partials = [&](int t, int peer, size_t i) {
-      return make_block(grads[t] + slot_key(peer, i) * count, ranges_[peer][i].length * frow, batch_, global_batch * 4);
+    const auto partials = [&](int t, const attnhost_token_range& r) {
+      return make_block(grads[t] + r.global_begin * count, r.length * frow, batch_, global_batch * 4);
     };
     const auto in_message = [&](char* message, int t, const attnhost_token_range& r) {
       return make_block(message + t * half + r.local_begin * frow, r.length * frow, batch_, local_ * frow);
@@ -509,8 +459,8 @@ class Allgather {
       for (int peer = 0; peer < world_; ++peer)
         if (peer != rank_)
           for (int t = 0; t < 2; ++t)
-            for (size_t i = 0; i < ranges_[peer].size(); ++i)
-              copy_block(*engine_, in_message(outgoing(peer), t, ranges_[peer][i]), partials(t, peer, i), stream);
+            for (const attnhost_token_range& r : ranges_[peer])
+              copy_block(*engine_, in_message(outgoing(peer), t, r), partials(t, r), stream);
     if (world_ > 1) {
       host_.group_start();
       for (int peer = 0; peer < world_; ++peer) {
@@ -521,7 +471,7 @@ class Allgather {
           continue;
         }
         for (int t = 0; t < 2; ++t) {  // into the peer's message from this rank, as packing would lay them
-          for (size_t i = 0; i < ranges_[peer].size(); ++i) host_.send_block(partials(t, peer, i), peer, stream);
+          for (const attnhost_token_range& r : ranges_[peer]) host_.send_block(partials(t, r), peer, stream);
           for (const attnhost_token_range& r : ranges_[rank_])
             host_.recv_block(in_message(incoming(peer), t, r), peer, stream);
         }
@@ -535,8 +485,7 @@ class Allgather {
     for (int peer = 0; peer < world_; ++peer)
       if (peer != rank_) peers.push_back(peer);
     for (int t = 0; t < 2; ++t)
-      for (size_t i = 0; i < ranges_[rank_].size(); ++i) {
-        const attnhost_token_range& r = ranges_[rank_][i];
+      for (const attnhost_token_range& r : ranges_[rank_]) {
         const auto from = [&](int peer) {  // the peer's partials of range r, [B, r.length, kv, D]
           return TensorRef{incoming(peer) + t * half + r.local_begin * frow, local_ * int64_t(count), int64_t(count), dim_};
         };
@@ -545,7 +494,7 @@ class Allgather {
         cv.heads = kv;
         cv.head_dim = dim_;
         cv.seqlen = r.length;
-        cv.src = gathered(grads[t], slot_key(rank_, i), true);
+        cv.src = gathered(grads[t], r.global_begin, true);
         for (size_t i = 0; i + 1 < peers.size(); ++i) {
           ConvertParams sum = cv;
           sum.dtype = DType::fp32;
@@ -605,11 +554,6 @@ class Allgather {
   int32_t groups_ = 1;          // the backward's groups of kv heads (and the forward's where asked)
   int32_t forward_groups_ = 1;  // the forward's
   int32_t pass_groups_ = 1;     // the pass in progress's: what group_kv() divides by
-  bool backward_order_ = false; // the pass in progress's slots hold keys in slot_keys_'s order
-  // Where the backward over both chunks in one call puts each rank's ranges in the slot (empty: that
-  // backward is not made), and its block list.
-  std::vector<std::vector<int64_t>> slot_keys_;
-  ListStore lists_;
   Workspace<Buffers> work_;
 };
 

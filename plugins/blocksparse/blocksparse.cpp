@@ -4,7 +4,7 @@
 // turns its rows into block lists for the core (routes.h), uploads them once, and runs them on
 // the routed schedule (attncore/plugin/routed.h): contiguous block-aligned shards, and a K/V
 // block moves only to a rank whose queries attend it, straight from its owner.
-#include "attncore/plugin/list_store.h"
+#include "list_store.h"
 #include "pattern.h"
 #include "routes.h"
 
@@ -103,7 +103,7 @@ class BlockSparse {
       made.emplace_back(source, c.first_q_block);
       lists.push_back(std::move(c.list));
     }
-    lists_ = attncore::plugin::ListStore(std::move(lists), p->device_type == ATTNHOST_DEVICE_CUDA, host);
+    lists_ = blocksparse::ListStore(std::move(lists), p->device_type == ATTNHOST_DEVICE_CUDA, host);
     calls_.resize(world);
     for (size_t i = 0; i < made.size(); ++i) {
       const auto [source, first_q] = made[i];
@@ -236,7 +236,7 @@ class BlockSparse {
   std::shared_ptr<const BlockMask> mask_;
   Sharding shard_;
   attnhost::Layout layout_;
-  attncore::plugin::ListStore lists_;
+  blocksparse::ListStore lists_;
   std::vector<std::vector<BlockCall>> calls_;  // [source]
   std::unique_ptr<attncore::plugin::RoutedAttention> attention_;
   attnhost::PairCount pairs_;

@@ -2,12 +2,8 @@
 // the messages that refuse a problem, and the bytes each strategy moves.
 #include "harness.h"
 
-#include <algorithm>
 #include <map>
-#include <optional>
 
-#include "attncore/plugin/dense_plans.h"
-#include "both_chunks.h"
 #include "suite/varlen.h"
 
 using attnhost::DeviceKind;
@@ -206,68 +202,6 @@ TEST_CASE("allgather: causal (zigzag chunks), full, a window, GQA, groups of hea
   groups.params["head_groups"] = int64_t{4};
   test::all_pass(run_on(DeviceKind::cpu, groups));
   test::all_pass(run_on(DeviceKind::cpu, dense_case("allgather", {1, 2}, 128, 4, 4, 24, true, "fp16")));
-}
-
-// The backward's one call over both of a rank's zigzag chunks reads the causal mask at positions
-// that are not the real ones: its block list and slot order must make every (row, key) pair visible
-// exactly where the real mask does, on every rank.
-TEST_CASE("allgather: the backward over both chunks in one call sees exactly the real causal mask") {
-  using attncore::plugin::DenseMask;
-  for (int world : {2, 3, 4})
-    for (int64_t blocks_a_chunk : {1, 2}) {
-      const int64_t S = 2 * world * blocks_a_chunk * allgather::BothChunks::kBlock;
-      const DenseMask mask{S, true};
-      std::vector<std::vector<attnhost_token_range>> ranges;
-      for (int member = 0; member < world; ++member) {
-        attnhost::Layout l;
-        attncore::plugin::ZigzagPlan(mask, world).add_block(l, member);
-        const attnhost_layout v = l.view();
-        ranges.emplace_back(v.ranges, v.ranges + v.num_ranges);
-      }
-      const int64_t local = S / world;
-      for (int rank = 0; rank < world; ++rank) {
-        INFO("world ", world, " S ", S, " rank ", rank);
-        const std::optional<allgather::BothChunks> plan = allgather::plan_both_chunks(mask, ranges, rank, local, S);
-        REQUIRE(plan.has_value());
-        std::vector<int64_t> key_pos(S, -1), row_pos(local, -1);  // slot key / local row -> global position
-        for (int owner = 0; owner < world; ++owner)
-          for (size_t i = 0; i < ranges[owner].size(); ++i)
-            for (int64_t t = 0; t < ranges[owner][i].length; ++t) {
-              REQUIRE(key_pos[plan->slot_keys[owner][i] + t] == -1);
-              key_pos[plan->slot_keys[owner][i] + t] = ranges[owner][i].global_begin + t;
-              if (owner == rank) row_pos[ranges[owner][i].local_begin + t] = ranges[owner][i].global_begin + t;
-            }
-        CHECK(std::count(key_pos.begin(), key_pos.end(), -1) == 0);
-        const attncore::BlockList b = plan->list.view();
-        const int32_t blk = b.block_q;
-        long wrong = 0;
-        for (int32_t qb = 0; qb < b.num_q_blocks; ++qb) {
-          std::vector<int> state(b.num_kv_blocks, 0);  // 0 skip, 1 full, 2 masked
-          for (int32_t e = b.row_ptr[qb]; e < b.row_ptr[qb + 1]; ++e) state[b.kv_block[e]] = b.masked[e] ? 2 : 1;
-          for (int64_t i = qb * int64_t(blk); i < (qb + 1) * int64_t(blk); ++i)
-            for (int64_t j = 0; j < S; ++j) {
-              const int st = state[j / blk];
-              const bool listed = st == 1 || (st == 2 && j <= i);  // causal at the call's positions
-              const attncore::plugin::Interval k = mask.keys_of(row_pos[i]);
-              wrong += listed != (key_pos[j] >= k.lo && key_pos[j] < k.hi);
-            }
-        }
-        CHECK(wrong == 0);
-      }
-    }
-  // Not for a window, nor for chunks that are not whole blocks.
-  DenseMask window{1024, true, 100, 0};
-  std::vector<std::vector<attnhost_token_range>> two = {{{0, 0, 256}, {768, 256, 256}}, {{256, 0, 256}, {512, 256, 256}}};
-  CHECK_FALSE(allgather::plan_both_chunks(window, two, 0, 512, 1024).has_value());
-  std::vector<std::vector<attnhost_token_range>> odd = {{{0, 0, 96}, {288, 96, 96}}, {{96, 0, 96}, {192, 96, 96}}};
-  CHECK_FALSE(allgather::plan_both_chunks(DenseMask{384, true}, odd, 0, 192, 384).has_value());
-}
-
-// End to end at world sizes 2 to 4 with chunks of whole blocks, where that backward runs.
-TEST_CASE("allgather: the backward over both chunks in one call passes the float64 check") {
-  attnhost::CaseResult r = run_on(DeviceKind::cpu, dense_case("allgather", {1, 2, 3, 4}, 3072, 2, 2, 16, true));
-  test::all_pass(r);
-  test::error_does_not_grow(r);
 }
 
 TEST_CASE("allgather: auto groups keep a rank's memory within 1.5x its working set plus one gathered group") {

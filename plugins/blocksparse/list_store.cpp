@@ -1,11 +1,11 @@
-#include "attncore/plugin/list_store.h"
+#include "list_store.h"
 
 #include "attncore/plugin/engine.h"
 
 #include <algorithm>
 #include <cstring>
 
-namespace attncore::plugin {
+namespace blocksparse {
 
 namespace {
 
@@ -15,7 +15,7 @@ size_t padded(size_t bytes) { return (std::max<size_t>(bytes, 1) + kAlign - 1) /
 // The ten arrays of a list, each given at least one element: the CUDA path checks its pointers
 // even when a list has no entries.
 template <class F>
-void for_each_array(const BlockListData& d, F f) {
+void for_each_array(const attncore::BlockListData& d, F f) {
   f(d.row_ptr.data(), d.row_ptr.size() * sizeof(int32_t));
   f(d.kv_block.data(), d.kv_block.size() * sizeof(int32_t));
   f(d.masked.data(), d.masked.size());
@@ -30,7 +30,7 @@ void for_each_array(const BlockListData& d, F f) {
 
 }  // namespace
 
-ListStore::ListStore(std::vector<BlockListData> lists, bool device, attnhost::Host host)
+ListStore::ListStore(std::vector<attncore::BlockListData> lists, bool device, attnhost::Host host)
     : data_(std::move(lists)) {
   for (const auto& d : data_) for_each_array(d, [&](const void*, size_t n) { bytes_ += padded(n); });
   if (!device) {
@@ -48,9 +48,9 @@ ListStore::ListStore(std::vector<BlockListData> lists, bool device, attnhost::Ho
       at.push_back(device_.as<char>() + offset);
       offset += padded(n);
     });
-  Engine::make(true, false)->upload(device_.get(), staging.data(), bytes_);
+  attncore::plugin::Engine::make(true, false)->upload(device_.get(), staging.data(), bytes_);
   for (size_t i = 0; i < data_.size(); ++i) {
-    BlockList b = data_[i].view();
+    attncore::BlockList b = data_[i].view();
     const void* const* p = at.data() + 10 * i;
     b.row_ptr = static_cast<const int32_t*>(p[0]);
     b.kv_block = static_cast<const int32_t*>(p[1]);
@@ -66,4 +66,4 @@ ListStore::ListStore(std::vector<BlockListData> lists, bool device, attnhost::Ho
   }
 }
 
-}  // namespace attncore::plugin
+}  // namespace blocksparse
