@@ -347,6 +347,26 @@ TEST_CASE("cpu: a block list made from the mask computes what the mask computes"
   check_both(p);
 }
 
+// A ring's merged output against the one-shot forward `one`: the fp32 sums (acc) and the LSE close
+// to its fp32 ones, the output in the dtype (out) within one bf16 step of its and exactly acc rounded.
+static void check_merged(const Problem& p, const Outputs& one, const Tensor& acc, const Tensor& out, const Stats& lse) {
+  ErrorStat e32, e16;
+  int bad = 0;
+  for (int64_t b = 0; b < p.B; ++b)
+    for (int32_t h = 0; h < p.Hq; ++h)
+      for (int64_t i = 0; i < p.Sq; ++i) {
+        bad += std::abs(lse.at(b, h, i) - one.lse32.at(b, h, i)) > 1e-5;
+        for (int32_t d = 0; d < p.D; ++d) {
+          e32.add(acc.get(b, i, h, d), one.o32.get(b, i, h, d));
+          e16.add(out.get(b, i, h, d), one.o.get(b, i, h, d));
+          bad += out.get(b, i, h, d) != bf16_to_float(float_to_bf16(float(acc.get(b, i, h, d))));
+        }
+      }
+  CHECK(bad == 0);
+  CHECK(e32.rel() < 2e-6);
+  CHECK(e16.rel() < 8e-3); // at most one bf16 step apart where the two roundings differ
+}
+
 // A ring in miniature: keys in three blocks at their global positions, each attended as an fp32
 // partial, merged by LSE, converted once; then the backward of each block with the final LSE.
 TEST_CASE("cpu: partial forward + merge equals one shot, per-block backward sums to one shot") {
@@ -392,22 +412,7 @@ TEST_CASE("cpu: partial forward + merge equals one shot, per-block backward sums
     cv.src = acc.ref();
     cv.dst = out.ref();
     cpu::convert(cv);
-    ErrorStat e32, e16;
-    int lse_bad = 0;
-    for (int64_t b = 0; b < p.B; ++b)
-      for (int32_t h = 0; h < p.Hq; ++h)
-        for (int64_t i = 0; i < p.Sq; ++i) {
-          lse_bad += std::abs(lse_acc.at(b, h, i) - one.lse32.at(b, h, i)) > 1e-5;
-          for (int32_t d = 0; d < p.D; ++d) {
-            e32.add(acc.get(b, i, h, d), one.o32.get(b, i, h, d));
-            e16.add(out.get(b, i, h, d), one.o.get(b, i, h, d));
-            // convert is exactly the rounding of the merged fp32 value
-            lse_bad += out.get(b, i, h, d) != bf16_to_float(float_to_bf16(float(acc.get(b, i, h, d))));
-          }
-        }
-    CHECK(lse_bad == 0);
-    CHECK(e32.rel() < 2e-6);
-    CHECK(e16.rel() < 8e-3); // at most one bf16 step apart where the two roundings differ
+    check_merged(p, one, acc, out, lse_acc);  // convert is exactly the rounding of the merged fp32 value
 
     Tensor dq(DType::fp32, p.B, p.Sq, p.Hq, p.D), dk(DType::fp32, p.B, p.Skv, p.Hkv, p.D),
         dv(DType::fp32, p.B, p.Skv, p.Hkv, p.D);
@@ -470,21 +475,8 @@ TEST_CASE("cpu: a forward merges a prior partial in, in place and into the outpu
     const Tensor merged32 = acc;
     const Stats lse32 = lse;
     run_calls(true);
-    ErrorStat e32, e16;
-    int bad = 0;
-    for (int64_t b = 0; b < p.B; ++b)
-      for (int32_t h = 0; h < p.Hq; ++h)
-        for (int64_t i = 0; i < p.Sq; ++i) {
-          bad += std::abs(lse.at(b, h, i) - one.lse32.at(b, h, i)) > 1e-5 || lse.at(b, h, i) != lse32.at(b, h, i);
-          for (int32_t d = 0; d < p.D; ++d) {
-            e32.add(merged32.get(b, i, h, d), one.o32.get(b, i, h, d));
-            e16.add(out.get(b, i, h, d), one.o.get(b, i, h, d));
-            bad += out.get(b, i, h, d) != bf16_to_float(float_to_bf16(float(merged32.get(b, i, h, d))));
-          }
-        }
-    CHECK(bad == 0);
-    CHECK(e32.rel() < 2e-6);
-    CHECK(e16.rel() < 8e-3);
+    check_merged(p, one, merged32, out, lse);
+    CHECK(lse.v == lse32.v);  // the same LSE whichever way the last call writes O
   }
 }
 

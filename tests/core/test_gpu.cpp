@@ -661,16 +661,61 @@ TEST_CASE("gpu: the d128 backward's 80-query steps (1024 rows and more; causal, 
   }
 }
 
-TEST_CASE("gpu: partial fp32 forward + merge + convert equals the CPU's") {
-  REQUIRE(device_count() > 0);
-  std::mt19937_64 rng(19);
-  Problem p = random_problem(rng, DType::bf16, 128, 2, 10);
+// A forward call of p's rows against its keys [k0, k1), at their positions, O in fp32 into o and lse
+// (host tensors of the device ones, for their layout).
+static ForwardParams key_block_call(Problem& p, const DeviceProblem& dp, int64_t k0, int64_t k1, Tensor& o, Stats& lse,
+                             const DeviceTensor& o_d, const DeviceStats& lse_d) {
+  ForwardParams f = p.forward_params(o, lse, true);
+  dp.point(p, f);
+  const int64_t off = k0 * p.k.token_stride() * dtype_bytes(p.dtype);
+  f.k.data = static_cast<uint8_t*>(f.k.data) + off;
+  f.v.data = static_cast<uint8_t*>(f.v.data) + off;
+  f.seqlen_kv = k1 - k0;
+  f.mask.kv_pos0 = k0;
+  f.o = o_d.ref;
+  f.lse = lse_d.ref;
+  return f;
+}
+
+// 190 causal rows at positions 200.. against 450 keys, which the tests below attend in three blocks.
+static Problem three_block_problem(std::mt19937_64& rng, int32_t D) {
+  Problem p = random_problem(rng, DType::bf16, D, 2, 10);
   p.Sq = 190;
   p.Skv = 450;
   std::mt19937_64 data(rng());
   p.randomize(data);
   p.mask.causal = true;
   p.mask.q_pos0 = 200;
+  return p;
+}
+
+// A merged forward's outputs downloaded and checked against the CPU's: O in the dtype (out_d) and
+// in fp32 (acc_d) with their LSE (lse_d, lse32_d); the dtype O is the fp32 one rounded, bit for bit.
+static void check_merged(const Problem& p, const Outputs& want, const DeviceTensor& out_d, const DeviceTensor& acc_d,
+                         const DeviceStats& lse_d, const DeviceStats& lse32_d) {
+  CUDA_OK(cudaDeviceSynchronize());
+  Outputs got;
+  got.o = Tensor(p.dtype, p.B, p.Sq, p.Hq, p.D);
+  got.o32 = Tensor(DType::fp32, p.B, p.Sq, p.Hq, p.D);
+  got.lse = got.lse32 = Stats(p.B, p.Hq, p.Sq);
+  out_d.download(got.o);
+  acc_d.download(got.o32);
+  lse_d.download(got.lse);
+  lse32_d.download(got.lse32);
+  check_forward(p, want, got);
+  long rounding_bad = 0;
+  for (int64_t b = 0; b < p.B; ++b)
+    for (int32_t h = 0; h < p.Hq; ++h)
+      for (int64_t i = 0; i < p.Sq; ++i)
+        for (int32_t d = 0; d < p.D; ++d)
+          rounding_bad += got.o.get(b, i, h, d) != bf16_to_float(float_to_bf16(float(got.o32.get(b, i, h, d))));
+  CHECK(rounding_bad == 0);
+}
+
+TEST_CASE("gpu: partial fp32 forward + merge + convert equals the CPU's") {
+  REQUIRE(device_count() > 0);
+  std::mt19937_64 rng(19);
+  Problem p = three_block_problem(rng, 128);
   const Outputs want = run_cpu(p, false);
   DeviceProblem dp(p);
   Tensor acc(DType::fp32, p.B, p.Sq, p.Hq, p.D), part = acc;
@@ -680,16 +725,7 @@ TEST_CASE("gpu: partial fp32 forward + merge + convert equals the CPU's") {
   DeviceStats lse_acc_d(lse_acc), lse_part_d(lse_part);
   const int64_t starts[] = {0, 150, 300, 450};
   for (int s = 0; s < 3; ++s) {
-    ForwardParams f = p.forward_params(part, lse_part, true);
-    dp.point(p, f);
-    const int64_t off = starts[s] * p.k.token_stride() * 2;
-    f.k.data = static_cast<uint8_t*>(f.k.data) + off;
-    f.v.data = static_cast<uint8_t*>(f.v.data) + off;
-    f.seqlen_kv = starts[s + 1] - starts[s];
-    f.mask.kv_pos0 = starts[s];
-    f.o = part_d.ref;
-    f.lse = lse_part_d.ref;
-    forward_cuda(f, nullptr);
+    forward_cuda(key_block_call(p, dp, starts[s], starts[s + 1], part, lse_part, part_d, lse_part_d), nullptr);
     MergeParams m;
     m.batch = p.B;
     m.heads = p.Hq;
@@ -713,21 +749,7 @@ TEST_CASE("gpu: partial fp32 forward + merge + convert equals the CPU's") {
   cv.src = acc_d.ref;
   cv.dst = out_d.ref;
   convert_cuda(cv, nullptr);
-  CUDA_OK(cudaDeviceSynchronize());
-  Outputs got;
-  got.o = out;
-  got.o32 = acc;
-  out_d.download(got.o);
-  acc_d.download(got.o32);
-  lse_acc_d.download(lse_acc);
-  got.lse = lse_acc;
-  got.lse32 = lse_acc;
-  check_forward(p, want, got);
-  long convert_bad = 0;
-  for (int64_t i = 0; i < p.Sq; ++i)
-    for (int32_t d = 0; d < p.D; ++d)
-      convert_bad += got.o.get(0, i, 0, d) != bf16_to_float(float_to_bf16(float(got.o32.get(0, i, 0, d))));
-  CHECK(convert_bad == 0);
+  check_merged(p, want, out_d, acc_d, lse_acc_d, lse_acc_d);
 }
 
 // A ring's later calls on a row merge its partial in their epilogue (ForwardParams::o_prior): in
@@ -745,13 +767,7 @@ TEST_CASE("gpu: a forward merges a prior partial in its epilogue, in place and i
         CAPTURE(kernels);
         CAPTURE(D);
         CAPTURE(order[0]);
-        Problem p = random_problem(rng, DType::bf16, D, 2, 10);
-        p.Sq = 190;
-        p.Skv = 450;
-        std::mt19937_64 data(rng());
-        p.randomize(data);
-        p.mask.causal = true;
-        p.mask.q_pos0 = 200;
+        Problem p = three_block_problem(rng, D);
         const Outputs want = run_cpu(p, false);
         DeviceProblem dp(p);
         Tensor acc(DType::fp32, p.B, p.Sq, p.Hq, p.D), out(p.dtype, p.B, p.Sq, p.Hq, p.D);
@@ -761,15 +777,7 @@ TEST_CASE("gpu: a forward merges a prior partial in its epilogue, in place and i
         const auto run = [&](DeviceTensor& acc_d, DeviceTensor& out_d, DeviceStats& lse_d, bool into_output) {
           for (int i = 0; i < 3; ++i) {
             const int blk = order[i];
-            ForwardParams f = p.forward_params(acc, lse, true);
-            dp.point(p, f);
-            const int64_t off = starts[blk] * p.k.token_stride() * 2;
-            f.k.data = static_cast<uint8_t*>(f.k.data) + off;
-            f.v.data = static_cast<uint8_t*>(f.v.data) + off;
-            f.seqlen_kv = starts[blk + 1] - starts[blk];
-            f.mask.kv_pos0 = starts[blk];
-            f.o = acc_d.ref;
-            f.lse = lse_d.ref;
+            ForwardParams f = key_block_call(p, dp, starts[blk], starts[blk + 1], acc, lse, acc_d, lse_d);
             if (i > 0) {
               f.o_prior = acc_d.ref;
               f.lse_prior = lse_d.ref;
@@ -786,24 +794,7 @@ TEST_CASE("gpu: a forward merges a prior partial in its epilogue, in place and i
         out_d.buf->poison();
         run(acc_d, unused_d, lse_d, false);
         run(acc2_d, out_d, lse2_d, true);
-        CUDA_OK(cudaDeviceSynchronize());
-        Outputs got;
-        got.o = out;
-        got.o32 = acc;
-        out_d.download(got.o);
-        acc_d.download(got.o32);
-        lse2_d.download(lse);
-        got.lse = lse;
-        lse_d.download(lse);
-        got.lse32 = lse;
-        check_forward(p, want, got);
-        long rounding_bad = 0; // the dtype output is the fp32 one rounded: the same registers
-        for (int64_t b = 0; b < p.B; ++b)
-          for (int32_t h = 0; h < p.Hq; ++h)
-            for (int64_t i = 0; i < p.Sq; ++i)
-              for (int32_t d = 0; d < p.D; ++d)
-                rounding_bad += got.o.get(b, i, h, d) != bf16_to_float(float_to_bf16(float(got.o32.get(b, i, h, d))));
-        CHECK(rounding_bad == 0);
+        check_merged(p, want, out_d, acc_d, lse2_d, lse_d);
       }
   unsetenv("ATTNCORE_KERNELS");
 }
