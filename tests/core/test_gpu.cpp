@@ -9,6 +9,7 @@
 
 #include <array>
 #include <memory>
+#include <vector>
 #include <string>
 
 #include "attncore/cpu.h"
@@ -677,15 +678,16 @@ static ForwardParams key_block_call(Problem& p, const DeviceProblem& dp, int64_t
   return f;
 }
 
-// 190 causal rows at positions 200.. against 450 keys, which the tests below attend in three blocks.
-static Problem three_block_problem(std::mt19937_64& rng, int32_t D) {
+// Rows against three key blocks of `block` keys, which the tests below attend one at a time: 190
+// causal rows at positions 200.. (block 150), or 300 rows that see every key.
+static Problem three_block_problem(std::mt19937_64& rng, int32_t D, bool causal = true, int64_t block = 150) {
   Problem p = random_problem(rng, DType::bf16, D, 2, 10);
-  p.Sq = 190;
-  p.Skv = 450;
+  p.Sq = causal ? 190 : 300;
+  p.Skv = 3 * block;
   std::mt19937_64 data(rng());
   p.randomize(data);
-  p.mask.causal = true;
-  p.mask.q_pos0 = 200;
+  p.mask.causal = causal;
+  p.mask.q_pos0 = causal ? 200 : 0;
   return p;
 }
 
@@ -753,49 +755,60 @@ TEST_CASE("gpu: partial fp32 forward + merge + convert equals the CPU's") {
 }
 
 // A ring's later calls on a row merge its partial in their epilogue (ForwardParams::o_prior): in
-// place in fp32, the last straight into the output in the dtype. Three key blocks in two orders:
-// the causal rows before block [300, 450) see none of it, so one order merges a prior into rows the
-// call sees nothing of, the other gives rows no prior. Both kernel families.
+// place in fp32, the last straight into the output in the dtype. Three causal key blocks in two
+// orders: the rows before block [300, 450) see none of it, so one order merges a prior into rows the
+// call sees nothing of, the other gives rows no prior. Both kernel families; and full blocks of 1024
+// keys, whose longer rows take the Hopper forward's other tile shapes, at head dims 64 to 256.
 TEST_CASE("gpu: a forward merges a prior partial in its epilogue, in place and into the output") {
   REQUIRE(device_count() > 0);
   std::mt19937_64 rng(23);
+  struct Case {
+    const char* kernels;
+    int32_t D;
+    bool causal;
+    int64_t block;
+  };
+  std::vector<Case> cases;
   for (const char* kernels : {"", "mma"})
-    for (int32_t D : {64, 128})
-      for (const std::array<int, 3>& order : {std::array<int, 3>{0, 1, 2}, std::array<int, 3>{2, 0, 1}}) {
-        if (*kernels) setenv("ATTNCORE_KERNELS", kernels, 1);
-        else unsetenv("ATTNCORE_KERNELS");
-        CAPTURE(kernels);
-        CAPTURE(D);
-        CAPTURE(order[0]);
-        Problem p = three_block_problem(rng, D);
-        const Outputs want = run_cpu(p, false);
-        DeviceProblem dp(p);
-        Tensor acc(DType::fp32, p.B, p.Sq, p.Hq, p.D), out(p.dtype, p.B, p.Sq, p.Hq, p.D);
-        Stats lse(p.B, p.Hq, p.Sq);
-        const int64_t starts[] = {0, 150, 300, 450};
-        // The three calls, the last into fp32 (into_output false) or into the output in the dtype.
-        const auto run = [&](DeviceTensor& acc_d, DeviceTensor& out_d, DeviceStats& lse_d, bool into_output) {
-          for (int i = 0; i < 3; ++i) {
-            const int blk = order[i];
-            ForwardParams f = key_block_call(p, dp, starts[blk], starts[blk + 1], acc, lse, acc_d, lse_d);
-            if (i > 0) {
-              f.o_prior = acc_d.ref;
-              f.lse_prior = lse_d.ref;
-            }
-            if (i == 2 && into_output) {
-              f.o = out_d.ref;
-              f.o_fp32 = false;
-            }
-            forward_cuda(f, nullptr);
+    for (int32_t D : {64, 128}) cases.push_back({kernels, D, true, 150});
+  for (int32_t D : {64, 128, 256}) cases.push_back({"", D, false, 1024});
+  for (const Case& c : cases)
+    for (const std::array<int, 3>& order : {std::array<int, 3>{0, 1, 2}, std::array<int, 3>{2, 0, 1}}) {
+      if (*c.kernels) setenv("ATTNCORE_KERNELS", c.kernels, 1);
+      else unsetenv("ATTNCORE_KERNELS");
+      CAPTURE(c.kernels);
+      CAPTURE(c.D);
+      CAPTURE(c.causal);
+      CAPTURE(order[0]);
+      Problem p = three_block_problem(rng, c.D, c.causal, c.block);
+      const Outputs want = run_cpu(p, false);
+      DeviceProblem dp(p);
+      Tensor acc(DType::fp32, p.B, p.Sq, p.Hq, p.D), out(p.dtype, p.B, p.Sq, p.Hq, p.D);
+      Stats lse(p.B, p.Hq, p.Sq);
+      const int64_t starts[] = {0, c.block, 2 * c.block, 3 * c.block};
+      // The three calls, the last into fp32 (into_output false) or into the output in the dtype.
+      const auto run = [&](DeviceTensor& acc_d, DeviceTensor& out_d, DeviceStats& lse_d, bool into_output) {
+        for (int i = 0; i < 3; ++i) {
+          const int blk = order[i];
+          ForwardParams f = key_block_call(p, dp, starts[blk], starts[blk + 1], acc, lse, acc_d, lse_d);
+          if (i > 0) {
+            f.o_prior = acc_d.ref;
+            f.lse_prior = lse_d.ref;
           }
-        };
-        DeviceTensor acc_d(acc), out_d(out), acc2_d(acc), unused_d(out);
-        DeviceStats lse_d(lse), lse2_d(lse);
-        out_d.buf->poison();
-        run(acc_d, unused_d, lse_d, false);
-        run(acc2_d, out_d, lse2_d, true);
-        check_merged(p, want, out_d, acc_d, lse2_d, lse_d);
-      }
+          if (i == 2 && into_output) {
+            f.o = out_d.ref;
+            f.o_fp32 = false;
+          }
+          forward_cuda(f, nullptr);
+        }
+      };
+      DeviceTensor acc_d(acc), out_d(out), acc2_d(acc), unused_d(out);
+      DeviceStats lse_d(lse), lse2_d(lse);
+      out_d.buf->poison();
+      run(acc_d, unused_d, lse_d, false);
+      run(acc2_d, out_d, lse2_d, true);
+      check_merged(p, want, out_d, acc_d, lse2_d, lse_d);
+    }
   unsetenv("ATTNCORE_KERNELS");
 }
 

@@ -131,8 +131,9 @@ struct ForwardParams {
   // Appended (10.0). A partial output of the same rows over other keys, O in fp32 and its LSE,
   // merged in as MergeParams merges: o and lse receive the output over both key sets, with no merge
   // pass after the call. o and lse may be o_prior and lse_prior themselves (in place; o then in
-  // fp32). Rows the call does not write (outside every segment) are not merged. Null o_prior.data:
-  // none. The native kernels and the CPU merge; the cuDNN engine does not serve such a call.
+  // fp32), else must not overlap them. Rows the call does not write (outside every segment) are not
+  // merged. Null o_prior.data: none. The native kernels and the CPU merge; the cuDNN engine does not
+  // serve such a call.
   TensorRef o_prior;
   RowStatsRef lse_prior;
 };

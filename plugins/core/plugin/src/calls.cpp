@@ -270,7 +270,7 @@ void OutputAccumulator::run(ForwardParams p, const OutputCall& oc, void* stream)
   p.o = oc.direct ? views.q(o_, c.q_begin, Elem::output) : views.q(first ? o_acc_ : o_part_, c.q_begin, Elem::fp32);
   p.o_fp32 = !oc.direct;
   p.lse = views.stats(first ? lse_ : lse_part_, c.q_begin);
-  if (!first && dense(c)) {
+  if (!first && dense(c) && engine_.merges_prior(p)) {
     // The kernel merges the rows' partial in as it writes them, the last merge straight into the
     // output in its dtype: no partial in fp32 goes out and back, and no merge pass follows.
     p.o_prior = views.q(o_acc_, c.q_begin, Elem::fp32);

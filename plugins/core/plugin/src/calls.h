@@ -99,8 +99,9 @@ std::vector<std::vector<OutputCall>> output_calls(const std::vector<std::vector<
 
 // The forward's output. A direct call writes (O, LSE) in the final output; otherwise in fp32, where
 // the first call on a row writes (O, LSE) and later calls merge into it: a dense call in its kernel
-// (ForwardParams::o_prior), a call over segments or a block list by writing a partial that a merge
-// pass adds in; the last merge on a row goes straight into the output in its dtype. finish() gives rows no call reached
+// (ForwardParams::o_prior) where the engine merges so, else (segments, a block list, a call cuDNN
+// serves) by writing a partial that a merge pass adds in; the last merge on a row goes straight into
+// the output in its dtype. finish() gives rows no call reached
 // O = 0 and LSE = -inf, and converts the fp32 rows no merge rounded out to the output's dtype.
 class OutputAccumulator {
  public:

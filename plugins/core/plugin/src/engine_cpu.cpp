@@ -25,6 +25,7 @@ class CpuEngine final : public Engine {
  public:
   bool on_device() const override { return false; }
   void forward(const ForwardParams& p, void*) override { cpu::forward<Acc>(p); }
+  bool merges_prior(const ForwardParams&) override { return true; }
   void compute_delta(const DeltaParams& p, void*) override { cpu::compute_delta<Acc>(p); }
   void backward(const BackwardParams& p, void*) override { cpu::backward<Acc>(p); }
   void merge(const MergeParams& p, void*) override { cpu::merge_partial(p); }

@@ -141,6 +141,16 @@ class SelectingEngine final : public Engine {
   void amax(const AmaxParams& p, void* s) override { native_->amax(p, s); }
   // The native kernels add by atomics; cuDNN's gradients are added into fp32 by a pass of their own
   // (dtype partials widened with add; fp32 or FP8 sums read and written).
+  bool merges_prior(const ForwardParams& p) override {
+    if (choice_ == EngineChoice::native) return true;
+    if (p.o_fp32 && dtype_partials_) {  // as forward() asks: O in dtype into scratch
+      ForwardParams r = p;
+      r.o_fp32 = false;
+      r.o = packed(kUndecided, p.seqlen_q, p.heads_q, p);
+      return !use_cudnn(r, forward_);
+    }
+    return !use_cudnn(p, forward_);
+  }
   bool adds_atomically(const BackwardParams& p) override {
     if (p.write_grads || p.write_dkdv) return false;
     if (choice_ == EngineChoice::native) return native_->adds_atomically(p);

@@ -96,6 +96,8 @@ template <class Acc> void forward(const ForwardParams& p) {
   if (!p.q.data || !p.o.data || !p.lse.data || (p.seqlen_kv > 0 && (!p.k.data || !p.v.data)))
     fail("forward: a tensor pointer is null");
   if (p.o_prior.data && !p.lse_prior.data) fail("forward: lse_prior is null where o_prior is given");
+  if (p.o_prior.data && p.o.data == p.o_prior.data && !p.o_fp32)
+    fail("forward: o may be o_prior itself only in fp32 (o_fp32)");
   const int D = p.head_dim;
   const int group = p.heads_q / p.heads_kv;
   const Acc scale = resolve_scale(p.softmax_scale, D);

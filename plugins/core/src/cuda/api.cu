@@ -511,6 +511,7 @@ void forward_cuda(const ForwardParams& params, void* stream) {
   if (p.o_prior.data) {
     check_tensor(p.o_prior, true, "o_prior");
     if (!p.lse_prior.data) fail("lse_prior is null where o_prior is given");
+    if (p.o.data == p.o_prior.data && !p.o_fp32) fail("o may be o_prior itself only in fp32 (o_fp32)");
   }
   const auto s = static_cast<cudaStream_t>(stream);
   if (is_fp8(p.dtype)) dispatch_forward_fp8(p, s);

@@ -97,6 +97,14 @@ class Engine {
     (void)p;
     return false;
   }
+  // Appended (10.0): whether forward call `p`, a partial of rows an earlier call wrote (o_fp32, no
+  // prior), is served with that earlier output merged in as its prior (ForwardParams::o_prior): the
+  // native kernels and the CPU merge so; a call cuDNN would serve (partials in dtype) is made as a
+  // partial and merged by a pass. An engine that does not say is taken not to.
+  virtual bool merges_prior(const ForwardParams& p) {
+    (void)p;
+    return false;
+  }
   // `to` waits for everything enqueued on `from` so far (an event on the GPU; nothing on the CPU,
   // where every operation has finished when it returns).
   void wait(void* to, void* from) {
