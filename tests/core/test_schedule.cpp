@@ -192,3 +192,26 @@ TEST_CASE("a ring's forward runs over the fewest batch slices that fit in its ba
   choose_slices(s, 2, 0);
   CHECK(RingAttention::forward_shape(s, 2).batch_slices == 4);
 }
+
+// B=8 S=32768 H=32 D=128 bf16 causal on two ranks (the xlarge preset): the travelling backward fits
+// in three slices (3, 3 and 2 entries), own block last, its third row set counted, in four. Keeping
+// own_last only at the travelling backward's count ran the travelling one, slower on two H200s and
+// 2 GiB a rank larger (docs/KERNELS.md, "Shares home, own block last").
+TEST_CASE("a ring's own block last takes the slices the memory rule gives it") {
+  RingShape s;
+  s.batch = 8;
+  s.heads_q = s.heads_kv = 32;
+  s.local_q = s.local_kv = 16384;
+  s.mask.seqlen = 32768;
+  s.mask.causal = true;
+  s.batch_slices = s.head_slices = 0;  // auto
+  RingShape travelling = s;
+  choose_slices(travelling, 2, kMinBackwardCtas);
+  CHECK(travelling.batch_slices == 3);
+  CHECK_FALSE(travelling.own_last);
+  s.own_last = true;  // as set_own_last leaves a zigzag of two members
+  choose_slices(s, 2, kMinBackwardCtas);
+  CHECK(s.own_last);
+  CHECK(s.batch_slices == 4);
+  CHECK(s.head_slices == 1);
+}

@@ -124,14 +124,16 @@ bool choose_slice_counts(RingShape& s, int world_size, int64_t min_ctas) {
 }  // namespace
 
 void choose_slices(RingShape& s, int world_size, int64_t min_ctas) {
-  // own_last's third row set is taken only where the travelling backward would run in the same slices.
+  // own_last's third row set may cost a slice more than the travelling backward takes: at xlarge on
+  // two H200s (B=8, 16384 tokens a rank) own_last in four slices ran 229.5 / 228.6 ms fwd+bwd, on
+  // 13.5 GiB a rank, against the travelling backward's three, 232.0 / 231.4 on 15.5 GiB
+  // (docs/KERNELS.md, "Shares home, own block last").
   RingShape travelling = s;
   travelling.own_last = false;
   choose_slice_counts(travelling, world_size, min_ctas);
   if (s.own_last) {
     RingShape t = s;
-    const bool fits = choose_slice_counts(t, world_size, min_ctas);
-    s = fits && t.batch_slices == travelling.batch_slices && t.head_slices == travelling.head_slices ? t : travelling;
+    s = choose_slice_counts(t, world_size, min_ctas) ? t : travelling;
   } else {
     s = travelling;
   }

@@ -97,8 +97,8 @@ DenseMask dense_mask(const attnhost::Problem& p);
 // has under `min_ctas` CTAs (kMinBackwardCtas on GPUs, 0 on the CPU, which has no grid to starve).
 // Batch slices asked for are both passes'; chosen, they are the backward's
 // (RingShape::forward_batch_slices). Sets double_rows where there is more than one batch slice and
-// no head slice, and keeps own_last (set_own_last) only there and where its third row set needs no
-// more slices than the backward without it.
+// no head slice, and keeps own_last (set_own_last) only there and where its slices, its third row
+// set counted, meet the rule.
 void choose_slices(RingShape& s, int world_size, int64_t min_ctas);
 void choose_slices(RingShape& s, int world_size);  // (5.0) without the floor
 // The GPU backward runs a CTA a (key tile of 128, kv head, batch entry). GQA 16:1 at d64 on two
