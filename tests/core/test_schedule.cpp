@@ -168,17 +168,27 @@ TEST_CASE("a ring's backward keeps two row sets over batch slices, one over head
   CHECK(RingAttention::workspace_bytes(batch, 2) > RingAttention::workspace_bytes(single, 2));
 }
 
+namespace {
+
+// A rank's half of B x S x H at D=128, bf16, causal, on two ranks; its slices left to the rule.
+RingShape causal_half(int32_t batch, int32_t heads, int64_t seqlen) {
+  RingShape s;
+  s.batch = batch;
+  s.heads_q = s.heads_kv = heads;
+  s.local_q = s.local_kv = seqlen / 2;
+  s.mask.seqlen = seqlen;
+  s.mask.causal = true;
+  s.batch_slices = s.head_slices = 0;  // auto
+  return s;
+}
+
+}  // namespace
+
 // B=4 S=8192 H=24 D=128 bf16 causal on two ranks (the medium preset): the memory rule cuts the
 // backward into four slices of one entry; the forward, without fp32 gradients, fits two of two in
 // the same bytes.
 TEST_CASE("a ring's forward runs over the fewest batch slices that fit in its backward's buffers") {
-  RingShape s;
-  s.batch = 4;
-  s.heads_q = s.heads_kv = 24;
-  s.local_q = s.local_kv = 4096;
-  s.mask.seqlen = 8192;
-  s.mask.causal = true;
-  s.batch_slices = s.head_slices = 0;  // auto
+  RingShape s = causal_half(4, 24, 8192);
   choose_slices(s, 2, kMinBackwardCtas);
   CHECK(s.batch_slices == 4);
   const RingShape f = RingAttention::forward_shape(s, 2);
@@ -198,13 +208,7 @@ TEST_CASE("a ring's forward runs over the fewest batch slices that fit in its ba
 // own_last only at the travelling backward's count ran the travelling one, slower on two H200s and
 // 2 GiB a rank larger (docs/KERNELS.md, "Shares home, own block last").
 TEST_CASE("a ring's own block last takes the slices the memory rule gives it") {
-  RingShape s;
-  s.batch = 8;
-  s.heads_q = s.heads_kv = 32;
-  s.local_q = s.local_kv = 16384;
-  s.mask.seqlen = 32768;
-  s.mask.causal = true;
-  s.batch_slices = s.head_slices = 0;  // auto
+  RingShape s = causal_half(8, 32, 32768);
   RingShape travelling = s;
   choose_slices(travelling, 2, kMinBackwardCtas);
   CHECK(travelling.batch_slices == 3);
