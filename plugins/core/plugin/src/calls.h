@@ -101,8 +101,8 @@ std::vector<std::vector<OutputCall>> output_calls(const std::vector<std::vector<
 // the first call on a row writes (O, LSE) and later calls merge into it: a dense call in its kernel
 // (ForwardParams::o_prior) where the engine merges so, else (segments, a block list, a call cuDNN
 // serves) by writing a partial that a merge pass adds in; the last merge on a row goes straight into
-// the output in its dtype. finish() gives rows no call reached
-// O = 0 and LSE = -inf, and converts the fp32 rows no merge rounded out to the output's dtype.
+// the output in its dtype. finish() gives rows no call reached O = 0 and LSE = -inf, and converts
+// the fp32 rows no merge rounded out to the output's dtype.
 class OutputAccumulator {
  public:
   // The forward's row buffers (take_row_buffers); lse and o: the final output.

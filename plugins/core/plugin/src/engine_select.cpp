@@ -141,6 +141,12 @@ class SelectingEngine final : public Engine {
   void amax(const AmaxParams& p, void* s) override { native_->amax(p, s); }
   // The native kernels add by atomics; cuDNN's gradients are added into fp32 by a pass of their own
   // (dtype partials widened with add; fp32 or FP8 sums read and written).
+  bool adds_atomically(const BackwardParams& p) override {
+    if (p.write_grads || p.write_dkdv) return false;
+    if (choice_ == EngineChoice::native) return native_->adds_atomically(p);
+    return !dtype_partials_ && !use_cudnn(p, backward_) && native_->adds_atomically(p);
+  }
+  // The native kernels merge a prior; a call cuDNN serves is asked as forward() will ask it.
   bool merges_prior(const ForwardParams& p) override {
     if (choice_ == EngineChoice::native) return true;
     if (p.o_fp32 && dtype_partials_) {  // as forward() asks: O in dtype into scratch
@@ -150,11 +156,6 @@ class SelectingEngine final : public Engine {
       return !use_cudnn(r, forward_);
     }
     return !use_cudnn(p, forward_);
-  }
-  bool adds_atomically(const BackwardParams& p) override {
-    if (p.write_grads || p.write_dkdv) return false;
-    if (choice_ == EngineChoice::native) return native_->adds_atomically(p);
-    return !dtype_partials_ && !use_cudnn(p, backward_) && native_->adds_atomically(p);
   }
   void zero(void* dst, size_t bytes, void* s) override { native_->zero(dst, bytes, s); }
   void copy_rows(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width, size_t rows,
