@@ -478,6 +478,18 @@ TEST_CASE("cpu: a forward merges a prior partial in, in place and into the outpu
     check_merged(p, one, merged32, out, lse);
     CHECK(lse.v == lse32.v);  // the same LSE whichever way the last call writes O
   }
+  // The prior is read as fp32: an output in the dtype over it, or no LSE with it, is refused.
+  Problem p = make({"ring", DType::bf16, 1, 2, 1, 32, 20, 20, true, -1, -1, 0, 0}, 511);
+  Tensor acc(DType::fp32, p.B, p.Sq, p.Hq, p.D);
+  Stats lse(p.B, p.Hq, p.Sq);
+  ForwardParams f = p.forward_params(acc, lse, true);
+  f.o_prior = acc.ref();
+  f.lse_prior = lse.ref();
+  f.o_fp32 = false;
+  CHECK_THROWS_AS(cpu::forward<float>(f), Error);
+  f.o_fp32 = true;
+  f.lse_prior = {};
+  CHECK_THROWS_AS(cpu::forward<float>(f), Error);
 }
 
 TEST_CASE("cpu: rows with no key give O = 0, LSE = -inf, zero gradients, no NaN") {

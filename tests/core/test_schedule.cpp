@@ -3,6 +3,8 @@
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
+#include <utility>
+
 #include "attncore/plugin/ring.h"
 #include "attncore/plugin/ring_plugin.h"
 #include "attncore/plugin/schedule.h"
@@ -170,11 +172,13 @@ TEST_CASE("a ring's backward keeps two row sets over batch slices, one over head
 
 namespace {
 
-// A rank's half of B x S x H at D=128, bf16, causal, on two ranks; its slices left to the rule.
-RingShape causal_half(int32_t batch, int32_t heads, int64_t seqlen) {
+// A rank's half of B x S x H (kv heads: H unless given) at D=128, bf16, causal, on two ranks; its
+// slices left to the rule.
+RingShape causal_half(int32_t batch, int32_t heads, int64_t seqlen, int32_t kv_heads = 0) {
   RingShape s;
   s.batch = batch;
-  s.heads_q = s.heads_kv = heads;
+  s.heads_q = heads;
+  s.heads_kv = kv_heads > 0 ? kv_heads : heads;
   s.local_q = s.local_kv = seqlen / 2;
   s.mask.seqlen = seqlen;
   s.mask.causal = true;
@@ -218,4 +222,20 @@ TEST_CASE("a ring's own block last takes the slices the memory rule gives it") {
   CHECK(s.own_last);
   CHECK(s.batch_slices == 4);
   CHECK(s.head_slices == 1);
+  // Never head slices for it (it needs the batch's), nor more than one batch slice more: with GQA
+  // its row sets outgrow the K/V the rule weighs them against, and those counts are untimed. Here it
+  // would take a head slice (B=3, 32:8) or twice the batch slices (B=8, 32:2; B=7, 32:8): the
+  // travelling backward runs.
+  for (auto [batch, kv_heads] : {std::pair{3, 8}, std::pair{8, 2}, std::pair{7, 8}}) {
+    CAPTURE(batch);
+    CAPTURE(kv_heads);
+    RingShape g = causal_half(batch, 32, 16384, kv_heads);
+    RingShape travelling_g = g;
+    choose_slices(travelling_g, 2, kMinBackwardCtas);
+    g.own_last = true;
+    choose_slices(g, 2, kMinBackwardCtas);
+    CHECK_FALSE(g.own_last);
+    CHECK(g.batch_slices == travelling_g.batch_slices);
+    CHECK(g.head_slices == travelling_g.head_slices);
+  }
 }

@@ -124,19 +124,18 @@ bool choose_slice_counts(RingShape& s, int world_size, int64_t min_ctas) {
 }  // namespace
 
 void choose_slices(RingShape& s, int world_size, int64_t min_ctas) {
-  // own_last's third row set may cost a slice more than the travelling backward takes: at xlarge on
-  // two H200s (B=8, 16384 tokens a rank) own_last in four slices ran 229.5 / 228.6 ms fwd+bwd, on
-  // 13.5 GiB a rank, against the travelling backward's three, 232.0 / 231.4 on 15.5 GiB
-  // (docs/KERNELS.md, "Shares home, own block last").
+  // own_last's third row set may cost one batch slice more than the travelling backward takes: at
+  // xlarge on two H200s (B=8, 16384 tokens a rank) own_last in four slices ran 229.5 / 228.6 ms
+  // fwd+bwd, on 13.5 GiB a rank, against the travelling backward's three, 232.0 / 231.4 on 15.5 GiB
+  // (docs/KERNELS.md, "Shares home, own block last"). Not head slices (own_last needs the batch's),
+  // nor more batch slices than that: untimed (GQA, whose row sets outgrow its K/V).
   RingShape travelling = s;
   travelling.own_last = false;
   choose_slice_counts(travelling, world_size, min_ctas);
-  if (s.own_last) {
-    RingShape t = s;
-    s = choose_slice_counts(t, world_size, min_ctas) ? t : travelling;
-  } else {
-    s = travelling;
-  }
+  RingShape t = s;
+  const bool own_last = s.own_last && choose_slice_counts(t, world_size, min_ctas) && wants_double_rows(t) &&
+                        t.head_slices == travelling.head_slices && t.batch_slices <= travelling.batch_slices + 1;
+  s = own_last ? t : travelling;
   s.double_rows = wants_double_rows(s);
   s.own_last = s.own_last && s.double_rows;
 }

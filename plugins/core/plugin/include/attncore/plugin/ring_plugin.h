@@ -98,7 +98,7 @@ DenseMask dense_mask(const attnhost::Problem& p);
 // Batch slices asked for are both passes'; chosen, they are the backward's
 // (RingShape::forward_batch_slices). Sets double_rows where there is more than one batch slice and
 // no head slice, and keeps own_last (set_own_last) only there and where its slices, its third row
-// set counted, meet the rule.
+// set counted, meet the rule with at most one batch slice more than the backward without it.
 void choose_slices(RingShape& s, int world_size, int64_t min_ctas);
 void choose_slices(RingShape& s, int world_size);  // (5.0) without the floor
 // The GPU backward runs a CTA a (key tile of 128, kv head, batch entry). GQA 16:1 at d64 on two
