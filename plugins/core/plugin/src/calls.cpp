@@ -267,6 +267,10 @@ void OutputAccumulator::run(ForwardParams p, const OutputCall& oc, void* stream)
   const BlockCall& c = oc.call;
   const bool first = !written(c.q_begin, c.q_end);
   if (oc.direct && !first) attnhost::fail(ATTNHOST_ERR_INTERNAL, "schedule: a direct call on rows written already");
+  // The last merge on its rows writes them rounded into the output: no conversion pass over them
+  // (half as many bytes again as a merge pass) follows.
+  const bool rounds_out = !first && oc.last && output_dtype(s_) != ATTNHOST_DTYPE_FP32;
+  if (rounds_out) rounded_.emplace_back(c.q_begin, c.q_end);
   p.o = oc.direct ? views.q(o_, c.q_begin, Elem::output) : views.q(first ? o_acc_ : o_part_, c.q_begin, Elem::fp32);
   p.o_fp32 = !oc.direct;
   p.lse = views.stats(first ? lse_ : lse_part_, c.q_begin);
@@ -275,13 +279,8 @@ void OutputAccumulator::run(ForwardParams p, const OutputCall& oc, void* stream)
     // output in its dtype: no partial in fp32 goes out and back, and no merge pass follows.
     p.o_prior = views.q(o_acc_, c.q_begin, Elem::fp32);
     p.lse_prior = p.lse = views.stats(lse_, c.q_begin);
-    if (oc.last && output_dtype(s_) != ATTNHOST_DTYPE_FP32) {
-      p.o = views.q(o_, c.q_begin, Elem::output);
-      p.o_fp32 = false;
-      rounded_.emplace_back(c.q_begin, c.q_end);
-    } else {
-      p.o = p.o_prior;
-    }
+    p.o = rounds_out ? views.q(o_, c.q_begin, Elem::output) : p.o_prior;
+    p.o_fp32 = !rounds_out;
     engine_.forward(p, stream);
     return;
   }
@@ -299,12 +298,9 @@ void OutputAccumulator::run(ForwardParams p, const OutputCall& oc, void* stream)
   m.lse_acc = views.stats(lse_, c.q_begin);
   m.o_part = p.o;
   m.lse_part = p.lse;
-  // The last merge rounds its rows into the output as it writes them: the conversion pass over them
-  // (half as many bytes again as the merge) is not made.
-  if (oc.last && output_dtype(s_) != ATTNHOST_DTYPE_FP32) {
+  if (rounds_out) {
     m.o_out = views.q(o_, c.q_begin, Elem::output);
     m.out_dtype = core_dtype(output_dtype(s_));
-    rounded_.emplace_back(c.q_begin, c.q_end);
   }
   engine_.merge(m, stream);
 }

@@ -73,9 +73,7 @@ class SelectingEngine final : public Engine {
   void forward(const ForwardParams& p, void* s) override {
     ++forward_.calls;
     if (p.o_fp32 && dtype_partials_) {  // cuDNN writes O in dtype into scratch; widened into the partial
-      ForwardParams r = p;
-      r.o_fp32 = false;
-      r.o = packed(kUndecided, p.seqlen_q, p.heads_q, p);
+      ForwardParams r = in_dtype(p);
       if (use_cudnn(r, forward_)) {
         r.o.data = partials(elements(p.seqlen_q, p.heads_q, p), output_dtype(p.dtype), s);
         forward_cudnn(r, s, workspace(s));
@@ -149,13 +147,7 @@ class SelectingEngine final : public Engine {
   // The native kernels merge a prior; a call cuDNN serves is asked as forward() will ask it.
   bool merges_prior(const ForwardParams& p) override {
     if (choice_ == EngineChoice::native) return true;
-    if (p.o_fp32 && dtype_partials_) {  // as forward() asks: O in dtype into scratch
-      ForwardParams r = p;
-      r.o_fp32 = false;
-      r.o = packed(kUndecided, p.seqlen_q, p.heads_q, p);
-      return !use_cudnn(r, forward_);
-    }
-    return !use_cudnn(p, forward_);
+    return !use_cudnn(p.o_fp32 && dtype_partials_ ? in_dtype(p) : p, forward_);
   }
   void zero(void* dst, size_t bytes, void* s) override { native_->zero(dst, bytes, s); }
   void copy_rows(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width, size_t rows,
@@ -228,6 +220,14 @@ class SelectingEngine final : public Engine {
     w.dst = dst;
     w.add = add;
     native_->widen(w, s);
+  }
+  // Forward call `p` as cuDNN is asked to serve a partial in dtype: O in the dtype, into scratch not
+  // yet placed.
+  static ForwardParams in_dtype(const ForwardParams& p) {
+    ForwardParams r = p;
+    r.o_fp32 = false;
+    r.o = packed(kUndecided, p.seqlen_q, p.heads_q, p);
+    return r;
   }
   // A stream's scratch: cuDNN's workspace, outputs in dtype, and the native kernels' workspace where
   // the caller gave too little (FP8: V^T, the widened inputs). Each grows to the largest call;
