@@ -3,11 +3,13 @@
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <utility>
 
 #include "attncore/plugin/ring.h"
 #include "attncore/plugin/ring_plugin.h"
 #include "attncore/plugin/schedule.h"
+#include "attncore/plugin/ulysses.h"
 #include "attncore/plugin/workspace.h"
 
 #include <cstdint>
@@ -237,5 +239,43 @@ TEST_CASE("a ring's own block last takes the slices the memory rule gives it") {
     CHECK_FALSE(g.own_last);
     CHECK(g.batch_slices == travelling_g.batch_slices);
     CHECK(g.head_slices == travelling_g.head_slices);
+  }
+}
+
+TEST_CASE("ulysses's last backward step runs each member's columns so that what a run finishes leaves first") {
+  const auto order = [](DenseMask mask, int u, int member) {
+    mask.seqlen = 64 * u;
+    return column_run_order(mask, 64, u, member, 8, 2);
+  };
+  using Rows = std::vector<std::vector<int>>;
+  SUBCASE("two members, causal: the other's columns first, and its dQ at the end where its rows read every key") {
+    const ColumnRunOrder first = order({0, true}, 2, 0), second = order({0, true}, 2, 1);
+    CHECK(first.members == std::vector<int>{1, 0});
+    CHECK(first.final_rows == Rows{{}, {0, 1}});
+    CHECK(second.members == std::vector<int>{0, 1});  // member 0's gradients all finish in the first run
+    CHECK(second.final_rows == Rows{{0}, {1}});
+  }
+  SUBCASE("without a mask every dQ row waits for the last run, and the peers' columns go first") {
+    CHECK(order({0, false}, 2, 0).members == std::vector<int>{1, 0});
+    CHECK(order({0, false}, 2, 1).members == std::vector<int>{0, 1});
+    CHECK(order({0, false}, 3, 1).final_rows == Rows{{}, {}, {0, 1, 2}});
+  }
+  SUBCASE("four members, causal or a window: every column runs once, every member's rows finish once") {
+    for (const bool window : {false, true})
+      for (int member = 0; member < 4; ++member) {
+        const ColumnRunOrder o = order(window ? DenseMask{0, true, 40, 0} : DenseMask{0, true}, 4, member);
+        std::vector<int> runs = o.members, rows;
+        std::sort(runs.begin(), runs.end());
+        for (const std::vector<int>& r : o.final_rows) rows.insert(rows.end(), r.begin(), r.end());
+        std::sort(rows.begin(), rows.end());
+        CHECK(runs == std::vector<int>{0, 1, 2, 3});
+        CHECK(rows == std::vector<int>{0, 1, 2, 3});
+        if (!window) CHECK(o.members.back() != 0);  // every row reads member 0's columns
+      }
+  }
+  SUBCASE("a window of 40 keys back: a member's rows read its own columns and the member's before") {
+    const ColumnRunOrder o = order({0, true, 40, 0}, 4, 3);
+    CHECK(o.members == std::vector<int>{0, 1, 2, 3});
+    CHECK(o.final_rows == Rows{{0}, {1}, {2}, {3}});
   }
 }

@@ -47,16 +47,22 @@ TEST_CASE("ulysses and usp: a tapered pipeline (first and last batch entry alone
       runs.push_back(run_on(DeviceKind::cpu, c));
       test::all_pass(runs.back());
     }
-    for (size_t w = 0; w < runs[0].runs.size(); ++w)  // every entry's calls are the same, only their order moves
+    // Every entry's calls are the same, only their order moves; but the entries of the backward's
+    // last step add dQ over runs of columns, so dQ agrees to rounding.
+    for (size_t w = 0; w < runs[0].runs.size(); ++w)
       for (const char* tensor : {"O", "LSE", "dQ", "dK", "dV"}) {
-        INFO(s.plugin, " batch ", s.batch, " at world size ", runs[0].runs[w].world_size, ": ", tensor);
-        CHECK(test::error_of(runs[0].runs[w], tensor) == test::error_of(runs[1].runs[w], tensor));
+        INFO(std::string(s.plugin), " batch ", s.batch, " at world size ", runs[0].runs[w].world_size, ": ",
+             std::string(tensor));
+        const double a = test::error_of(runs[0].runs[w], tensor), b = test::error_of(runs[1].runs[w], tensor);
+        if (std::string(tensor) == "dQ") CHECK(a == doctest::Approx(b).epsilon(1e-3));
+        else CHECK(a == b);
       }
   }
 }
 
 // The CPU's communicator moves blocks as they lie, as the copy engines do: each (tensor, peer) or
-// (range, peer) one block, no message packed. The values must be the packed messages' to the bit.
+// (range, peer) one block, no message packed. The values must be the packed messages' to the bit,
+// but for dQ of ulysses's and usp's last backward step, which as blocks lie runs over columns.
 // Allgather's forward then also runs over fewer, larger groups of heads than its backward (auto
 // groups), which must not change a value either.
 TEST_CASE("ulysses, usp and allgather: blocks moved as they lie compute what packed messages do") {
@@ -88,8 +94,11 @@ TEST_CASE("ulysses, usp and allgather: blocks moved as they lie compute what pac
       for (size_t rank = 0; rank < runs[0].runs[w].sent_bytes_fwd.size(); ++rank)  // no padding between blocks
         CHECK(runs[0].runs[w].sent_bytes_fwd[rank] <= runs[1].runs[w].sent_bytes_fwd[rank]);
       for (const char* tensor : {"O", "LSE", "dQ", "dK", "dV"}) {
-        INFO(s.plugin, " kv heads ", s.kv_heads, " ", s.dtype, " at world size ", runs[0].runs[w].world_size, ": ", tensor);
-        CHECK(test::error_of(runs[0].runs[w], tensor) == test::error_of(runs[1].runs[w], tensor));
+        INFO(std::string(s.plugin), " kv heads ", s.kv_heads, " ", std::string(s.dtype), " at world size ",
+             runs[0].runs[w].world_size, ": ", std::string(tensor));
+        const double a = test::error_of(runs[0].runs[w], tensor), b = test::error_of(runs[1].runs[w], tensor);
+        if (std::string(tensor) == "dQ" && !allgather) CHECK(a == doctest::Approx(b).epsilon(1e-3));
+        else CHECK(a == b);
       }
     }
   }

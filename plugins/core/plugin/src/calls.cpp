@@ -186,18 +186,36 @@ void compute_local_delta(const RingShape& s, Engine& engine, const attnhost_back
   engine.compute_delta(dp, stream);
 }
 
-void convert_out(const RingShape& s, Engine& engine, const float* src, void* dst, bool kv, void* stream,
-                 const float* add) {
+namespace {
+
+ConvertParams out_params(const RingShape& s, const float* src, void* dst, bool kv, Interval rows) {
   const LocalViews views{s};
   ConvertParams cv;
   cv.dtype = core_dtype(output_dtype(s));
   cv.batch = s.batch;
   cv.heads = kv ? s.heads_kv : s.heads_q;
   cv.head_dim = s.head_dim;
-  cv.seqlen = kv ? s.local_kv : s.local_q;
-  cv.src = kv ? views.kv(const_cast<float*>(src), 0, Elem::fp32) : views.q(const_cast<float*>(src), 0, Elem::fp32);
-  cv.dst = kv ? views.kv(dst, 0, Elem::output) : views.q(dst, 0, Elem::output);
-  if (add) cv.add = kv ? views.kv(const_cast<float*>(add), 0, Elem::fp32) : views.q(const_cast<float*>(add), 0, Elem::fp32);
+  cv.seqlen = rows.size();
+  float* from = const_cast<float*>(src);
+  cv.src = kv ? views.kv(from, rows.lo, Elem::fp32) : views.q(from, rows.lo, Elem::fp32);
+  cv.dst = kv ? views.kv(dst, rows.lo, Elem::output) : views.q(dst, rows.lo, Elem::output);
+  return cv;
+}
+
+}  // namespace
+
+void convert_out(const RingShape& s, Engine& engine, const float* src, void* dst, bool kv, void* stream,
+                 const float* add) {
+  ConvertParams cv = out_params(s, src, dst, kv, {0, kv ? s.local_kv : s.local_q});
+  if (add) cv.add = out_params(s, add, dst, kv, {0, kv ? s.local_kv : s.local_q}).src;
+  engine.convert(cv, stream);
+}
+
+void convert_rows_out(const RingShape& s, Engine& engine, const float* src, const TensorRef& dst, Interval rows,
+                      void* stream) {
+  if (rows.size() == 0) return;
+  ConvertParams cv = out_params(s, src, dst.data, false, rows);
+  cv.dst = dst;
   engine.convert(cv, stream);
 }
 

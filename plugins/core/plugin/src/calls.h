@@ -80,6 +80,9 @@ void compute_local_delta(const RingShape& s, Engine& engine, const attnhost_back
 // the output dtype in dst.
 void convert_out(const RingShape& s, Engine& engine, const float* src, void* dst, bool kv, void* stream,
                  const float* add = nullptr);
+// The same for rows [rows.lo, rows.hi) of a Q-like tensor alone, into `dst`'s view from its first row.
+void convert_rows_out(const RingShape& s, Engine& engine, const float* src, const TensorRef& dst, Interval rows,
+                      void* stream);
 
 // Whether a call is dense (no segments, no block list): it may be cut into rows or columns.
 bool dense(const BlockCall& c);

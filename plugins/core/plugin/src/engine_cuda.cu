@@ -66,6 +66,7 @@ class CudaEngine final : public Engine {
   void convert(const ConvertParams& p, void* s) override { convert_cuda(p, s); }
   void amax(const AmaxParams& p, void* s) override { amax_cuda(p, s); }
   bool adds_atomically(const BackwardParams& p) override { return !p.deterministic && !p.write_grads && !p.write_dkdv; }
+  bool adds_dq_atomically(const BackwardParams& p) override { return !p.deterministic && !p.write_grads; }
   bool merges_prior(const ForwardParams&) override { return true; }
   void zero(void* dst, size_t bytes, void* s) override { check(cudaMemsetAsync(dst, 0, bytes, cuda(s)), "cudaMemsetAsync"); }
   void copy_rows(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width, size_t rows,

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -90,43 +91,27 @@ class SelectingEngine final : public Engine {
   }
   void backward(const BackwardParams& p, void* s) override {
     ++backward_.calls;
-    if (p.write_dkdv_fp32 || p.dk_add.data) {
-      // dK, dV written in fp32, or with other calls' shares added first: the native kernels' modes alone
-    } else if (p.write_dkdv) {  // cuDNN writes dK, dV in place and dQ in dtype into scratch, added into fp32
-      BackwardParams r = p;
-      r.write_dkdv = false;
-      r.write_grads = true;
-      r.dq = packed(kUndecided, p.seqlen_q, p.heads_q, p);
-      if (use_cudnn(r, backward_)) {
-        r.dq.data = partials(elements(p.seqlen_q, p.heads_q, p), output_dtype(p.dtype), s);
-        backward_cudnn(r, s, workspace(s));
-        widen(output_dtype(p.dtype), r.dq, p.dq, p.batch, p.heads_q, p.head_dim, p.seqlen_q, true, s);
-        ++backward_.cudnn;
-        return;
-      }
-    } else if (!p.write_grads && dtype_partials_) {  // cuDNN writes this call's gradients in dtype; added into fp32
-      BackwardParams r = p;
-      r.write_grads = true;
-      const size_t nq = elements(p.seqlen_q, p.heads_q, p), nkv = elements(p.seqlen_kv, p.heads_kv, p);
+    if (cudnn_serves(p)) {
+      BackwardParams r = *cudnn_form(p);
       const DType out = output_dtype(p.dtype);
-      const size_t el = dtype_bytes(out);
-      const auto place = [&](char* scratch) {
-        r.dq = packed(scratch, p.seqlen_q, p.heads_q, p);
-        r.dk = packed(scratch + nq * el, p.seqlen_kv, p.heads_kv, p);
-        r.dv = packed(scratch + (nq + nkv) * el, p.seqlen_kv, p.heads_kv, p);
-      };
-      place(kUndecided);
-      if (use_cudnn(r, backward_)) {
-        place(static_cast<char*>(partials(nq + 2 * nkv, out, s)));
+      const size_t nq = elements(p.seqlen_q, p.heads_q, p), nkv = elements(p.seqlen_kv, p.heads_kv, p);
+      if (p.write_dkdv) {  // cuDNN writes dK, dV in place and dQ in dtype into scratch, added into fp32
+        r.dq.data = partials(nq, out, s);
+        backward_cudnn(r, s, workspace(s));
+        widen(out, r.dq, p.dq, p.batch, p.heads_q, p.head_dim, p.seqlen_q, true, s);
+      } else if (!p.write_grads && dtype_partials_) {  // every gradient in dtype into scratch, added into fp32
+        char* scratch = static_cast<char*>(partials(nq + 2 * nkv, out, s));
+        const size_t el = dtype_bytes(out);
+        r.dq.data = scratch;
+        r.dk.data = scratch + nq * el;
+        r.dv.data = scratch + (nq + nkv) * el;
         backward_cudnn(r, s, workspace(s));
         widen(out, r.dq, p.dq, p.batch, p.heads_q, p.head_dim, p.seqlen_q, true, s);
         widen(out, r.dk, p.dk, p.batch, p.heads_kv, p.head_dim, p.seqlen_kv, true, s);
         widen(out, r.dv, p.dv, p.batch, p.heads_kv, p.head_dim, p.seqlen_kv, true, s);
-        ++backward_.cudnn;
-        return;
+      } else {
+        backward_cudnn(p, s, workspace(s));
       }
-    } else if (use_cudnn(p, backward_)) {
-      backward_cudnn(p, s, workspace(s));
       ++backward_.cudnn;
       return;
     }
@@ -141,8 +126,10 @@ class SelectingEngine final : public Engine {
   // (dtype partials widened with add; fp32 or FP8 sums read and written).
   bool adds_atomically(const BackwardParams& p) override {
     if (p.write_grads || p.write_dkdv) return false;
-    if (choice_ == EngineChoice::native) return native_->adds_atomically(p);
-    return !dtype_partials_ && !use_cudnn(p, backward_) && native_->adds_atomically(p);
+    return !cudnn_serves(p) && native_->adds_atomically(p);
+  }
+  bool adds_dq_atomically(const BackwardParams& p) override {
+    return !cudnn_serves(p) && native_->adds_dq_atomically(p);
   }
   // The native kernels merge a prior; a call cuDNN serves is asked as forward() will ask it.
   bool merges_prior(const ForwardParams& p) override {
@@ -228,6 +215,31 @@ class SelectingEngine final : public Engine {
     r.o_fp32 = false;
     r.o = packed(kUndecided, p.seqlen_q, p.heads_q, p);
     return r;
+  }
+  // Backward call `p` in the form cuDNN is asked to serve it: none for the native kernels' modes
+  // alone (dK and dV written in fp32, or with other calls' shares added first); with dK and dV
+  // written, dQ in the dtype into scratch not yet placed; as dtype partials, every gradient so;
+  // else the call itself. backward() and the queries about it ask alike.
+  std::optional<BackwardParams> cudnn_form(const BackwardParams& p) const {
+    if (p.write_dkdv_fp32 || p.dk_add.data) return std::nullopt;
+    BackwardParams r = p;
+    if (p.write_dkdv) {
+      r.write_dkdv = false;
+      r.write_grads = true;
+      r.dq = packed(kUndecided, p.seqlen_q, p.heads_q, p);
+    } else if (!p.write_grads && dtype_partials_) {
+      const size_t nq = elements(p.seqlen_q, p.heads_q, p), nkv = elements(p.seqlen_kv, p.heads_kv, p);
+      const size_t el = dtype_bytes(output_dtype(p.dtype));
+      r.write_grads = true;
+      r.dq = packed(kUndecided, p.seqlen_q, p.heads_q, p);
+      r.dk = packed(kUndecided + nq * el, p.seqlen_kv, p.heads_kv, p);
+      r.dv = packed(kUndecided + (nq + nkv) * el, p.seqlen_kv, p.heads_kv, p);
+    }
+    return r;
+  }
+  bool cudnn_serves(const BackwardParams& p) {
+    const std::optional<BackwardParams> r = cudnn_form(p);
+    return r && use_cudnn(*r, backward_);
   }
   // A stream's scratch: cuDNN's workspace, outputs in dtype, and the native kernels' workspace where
   // the caller gave too little (FP8: V^T, the widened inputs). Each grows to the largest call;

@@ -1,9 +1,11 @@
 #include "attncore/plugin/ring.h"
 
+#include "attncore/plugin/dense_plans.h"
 #include "calls.h"
 
 #include <algorithm>
 #include <functional>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -451,6 +453,62 @@ Engine::Event RingAttention::backward(const attnhost_backward_args& a, int32_t b
     convert_out(slice.shape, *engine_, rows.dq, x.dq.data, false, fill_);
   }
   return engine_->record(fill_);
+}
+
+bool RingAttention::takes_runs() const {
+  if (world_ != 1) return false;
+  const std::vector<Slice> list = slices(s_, 0, s_.batch);
+  const std::vector<BlockCall> calls = plan_(rank_, 0);
+  return list.size() == 1 && !list[0].packed && calls.size() == 1 && dense(calls[0]) && covers_all_keys(s_, calls[0]);
+}
+
+void RingAttention::backward_in_runs(const attnhost_backward_args& a, int32_t b0, int32_t count,
+                                     const std::vector<ColumnRun>& runs, void* rounding, void* lead,
+                                     const std::function<void(size_t, const Engine::Event&)>& after) {
+  plan_reach();
+  void* compute = host_.stream(0);
+  const Slice slice = slices(s_, b0, count).front();  // the one slice, not packed (takes_runs)
+  const RingShape& s = slice.shape;
+  const attnhost_backward_args x = entries_of(a, slice);
+  const RowBuffers& rows = work_.backward().rows[0];
+  const LocalViews views{s};
+  prefetched_ = {};
+  engine_->wait(compute, prepare(a, slice, rows, engine_->record(compute)));
+  const BlockCall whole = plan_(rank_, 0).front();
+  std::vector<BackwardParams> calls;
+  for (const ColumnRun& run : runs) {
+    // The whole call covers every column (takes_runs), and a mask's visible keys move by at most one
+    // a row, so some row sees each column: each run's call is its columns whole, every one written.
+    const BlockCall c = dense_call(s.mask, whole.q_begin, whole.q_pos0, whole.q_end - whole.q_begin, run.columns.lo,
+                                   whole.kv_pos0 + (run.columns.lo - whole.kv_begin), run.columns.size())
+                            .value();
+    BackwardParams p = backward_params(s, c, x, x.k.data, x.v.data, rows.delta, rows.dq, nullptr, nullptr);
+    write_dkdv_into(p, s, c, x);
+    const size_t el = elem_size(s, s.kv_grads_fp32 ? Elem::fp32 : Elem::output);
+    for (auto [into, given] : {std::pair{&p.dk, run.dk}, std::pair{&p.dv, run.dv}}) {
+      if (!given.data) continue;
+      *into = given;
+      into->data = static_cast<char*>(given.data) + (c.kv_begin - run.columns.lo) * given.token_stride * el;
+    }
+    calls.push_back(p);
+  }
+  bool beside = lead != nullptr && !s.deterministic;
+  for (const BackwardParams& p : calls) beside = beside && engine_->adds_dq_atomically(p);
+  if (beside) engine_->wait(lead, engine_->record(compute));
+  std::vector<Engine::Event> written;
+  for (size_t i = 0; i < runs.size(); ++i) {
+    void* stream = beside && i == 0 ? lead : compute;
+    const int32_t range = host_.range_begin("attention backward run", ATTNHOST_RANGE_COMPUTE, stream);
+    engine_->backward(calls[i], stream);
+    host_.range_end(range, stream);
+    written.push_back(engine_->record(stream));
+    for (const Engine::Event& e : written) engine_->wait(rounding, e);  // the rows finished need every run so far
+    for (const RowsOut& r : runs[i].rows)
+      convert_rows_out(s, *engine_, rows.dq, r.dq.data ? r.dq : views.q(x.dq.data, r.rows.lo, Elem::output), r.rows,
+                       rounding);
+    after(i, written.back());
+  }
+  if (beside) engine_->wait(compute, written.front());
 }
 
 // Slice i's step 1 (its share of the other member's block) runs before slice i - 1's step 0 (the

@@ -61,6 +61,47 @@ std::string check_ulysses_heads(int32_t heads_q, int32_t heads_kv, int32_t u) {
   return {};
 }
 
+// Two members, causal: member 0 runs member 1's columns first (their dK and dV go home under the
+// rest) and keeps dQ of member 1's rows, which read every key, for the end; member 1 runs member 0's
+// columns first, which finishes all of member 0's gradients, and its own last.
+ColumnRunOrder column_run_order(const DenseMask& mask, int64_t n, int u, int member, int32_t heads_q,
+                                int32_t heads_kv) {
+  std::vector<Interval> reach(u);  // whose columns member i's rows reach: members [lo, hi)
+  for (int i = 0; i < u; ++i) {
+    const Interval keys = mask.visible(i * n, (i + 1) * n, 0, u * n).keys;
+    if (keys.size() > 0) reach[i] = {keys.lo / n, (keys.hi - 1) / n + 1};
+  }
+  std::vector<bool> ran(u, false), final(u, false);
+  const auto finished = [&](int i) {
+    for (int64_t j = reach[i].lo; j < reach[i].hi; ++j)
+      if (!ran[j]) return false;
+    return true;
+  };
+  ColumnRunOrder order;
+  for (int t = 0; t < u; ++t) {
+    int best = -1;
+    int64_t most = -1;
+    for (int j = 0; j < u; ++j) {
+      if (ran[j]) continue;
+      ran[j] = true;
+      int64_t heads = j == member ? 0 : 2 * int64_t{heads_kv};
+      for (int i = 0; i < u; ++i)
+        if (i != member && !final[i] && finished(i)) heads += heads_q;
+      ran[j] = false;
+      if (heads > most) best = j, most = heads;
+    }
+    ran[best] = true;
+    order.members.push_back(best);
+    order.final_rows.emplace_back();
+    for (int i = 0; i < u; ++i)
+      if (!final[i] && finished(i)) {
+        final[i] = true;
+        order.final_rows.back().push_back(i);
+      }
+  }
+  return order;
+}
+
 UlyssesAttention::UlyssesAttention(const UlyssesShape& shape, RingPlan plan, const ScheduleOptions& options)
     : s_(shape), host_(options.host), u_(shape.ulysses), member_(options.rank % shape.ulysses),
       base_(options.rank - options.rank % shape.ulysses), n_(shape.ring.local_q), overlap_(options.overlap),
@@ -171,13 +212,13 @@ attnhost_tensor UlyssesAttention::stats(void* data) const {
 }
 
 void UlyssesAttention::to_heads(const std::vector<Piece>& pieces, const Step& step, void* stream, void* own,
-                                const char* what) {
-  exchange(pieces, true, step, stream, own, what);
+                                const std::string& what) {
+  exchange(pieces, true, step, stream, own, what, {});
 }
 
 void UlyssesAttention::to_tokens(const std::vector<Piece>& pieces, const Step& step, void* stream, void* own,
-                                 const char* what) {
-  exchange(pieces, false, step, stream, own, what);
+                                 const std::string& what, const Moves& moves) {
+  exchange(pieces, false, step, stream, own, what, moves);
 }
 
 // One all-to-all inside the Ulysses group. Each (piece, peer) is a block on each side: the rows of
@@ -189,7 +230,7 @@ void UlyssesAttention::to_tokens(const std::vector<Piece>& pieces, const Step& s
 // one message each way by the copy kernel: many small NCCL messages moved 2-3x slower over NVLink
 // (docs/KERNELS.md, "All-to-all messages"). The member's own heads are copied on `own`.
 void UlyssesAttention::exchange(const std::vector<Piece>& whole, bool heads_out, const Step& step, void* stream,
-                                void* own, const char* what) {
+                                void* own, const std::string& what, const Moves& moves) {
   const RingShape& r = s_.ring;
   const size_t D = r.head_dim, B = step.count, n = n_, un = u_ * n_;
   std::vector<Piece> pieces = whole;
@@ -228,7 +269,8 @@ void UlyssesAttention::exchange(const std::vector<Piece>& whole, bool heads_out,
   const auto outgoing = [&](int i) { return staging + size_t(i) * 2 * message; };  // (packed only)
   const auto incoming = [&](int i) { return staging + (direct_ ? size_t(i) : size_t(i) * 2 + 1) * message; };
   size_t offset = 0;
-  for (const Piece& p : pieces) {
+  for (size_t k = 0; k < pieces.size(); ++k) {
+    const Piece& p = pieces[k];
     for (int i = 0; i < u_; ++i) {
       const attnhost_block here = heads_out ? local_rows(p, i) : sharded_rows(p, i);   // goes to i
       attnhost_block there = heads_out ? sharded_rows(p, i) : local_rows(p, i);        // comes from i
@@ -241,12 +283,12 @@ void UlyssesAttention::exchange(const std::vector<Piece>& whole, bool heads_out,
                           reinterpret_cast<const float*>(from + b * (i == member_ ? un : n) * row), n * c * D});
         if (i == member_) continue;
       } else if (i == member_) {
-        mine.push_back({there, here});
+        if (!moves.which || moves.which(k, i, true)) mine.push_back({there, here});
         continue;
       }
       if (direct_) {
-        out[i].push_back(here);
-        in[i].push_back(there);
+        if (!moves.which || moves.which(k, i, true)) out[i].push_back(here);
+        if (!moves.which || moves.which(k, i, false)) in[i].push_back(there);
         continue;
       }
       before.push_back({packed_like(outgoing(i) + offset, here), here});
@@ -254,7 +296,7 @@ void UlyssesAttention::exchange(const std::vector<Piece>& whole, bool heads_out,
     }
     offset += align_up(block_bytes(local_rows(p, 0)));
   }
-  const std::string name = std::string(what) + " group " + std::to_string(step.group) + " entries " +
+  const std::string name = what + " group " + std::to_string(step.group) + " entries " +
                            std::to_string(step.b0) + "-" + std::to_string(step.b0 + step.count - 1);
   const int32_t range = host_.range_begin(name.c_str(), ATTNHOST_RANGE_COMMUNICATION, stream);
   for (const auto& [dst, src] : before) copy_block(*engine_, dst, src, stream);
@@ -267,7 +309,7 @@ void UlyssesAttention::exchange(const std::vector<Piece>& whole, bool heads_out,
       continue;
     }
     for (const attnhost_block& b : out[i]) host_.send_block(b, base_ + i, stream);
-    for (const attnhost_block& b : in[i]) host_.recv_block(b, base_ + i, stream);
+    for (const attnhost_block& b : in[i]) host_.recv_block(b, base_ + i, moves.receive ? moves.receive : stream);
   }
   host_.group_end();
   // The own heads after the messages: the group is where the host meets the peers, and a pass's
@@ -311,7 +353,7 @@ void UlyssesAttention::forward(const attnhost_forward_args& a) {
     engine_->wait(xs, compute);
     to_tokens({{a.o.data, x.o.data, s_.ring.heads_q, group_shape_.heads_q, false, true, false, true},
                {a.lse.data, x.lse.data, s_.ring.heads_q, group_shape_.heads_q, false, false}},
-              step, xs, own(k, steps.size() - 1), "O LSE to tokens");
+              step, xs, own(k, steps.size() - 1), "O LSE to tokens", {});
   }
   engine_->wait(compute, xs);
   report_amax(*engine_, s_.ring, a, compute);  // O is home, in sequence sharding
@@ -326,7 +368,12 @@ void UlyssesAttention::backward(const attnhost_backward_args& a) {
   const size_t el = elem_size(r, Elem::input), out_el = elem_size(r, Elem::output);
   void* compute = host_.stream(0);
   void* xs = overlap_ ? host_.stream(2) : compute;
-  const auto own = [&](size_t k, size_t edge) { return k == edge ? compute : xs; };  // as in the forward
+  // Where blocks go as they lie, the own heads of a step before the last are copied on the ring's
+  // transfer stream (idle in a ring of one, at the greatest priority) rather than after the step's
+  // messages on the exchange stream: so they run as the call ends, before the last step's first run
+  // takes that stream (docs/KERNELS.md, "Ulysses's backward").
+  void* mine = overlap_ && direct_ ? host_.stream(1) : xs;
+  const auto own = [&](size_t k, size_t edge) { return k == edge ? compute : mine; };
   const auto at = [&](char* base, size_t elems, int group, size_t bytes) { return base + group * elems * bytes; };
   const void* given[5] = {a.q.data, a.k.data, a.v.data, a.o.data, a.lse.data};
   const bool kept = std::equal(given, given + 5, kept_);
@@ -367,13 +414,17 @@ void UlyssesAttention::backward(const attnhost_backward_args& a) {
     const int32_t dkv_type = replicated ? ATTNHOST_DTYPE_FP32 : output_dtype(r);
     x.dk = sharded(at(b.dk, g.kv, group, dkv_el), true, dkv_type);
     x.dv = sharded(at(b.dv, g.kv, group, dkv_el), true, dkv_type);
+    Piece dq{a.dq.data, x.dq.data, r.heads_q, group_shape_.heads_q, false, true, false, true};
+    Piece dk{a.dk.data, x.dk.data, r.heads_kv, group_shape_.heads_kv, true, true, false, true};
+    Piece dv{a.dv.data, x.dv.data, r.heads_kv, group_shape_.heads_kv, true, true, false, true};
+    if (k + 1 == steps.size() && direct_ && !replicated && ring_->takes_runs()) {
+      backward_last_in_runs(a, x, step, {dq, dk, dv}, xs);
+      break;
+    }
     const Engine::Event rounded = ring_->backward(x, step.b0, step.count);  // dQ, on the ring's fill stream
     const Engine::Event written = engine_->record(compute);                  // dK and dV, by the call itself
     engine_->wait(compute, rounded);
     if (k + 1 < steps.size()) bring(k + 1);  // (after the call is queued, as in the forward)
-    Piece dq{a.dq.data, x.dq.data, r.heads_q, group_shape_.heads_q, false, true, false, true};
-    Piece dk{a.dk.data, x.dk.data, r.heads_kv, group_shape_.heads_kv, true, true, false, true};
-    Piece dv{a.dv.data, x.dv.data, r.heads_kv, group_shape_.heads_kv, true, true, false, true};
     if (replicated) {
       dk.local = dk_sum;
       dv.local = dv_sum;
@@ -383,13 +434,13 @@ void UlyssesAttention::backward(const attnhost_backward_args& a) {
     // last call the rounding is not in the way (docs/KERNELS.md, "Ulysses's backward"); packed, one
     // message a peer carries all three.
     if (direct_) {
-      engine_->wait(xs, written);
-      to_tokens({dk, dv}, step, xs, own(k, steps.size() - 1), "dK dV to tokens");
-      engine_->wait(xs, rounded);
-      to_tokens({dq}, step, xs, own(k, steps.size() - 1), "dQ to tokens");
+      for (void* st : {xs, mine}) engine_->wait(st, written);
+      to_tokens({dk, dv}, step, xs, own(k, steps.size() - 1), "dK dV to tokens", {});
+      for (void* st : {xs, mine}) engine_->wait(st, rounded);
+      to_tokens({dq}, step, xs, own(k, steps.size() - 1), "dQ to tokens", {});
     } else {
       engine_->wait(xs, compute);
-      to_tokens({dq, dk, dv}, step, xs, own(k, steps.size() - 1), "dQ dK dV to tokens");
+      to_tokens({dq, dk, dv}, step, xs, own(k, steps.size() - 1), "dQ dK dV to tokens", {});
     }
   }
   if (replicated)
@@ -404,9 +455,65 @@ void UlyssesAttention::backward(const attnhost_backward_args& a) {
       cv.dst = {out, n_ * r.heads_kv * r.head_dim, int64_t{r.heads_kv} * r.head_dim, r.head_dim};
       engine_->convert(cv, xs);
     }
+  engine_->wait(compute, mine);
   engine_->wait(compute, xs);
   report_amax(*engine_, r, a, compute);  // the gradients are home
   std::copy_n(given, 5, kept_);
+}
+
+// The pieces are dQ, dK and dV, in that order. Every member knows every member's order, so at
+// round t each sends what its run t finished and receives what its peers' runs t finished. The
+// member's own heads are written straight into its outputs (no copy between layouts after the
+// last run). dQ's rows are rounded on the exchange stream, at the greatest priority, so that they
+// do not wait for the next run's blocks to leave SMs. The receives go on a stream of their own (the
+// ring's transfer stream, idle in a ring of one, at the greatest priority too), after the first
+// run, which it also takes: they write only the outputs, and on the exchange stream they would let
+// no peer copy in before this member's run t had ended.
+void UlyssesAttention::backward_last_in_runs(const attnhost_backward_args& a, const attnhost_backward_args& x,
+                                             const Step& step, const std::vector<Piece>& grads, void* stream) {
+  const RingShape& r = s_.ring;
+  std::vector<ColumnRunOrder> orders(u_);
+  for (int i = 0; i < u_; ++i) orders[i] = column_run_order(r.mask, n_, u_, i, heads_, kv_heads_);
+  const int64_t n = n_, D = r.head_dim;
+  const size_t el = elem_size(r, Elem::output);
+  // My tokens of my heads in output `t` ([B, n, heads, D]) from the step's first entry.
+  const auto own = [&](const attnhost_tensor& t, const Piece& p) {
+    const int64_t token = int64_t{p.heads} * D;
+    return TensorRef{static_cast<char*>(t.data) + (step.b0 * n * token + first_head(member_, p, step.group) * D) * el,
+                     n * token, token, D};
+  };
+  std::vector<RingAttention::ColumnRun> runs;
+  for (int t = 0; t < u_; ++t) {
+    const int m = orders[member_].members[t];
+    RingAttention::ColumnRun run{{m * n, (m + 1) * n}, {}, {}, {}};
+    if (m == member_) {
+      run.dk = own(a.dk, grads[1]);
+      run.dv = own(a.dv, grads[2]);
+    }
+    for (int i : orders[member_].final_rows[t])
+      run.rows.push_back({{i * n, (i + 1) * n}, i == member_ ? own(a.dq, grads[0]) : TensorRef{}});
+    runs.push_back(run);
+  }
+  void* receive = overlap_ ? host_.stream(1) : stream;
+  engine_->wait(receive, engine_->record(host_.stream(0)));  // the caller is done with the outputs
+  void* lead = overlap_ ? receive : nullptr;
+  ring_->backward_in_runs(x, step.b0, step.count, runs, stream, lead, [&](size_t t, const Engine::Event&) {
+    // Piece p of member i's run t, for member j (another).
+    const auto finished = [&](int i, size_t p, int j) {
+      if (i == j) return false;
+      const std::vector<int>& rows = orders[i].final_rows[t];
+      return p == 0 ? std::find(rows.begin(), rows.end(), j) != rows.end() : orders[i].members[t] == j;
+    };
+    bool any = false;
+    for (int i = 0; i < u_; ++i)
+      for (size_t p = 0; p < grads.size(); ++p) any = any || finished(member_, p, i) || finished(i, p, member_);
+    if (!any) return;
+    Moves moves;
+    moves.which = [&](size_t p, int i, bool out) { return out ? finished(member_, p, i) : finished(i, p, member_); };
+    moves.receive = receive;
+    to_tokens(grads, step, stream, stream, "dQ dK dV to tokens, run " + std::to_string(t), moves);
+  });
+  engine_->wait(stream, engine_->record(receive));
 }
 
 int64_t UlyssesAttention::rank_pairs() const { return ring_->rank_pairs() * groups_; }

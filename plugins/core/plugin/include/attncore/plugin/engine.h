@@ -105,6 +105,15 @@ class Engine {
     (void)p;
     return false;
   }
+  // Appended (10.1): whether backward call `p` adds its dQ into the fp32 accumulator by atomics
+  // (the native kernels do, but for reproducible calls; a call cuDNN serves is added by a pass that
+  // reads and writes), so that a call over other keys may add into the same rows at the same time
+  // on another stream. An engine that does not say is taken not to.
+  virtual bool adds_dq_atomically(const BackwardParams& p) {
+    (void)p;
+    return false;
+  }
+
   // `to` waits for everything enqueued on `from` so far (an event on the GPU; nothing on the CPU,
   // where every operation has finished when it returns).
   void wait(void* to, void* from) {

@@ -140,6 +140,30 @@ class RingAttention {
   // written on the compute stream.
   void forward(const attnhost_forward_args& a, int32_t b0, int32_t count);
   Engine::Event backward(const attnhost_backward_args& a, int32_t b0, int32_t count);
+  // A ring of one member (Ulysses over every rank): the backward over entries [b0, b0 + count) as
+  // one call a run of the block's columns, in the order given, so that a caller can send what each
+  // run finishes while the later runs compute. The runs cut the block's columns [0, local_kv)
+  // exactly (takes_runs() says whether this ring can). Run i writes its columns of dK and dV, then
+  // dQ's rows that it finishes are rounded out on `rounding` (after every run up to i), and
+  // after(i, written) is called, `written` marking run i's end on its stream. Where the engine adds
+  // dQ by atomics and the problem need not be reproducible, run 0 goes on `lead`, a stream of
+  // greater priority than the compute stream, and the later runs on the compute stream beside it:
+  // their blocks fill its last wave, and it still ends first (at equal priority the GPU may run
+  // whichever kernel it finds ready first whole). Null `lead`: every run on the compute stream.
+  // A TensorRef with data is where a run's outputs go instead of the args' tensors (its first
+  // column or row at the run's), e.g. straight into a caller's own layout.
+  struct RowsOut {
+    Interval rows;
+    TensorRef dq{};
+  };
+  struct ColumnRun {
+    Interval columns;
+    TensorRef dk{}, dv{};
+    std::vector<RowsOut> rows;
+  };
+  bool takes_runs() const;
+  void backward_in_runs(const attnhost_backward_args& a, int32_t b0, int32_t count, const std::vector<ColumnRun>& runs,
+                        void* rounding, void* lead, const std::function<void(size_t, const Engine::Event&)>& after);
   // Pairs this rank computes (every call of every step, batch and heads included).
   int64_t rank_pairs() const;
   // The bytes a ring of `shape` allocates beyond the problem's tensors (receive buffers and the

@@ -28,6 +28,7 @@
 
 #include <attnhost/plugin.hpp>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -51,6 +52,19 @@ struct UlyssesShape {
 std::string check_ulysses_heads(int32_t heads_q, int32_t heads_kv, int32_t u);
 // Whether each of the kv heads is replicated on several ranks (fewer kv heads than u).
 inline bool kv_heads_replicated(int32_t heads_kv, int32_t u) { return heads_kv < u; }
+
+// The backward's last step runs as one call a member's columns of the sequence (member i's tokens,
+// [i n, (i + 1) n)), so that what a run finishes goes home while the later runs compute
+// (docs/KERNELS.md, "Ulysses's backward"). For member `member` of a group of `u` under `mask`: whose
+// columns run, in order, and after each run the members whose dQ rows are final then (every key
+// they reach has run). Each run is the one that finishes the most for the peers, dK and dV of its
+// columns (`heads_kv` each) and dQ of the rows it completes (`heads_q`), the lower member on a tie.
+struct ColumnRunOrder {
+  std::vector<int> members;
+  std::vector<std::vector<int>> final_rows;
+};
+ColumnRunOrder column_run_order(const DenseMask& mask, int64_t n, int u, int member, int32_t heads_q,
+                                int32_t heads_kv);
 
 class UlyssesAttention {
  public:
@@ -88,10 +102,22 @@ class UlyssesAttention {
   // The all-to-all of a step's entries of `pieces` (whole-batch tensors, the step's head group), on
   // `stream`; the member's own heads, which cross no link, are copied on `own` (the compute stream
   // where it has nothing else to do: before the first call, after the last).
-  void to_heads(const std::vector<Piece>& pieces, const Step& step, void* stream, void* own, const char* what);
-  void to_tokens(const std::vector<Piece>& pieces, const Step& step, void* stream, void* own, const char* what);
+  // Which blocks an exchange moves, where blocks go as they lie and nothing is summed: piece p's
+  // block for `member` (out: mine to it; to myself, the copy between layouts) or from it (in), the
+  // blocks in posted on `receive`. Empty: all of them, on the exchange's stream.
+  struct Moves {
+    std::function<bool(size_t piece, int member, bool out)> which;
+    void* receive = nullptr;
+  };
+  void to_heads(const std::vector<Piece>& pieces, const Step& step, void* stream, void* own, const std::string& what);
+  void to_tokens(const std::vector<Piece>& pieces, const Step& step, void* stream, void* own, const std::string& what,
+                 const Moves& moves);
   void exchange(const std::vector<Piece>& pieces, bool to_heads, const Step& step, void* stream, void* own,
-                const char* what);
+                const std::string& what, const Moves& moves);
+  // The backward's last step in runs of columns (column_run_order), each run's finished gradients
+  // sent home under the next runs.
+  void backward_last_in_runs(const attnhost_backward_args& a, const attnhost_backward_args& x, const Step& step,
+                             const std::vector<Piece>& grads, void* stream);
   attnhost_tensor sharded(void* data, bool kv, int32_t dtype) const;  // one group's head-sharded tensor
   attnhost_tensor stats(void* data) const;
   // Group `group`'s head-sharded Q, K, V, O and LSE, which the forward fills and keeps.
