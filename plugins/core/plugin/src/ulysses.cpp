@@ -371,7 +371,7 @@ void UlyssesAttention::backward(const attnhost_backward_args& a) {
   // Where blocks go as they lie, the own heads of a step before the last are copied on the ring's
   // transfer stream (idle in a ring of one, at the greatest priority) rather than after the step's
   // messages on the exchange stream: so they run as the call ends, before the last step's first run
-  // takes that stream (docs/KERNELS.md, "Ulysses's backward").
+  // takes that stream (docs/KERNELS.md, "Ulysses's last step in runs of columns").
   void* mine = overlap_ && direct_ ? host_.stream(1) : xs;
   const auto own = [&](size_t k, size_t edge) { return k == edge ? compute : mine; };
   const auto at = [&](char* base, size_t elems, int group, size_t bytes) { return base + group * elems * bytes; };

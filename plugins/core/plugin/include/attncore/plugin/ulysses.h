@@ -55,10 +55,11 @@ inline bool kv_heads_replicated(int32_t heads_kv, int32_t u) { return heads_kv <
 
 // The backward's last step runs as one call a member's columns of the sequence (member i's tokens,
 // [i n, (i + 1) n)), so that what a run finishes goes home while the later runs compute
-// (docs/KERNELS.md, "Ulysses's backward"). For member `member` of a group of `u` under `mask`: whose
-// columns run, in order, and after each run the members whose dQ rows are final then (every key
-// they reach has run). Each run is the one that finishes the most for the peers, dK and dV of its
-// columns (`heads_kv` each) and dQ of the rows it completes (`heads_q`), the lower member on a tie.
+// (docs/KERNELS.md, "Ulysses's last step in runs of columns"). For member `member` of a group of `u`
+// under `mask`: whose columns run, in order, and after each run the members whose dQ rows are final
+// then (every key they reach has run). Each run is the one that finishes the most for the peers, dK
+// and dV of its columns (`heads_kv` each) and dQ of the rows it completes (`heads_q`), the lower
+// member on a tie.
 struct ColumnRunOrder {
   std::vector<int> members;
   std::vector<std::vector<int>> final_rows;
