@@ -306,6 +306,24 @@ TEST_CASE("gpu: ulysses and usp and allgather on the GPUs against the float64 re
     test::all_pass(run_on(DeviceKind::cuda, window));
   }
   test::all_pass(run_on(DeviceKind::cuda, dense_case("ulysses", sizes, 1024, 8, 1, 128, true)));  // replicated kv
+  // The native kernels add dQ by atomics, so the backward's last step runs its columns side by side;
+  // two head groups and three entries, tapered or not, make steps before it.
+  for (const char* plugin : {"ulysses", "usp"})
+    for (const char* taper : {"on", "off"})
+      for (bool causal : {true, false}) {
+        auto beside = dense_case(plugin, sizes, 1024, 8, 8, 128, causal);
+        beside.problem.batch = 3;
+        beside.params["engine"] = std::string("native");
+        beside.params["taper"] = std::string(taper);
+        auto r = run_on(DeviceKind::cuda, beside);
+        test::all_pass(r);
+        test::error_does_not_grow(r);
+      }
+  {  // partials in the dtype, which at head dim 80 the native kernels serve, query ranges side by side
+    auto dtype_partials = dense_case("allgather", sizes, 1000, 8, 2, 80, true);
+    dtype_partials.params["partials"] = std::string("dtype");
+    test::all_pass(run_on(DeviceKind::cuda, dtype_partials));
+  }
   for (const char* plugin : {"ulysses", "usp", "allgather"}) {  // packed messages, on the transport that moves blocks
     auto packed_messages = dense_case(plugin, sizes, 1000, 8, 2, 128, true);
     packed_messages.params["exchange"] = std::string("packed");

@@ -479,9 +479,11 @@ void RingAttention::backward_in_runs(const attnhost_backward_args& a, int32_t b0
   for (const ColumnRun& run : runs) {
     // The whole call covers every column (takes_runs), and a mask's visible keys move by at most one
     // a row, so some row sees each column: each run's call is its columns whole, every one written.
-    const BlockCall c = dense_call(s.mask, whole.q_begin, whole.q_pos0, whole.q_end - whole.q_begin, run.columns.lo,
-                                   whole.kv_pos0 + (run.columns.lo - whole.kv_begin), run.columns.size())
-                            .value();
+    const std::optional<BlockCall> cut = dense_call(s.mask, whole.q_begin, whole.q_pos0, whole.q_end - whole.q_begin,
+                                                    run.columns.lo, whole.kv_pos0 + (run.columns.lo - whole.kv_begin),
+                                                    run.columns.size());
+    if (!cut) attnhost::fail(ATTNHOST_ERR_INTERNAL, "a run of columns that no row sees");
+    const BlockCall& c = *cut;
     BackwardParams p = backward_params(s, c, x, x.k.data, x.v.data, rows.delta, rows.dq, nullptr, nullptr);
     write_dkdv_into(p, s, c, x);
     const size_t el = elem_size(s, s.kv_grads_fp32 ? Elem::fp32 : Elem::output);

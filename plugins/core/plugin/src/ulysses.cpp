@@ -368,12 +368,13 @@ void UlyssesAttention::backward(const attnhost_backward_args& a) {
   const size_t el = elem_size(r, Elem::input), out_el = elem_size(r, Elem::output);
   void* compute = host_.stream(0);
   void* xs = overlap_ ? host_.stream(2) : compute;
-  // Where blocks go as they lie, the own heads of a step before the last are copied on the ring's
-  // transfer stream (idle in a ring of one, at the greatest priority) rather than after the step's
-  // messages on the exchange stream: so they run as the call ends, before the last step's first run
-  // takes that stream (docs/KERNELS.md, "Ulysses's last step in runs of columns").
-  void* mine = overlap_ && direct_ ? host_.stream(1) : xs;
-  const auto own = [&](size_t k, size_t edge) { return k == edge ? compute : mine; };
+  // Where blocks go as they lie in a ring of one, the own heads of the gradients of a step before the
+  // last are copied on the ring's transfer stream (idle there, at the greatest priority) rather than
+  // after the step's messages on the exchange stream: so they run as the call ends, before the last
+  // step's first run takes that stream (docs/KERNELS.md, "Ulysses's last step in runs of columns").
+  void* mine = overlap_ && direct_ && ring_->members() == 1 ? host_.stream(1) : xs;
+  const auto own_in = [&](size_t k) { return k == 0 ? compute : xs; };  // as in the forward
+  const auto own_out = [&](size_t k) { return k + 1 == steps_.size() ? compute : mine; };
   const auto at = [&](char* base, size_t elems, int group, size_t bytes) { return base + group * elems * bytes; };
   const void* given[5] = {a.q.data, a.k.data, a.v.data, a.o.data, a.lse.data};
   const bool kept = std::equal(given, given + 5, kept_);
@@ -393,7 +394,7 @@ void UlyssesAttention::backward(const attnhost_backward_args& a) {
       in.push_back({a.v.data, at(b.v, g.kv, group, el), r.heads_kv, group_shape_.heads_kv, true});
       in.push_back({a.lse.data, at(b.lse, g.rows, group, 4), r.heads_q, group_shape_.heads_q, false, false});
     }
-    to_heads(in, steps[k], xs, own(k, 0), kept ? "dO to heads" : "Q K V O dO LSE to heads");
+    to_heads(in, steps[k], xs, own_in(k), kept ? "dO to heads" : "Q K V O dO LSE to heads");
     arrived[k] = engine_->record(xs);
   };
   engine_->wait(xs, compute);
@@ -435,12 +436,12 @@ void UlyssesAttention::backward(const attnhost_backward_args& a) {
     // message a peer carries all three.
     if (direct_) {
       for (void* st : {xs, mine}) engine_->wait(st, written);
-      to_tokens({dk, dv}, step, xs, own(k, steps.size() - 1), "dK dV to tokens", {});
+      to_tokens({dk, dv}, step, xs, own_out(k), "dK dV to tokens", {});
       for (void* st : {xs, mine}) engine_->wait(st, rounded);
-      to_tokens({dq}, step, xs, own(k, steps.size() - 1), "dQ to tokens", {});
+      to_tokens({dq}, step, xs, own_out(k), "dQ to tokens", {});
     } else {
       engine_->wait(xs, compute);
-      to_tokens({dq, dk, dv}, step, xs, own(k, steps.size() - 1), "dQ dK dV to tokens", {});
+      to_tokens({dq, dk, dv}, step, xs, own_out(k), "dQ dK dV to tokens", {});
     }
   }
   if (replicated)
@@ -466,9 +467,9 @@ void UlyssesAttention::backward(const attnhost_backward_args& a) {
 // member's own heads are written straight into its outputs (no copy between layouts after the
 // last run). dQ's rows are rounded on the exchange stream, at the greatest priority, so that they
 // do not wait for the next run's blocks to leave SMs. The receives go on a stream of their own (the
-// ring's transfer stream, idle in a ring of one, at the greatest priority too), after the first
-// run, which it also takes: they write only the outputs, and on the exchange stream they would let
-// no peer copy in before this member's run t had ended.
+// ring's transfer stream, idle in a ring of one, at the greatest priority too; where the runs go
+// side by side, after the first run, which it then also takes): they write only the outputs, and on
+// the exchange stream they would let no peer copy in before this member's run t had ended.
 void UlyssesAttention::backward_last_in_runs(const attnhost_backward_args& a, const attnhost_backward_args& x,
                                              const Step& step, const std::vector<Piece>& grads, void* stream) {
   const RingShape& r = s_.ring;

@@ -162,6 +162,7 @@ class RingAttention {
     std::vector<RowsOut> rows;
   };
   bool takes_runs() const;
+  int members() const { return world_; }  // (10.1) the ring's
   void backward_in_runs(const attnhost_backward_args& a, int32_t b0, int32_t count, const std::vector<ColumnRun>& runs,
                         void* rounding, void* lead, const std::function<void(size_t, const Engine::Event&)>& after);
   // Pairs this rank computes (every call of every step, batch and heads included).

@@ -100,9 +100,6 @@ class UlyssesAttention {
   };
   size_t piece_elem(const Piece& p) const;  // bytes of one element of a tokens piece
   int32_t first_head(int member, const Piece& p, int32_t group) const;
-  // The all-to-all of a step's entries of `pieces` (whole-batch tensors, the step's head group), on
-  // `stream`; the member's own heads, which cross no link, are copied on `own` (the compute stream
-  // where it has nothing else to do: before the first call, after the last).
   // Which blocks an exchange moves, where blocks go as they lie and nothing is summed: piece p's
   // block for `member` (out: mine to it; to myself, the copy between layouts) or from it (in), the
   // blocks in posted on `receive`. Empty: all of them, on the exchange's stream.
@@ -110,6 +107,10 @@ class UlyssesAttention {
     std::function<bool(size_t piece, int member, bool out)> which;
     void* receive = nullptr;
   };
+  // The all-to-all of a step's entries of `pieces` (whole-batch tensors, the step's head group), on
+  // `stream`; the member's own heads, which cross no link, are copied on `own` (the compute stream
+  // where it has nothing else to do: before the first call, after the last; between them, the
+  // exchange stream, or in the backward the ring's idle transfer stream).
   void to_heads(const std::vector<Piece>& pieces, const Step& step, void* stream, void* own, const std::string& what);
   void to_tokens(const std::vector<Piece>& pieces, const Step& step, void* stream, void* own, const std::string& what,
                  const Moves& moves);
