@@ -132,11 +132,14 @@ class Allgather {
     dp.d_o = q_like(a.d_o.data, 0, 0, el_);
     if (const attnhost_fp8_scaling* fp8 = fp8_scaling(a)) dp.descale_do = fp8->descale_do;
     dp.delta = {buffers().delta, int64_t{heads_} * local_, local_};
+    // The first gather needs K and V alone, not delta: queued behind the delta pass, it started 88 us
+    // later at medium on two H200s.
+    const Engine::Event inputs = engine_->record(compute);
     engine_->compute_delta(dp, compute);
     std::vector<Engine::Event> gathered(groups_), done(groups_), summed(groups_);
     bool atomic = true;  // every range's call adds its dK and dV by atomics (the groups' calls are alike)
     for (const attnhost_token_range& r : ranges_[rank_]) atomic = atomic && engine_->adds_atomically(backward_call(a, r, 0));
-    engine_->wait(gs, compute);
+    engine_->wait(gs, inputs);
     gather(a.k.data, a.v.data, 0, gs);
     gathered[0] = engine_->record(gs);
     for (int g = 0; g < groups_; ++g) {
@@ -146,7 +149,15 @@ class Allgather {
       engine_->wait(compute, gathered[g]);
       const int32_t range = host_.range_begin(("attention backward group " + std::to_string(g)).c_str(),
                                               ATTNHOST_RANGE_COMPUTE, compute);
-      for_each_range(compute, atomic, [&](const attnhost_token_range& r, void* s) { engine_->backward(backward_call(a, r, g), s); });
+      if (g + 1 < groups_ || world_ == 1) {
+        for_each_range(compute, atomic, [&](const attnhost_token_range& r, void* s) { engine_->backward(backward_call(a, r, g), s); });
+      } else {  // the last group: the peers' keys first, their partials home under this rank's own
+        const auto [peers, own] = calls_by_owner(a, g);
+        side_by_side(compute, atomic, peers.size(), [&](size_t i, void* s) { engine_->backward(peers[i], s); });
+        engine_->wait(xs, engine_->record(compute));
+        send_partials(g, xs);
+        side_by_side(compute, atomic, own.size(), [&](size_t i, void* s) { engine_->backward(own[i], s); });
+      }
       convert_dq(a, g, compute);  // this group's dQ is whole: its fp32 buffer serves the next group
       host_.range_end(range, compute);
       done[g] = engine_->record(compute);
@@ -156,7 +167,8 @@ class Allgather {
         gathered[g + 1] = engine_->record(gs);
       }
       engine_->wait(xs, done[g]);
-      send_home(a, g, xs);
+      if (g + 1 < groups_) send_partials(g, xs);
+      sum_home(a, g, xs);
       summed[g] = engine_->record(xs);
     }
     engine_->wait(compute, gs);
@@ -201,10 +213,54 @@ class Allgather {
   // deterministic problem keeps them in one stream.
   template <class Call> void for_each_range(void* compute, bool together, Call&& call) {
     const std::vector<attnhost_token_range>& ranges = ranges_[rank_];
-    const bool beside = together && fill_ && ranges.size() > 1;
+    side_by_side(compute, together, ranges.size(), [&](size_t i, void* s) { call(ranges[ranges.size() - 1 - i], s); });
+  }
+  // Calls 0 .. n - 1, the first on the compute stream and the others beside it (as above).
+  template <class Call> void side_by_side(void* compute, bool together, size_t n, Call&& call) {
+    const bool beside = together && fill_ && n > 1;
     if (beside) engine_->wait(fill_, compute);
-    for (size_t i = ranges.size(); i-- > 0;) call(ranges[i], beside && i + 1 < ranges.size() ? fill_ : compute);
+    for (size_t i = 0; i < n; ++i) call(i, beside && i > 0 ? fill_ : compute);
     if (beside) engine_->wait(compute, fill_);
+  }
+  // Group g's backward calls cut where the keys' owner changes: those over the peers' keys, then
+  // those over this rank's (adjacent keys of one side in one call), each side's largest first. At
+  // two ranks, causal, rank 0's third chunk alone reaches rank 1's keys; rank 1's chunks reach
+  // rank 0's first chunk. The partials of the peers' keys are whole once their calls end, so the
+  // last group sends them home under this rank's own calls (docs/KERNELS.md, "Allgather: the last
+  // group's partials home early").
+  std::pair<std::vector<BackwardParams>, std::vector<BackwardParams>> calls_by_owner(const attnhost_backward_args& a,
+                                                                                       int g) const {
+    struct Part {
+      const attnhost_token_range* rows;
+      Interval keys;
+      bool own;
+      int64_t pairs;
+    };
+    std::vector<Part> parts;
+    const DenseMask& m = reference_.mask();
+    for (const attnhost_token_range& r : ranges_[rank_]) {
+      const Interval reach = keys_of(r);
+      std::vector<std::pair<Interval, bool>> cut;
+      for (int owner = 0; owner < world_; ++owner)
+        for (const attnhost_token_range& k : ranges_[owner]) {
+          const Interval part{std::max(reach.lo, k.global_begin), std::min(reach.hi, k.global_begin + k.length)};
+          if (part.size() > 0) cut.push_back({part, owner == rank_});
+        }
+      std::sort(cut.begin(), cut.end(), [](const auto& x, const auto& y) { return x.first.lo < y.first.lo; });
+      for (const auto& [keys, own] : cut) {
+        if (!parts.empty() && parts.back().rows == &r && parts.back().own == own && parts.back().keys.hi == keys.lo)
+          parts.back().keys.hi = keys.hi;
+        else
+          parts.push_back({&r, keys, own, 0});
+      }
+    }
+    for (Part& p : parts)
+      p.pairs = m.pairs(p.rows->global_begin, p.rows->global_begin + p.rows->length, p.keys.lo, p.keys.hi);
+    std::stable_sort(parts.begin(), parts.end(), [](const Part& x, const Part& y) { return x.pairs > y.pairs; });
+    std::pair<std::vector<BackwardParams>, std::vector<BackwardParams>> calls;
+    for (const Part& p : parts)
+      if (p.pairs > 0) (p.own ? calls.second : calls.first).push_back(backward_call(a, *p.rows, g, p.keys));
+    return calls;
   }
 
   int32_t group_kv() const { return kv_heads_ / pass_groups_; }
@@ -335,8 +391,8 @@ class Allgather {
   // gathered K and V from the first key the range reaches, the mask at those positions, and an FP8
   // problem's descales of Q, K and V.
   template <class Params>
-  Params call(const TensorRef& q, const attnhost_token_range& r, int g, const attnhost_fp8_scaling* fp8) const {
-    const Interval keys = keys_of(r);
+  Params call(const TensorRef& q, const attnhost_token_range& r, int g, const attnhost_fp8_scaling* fp8,
+              Interval keys) const {
     Params p;
     p.dtype = core_dtype(dtype_);
     p.batch = batch_;
@@ -360,24 +416,26 @@ class Allgather {
 
   ForwardParams forward_call(const attnhost_forward_args& a, const attnhost_token_range& r, int g) const {
     const int32_t head0 = g * group_q();
-    ForwardParams p = call<ForwardParams>(q_like(a.q.data, r.local_begin, head0, el_), r, g, fp8_scaling(a));
+    ForwardParams p = call<ForwardParams>(q_like(a.q.data, r.local_begin, head0, el_), r, g, fp8_scaling(a), keys_of(r));
     p.o = q_like(a.o.data, r.local_begin, head0, out_el_);
     p.lse = rows(static_cast<float*>(a.lse.data), r.local_begin, head0);
     return p;
   }
 
-  BackwardParams backward_call(const attnhost_backward_args& a, const attnhost_token_range& r, int g) const {
+  // (Over `keys`, a part of the keys the range reaches; by default all of them.)
+  BackwardParams backward_call(const attnhost_backward_args& a, const attnhost_token_range& r, int g,
+                               std::optional<Interval> part = std::nullopt) const {
     const int32_t head0 = g * group_q();
-    BackwardParams p = call<BackwardParams>(q_like(a.q.data, r.local_begin, head0, el_), r, g, fp8_scaling(a));
+    const Interval keys = part ? *part : keys_of(r);
+    BackwardParams p = call<BackwardParams>(q_like(a.q.data, r.local_begin, head0, el_), r, g, fp8_scaling(a), keys);
     p.d_o = q_like(a.d_o.data, r.local_begin, head0, el_);
     p.o = q_like(a.o.data, r.local_begin, head0, out_el_);
     if (const attnhost_fp8_scaling* fp8 = fp8_scaling(a)) p.descale_do = fp8->descale_do;
     p.lse = rows(static_cast<float*>(a.lse.data), r.local_begin, head0);
     p.delta = rows(buffers().delta, r.local_begin, head0);
     p.dq = group_dq(r.local_begin);
-    const int64_t key0 = keys_of(r).lo;
-    p.dk = gathered(slot(g).dk, key0, true);
-    p.dv = gathered(slot(g).dv, key0, true);
+    p.dk = gathered(slot(g).dk, keys.lo, true);
+    p.dv = gathered(slot(g).dv, keys.lo, true);
     p.deterministic = deterministic_;
     return p;
   }
@@ -439,14 +497,14 @@ class Allgather {
   }
 
   // Group g's fp32 dK/dV partials to their owners, one message a peer ([dK | dV] of the peer's
-  // tokens in its local order); this rank adds what comes home into its own and writes its kv heads
-  // of dK and dV in the problem dtype.
-  void send_home(const attnhost_backward_args& a, int g, void* stream) {
+  // tokens in its local order); sum_home then adds what came home into this rank's own and writes
+  // its kv heads of dK and dV in the problem dtype.
+  void send_partials(int g, void* stream) {
+    if (world_ == 1) return;
     const int32_t kv = group_kv();
     const size_t count = size_t(kv) * dim_, frow = count * 4, global_batch = seqlen_ * count;
     const size_t half = align_up(batch_ * local_ * frow);
     float* grads[2] = {slot(g).dk, slot(g).dv};
-    void* out[2] = {a.dk.data, a.dv.data};
     const int32_t range = host_.range_begin(("dK dV home group " + std::to_string(g)).c_str(), ATTNHOST_RANGE_COMMUNICATION, stream);
     // The peer's ranges of the gathered partials, and where they land in its message from this rank.
     const auto partials = [&](int t, const attnhost_token_range& r) {
@@ -478,6 +536,15 @@ class Allgather {
       }
       host_.group_end();
     }
+    host_.range_end(range, stream);
+  }
+  void sum_home(const attnhost_backward_args& a, int g, void* stream) {
+    const int32_t kv = group_kv();
+    const size_t count = size_t(kv) * dim_, frow = count * 4;
+    const size_t half = align_up(batch_ * local_ * frow);
+    float* grads[2] = {slot(g).dk, slot(g).dv};
+    void* out[2] = {a.dk.data, a.dv.data};
+    const int32_t range = host_.range_begin(("dK dV summed group " + std::to_string(g)).c_str(), ATTNHOST_RANGE_COMMUNICATION, stream);
     // A range's partials from every peer but the last are added in place (fp32), the last one's in
     // the pass that rounds the sums into dK and dV: one launch a range and tensor, not one a batch
     // entry (docs/KERNELS.md, "Allgather's backward").
