@@ -92,8 +92,6 @@ class Allgather {
 
   void forward(const attnhost_forward_args& a) {
     pass_groups_ = forward_groups_;
-    slot0_ = 0;
-    prefetched_ = {};
     void* compute = host_.stream(0);
     void* gs = overlap_ ? host_.stream(1) : compute;
     std::vector<Engine::Event> gathered(pass_groups_), done(pass_groups_);
@@ -110,12 +108,9 @@ class Allgather {
         if (g > 0) engine_->wait(gs, done[g - 1]);  // its buffer was read by group g - 1
         gather(a.k.data, a.v.data, g + 1, gs);
         gathered[g + 1] = engine_->record(gs);
-      } else if (world_ > 1) {
-        if (g > 0) engine_->wait(gs, done[g - 1]);  // the backward's first slot was read by group g - 1
-        prefetch_backward(a, gs);
       }
     }
-    engine_->wait(compute, gs);  // (the backward's first group has come too)
+    engine_->wait(compute, gs);
     if (attnhost_fp8_amax* amax = fp8_amax(a)) report_amax(&amax->o, a.o.data, heads_, compute);
   }
 
@@ -124,9 +119,6 @@ class Allgather {
   // attention (docs/KERNELS.md, "Allgather's backward").
   void backward(const attnhost_backward_args& a) {
     pass_groups_ = groups_;
-    slot0_ = backward_slot0();
-    const Prefetch sent = std::exchange(prefetched_, {});
-    const bool ahead = sent.made && same_tensor(sent.k, a.k) && same_tensor(sent.v, a.v);
     void* compute = host_.stream(0);
     void* gs = overlap_ ? host_.stream(1) : compute;
     void* xs = overlap_ ? host_.stream(2) : compute;
@@ -147,9 +139,9 @@ class Allgather {
     std::vector<Engine::Event> gathered(groups_), done(groups_), summed(groups_);
     bool atomic = true;  // every range's call adds its dK and dV by atomics (the groups' calls are alike)
     for (const attnhost_token_range& r : ranges_[rank_]) atomic = atomic && engine_->adds_atomically(backward_call(a, r, 0));
-    engine_->wait(gs, inputs);  // (also where the forward sent the first group: group 1 goes into its last slot)
-    if (!ahead) gather(a.k.data, a.v.data, 0, gs);
-    gathered[0] = ahead ? sent.arrived : engine_->record(gs);
+    engine_->wait(gs, inputs);
+    gather(a.k.data, a.v.data, 0, gs);
+    gathered[0] = engine_->record(gs);
     for (int g = 0; g < groups_; ++g) {
       if (g >= 2) engine_->wait(compute, summed[g - 2]);  // its gradient buffer went home
       engine_->zero(slot(g).dk, 2 * gathered_elems() * 4, compute);  // dK and dV are adjacent
@@ -337,26 +329,7 @@ class Allgather {
     return b;
   }
   const Buffers& buffers() const { return work_.forward(); }
-  const Slot& slot(int g) const { return buffers().slots[(g + slot0_) % 2]; }
-  // The backward's first group goes into the slot the forward's last group leaves alone.
-  int backward_slot0() const { return forward_groups_ % 2; }
-  // The backward's first gather, made by a forward of several ranks under its last group's calls
-  // (it waits for it before it ends), so that the backward's first call need not wait for it: 197 us
-  // at medium on two H200s (docs/KERNELS.md, "Allgather: the backward's first group, sent by the
-  // forward"). A backward on the same K and V takes it; any backward forgets it.
-  struct Prefetch {
-    bool made = false;
-    attnhost_tensor k{}, v{};
-    Engine::Event arrived;
-  };
-  void prefetch_backward(const attnhost_forward_args& a, void* stream) {
-    pass_groups_ = groups_;
-    slot0_ = backward_slot0();
-    gather(a.k.data, a.v.data, 0, stream);
-    prefetched_ = {true, a.k, a.v, engine_->record(stream)};
-    pass_groups_ = forward_groups_;
-    slot0_ = 0;
-  }
+  const Slot& slot(int g) const { return buffers().slots[g % 2]; }
   // Slot g % 2's K and V for the pass's groups: the backward's as laid out, the forward's larger
   // ones from the slot's start (V after K), over the room of the backward's K, V and gradients.
   std::pair<char*, char*> kv_slot(int g) const {
@@ -648,8 +621,6 @@ class Allgather {
   int32_t groups_ = 1;          // the backward's groups of kv heads (and the forward's where asked)
   int32_t forward_groups_ = 1;  // the forward's
   int32_t pass_groups_ = 1;     // the pass in progress's: what group_kv() divides by
-  int slot0_ = 0;               // the slot of the pass's group 0 (backward_slot0 in the backward)
-  Prefetch prefetched_;
   Workspace<Buffers> work_;
 };
 

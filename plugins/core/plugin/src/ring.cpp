@@ -385,7 +385,11 @@ void RingAttention::forward_slice(const RingShape& s, const attnhost_forward_arg
 
 void RingAttention::backward(const attnhost_backward_args& a) {
   const Prefetch sent = std::exchange(prefetched_, {});
-  const bool same_kv = sent.made && same_tensor(sent.k, a.k) && same_tensor(sent.v, a.v);
+  const auto same = [](const attnhost_tensor& x, const attnhost_tensor& y) {
+    return x.data == y.data && x.dtype == y.dtype && x.ndim == y.ndim && std::equal(x.shape, x.shape + x.ndim, y.shape) &&
+           std::equal(x.strides, x.strides + x.ndim, y.strides);
+  };
+  const bool same_kv = sent.made && same(sent.k, a.k) && same(sent.v, a.v);
   plan_reach();
   const std::vector<Slice> list = slices(s_, 0, s_.batch);
   if (same_kv && s_.own_last && list.size() > 1) {

@@ -7,7 +7,6 @@
 
 #include <attnhost/plugin.hpp>
 
-#include <algorithm>
 #include <memory>
 
 namespace attncore::plugin {
@@ -26,13 +25,5 @@ struct ScheduleOptions {
 // The options of problem `p`; a parameter the plugin does not take keeps the default above (the
 // engine: native, exact partials).
 ScheduleOptions schedule_options(const attnhost::Problem& p, attnhost::Host host);
-
-// (10.1) Whether x and y are one tensor: address, dtype, shape and strides. A backward takes what
-// its forward sent ahead for it only given the same K and V; the contract, as a framework's autograd
-// keeps it: a backward after its forward reads K and V unchanged, on every rank alike.
-inline bool same_tensor(const attnhost_tensor& x, const attnhost_tensor& y) {
-  return x.data == y.data && x.dtype == y.dtype && x.ndim == y.ndim && std::equal(x.shape, x.shape + x.ndim, y.shape) &&
-         std::equal(x.strides, x.strides + x.ndim, y.strides);
-}
 
 }  // namespace attncore::plugin
