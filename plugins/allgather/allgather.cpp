@@ -153,10 +153,17 @@ class Allgather {
         for_each_range(compute, atomic, [&](const attnhost_token_range& r, void* s) { engine_->backward(backward_call(a, r, g), s); });
       } else {  // the last group: the peers' keys first, their partials home under this rank's own
         const auto [peers, own] = calls_by_owner(a, g);
-        side_by_side(compute, atomic, peers.size(), [&](size_t i, void* s) { engine_->backward(peers[i], s); });
+        // Side by side only where every cut call adds dK, dV and dQ by atomics: cut to fewer keys, a
+        // call the engine served natively whole may go to cuDNN, which adds by a pass; and one range's
+        // calls over several owners' keys share its dQ rows.
+        bool together = true;
+        for (const std::vector<BackwardParams>* calls : {&peers, &own})
+          for (const BackwardParams& p : *calls)
+            together = together && engine_->adds_atomically(p) && engine_->adds_dq_atomically(p);
+        side_by_side(compute, together, peers.size(), [&](size_t i, void* s) { engine_->backward(peers[i], s); });
         engine_->wait(xs, engine_->record(compute));
         send_partials(g, xs);
-        side_by_side(compute, atomic, own.size(), [&](size_t i, void* s) { engine_->backward(own[i], s); });
+        side_by_side(compute, together, own.size(), [&](size_t i, void* s) { engine_->backward(own[i], s); });
       }
       convert_dq(a, g, compute);  // this group's dQ is whole: its fp32 buffer serves the next group
       host_.range_end(range, compute);
