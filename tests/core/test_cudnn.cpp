@@ -73,7 +73,7 @@ void check_output(const Problem& p, const char* what, const Tensor& got_o, const
                   const Stats& want_lse) {
   const Tolerance tol = tolerance(p.dtype);
   const Diff o = compare(got_o, want_o, p.B, p.Sq, p.Hq, p.D);
-  INFO(what, ": O max ", o.rel_max(), " norm ", o.rel_norm());
+  INFO(std::string(what), ": O max ", o.rel_max(), " norm ", o.rel_norm());
   CHECK(o.nonfinite == 0);
   CHECK(o.rel_max() < tol.out_max);
   CHECK(o.rel_norm() < tol.out_norm);
@@ -85,7 +85,7 @@ void check_grads(const Problem& p, const char* what, const Tensor& dq, const Ten
   const Tolerance tol = tolerance(p.dtype);
   const Diff q = compare(dq, want.dq, p.B, p.Sq, p.Hq, p.D), k = compare(dk, want.dk, p.B, p.Skv, p.Hkv, p.D),
              v = compare(dv, want.dv, p.B, p.Skv, p.Hkv, p.D);
-  INFO(what, ": dQ max ", q.rel_max(), " norm ", q.rel_norm(), "; dK max ", k.rel_max(), " norm ", k.rel_norm(),
+  INFO(std::string(what), ": dQ max ", q.rel_max(), " norm ", q.rel_norm(), "; dK max ", k.rel_max(), " norm ", k.rel_norm(),
        "; dV max ", v.rel_max(), " norm ", v.rel_norm());
   CHECK(q.nonfinite + k.nonfinite + v.nonfinite == 0);
   for (const Diff* d : {&q, &k, &v}) {

@@ -98,7 +98,7 @@ TEST_CASE("FP8 inputs: naive attention passes against the reference of the dequa
     c.problem.dtype = dtype;
     CaseResult r = run(c);
     for (const RunResult& run : r.runs) {
-      INFO(dtype, " at world size ", run.world_size, ": ", run.error);
+      INFO(std::string(dtype), " at world size ", run.world_size, ": ", run.error);
       CHECK(run.status == "PASSED");
       for (const TensorCheck& t : run.check.tensors) {
         INFO(t.tensor);

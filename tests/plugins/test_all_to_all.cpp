@@ -107,7 +107,7 @@ TEST_CASE("ulysses, usp and allgather: blocks moved as they lie compute what pac
 TEST_CASE("ulysses, usp and allgather in FP8 on the CPU: inputs cross in FP8, outputs in bf16, amax reported") {
   for (const char* dtype : {"fp8_e4m3", "fp8_e5m2"})
     for (const char* plugin : {"ulysses", "usp", "allgather"}) {
-      INFO(plugin, " ", dtype);
+      INFO(std::string(plugin), " ", std::string(dtype));
       auto c = dense_case(plugin, {1, 2, 4}, 256, 8, 4, 32, true, dtype);
       c.problem.batch = 3;
       if (std::string(plugin) != "allgather") c.params["taper"] = std::string("on");
@@ -258,7 +258,7 @@ TEST_CASE("bytes sent: ulysses moves Q, K, V and O once each way, allgather ever
 TEST_CASE("gpu: ranks that share a GPU run every schedule's many-rank paths" * doctest::test_suite("gpu")) {
   REQUIRE_MESSAGE(attnhost::cuda_device_count() > 0, "no GPU visible");
   for (const char* plugin : {"ring", "zigzag", "ulysses", "usp", "allgather"}) {
-    INFO(plugin);
+    INFO(std::string(plugin));
     auto c = dense_case(plugin, {1, 2, 4}, 1024, 8, 4, 128, true);
     c.problem.batch = 3;
     if (std::string(plugin) == "ulysses" || std::string(plugin) == "usp") c.params["taper"] = std::string("on");

@@ -122,7 +122,7 @@ TEST_CASE("blocksparse: every pattern at world sizes 1 to 4, causal and full, wi
       Shape shape;
       shape.causal = causal;
       attnhost::CaseResult r = run_on(DeviceKind::cpu, bs_case(spec, {1, 2, 3, 4}, shape));
-      INFO(pattern, causal ? " causal" : " full");
+      INFO(std::string(pattern), std::string(causal ? " causal" : " full"));
       test::all_pass(r);
       test::error_does_not_grow(r);
       const int64_t definition = brute_force_pairs(spec, shape);
@@ -383,7 +383,7 @@ TEST_CASE("gpu: blocksparse on the GPUs against the float64 reference" * doctest
         spec.block = block;
         spec.per_head = block == 64;
         shape.causal = causal;
-        INFO(pattern, " block ", block, causal ? " causal" : " full");
+        INFO(std::string(pattern), " block ", block, std::string(causal ? " causal" : " full"));
         attnhost::CaseResult r = run_on(DeviceKind::cuda, bs_case(spec, sizes, shape));
         test::all_pass(r);
         test::error_does_not_grow(r);

@@ -127,7 +127,7 @@ TEST_CASE("ring and zigzag in batch slices: the same answers, and a rank's memor
     std::map<int64_t, attnhost::RunResult> runs = test::runs_by(c, "batch_slices", {1, 2, 3, 5, 0});
     for (int64_t slices : {2, 3, 5, 0})
       for (const char* tensor : {"O", "LSE", "dQ", "dK", "dV"}) {
-        INFO(plugin, " ", tensor, " in ", slices, " slices");
+        INFO(plugin, " ", std::string(tensor), " in ", slices, " slices");
         CHECK(test::error_of(runs[slices], tensor) == test::error_of(runs[1], tensor));  // the same values
       }
     for (int rank = 0; rank < 2; ++rank) {
@@ -159,7 +159,7 @@ TEST_CASE("ring and zigzag in head slices (a batch of one): the same answers, me
     std::map<int64_t, attnhost::RunResult> runs = test::runs_by(c, "head_slices", {1, 2, 0});
     for (int64_t slices : {2, 0})
       for (const char* tensor : {"O", "LSE", "dQ", "dK", "dV"}) {
-        INFO(plugin, " ", tensor, " in ", slices, " head slices");
+        INFO(plugin, " ", std::string(tensor), " in ", slices, " head slices");
         CHECK(test::error_of(runs[slices], tensor) == test::error_of(runs[1], tensor));
       }
     for (int rank = 0; rank < 2; ++rank) {
@@ -234,7 +234,7 @@ TEST_CASE("bytes sent: a forward sends each K/V block on (P - 1 hops), a backwar
 TEST_CASE("ring and zigzag in FP8 on the CPU: K/V travel in FP8, gradients home in bf16, at world sizes 1 to 4") {
   for (const char* dtype : {"fp8_e4m3", "fp8_e5m2"})
     for (const char* plugin : {"ring", "zigzag"}) {
-      INFO(plugin, " ", dtype);
+      INFO(std::string(plugin), " ", std::string(dtype));
       attnhost::CaseResult r = run_on(DeviceKind::cpu, dense_case(plugin, {1, 2, 3, 4}, 240, 4, 2, 32, true, dtype));
       test::all_pass(r);
       test::error_does_not_grow(r);
@@ -269,7 +269,7 @@ TEST_CASE("ring and zigzag in FP8 on the CPU: K/V travel in FP8, gradients home 
 
 TEST_CASE("ring and zigzag take the hybrid FP8 recipe (dO in e5m2 beside e4m3 inputs), other plugins refuse it") {
   for (const char* plugin : {"ring", "zigzag"}) {
-    INFO(plugin);
+    INFO(std::string(plugin));
     auto hybrid = dense_case(plugin, {1, 2, 3}, 240, 4, 2, 32, true, "fp8_e4m3");
     hybrid.problem.grad_dtype = "fp8_e5m2";
     attnhost::CaseResult h = run_on(DeviceKind::cpu, hybrid);
@@ -335,7 +335,7 @@ TEST_CASE("bytes sent: two ranks over batch slices take their own block last, so
     CHECK(runs[2].sent_bytes_fwd[rank] == kv_sent[rank] + kv_sent[rank] / 2);
   }
   for (const char* tensor : {"dQ", "dK", "dV"}) {
-    INFO(tensor);
+    INFO(std::string(tensor));
     CHECK(test::error_of(runs[2], tensor) == test::error_of(runs[1], tensor));  // the same sums, added in fp32
   }
 }
@@ -359,7 +359,7 @@ TEST_CASE("gpu: ring and zigzag in FP8 e4m3 on Hopper GPUs against the float64 r
   };
   for (const char* plugin : {"ring", "zigzag"})
     for (int d : {64, 128, 256}) {
-      INFO(plugin, " head dim ", d);
+      INFO(std::string(plugin), " head dim ", d);
       auto r = run_on(DeviceKind::cuda, fp8_case(plugin, 1000, 4, 2, d, true));
       test::all_pass(r);
       test::error_does_not_grow(r);
@@ -391,7 +391,7 @@ TEST_CASE("gpu: ring and zigzag over batch slices send every slice's gradients h
   REQUIRE_MESSAGE(gpus > 0, "no GPU visible");
   for (const char* dtype : {"bf16", "fp8_e4m3"})
     for (const char* plugin : {"ring", "zigzag"}) {
-      INFO(plugin, " ", dtype);
+      INFO(std::string(plugin), " ", std::string(dtype));
       auto c = dense_case(plugin, {1, 2, 3}, 12288, 32, 32, 128, true, dtype);
       c.problem.batch = 4;
       c.params["batch_slices"] = int64_t{4};
