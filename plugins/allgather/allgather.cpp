@@ -222,7 +222,7 @@ class Allgather {
     const std::vector<attnhost_token_range>& ranges = ranges_[rank_];
     side_by_side(compute, together, ranges.size(), [&](size_t i, void* s) { call(ranges[ranges.size() - 1 - i], s); });
   }
-  // Calls 0 .. n - 1, the first on the compute stream and the others beside it (as above).
+  // n calls, the first on the compute stream and the others beside it (as above).
   template <class Call> void side_by_side(void* compute, bool together, size_t n, Call&& call) {
     const bool beside = together && fill_ && n > 1;
     if (beside) engine_->wait(fill_, compute);
