@@ -464,7 +464,7 @@ bool RingAttention::takes_runs() const {
 
 void RingAttention::backward_in_runs(const attnhost_backward_args& a, int32_t b0, int32_t count,
                                      const std::vector<ColumnRun>& runs, void* rounding, void* lead,
-                                     const std::function<void(size_t, const Engine::Event&)>& after) {
+                                     const std::function<void(size_t)>& after) {
   plan_reach();
   void* compute = host_.stream(0);
   const Slice slice = slices(s_, b0, count).front();  // the one slice, not packed (takes_runs)
@@ -508,7 +508,7 @@ void RingAttention::backward_in_runs(const attnhost_backward_args& a, int32_t b0
     for (const RowsOut& r : runs[i].rows)
       convert_rows_out(s, *engine_, rows.dq, r.dq.data ? r.dq : views.q(x.dq.data, r.rows.lo, Elem::output), r.rows,
                        rounding);
-    after(i, written.back());
+    after(i);
   }
   if (beside) engine_->wait(compute, written.front());
 }

@@ -498,7 +498,7 @@ void UlyssesAttention::backward_last_in_runs(const attnhost_backward_args& a, co
   void* receive = overlap_ ? host_.stream(1) : stream;
   engine_->wait(receive, engine_->record(host_.stream(0)));  // the caller is done with the outputs
   void* lead = overlap_ ? receive : nullptr;
-  ring_->backward_in_runs(x, step.b0, step.count, runs, stream, lead, [&](size_t t, const Engine::Event&) {
+  ring_->backward_in_runs(x, step.b0, step.count, runs, stream, lead, [&](size_t t) {
     // Piece p of member i's run t, for member j (another).
     const auto finished = [&](int i, size_t p, int j) {
       if (i == j) return false;

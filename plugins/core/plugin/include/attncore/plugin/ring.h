@@ -144,8 +144,8 @@ class RingAttention {
   // one call a run of the block's columns, in the order given, so that a caller can send what each
   // run finishes while the later runs compute. The runs cut the block's columns [0, local_kv)
   // exactly (takes_runs() says whether this ring can). Run i writes its columns of dK and dV, then
-  // dQ's rows that it finishes are rounded out on `rounding` (after every run up to i), and
-  // after(i, written) is called, `written` marking run i's end on its stream. Where the engine adds
+  // `rounding` waits for every run up to i and rounds out dQ's rows that run i finishes, and after(i)
+  // is called: what the caller queues on `rounding` there comes after run i. Where the engine adds
   // dQ by atomics and the problem need not be reproducible, run 0 goes on `lead`, a stream of
   // greater priority than the compute stream, and the later runs on the compute stream beside it:
   // their blocks fill its last wave, and it still ends first (at equal priority the GPU may run
@@ -164,7 +164,7 @@ class RingAttention {
   bool takes_runs() const;
   int members() const { return world_; }  // (10.1) the ring's
   void backward_in_runs(const attnhost_backward_args& a, int32_t b0, int32_t count, const std::vector<ColumnRun>& runs,
-                        void* rounding, void* lead, const std::function<void(size_t, const Engine::Event&)>& after);
+                        void* rounding, void* lead, const std::function<void(size_t)>& after);
   // Pairs this rank computes (every call of every step, batch and heads included).
   int64_t rank_pairs() const;
   // The bytes a ring of `shape` allocates beyond the problem's tensors (receive buffers and the
