@@ -15,6 +15,7 @@
 #include "attncore/plugin/ring_plugin.h"
 
 #include <algorithm>
+#include <optional>
 #include <utility>
 #include <vector>
 
