@@ -486,12 +486,8 @@ void RingAttention::backward_in_runs(const attnhost_backward_args& a, int32_t b0
     const BlockCall& c = *cut;
     BackwardParams p = backward_params(s, c, x, x.k.data, x.v.data, rows.delta, rows.dq, nullptr, nullptr);
     write_dkdv_into(p, s, c, x);
-    const size_t el = elem_size(s, s.kv_grads_fp32 ? Elem::fp32 : Elem::output);
-    for (auto [into, given] : {std::pair{&p.dk, run.dk}, std::pair{&p.dv, run.dv}}) {
-      if (!given.data) continue;
-      *into = given;
-      into->data = static_cast<char*>(given.data) + (c.kv_begin - run.columns.lo) * given.token_stride * el;
-    }
+    if (run.dk.data) p.dk = run.dk;  // (the call starts at the run's first column)
+    if (run.dv.data) p.dv = run.dv;
     calls.push_back(p);
   }
   bool beside = lead != nullptr && !s.deterministic;
