@@ -7,7 +7,7 @@
 // The kv heads go in groups through a pipeline: group g + 1 is gathered (stream 1) while group g
 // computes, into the other of two buffers; in the backward, group g - 1's gradients go home on
 // stream 2 meanwhile. Each buffer holds one group's K/V for the whole sequence
-// (and, in the backward, its fp32 dK/dV), so the group count sets the memory: head_groups = 0 takes
+// (and, in the backward, its fp32 dK/dV and its rows' dQ), so the group count sets the memory: head_groups = 0 takes
 // the fewest groups with which a rank's memory stays within 1.5x of its working set (Q, K, V, O,
 // LSE, dO, dQ, dK, dV) plus one gathered group.
 #include "attncore/plugin/blocks.h"
@@ -95,29 +95,32 @@ class Allgather {
     pass_groups_ = forward_groups_;
     void* compute = host_.stream(0);
     void* gs = overlap_ ? host_.stream(1) : compute;
-    std::vector<Engine::Event> gathered(pass_groups_), done(pass_groups_);
+    std::vector<Engine::Event> gathered(pass_groups_);
+    std::vector<Calls> done(pass_groups_);
     engine_->wait(gs, compute);  // the inputs are ready
-    gather(a.k.data, a.v.data, 0, gs);
+    gather(a.k.data, a.v.data, 0, gs, compute);  // (the compute stream has nothing else to do yet)
     gathered[0] = engine_->record(gs);
     for (int g = 0; g < pass_groups_; ++g) {
       engine_->wait(compute, gathered[g]);
       const int32_t range = host_.range_begin(("attention group " + std::to_string(g)).c_str(), ATTNHOST_RANGE_COMPUTE, compute);
-      for_each_range(compute, true, [&](const attnhost_token_range& r, void* s) { engine_->forward(forward_call(a, r, g), s); });
+      done[g] = for_each_range(compute, true, [&](const attnhost_token_range& r, void* s) { engine_->forward(forward_call(a, r, g), s); });
       host_.range_end(range, compute);
-      done[g] = engine_->record(compute);
       if (g + 1 < pass_groups_) {  // (after the calls are queued: the host meets the peers here)
-        if (g > 0) engine_->wait(gs, done[g - 1]);  // its buffer was read by group g - 1
-        gather(a.k.data, a.v.data, g + 1, gs);
+        if (g > 0) wait_for(gs, done[g - 1]);  // its buffer was read by group g - 1
+        gather(a.k.data, a.v.data, g + 1, gs, gs);
         gathered[g + 1] = engine_->record(gs);
       }
     }
+    for (const Calls& c : done) wait_for(compute, c);
     engine_->wait(compute, gs);
     if (attnhost_fp8_amax* amax = fp8_amax(a)) report_amax(&amax->o, a.o.data, heads_, compute);
   }
 
   // The gathers and the gradients home run on streams of their own: on one stream, group g + 1's
   // gather waited behind group g - 1's gradients home, and ran uncovered between two groups'
-  // attention (docs/KERNELS.md, "Allgather's backward").
+  // attention (docs/KERNELS.md, "Allgather's backward"). Between calls the compute stream holds
+  // nothing: a slot's accumulators are zeroed, and a group's dQ rounded, on the stream that sends
+  // the gradients home (docs/KERNELS.md, "Allgather: nothing but calls between calls").
   void backward(const attnhost_backward_args& a) {
     pass_groups_ = groups_;
     void* compute = host_.stream(0);
@@ -134,24 +137,33 @@ class Allgather {
     if (const attnhost_fp8_scaling* fp8 = fp8_scaling(a)) dp.descale_do = fp8->descale_do;
     dp.delta = {buffers().delta, int64_t{heads_} * local_, local_};
     // The first gather needs K and V alone, not delta: queued behind the delta pass, it started 88 us
-    // later at medium on two H200s.
+    // later at medium on two H200s. (The delta pass is queued first all the same: the gather's
+    // group may hold the host until the peers reach it.) Where blocks go as they lie, its own
+    // ranges and slot 0's zeroing go on the gradients' stream, idle until the first call ends,
+    // beside the delta pass; slot 1's zeroing after the first gather.
     const Engine::Event inputs = engine_->record(compute);
     engine_->compute_delta(dp, compute);
-    std::vector<Engine::Event> gathered(groups_), done(groups_), summed(groups_);
+    engine_->wait(gs, inputs);
+    engine_->wait(xs, inputs);
+    gather(a.k.data, a.v.data, 0, gs, xs);
+    std::vector<Engine::Event> gathered(groups_), cleared(groups_);
+    std::vector<Calls> done(groups_);
+    gathered[0] = engine_->record(gs);
+    clear(0, xs);
+    cleared[0] = engine_->record(xs);  // (and the own ranges of the first gather)
+    if (groups_ > 1) {
+      clear(1, gs);
+      cleared[1] = engine_->record(gs);
+    }
     bool atomic = true;  // every range's call adds its dK and dV by atomics (the groups' calls are alike)
     for (const attnhost_token_range& r : ranges_[rank_]) atomic = atomic && engine_->adds_atomically(backward_call(a, r, 0));
-    engine_->wait(gs, inputs);
-    gather(a.k.data, a.v.data, 0, gs);
-    gathered[0] = engine_->record(gs);
     for (int g = 0; g < groups_; ++g) {
-      if (g >= 2) engine_->wait(compute, summed[g - 2]);  // its gradient buffer went home
-      engine_->zero(slot(g).dk, 2 * gathered_elems() * 4, compute);  // dK and dV are adjacent
-      engine_->zero(buffers().dq, group_q_elems() * 4, compute);
+      engine_->wait(compute, cleared[g]);
       engine_->wait(compute, gathered[g]);
       const int32_t range = host_.range_begin(("attention backward group " + std::to_string(g)).c_str(),
                                               ATTNHOST_RANGE_COMPUTE, compute);
       if (g + 1 < groups_ || world_ == 1) {
-        for_each_range(compute, atomic, [&](const attnhost_token_range& r, void* s) { engine_->backward(backward_call(a, r, g), s); });
+        done[g] = for_each_range(compute, atomic, [&](const attnhost_token_range& r, void* s) { engine_->backward(backward_call(a, r, g), s); });
       } else {  // the last group: the peers' keys first, their partials home under this rank's own
         const auto [peers, own] = calls_by_owner(a, g);
         // Side by side only where every cut call adds dK, dV and dQ by atomics: cut to fewer keys, a
@@ -161,23 +173,24 @@ class Allgather {
         for (const std::vector<BackwardParams>* calls : {&peers, &own})
           for (const BackwardParams& p : *calls)
             together = together && engine_->adds_atomically(p) && engine_->adds_dq_atomically(p);
-        side_by_side(compute, together, peers.size(), [&](size_t i, void* s) { engine_->backward(peers[i], s); });
-        engine_->wait(xs, engine_->record(compute));
+        wait_for(xs, side_by_side(compute, together, peers.size(), [&](size_t i, void* s) { engine_->backward(peers[i], s); }));
         send_partials(g, xs);
-        side_by_side(compute, together, own.size(), [&](size_t i, void* s) { engine_->backward(own[i], s); });
+        done[g] = side_by_side(compute, together, own.size(), [&](size_t i, void* s) { engine_->backward(own[i], s); });
       }
-      convert_dq(a, g, compute);  // this group's dQ is whole: its fp32 buffer serves the next group
       host_.range_end(range, compute);
-      done[g] = engine_->record(compute);
       if (g + 1 < groups_) {  // (after the calls are queued, as in the forward)
-        if (g > 0) engine_->wait(gs, done[g - 1]);  // K and V of its slot were read by group g - 1
-        gather(a.k.data, a.v.data, g + 1, gs);
+        if (g > 0) wait_for(gs, done[g - 1]);  // K and V of its slot were read by group g - 1
+        gather(a.k.data, a.v.data, g + 1, gs, gs);
         gathered[g + 1] = engine_->record(gs);
       }
-      engine_->wait(xs, done[g]);
+      wait_for(xs, done[g]);
       if (g + 1 < groups_) send_partials(g, xs);
+      convert_dq(a, g, xs);  // this group's dQ is whole
       sum_home(a, g, xs);
-      summed[g] = engine_->record(xs);
+      if (g + 2 < groups_) {  // the slot serves group g + 2
+        clear(g, xs);
+        cleared[g + 2] = engine_->record(xs);
+      }
     }
     engine_->wait(compute, gs);
     engine_->wait(compute, xs);
@@ -203,32 +216,58 @@ class Allgather {
   struct Slot {
     char *k = nullptr, *v = nullptr;  // one group's K/V, [B, S, kv heads of the group, D]
     float *dk = nullptr, *dv = nullptr;  // and their fp32 gradients, adjacent
+    float* dq = nullptr;                 // the group's fp32 dQ, [B, local tokens, its query heads, D]
   };
-  // Both passes' buffers (attncore/plugin/workspace.h): two slots, the pipeline's; dQ of a group and
-  // delta; the gradients' messages to and from every peer; this rank's K and V of a group, side by
-  // side, and the gathered ones from every peer (apart from the gradients': the two overlap).
+  // Both passes' buffers (attncore/plugin/workspace.h): two slots, the pipeline's; delta; the
+  // gradients' messages to and from every peer; this rank's K and V of a group, side by side, and
+  // the gathered ones from every peer (apart from the gradients': the two overlap).
   struct Buffers {
     Slot slots[2];
-    float *dq = nullptr, *delta = nullptr;
+    float* delta = nullptr;
     char *home = nullptr, *packed = nullptr, *gathered_in = nullptr;
   };
 
+  // Where a group's calls end: the compute stream's point, and the fill stream's where calls went
+  // beside (else null). The compute stream does not wait for the fill stream: the next group's
+  // first call starts as this group's longest ends, beside its shorter ones (the groups write other
+  // slots); whatever reads or rewrites the group's buffers waits for both (wait_for).
+  struct Calls {
+    Engine::Event compute, fill;
+  };
+  void wait_for(void* stream, const Calls& c) {
+    engine_->wait(stream, c.compute);
+    engine_->wait(stream, c.fill);
+  }
   // A group's calls, one a query range of this rank. Under a causal mask the last range reaches the
   // most keys: it goes first, on the compute stream, and the others beside it on the fill stream,
   // so that their blocks fill its last wave rather than run after it in waves of their own
   // (docs/KERNELS.md, "Allgather: the ranges side by side"). Only where `together` allows: backward
   // calls add into the same fp32 dK and dV, which two calls at once may do only by atomics; and a
   // deterministic problem keeps them in one stream.
-  template <class Call> void for_each_range(void* compute, bool together, Call&& call) {
+  template <class Call> Calls for_each_range(void* compute, bool together, Call&& call) {
     const std::vector<attnhost_token_range>& ranges = ranges_[rank_];
-    side_by_side(compute, together, ranges.size(), [&](size_t i, void* s) { call(ranges[ranges.size() - 1 - i], s); });
+    return side_by_side(compute, together, ranges.size(), [&](size_t i, void* s) { call(ranges[ranges.size() - 1 - i], s); });
   }
   // n calls, the first on the compute stream and the others beside it (as above).
-  template <class Call> void side_by_side(void* compute, bool together, size_t n, Call&& call) {
+  // The calls beside get a compute range of their own: the compute stream's range ends before they
+  // do, and the trace's exposed communication counts what no compute range covers.
+  template <class Call> Calls side_by_side(void* compute, bool together, size_t n, Call&& call) {
     const bool beside = together && fill_ && n > 1;
-    if (beside) engine_->wait(fill_, compute);
-    for (size_t i = 0; i < n; ++i) call(i, beside && i > 0 ? fill_ : compute);
-    if (beside) engine_->wait(compute, fill_);
+    if (!beside) {
+      for (size_t i = 0; i < n; ++i) call(i, compute);
+      return {engine_->record(compute), nullptr};
+    }
+    engine_->wait(fill_, compute);
+    call(0, compute);
+    const int32_t range = host_.range_begin("attention beside", ATTNHOST_RANGE_COMPUTE, fill_);
+    for (size_t i = 1; i < n; ++i) call(i, fill_);
+    host_.range_end(range, fill_);
+    return {engine_->record(compute), engine_->record(fill_)};
+  }
+  // Slot g % 2's fp32 accumulators zeroed for group g: dK and dV (adjacent), and dQ.
+  void clear(int g, void* stream) {
+    engine_->zero(slot(g).dk, 2 * gathered_elems() * 4, stream);
+    engine_->zero(slot(g).dq, group_q_elems() * 4, stream);
   }
   // Group g's backward calls cut where the keys' owner changes: those over the peers' keys, then
   // those over this rank's (adjacent keys of one side in one call), each side's largest first. At
@@ -289,7 +328,7 @@ class Allgather {
       if (kv_heads_ % g != 0) continue;
       const double per_group = double(batch_) * seqlen_ * (kv_heads_ / g) * dim_;
       const double chunk = 2 * per_group * el_;  // one gathered group's K and V
-      const double extra = 2 * (chunk + 2 * per_group * 4) + double(q_elems()) * 4 / g + lse + staging_bytes(g);
+      const double extra = 2 * (chunk + 2 * per_group * 4 + double(q_elems()) * 4 / g) + lse + staging_bytes(g);
       if (working_set + extra <= 1.5 * working_set + chunk) return g;
     }
     return kv_heads_;
@@ -308,11 +347,12 @@ class Allgather {
   }
   // The messages to and from the peers (fp32 dK and dV of a rank's tokens, each way), this rank's K
   // and V of a forward group, packed, and the peers' (layout). Where blocks go as they lie, only the
-  // messages in and this rank's K and V.
+  // messages in.
   double staging_bytes(int32_t groups) const {
     const double messages = double(world_ - 1) * (direct_ ? 2 : 4) * local_kv_elems(kv_heads_ / groups) * 4;
-    const double gathered_in = direct_ ? 0 : double(world_ - 1) * kv_message_bytes(kv_heads_ / groups);
-    return messages + kv_message_bytes(kv_heads_ / forward_groups_for(groups)) + gathered_in;
+    if (direct_) return messages;
+    return messages + kv_message_bytes(kv_heads_ / forward_groups_for(groups)) +
+           double(world_ - 1) * kv_message_bytes(kv_heads_ / groups);
   }
 
   void allocate() {
@@ -328,12 +368,13 @@ class Allgather {
       slot.v = c.take(gathered * el_);
       slot.dk = c.take<float>(2 * gathered * 4);  // dV right after dK: zeroed together
       slot.dv = slot.dk ? slot.dk + gathered : nullptr;
+      slot.dq = c.take<float>(size_t(batch_) * local_ * kv * (heads_ / kv_heads_) * dim_ * 4);
     }
-    b.dq = c.take<float>(size_t(batch_) * local_ * kv * (heads_ / kv_heads_) * dim_ * 4);
     b.delta = c.take<float>(size_t(batch_) * heads_ * local_ * 4);
     b.home = c.take(size_t(world_ - 1) * (direct_ ? 1 : 2) * message_bytes());  // (direct: incoming only)
-    b.packed = c.take(kv_message_bytes(kv_heads_ / forward_groups_));  // K, then V from its next 256 bytes
-    b.gathered_in = c.take(direct_ ? 0 : size_t(world_ - 1) * kv_message_bytes(kv));
+    const bool packed = world_ > 1 && !direct_;
+    b.packed = c.take(packed ? kv_message_bytes(kv_heads_ / forward_groups_) : 0);  // K, then V from its next 256 bytes
+    b.gathered_in = c.take(packed ? size_t(world_ - 1) * kv_message_bytes(kv) : 0);
     return b;
   }
   const Buffers& buffers() const { return work_.forward(); }
@@ -359,9 +400,9 @@ class Allgather {
     const int64_t token = int64_t{group_kv()} * dim_;
     return {static_cast<char*>(base) + key0 * token * (fp32 ? 4 : el_), seqlen_ * token, token, dim_};
   }
-  TensorRef group_dq(int64_t row0) const {  // [B, local tokens, the group's query heads, D], fp32
+  TensorRef group_dq(int g, int64_t row0) const {  // [B, local tokens, the group's query heads, D], fp32
     const int64_t token = int64_t{group_q()} * dim_;
-    return {buffers().dq + row0 * token, local_ * token, token, dim_};
+    return {slot(g).dq + row0 * token, local_ * token, token, dim_};
   }
   void convert_dq(const attnhost_backward_args& a, int g, void* stream) {
     ConvertParams cv;
@@ -370,7 +411,7 @@ class Allgather {
     cv.heads = group_q();
     cv.head_dim = dim_;
     cv.seqlen = local_;
-    cv.src = group_dq(0);
+    cv.src = group_dq(g, 0);
     cv.dst = q_like(a.dq.data, 0, g * group_q(), out_el_);
     engine_->convert(cv, stream);
   }
@@ -441,7 +482,7 @@ class Allgather {
     if (const attnhost_fp8_scaling* fp8 = fp8_scaling(a)) p.descale_do = fp8->descale_do;
     p.lse = rows(static_cast<float*>(a.lse.data), r.local_begin, head0);
     p.delta = rows(buffers().delta, r.local_begin, head0);
-    p.dq = group_dq(r.local_begin);
+    p.dq = group_dq(g, r.local_begin);
     p.dk = gathered(slot(g).dk, keys.lo, true);
     p.dv = gathered(slot(g).dv, keys.lo, true);
     p.deterministic = deterministic_;
@@ -452,41 +493,40 @@ class Allgather {
   // host moves blocks, each range goes as it lies from a rank's K/V into the peers' slots, one copy
   // by the copy engines (docs/KERNELS.md, "Blocks as they lie"); else one message each way between
   // every two ranks: this rank's K and V slices packed side by side, a peer's unpacked range by
-  // range (docs/KERNELS.md, "All-to-all messages").
-  void gather(void* k, void* v, int g, void* stream) {
+  // range (docs/KERNELS.md, "All-to-all messages"). This rank's own ranges are copied on `own`.
+  void gather(void* k, void* v, int g, void* stream, void* own) {
     const int32_t kv = group_kv();
     const size_t row = size_t(kv) * dim_ * el_, local_batch = local_ * row, global_batch = seqlen_ * row;
     const size_t half = align_up(batch_ * local_batch);  // one tensor in a message (kv_message_bytes)
+    const size_t pitch = size_t(kv_heads_) * dim_ * el_;  // a token of K or V
     const char* mine[2] = {static_cast<char*>(k) + size_t(g) * kv * dim_ * el_, static_cast<char*>(v) + size_t(g) * kv * dim_ * el_};
     char* into[2] = {kv_slot(g).first, kv_slot(g).second};
     const int32_t range = host_.range_begin(("K V gather group " + std::to_string(g)).c_str(), ATTNHOST_RANGE_COMMUNICATION, stream);
-    const auto own = [&] {  // this rank's ranges into its own slot, through the packed buffer
+    const auto mine_at = [&](int t, const attnhost_token_range& r) {  // [B, r.length, the group's kv heads, D]
+      return make_block(const_cast<char*>(mine[t]) + r.local_begin * pitch, row, r.length, pitch, batch_, local_ * pitch);
+    };
+    const auto slot_at = [&](int t, const attnhost_token_range& r) {
+      return make_block(into[t] + r.global_begin * row, row, r.length, row, batch_, global_batch);
+    };
+    const bool packed = world_ > 1 && !direct_;
+    if (packed) {  // this rank's K and V packed (its message), then its ranges from there
       for (int t = 0; t < 2; ++t) {
-        engine_->copy_rows(buffers().packed + t * half, row, mine[t], size_t(kv_heads_) * dim_ * el_, row, size_t(batch_) * local_, stream);
+        engine_->copy_rows(buffers().packed + t * half, row, mine[t], pitch, row, size_t(batch_) * local_, stream);
         for (const attnhost_token_range& r : ranges_[rank_])
           engine_->copy_rows(into[t] + r.global_begin * row, global_batch, buffers().packed + t * half + r.local_begin * row,
                              local_batch, r.length * row, batch_, stream);
       }
-    };
-    // Straight from K and V, the messages go first: the group is where the host meets the peers
-    // (docs/KERNELS.md, "The host's order at a pass's start"). Packed, they are sent from the buffer.
-    if (!(world_ > 1 && direct_)) own();
+    }
     if (world_ > 1 && direct_) {  // each range from the rank's K/V straight to its place in the peers' slots
-      const size_t pitch = size_t(kv_heads_) * dim_ * el_;
       host_.group_start();
       for (int peer = 0; peer < world_; ++peer)
         if (peer != rank_)
           for (int t = 0; t < 2; ++t) {
-            for (const attnhost_token_range& r : ranges_[rank_])
-              host_.send_block(make_block(const_cast<char*>(mine[t]) + r.local_begin * pitch, row, r.length, pitch, batch_, local_ * pitch),
-                               peer, stream);
-            for (const attnhost_token_range& r : ranges_[peer])
-              host_.recv_block(make_block(into[t] + r.global_begin * row, row, r.length, row, batch_, global_batch), peer,
-                               stream);
+            for (const attnhost_token_range& r : ranges_[rank_]) host_.send_block(mine_at(t, r), peer, stream);
+            for (const attnhost_token_range& r : ranges_[peer]) host_.recv_block(slot_at(t, r), peer, stream);
           }
       host_.group_end();
-      own();
-    } else if (world_ > 1) {
+    } else if (packed) {
       host_.group_start();
       for (int peer = 0; peer < world_; ++peer)
         if (peer != rank_) {
@@ -501,6 +541,11 @@ class Allgather {
               engine_->copy_rows(into[t] + r.global_begin * row, global_batch, gathered_in(peer) + t * half + r.local_begin * row,
                                  local_batch, r.length * row, batch_, stream);
     }
+    // The own ranges straight from K and V, after the messages: the group is where the host meets
+    // the peers (docs/KERNELS.md, "The host's order at a pass's start").
+    if (!packed)
+      for (int t = 0; t < 2; ++t)
+        for (const attnhost_token_range& r : ranges_[rank_]) copy_block(*engine_, slot_at(t, r), mine_at(t, r), own);
     host_.range_end(range, stream);
   }
 

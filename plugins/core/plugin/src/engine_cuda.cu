@@ -26,12 +26,13 @@ __global__ void add_kernel(float* dst, const float* src, size_t n) {
 // Rows of 16-byte words: a warp moves a row's words side by side, so rows of a few hundred bytes
 // (one head group's slice of a token) still go at the memory's rate, where cudaMemcpy2DAsync moves
 // narrow rows one by one (docs/KERNELS.md, "Packing head slices").
-__global__ void copy_rows_kernel(uint4* dst, size_t dst_pitch, const uint4* src, size_t src_pitch, size_t words,
-                                 size_t rows) {
-  const size_t total = words * rows;
+// Slices of rows (pitches in words): slice s's rows at s * *_slice_pitch.
+__global__ void copy_rows_kernel(uint4* dst, size_t dst_pitch, size_t dst_slice_pitch, const uint4* src,
+                                 size_t src_pitch, size_t src_slice_pitch, size_t words, size_t rows, size_t slices) {
+  const size_t total = words * rows * slices;
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < total; i += size_t(gridDim.x) * blockDim.x) {
-    const size_t row = i / words, word = i % words;
-    dst[row * dst_pitch + word] = src[row * src_pitch + word];
+    const size_t row = i / words, word = i % words, slice = row / rows, r = row % rows;
+    dst[slice * dst_slice_pitch + r * dst_pitch + word] = src[slice * src_slice_pitch + r * src_pitch + word];
   }
 }
 
@@ -71,20 +72,28 @@ class CudaEngine final : public Engine {
   void zero(void* dst, size_t bytes, void* s) override { check(cudaMemsetAsync(dst, 0, bytes, cuda(s)), "cudaMemsetAsync"); }
   void copy_rows(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width, size_t rows,
                  void* s) override {
-    if (rows == 0 || width == 0) return;
+    copy_slices(dst, dst_pitch, 0, src, src_pitch, 0, width, rows, 1, s);
+  }
+  void copy_slices(void* dst, size_t dst_pitch, size_t dst_slice_pitch, const void* src, size_t src_pitch,
+                   size_t src_slice_pitch, size_t width, size_t rows, size_t slices, void* s) override {
+    if (rows == 0 || width == 0 || slices == 0) return;
     const auto aligned = [](size_t x) { return x % sizeof(uint4) == 0; };
     const bool words = aligned(reinterpret_cast<uintptr_t>(dst)) && aligned(reinterpret_cast<uintptr_t>(src)) &&
-                       aligned(dst_pitch) && aligned(src_pitch) && aligned(width);
-    if (rows == 1 || !words) {
-      check(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width, rows, cudaMemcpyDeviceToDevice, cuda(s)),
-            "cudaMemcpy2DAsync");
+                       aligned(dst_pitch) && aligned(src_pitch) && aligned(width) &&
+                       (slices == 1 || (aligned(dst_slice_pitch) && aligned(src_slice_pitch)));
+    if (rows * slices == 1 || !words) {
+      for (size_t i = 0; i < slices; ++i)
+        check(cudaMemcpy2DAsync(static_cast<char*>(dst) + i * dst_slice_pitch, dst_pitch,
+                                static_cast<const char*>(src) + i * src_slice_pitch, src_pitch, width, rows,
+                                cudaMemcpyDeviceToDevice, cuda(s)),
+              "cudaMemcpy2DAsync");
       return;
     }
-    const size_t n = width / sizeof(uint4) * rows;
+    const size_t n = width / sizeof(uint4) * rows * slices, w = sizeof(uint4);
     const unsigned blocks = static_cast<unsigned>(std::min<size_t>((n + 255) / 256, 8192));
-    copy_rows_kernel<<<blocks, 256, 0, cuda(s)>>>(static_cast<uint4*>(dst), dst_pitch / sizeof(uint4),
-                                                  static_cast<const uint4*>(src), src_pitch / sizeof(uint4),
-                                                  width / sizeof(uint4), rows);
+    copy_rows_kernel<<<blocks, 256, 0, cuda(s)>>>(static_cast<uint4*>(dst), dst_pitch / w, dst_slice_pitch / w,
+                                                  static_cast<const uint4*>(src), src_pitch / w, src_slice_pitch / w,
+                                                  width / w, rows, slices);
     check(cudaGetLastError(), "copy_rows kernel");
   }
   void fill(float* dst, float value, size_t n, void* s) override {

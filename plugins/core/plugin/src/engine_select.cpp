@@ -141,6 +141,10 @@ class SelectingEngine final : public Engine {
                  void* s) override {
     native_->copy_rows(dst, dst_pitch, src, src_pitch, width, rows, s);
   }
+  void copy_slices(void* dst, size_t dst_pitch, size_t dst_slice_pitch, const void* src, size_t src_pitch,
+                   size_t src_slice_pitch, size_t width, size_t rows, size_t slices, void* s) override {
+    native_->copy_slices(dst, dst_pitch, dst_slice_pitch, src, src_pitch, src_slice_pitch, width, rows, slices, s);
+  }
   void fill(float* dst, float value, size_t count, void* s) override { native_->fill(dst, value, count, s); }
   void add(float* dst, const float* src, size_t count, void* s) override { native_->add(dst, src, count, s); }
   Event record(void* s) override { return native_->record(s); }

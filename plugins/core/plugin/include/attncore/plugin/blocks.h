@@ -23,7 +23,7 @@ inline attnhost_block packed_like(char* data, const attnhost_block& like) {
 inline size_t block_bytes(const attnhost_block& b) { return b.width * b.rows * b.slices; }
 
 // dst = src, two blocks of one shape, by the copy kernel: one 2-D copy where both blocks' slices
-// follow on at their row pitch, or both blocks' rows are contiguous; else one a slice.
+// follow on at their row pitch, or both blocks' rows are contiguous; else one 3-D copy.
 inline void copy_block(Engine& e, const attnhost_block& dst, const attnhost_block& src, void* stream) {
   const auto slices_on = [](const attnhost_block& b) { return b.slices == 1 || b.slice_pitch == b.rows * b.pitch; };
   const auto rows_on = [](const attnhost_block& b) { return b.rows == 1 || b.pitch == b.width; };
@@ -31,9 +31,8 @@ inline void copy_block(Engine& e, const attnhost_block& dst, const attnhost_bloc
     return e.copy_rows(dst.data, dst.pitch, src.data, src.pitch, src.width, src.rows * src.slices, stream);
   if (rows_on(dst) && rows_on(src))
     return e.copy_rows(dst.data, dst.slice_pitch, src.data, src.slice_pitch, src.width * src.rows, src.slices, stream);
-  for (size_t i = 0; i < src.slices; ++i)
-    e.copy_rows(static_cast<char*>(dst.data) + i * dst.slice_pitch, dst.pitch,
-                static_cast<const char*>(src.data) + i * src.slice_pitch, src.pitch, src.width, src.rows, stream);
+  e.copy_slices(dst.data, dst.pitch, dst.slice_pitch, src.data, src.pitch, src.slice_pitch, src.width, src.rows,
+                src.slices, stream);
 }
 
 }  // namespace attncore::plugin

@@ -113,6 +113,15 @@ class Engine {
     (void)p;
     return false;
   }
+  // Appended (10.2): copy_rows over `slices` slices, slice s of each `*_slice_pitch` bytes on from
+  // the first: a block of a sharded tensor whose batch entries do not follow on at its row pitch
+  // (plugin/blocks.h). The CUDA engine copies it in one launch; by default, one copy_rows a slice.
+  virtual void copy_slices(void* dst, size_t dst_pitch, size_t dst_slice_pitch, const void* src, size_t src_pitch,
+                           size_t src_slice_pitch, size_t width, size_t rows, size_t slices, void* stream) {
+    for (size_t i = 0; i < slices; ++i)
+      copy_rows(static_cast<char*>(dst) + i * dst_slice_pitch, dst_pitch,
+                static_cast<const char*>(src) + i * src_slice_pitch, src_pitch, width, rows, stream);
+  }
 
   // `to` waits for everything enqueued on `from` so far (an event on the GPU; nothing on the CPU,
   // where every operation has finished when it returns).
