@@ -82,6 +82,9 @@ class Allgather {
       ranges_.emplace_back(v.ranges, v.ranges + v.num_ranges);
     }
     local_ = zigzag ? ZigzagPlan(reference_.mask(), world_).block_tokens() : ContiguousPlan(reference_.mask(), world_).block_tokens();
+    reached_.assign(world_, std::vector<std::vector<attnhost_token_range>>(world_));
+    for (int owner = 0; owner < world_; ++owner)
+      for (int reader = 0; reader < world_; ++reader) reached_[owner][reader] = reach(owner, reader);
     for (const attnhost_token_range& r : ranges_[rank_]) layout_.add(r.global_begin, r.length);
     layout_.pad(local_ - layout_.local_tokens());
     groups_ = choose_groups(p.get_int("head_groups"));
@@ -425,6 +428,29 @@ class Allgather {
     const DenseMask& m = reference_.mask();
     return {m.keys_of(r.global_begin).lo, m.keys_of(r.global_begin + r.length - 1).hi};
   }
+  // The parts of `owner`'s ranges that `reader`'s rows reach, each a token range at its global and
+  // owner-local position: what a gather brings `reader` from `owner`, and the partials `reader`
+  // sends `owner` home. A window leaves most keys unreached, a causal mask the last ranks' second
+  // chunks (docs/KERNELS.md, "Allgather: only the keys a rank reaches").
+  std::vector<attnhost_token_range> reach(int owner, int reader) const {
+    std::vector<attnhost_token_range> parts;
+    for (const attnhost_token_range& k : ranges_[owner]) {
+      std::vector<Interval> cut;
+      for (const attnhost_token_range& q : ranges_[reader]) {
+        const Interval keys = keys_of(q);
+        const Interval part{std::max(keys.lo, k.global_begin), std::min(keys.hi, k.global_begin + k.length)};
+        if (part.size() > 0) cut.push_back(part);
+      }
+      std::sort(cut.begin(), cut.end(), [](const Interval& x, const Interval& y) { return x.lo < y.lo; });
+      std::vector<Interval> merged;  // (the reader's ranges may reach overlapping keys)
+      for (const Interval& c : cut) {
+        if (!merged.empty() && merged.back().hi >= c.lo) merged.back().hi = std::max(merged.back().hi, c.hi);
+        else merged.push_back(c);
+      }
+      for (const Interval& m : merged) parts.push_back({m.lo, k.local_begin + (m.lo - k.global_begin), m.size()});
+    }
+    return parts;
+  }
   Mask mask_at(int64_t q_pos0, int64_t kv_pos0) const {
     const DenseMask& m = reference_.mask();
     Mask mask;
@@ -517,13 +543,13 @@ class Allgather {
                              local_batch, r.length * row, batch_, stream);
       }
     }
-    if (world_ > 1 && direct_) {  // each range from the rank's K/V straight to its place in the peers' slots
+    if (world_ > 1 && direct_) {  // each part a peer reaches from the rank's K/V straight to its place in the peer's slot
       host_.group_start();
       for (int peer = 0; peer < world_; ++peer)
         if (peer != rank_)
           for (int t = 0; t < 2; ++t) {
-            for (const attnhost_token_range& r : ranges_[rank_]) host_.send_block(mine_at(t, r), peer, stream);
-            for (const attnhost_token_range& r : ranges_[peer]) host_.recv_block(slot_at(t, r), peer, stream);
+            for (const attnhost_token_range& r : reached_[rank_][peer]) host_.send_block(mine_at(t, r), peer, stream);
+            for (const attnhost_token_range& r : reached_[peer][rank_]) host_.recv_block(slot_at(t, r), peer, stream);
           }
       host_.group_end();
     } else if (packed) {
@@ -550,8 +576,8 @@ class Allgather {
   }
 
   // Group g's fp32 dK/dV partials to their owners, one message a peer ([dK | dV] of the peer's
-  // tokens in its local order); sum_home then adds what came home into this rank's own and writes
-  // its kv heads of dK and dV in the problem dtype.
+  // tokens in its local order; as they lie, only the parts this rank reaches); sum_home then adds
+  // what came home into this rank's own and writes its kv heads of dK and dV in the problem dtype.
   void send_partials(int g, void* stream) {
     if (world_ == 1) return;
     const int32_t kv = group_kv();
@@ -582,8 +608,8 @@ class Allgather {
           continue;
         }
         for (int t = 0; t < 2; ++t) {  // into the peer's message from this rank, as packing would lay them
-          for (const attnhost_token_range& r : ranges_[peer]) host_.send_block(partials(t, r), peer, stream);
-          for (const attnhost_token_range& r : ranges_[rank_])
+          for (const attnhost_token_range& r : reached_[peer][rank_]) host_.send_block(partials(t, r), peer, stream);
+          for (const attnhost_token_range& r : reached_[rank_][peer])
             host_.recv_block(in_message(incoming(peer), t, r), peer, stream);
         }
       }
@@ -598,35 +624,50 @@ class Allgather {
     float* grads[2] = {slot(g).dk, slot(g).dv};
     void* out[2] = {a.dk.data, a.dv.data};
     const int32_t range = host_.range_begin(("dK dV summed group " + std::to_string(g)).c_str(), ATTNHOST_RANGE_COMMUNICATION, stream);
-    // A range's partials from every peer but the last are added in place (fp32), the last one's in
-    // the pass that rounds the sums into dK and dV: one launch a range and tensor, not one a batch
-    // entry (docs/KERNELS.md, "Allgather's backward").
-    std::vector<int> peers;
-    for (int peer = 0; peer < world_; ++peer)
-      if (peer != rank_) peers.push_back(peer);
-    for (int t = 0; t < 2; ++t)
-      for (const attnhost_token_range& r : ranges_[rank_]) {
-        const auto from = [&](int peer) {  // the peer's partials of range r, [B, r.length, kv, D]
-          return TensorRef{incoming(peer) + t * half + r.local_begin * frow, local_ * int64_t(count), int64_t(count), dim_};
-        };
-        ConvertParams cv;
-        cv.batch = batch_;
-        cv.heads = kv;
-        cv.head_dim = dim_;
-        cv.seqlen = r.length;
-        cv.src = gathered(grads[t], r.global_begin, true);
-        for (size_t i = 0; i + 1 < peers.size(); ++i) {
-          ConvertParams sum = cv;
-          sum.dtype = DType::fp32;
-          sum.dst = cv.src;
-          sum.add = from(peers[i]);
-          engine_->convert(sum, stream);
+    // A piece's partials from every peer that sent them but the last are added in place (fp32), the
+    // last one's in the pass that rounds the sums into dK and dV: one launch a piece and tensor, not
+    // one a batch entry (docs/KERNELS.md, "Allgather's backward"). A range is cut into pieces where
+    // a peer's reach starts or ends: a peer sends the partials of the keys its rows reach alone.
+    for (const attnhost_token_range& r : ranges_[rank_]) {
+      std::vector<int64_t> cuts = {r.global_begin, r.global_begin + r.length};
+      for (int peer = 0; peer < world_; ++peer)
+        if (peer != rank_)
+          for (const attnhost_token_range& p : reached_[rank_][peer])
+            for (int64_t at : {p.global_begin, p.global_begin + p.length})
+              if (at > r.global_begin && at < r.global_begin + r.length) cuts.push_back(at);
+      std::sort(cuts.begin(), cuts.end());
+      cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+      for (size_t c = 0; c + 1 < cuts.size(); ++c) {
+        const int64_t lo = cuts[c], local = r.local_begin + (lo - r.global_begin);
+        std::vector<int> peers;  // those whose partials of the piece came home
+        for (int peer = 0; peer < world_; ++peer)
+          if (peer != rank_)
+            for (const attnhost_token_range& p : reached_[rank_][peer])
+              if (p.global_begin <= lo && lo < p.global_begin + p.length) peers.push_back(peer);
+        for (int t = 0; t < 2; ++t) {
+          const auto from = [&](int peer) {  // the peer's partials of the piece, [B, its length, kv, D]
+            return TensorRef{incoming(peer) + t * half + local * frow, local_ * int64_t(count), int64_t(count), dim_};
+          };
+          ConvertParams cv;
+          cv.batch = batch_;
+          cv.heads = kv;
+          cv.head_dim = dim_;
+          cv.seqlen = cuts[c + 1] - lo;
+          cv.src = gathered(grads[t], lo, true);
+          for (size_t i = 0; i + 1 < peers.size(); ++i) {
+            ConvertParams sum = cv;
+            sum.dtype = DType::fp32;
+            sum.dst = cv.src;
+            sum.add = from(peers[i]);
+            engine_->convert(sum, stream);
+          }
+          cv.dtype = output_dtype(core_dtype(dtype_));
+          cv.dst = kv_like(out[t], local, g * kv, out_el_);
+          if (!peers.empty()) cv.add = from(peers.back());
+          engine_->convert(cv, stream);
         }
-        cv.dtype = output_dtype(core_dtype(dtype_));
-        cv.dst = kv_like(out[t], r.local_begin, g * kv, out_el_);
-        if (!peers.empty()) cv.add = from(peers.back());
-        engine_->convert(cv, stream);
       }
+    }
     host_.range_end(range, stream);
   }
 
@@ -669,6 +710,7 @@ class Allgather {
   std::unique_ptr<Engine> engine_;
   void* fill_ = nullptr;  // host stream 3, where a group's shorter ranges run (null: none)
   std::vector<std::vector<attnhost_token_range>> ranges_;  // each rank's tokens
+  std::vector<std::vector<std::vector<attnhost_token_range>>> reached_;  // [owner][reader]: reach(owner, reader)
   int64_t local_ = 0;
   attnhost::Layout layout_;
   int32_t groups_ = 1;          // the backward's groups of kv heads (and the forward's where asked)

@@ -229,7 +229,7 @@ TEST_CASE("allgather: auto groups keep a rank's memory within 1.5x its working s
   }
 }
 
-TEST_CASE("bytes sent: ulysses moves Q, K, V and O once each way, allgather every K/V block to every rank") {
+TEST_CASE("bytes sent: ulysses moves Q, K, V and O once each way, allgather the K/V each rank reaches") {
   const uint64_t el = 2, B = 2, n = 48, D = 16;  // world size 2, 96 tokens, bf16
   auto u = dense_case("ulysses", {2}, 96, 4, 2, 16, true);
   u.timing.passes = {"fwd", "bwd"};
@@ -245,9 +245,24 @@ TEST_CASE("bytes sent: ulysses moves Q, K, V and O once each way, allgather ever
   a.timing.passes = {"fwd", "bwd"};
   attnhost::CaseResult g = run_on(DeviceKind::cpu, a);
   test::all_pass(g);
+  // Causal, zigzag chunks [0, 24) [72, 96) on rank 0 and [24, 48) [48, 72) on rank 1: rank 1's rows
+  // reach rank 0's first chunk alone, rank 0's last chunk every key. So rank 0 sends half its K and
+  // V and the fp32 partials of all rank 1's keys; rank 1 all its K and V and the partials of rank
+  // 0's first chunk.
+  const uint64_t kv = 2 * B * n * 2 * D * el, partials = 2 * B * n * 2 * D * 4;  // K and V of 2 kv heads
+  CHECK(g.runs[0].sent_bytes_fwd[0] == kv / 2);
+  CHECK(g.runs[0].sent_bytes_bwd[0] == kv / 2 + partials);
+  CHECK(g.runs[0].sent_bytes_fwd[1] == kv);
+  CHECK(g.runs[0].sent_bytes_bwd[1] == kv + partials / 2);
+  // A window of 8 keys back: rank 1's first chunk reaches keys [16, 24) of rank 0's, rank 0's last
+  // chunk keys [64, 72) of rank 1's; nothing else crosses.
+  a.problem.window_left = 8;
+  g = run_on(DeviceKind::cpu, a);
+  test::all_pass(g);
   for (int rank = 0; rank < 2; ++rank) {
-    CHECK(g.runs[0].sent_bytes_fwd[rank] == 2 * B * n * 2 * D * el);                      // its K and V, to one peer
-    CHECK(g.runs[0].sent_bytes_bwd[rank] == 2 * B * n * 2 * D * el + 2 * B * n * 2 * D * 4);  // again, and fp32 dK, dV
+    INFO("rank ", rank);
+    CHECK(g.runs[0].sent_bytes_fwd[rank] == kv * 8 / n);
+    CHECK(g.runs[0].sent_bytes_bwd[rank] == (kv + partials) * 8 / n);
   }
 }
 
