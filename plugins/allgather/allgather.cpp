@@ -6,10 +6,10 @@
 //
 // The kv heads go in groups through a pipeline: group g + 1 is gathered (stream 1) while group g
 // computes, into the other of two buffers; in the backward, group g - 1's gradients go home on
-// stream 2 meanwhile. Each buffer holds one group's K/V for the whole sequence
-// (and, in the backward, its fp32 dK/dV and its rows' dQ), so the group count sets the memory: head_groups = 0 takes
-// the fewest groups with which a rank's memory stays within 1.5x of its working set (Q, K, V, O,
-// LSE, dO, dQ, dK, dV) plus one gathered group.
+// stream 2 meanwhile. Each buffer holds one group's K/V for the whole sequence (and, in the
+// backward, its fp32 dK/dV and its rows' dQ), so the group count sets the memory: head_groups = 0
+// takes the fewest groups with which a rank's memory stays within 1.5x of its working set (Q, K, V,
+// O, LSE, dO, dQ, dK, dV) plus one gathered group.
 #include "attncore/plugin/blocks.h"
 #include "attncore/plugin/dense_plans.h"
 #include "attncore/plugin/ring_plugin.h"
