@@ -141,9 +141,9 @@ class Allgather {
     dp.delta = {buffers().delta, int64_t{heads_} * local_, local_};
     // The first gather needs K and V alone, not delta: queued behind the delta pass, it started 88 us
     // later at medium on two H200s. (The delta pass is queued first all the same: the gather's
-    // group may hold the host until the peers reach it.) Where blocks go as they lie, its own
-    // ranges and slot 0's zeroing go on the gradients' stream, idle until the first call ends,
-    // beside the delta pass; slot 1's zeroing after the first gather.
+    // group may hold the host until the peers reach it.) Its own ranges and slot 0's zeroing go on
+    // the gradients' stream, idle until the first call ends, beside the delta pass; slot 1's zeroing
+    // after the first gather.
     const Engine::Event inputs = engine_->record(compute);
     engine_->compute_delta(dp, compute);
     engine_->wait(gs, inputs);
@@ -534,44 +534,39 @@ class Allgather {
     const auto slot_at = [&](int t, const attnhost_token_range& r) {
       return make_block(into[t] + r.global_begin * row, row, r.length, row, batch_, global_batch);
     };
+    const auto message_at = [&](char* message, int t, const attnhost_token_range& r) {  // a range in a packed message
+      return make_block(message + t * half + r.local_begin * row, row, r.length, row, batch_, local_batch);
+    };
     const bool packed = world_ > 1 && !direct_;
-    if (packed) {  // this rank's K and V packed (its message), then its ranges from there
-      for (int t = 0; t < 2; ++t) {
+    if (packed)  // this rank's K and V side by side: its message
+      for (int t = 0; t < 2; ++t)
         engine_->copy_rows(buffers().packed + t * half, row, mine[t], pitch, row, size_t(batch_) * local_, stream);
-        for (const attnhost_token_range& r : ranges_[rank_])
-          engine_->copy_rows(into[t] + r.global_begin * row, global_batch, buffers().packed + t * half + r.local_begin * row,
-                             local_batch, r.length * row, batch_, stream);
-      }
-    }
-    if (world_ > 1 && direct_) {  // each part a peer reaches from the rank's K/V straight to its place in the peer's slot
+    if (world_ > 1) {
       host_.group_start();
-      for (int peer = 0; peer < world_; ++peer)
-        if (peer != rank_)
-          for (int t = 0; t < 2; ++t) {
-            for (const attnhost_token_range& r : reached_[rank_][peer]) host_.send_block(mine_at(t, r), peer, stream);
-            for (const attnhost_token_range& r : reached_[peer][rank_]) host_.recv_block(slot_at(t, r), peer, stream);
-          }
-      host_.group_end();
-    } else if (packed) {
-      host_.group_start();
-      for (int peer = 0; peer < world_; ++peer)
-        if (peer != rank_) {
+      for (int peer = 0; peer < world_; ++peer) {
+        if (peer == rank_) continue;
+        if (packed) {
           host_.send(buffers().packed, 2 * half, ATTNHOST_DTYPE_UINT8, peer, stream);
           host_.recv(gathered_in(peer), 2 * half, ATTNHOST_DTYPE_UINT8, peer, stream);
+          continue;
         }
+        for (int t = 0; t < 2; ++t) {  // each part the peer reaches straight to its place in the peer's slot
+          for (const attnhost_token_range& r : reached_[rank_][peer]) host_.send_block(mine_at(t, r), peer, stream);
+          for (const attnhost_token_range& r : reached_[peer][rank_]) host_.recv_block(slot_at(t, r), peer, stream);
+        }
+      }
       host_.group_end();
+    }
+    if (packed)
       for (int peer = 0; peer < world_; ++peer)
         if (peer != rank_)
           for (int t = 0; t < 2; ++t)
             for (const attnhost_token_range& r : ranges_[peer])
-              engine_->copy_rows(into[t] + r.global_begin * row, global_batch, gathered_in(peer) + t * half + r.local_begin * row,
-                                 local_batch, r.length * row, batch_, stream);
-    }
+              copy_block(*engine_, slot_at(t, r), message_at(gathered_in(peer), t, r), stream);
     // The own ranges straight from K and V, after the messages: the group is where the host meets
     // the peers (docs/KERNELS.md, "The host's order at a pass's start").
-    if (!packed)
-      for (int t = 0; t < 2; ++t)
-        for (const attnhost_token_range& r : ranges_[rank_]) copy_block(*engine_, slot_at(t, r), mine_at(t, r), own);
+    for (int t = 0; t < 2; ++t)
+      for (const attnhost_token_range& r : ranges_[rank_]) copy_block(*engine_, slot_at(t, r), mine_at(t, r), own);
     host_.range_end(range, stream);
   }
 
