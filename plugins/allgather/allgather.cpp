@@ -122,10 +122,8 @@ class Allgather {
   // The gathers and the gradients home run on streams of their own: on one stream, group g + 1's
   // gather waited behind group g - 1's gradients home, and ran uncovered between two groups'
   // attention (docs/KERNELS.md, "Allgather's backward"). Between calls the compute stream holds
-  // nothing: a slot's dK and dV are zeroed on the stream that sends the gradients home, and its dQ
-  // rounded and zeroed on the gathers' after the next gather into it, so that the two chains a slot
-  // waits for before its next group run side by side (docs/KERNELS.md, "Allgather: nothing but
-  // calls between calls").
+  // nothing: a slot's accumulators are zeroed, and a group's dQ rounded, on the stream that sends
+  // the gradients home (docs/KERNELS.md, "Allgather: nothing but calls between calls").
   void backward(const attnhost_backward_args& a) {
     pass_groups_ = groups_;
     void* compute = host_.stream(0);
@@ -154,12 +152,10 @@ class Allgather {
     std::vector<Engine::Event> gathered(groups_), cleared(groups_);
     std::vector<Calls> done(groups_);
     gathered[0] = engine_->record(gs);
-    clear_grads(0, xs);
-    engine_->zero(slot(0).dq, group_q_elems() * 4, xs);
+    clear(0, xs);
     cleared[0] = engine_->record(xs);  // (and the own ranges of the first gather)
     if (groups_ > 1) {
-      clear_grads(1, gs);
-      engine_->zero(slot(1).dq, group_q_elems() * 4, gs);
+      clear(1, gs);
       cleared[1] = engine_->record(gs);
     }
     bool atomic = true;  // every range's call adds its dK and dV by atomics (the groups' calls are alike)
@@ -188,15 +184,14 @@ class Allgather {
       if (g + 1 < groups_) {  // (after the calls are queued, as in the forward)
         if (g > 0) wait_for(gs, done[g - 1]);  // K and V of its slot were read by group g - 1
         gather(a.k.data, a.v.data, g + 1, gs, gs);
-        if (g > 0) finish_dq(a, g - 1, true, gs);  // the slot's dQ, whole since group g - 1 ended
         gathered[g + 1] = engine_->record(gs);
       }
       wait_for(xs, done[g]);
       if (g + 1 < groups_) send_partials(g, xs);
-      if (g + 2 >= groups_) finish_dq(a, g, false, xs);  // no gather into the slot follows
+      convert_dq(a, g, xs);  // this group's dQ is whole
       sum_home(a, g, xs);
       if (g + 2 < groups_) {  // the slot serves group g + 2
-        clear_grads(g, xs);
+        clear(g, xs);
         cleared[g + 2] = engine_->record(xs);
       }
     }
@@ -272,8 +267,11 @@ class Allgather {
     host_.range_end(range, fill_);
     return {engine_->record(compute), engine_->record(fill_)};
   }
-  // Slot g % 2's fp32 dK and dV (adjacent) zeroed.
-  void clear_grads(int g, void* stream) { engine_->zero(slot(g).dk, 2 * gathered_elems() * 4, stream); }
+  // Slot g % 2's fp32 accumulators zeroed for group g: dK and dV (adjacent), and dQ.
+  void clear(int g, void* stream) {
+    engine_->zero(slot(g).dk, 2 * gathered_elems() * 4, stream);
+    engine_->zero(slot(g).dq, group_q_elems() * 4, stream);
+  }
   // Group g's backward calls cut where the keys' owner changes: those over the peers' keys, then
   // those over this rank's (adjacent keys of one side in one call), each side's largest first. At
   // two ranks, causal, rank 0's third chunk alone reaches rank 1's keys; rank 1's chunks reach
@@ -409,9 +407,7 @@ class Allgather {
     const int64_t token = int64_t{group_q()} * dim_;
     return {slot(g).dq + row0 * token, local_ * token, token, dim_};
   }
-  // Group g's dQ rounded into the problem's, and its fp32 accumulator zeroed where the slot serves
-  // another group.
-  void finish_dq(const attnhost_backward_args& a, int g, bool clear, void* stream) {
+  void convert_dq(const attnhost_backward_args& a, int g, void* stream) {
     ConvertParams cv;
     cv.dtype = output_dtype(core_dtype(dtype_));
     cv.batch = batch_;
@@ -421,7 +417,6 @@ class Allgather {
     cv.src = group_dq(g, 0);
     cv.dst = q_like(a.dq.data, 0, g * group_q(), out_el_);
     engine_->convert(cv, stream);
-    if (clear) engine_->zero(slot(g).dq, group_q_elems() * 4, stream);
   }
   RowStatsRef rows(float* base, int64_t row0, int32_t head0) const {
     return {base + int64_t{head0} * local_ + row0, int64_t{heads_} * local_, local_};
