@@ -85,6 +85,7 @@ class Allgather {
     reached_.assign(world_, std::vector<std::vector<attnhost_token_range>>(world_));
     for (int owner = 0; owner < world_; ++owner)
       for (int reader = 0; reader < world_; ++reader) reached_[owner][reader] = reach(owner, reader);
+    pieces_ = plan_pieces();
     for (const attnhost_token_range& r : ranges_[rank_]) layout_.add(r.global_begin, r.length);
     layout_.pad(local_ - layout_.local_tokens());
     groups_ = choose_groups(p.get_int("head_groups"));
@@ -158,27 +159,33 @@ class Allgather {
       clear(1, gs);
       cleared[1] = engine_->record(gs);
     }
-    bool atomic = true;  // every range's call adds its dK and dV by atomics (the groups' calls are alike)
-    for (const attnhost_token_range& r : ranges_[rank_]) atomic = atomic && engine_->adds_atomically(backward_call(a, r, 0));
+    // A group's pieces run side by side where each adds its dQ by atomics (one range's pieces share
+    // its dQ rows) and either writes keys no other piece makes or adds them by atomics too (a call
+    // cuDNN serves adds by a pass; a deterministic problem keeps one stream). The groups' pieces are
+    // alike.
+    bool together = true;
+    for (const Piece& piece : pieces_) {
+      const BackwardParams p = piece_call(a, piece, 0);
+      together = together && (p.write_dkdv || engine_->adds_atomically(p)) && engine_->adds_dq_atomically(p);
+    }
     for (int g = 0; g < groups_; ++g) {
       engine_->wait(compute, cleared[g]);
       engine_->wait(compute, gathered[g]);
       const int32_t range = host_.range_begin(("attention backward group " + std::to_string(g)).c_str(),
                                               ATTNHOST_RANGE_COMPUTE, compute);
+      const auto calls = [&](const std::vector<const Piece*>& pieces) {
+        return side_by_side(compute, together, pieces.size(), [&](size_t i, void* s) { engine_->backward(piece_call(a, *pieces[i], g), s); });
+      };
+      std::vector<const Piece*> peers, own;  // each largest first
+      for (const Piece& piece : pieces_) (piece.own ? own : peers).push_back(&piece);
       if (g + 1 < groups_ || world_ == 1) {
-        done[g] = for_each_range(compute, atomic, [&](const attnhost_token_range& r, void* s) { engine_->backward(backward_call(a, r, g), s); });
+        std::vector<const Piece*> all;
+        for (const Piece& piece : pieces_) all.push_back(&piece);
+        done[g] = calls(all);
       } else {  // the last group: the peers' keys first, their partials home under this rank's own
-        const auto [peers, own] = calls_by_owner(a, g);
-        // Side by side only where every cut call adds dK, dV and dQ by atomics: cut to fewer keys, a
-        // call the engine served natively whole may go to cuDNN, which adds by a pass; and one range's
-        // calls over several owners' keys share its dQ rows.
-        bool together = true;
-        for (const std::vector<BackwardParams>* calls : {&peers, &own})
-          for (const BackwardParams& p : *calls)
-            together = together && engine_->adds_atomically(p) && engine_->adds_dq_atomically(p);
-        wait_for(xs, side_by_side(compute, together, peers.size(), [&](size_t i, void* s) { engine_->backward(peers[i], s); }));
+        wait_for(xs, calls(peers));
         send_partials(g, xs);
-        done[g] = side_by_side(compute, together, own.size(), [&](size_t i, void* s) { engine_->backward(own[i], s); });
+        done[g] = calls(own);
       }
       host_.range_end(range, compute);
       if (g + 1 < groups_) {  // (after the calls are queued, as in the forward)
@@ -267,50 +274,107 @@ class Allgather {
     host_.range_end(range, fill_);
     return {engine_->record(compute), engine_->record(fill_)};
   }
-  // Slot g % 2's fp32 accumulators zeroed for group g: dK and dV (adjacent), and dQ.
+  // Slot g % 2's fp32 accumulators zeroed for group g: dQ, and the dK and dV of the keys pieces add
+  // (dV follows dK, so its batch entries continue dK's rows at the same pitch).
   void clear(int g, void* stream) {
-    engine_->zero(slot(g).dk, 2 * gathered_elems() * 4, stream);
     engine_->zero(slot(g).dq, group_q_elems() * 4, stream);
+    const size_t row = size_t(group_kv()) * dim_ * 4;
+    for (const Piece& p : pieces_)
+      if (p.grads == Grads::add)
+        engine_->zero_rows(reinterpret_cast<char*>(slot(g).dk) + p.keys.lo * row, seqlen_ * row, p.keys.size() * row,
+                           2 * size_t(batch_), stream);
   }
-  // Group g's backward calls cut where the keys' owner changes: those over the peers' keys, then
-  // those over this rank's (adjacent keys of one side in one call), each side's largest first. At
-  // two ranks, causal, rank 0's third chunk alone reaches rank 1's keys; rank 1's chunks reach
-  // rank 0's first chunk. The partials of the peers' keys are whole once their calls end, so the
-  // last group sends them home under this rank's own calls (docs/KERNELS.md, "Allgather: the last
+  // A backward piece: one of this rank's query ranges against a part of the keys it reaches, and
+  // how its call makes those keys' dK and dV. Added by atomics into the slot's fp32 accumulators,
+  // zeroed first, where another of this rank's ranges reaches the same keys; else written, no
+  // zeroing and no atomics: into the slot in fp32 where the gradients leave (a peer's keys) or meet a
+  // peer's partials (this rank's keys a peer reaches), and straight into dK and dV in the problem's
+  // dtype where this one call makes them whole (docs/KERNELS.md, "Allgather: each key's gradients
+  // made once"). At two ranks, causal, rank 0's third chunk adds keys [0, 2048) beside its first
+  // chunk, writes rank 1's 4096 into the slot and its own last 2048 into dK and dV.
+  enum class Grads { add, slot, out };
+  struct Piece {
+    int range;  // of ranges_[rank_]
+    Interval keys;
+    Grads grads;
+    bool own;  // this rank's keys
+    int64_t pairs;
+  };
+  // Each range's reach cut where the keys' owner changes, where another range's reach or a peer's
+  // starts or ends; pieces alike and adjacent (in dK's local order too, where written there) joined;
+  // the largest first. The last group runs the peers' keys first: their partials are whole when
+  // those calls end, and go home under this rank's own (docs/KERNELS.md, "Allgather: the last
   // group's partials home early").
-  std::pair<std::vector<BackwardParams>, std::vector<BackwardParams>> calls_by_owner(const attnhost_backward_args& a,
-                                                                                       int g) const {
-    struct Part {
-      const attnhost_token_range* rows;
-      Interval keys;
-      bool own;
-      int64_t pairs;
+  std::vector<Piece> plan_pieces() const {
+    const std::vector<attnhost_token_range>& mine = ranges_[rank_];
+    const auto meets = [](Interval x, int64_t lo, int64_t hi) { return std::max(x.lo, lo) < std::min(x.hi, hi); };
+    const auto peer_reaches = [&](int64_t lo, int64_t hi) {
+      for (int peer = 0; peer < world_; ++peer) {
+        if (peer == rank_) continue;
+        for (const attnhost_token_range& p : reached_[rank_][peer])
+          if (meets({p.global_begin, p.global_begin + p.length}, lo, hi)) return true;
+      }
+      return false;
     };
-    std::vector<Part> parts;
-    const DenseMask& m = reference_.mask();
-    for (const attnhost_token_range& r : ranges_[rank_]) {
-      const Interval reach = keys_of(r);
-      std::vector<std::pair<Interval, bool>> cut;
-      for (int owner = 0; owner < world_; ++owner)
-        for (const attnhost_token_range& k : ranges_[owner]) {
-          const Interval part{std::max(reach.lo, k.global_begin), std::min(reach.hi, k.global_begin + k.length)};
-          if (part.size() > 0) cut.push_back({part, owner == rank_});
-        }
-      std::sort(cut.begin(), cut.end(), [](const auto& x, const auto& y) { return x.first.lo < y.first.lo; });
-      for (const auto& [keys, own] : cut) {
-        if (!parts.empty() && parts.back().rows == &r && parts.back().own == own && parts.back().keys.hi == keys.lo)
-          parts.back().keys.hi = keys.hi;
+    std::vector<Piece> pieces;
+    for (int i = 0; i < int(mine.size()); ++i) {
+      const Interval reach = keys_of(mine[i]);
+      std::vector<int64_t> cuts = {reach.lo, reach.hi};
+      const auto cut = [&](int64_t at) {
+        if (at > reach.lo && at < reach.hi) cuts.push_back(at);
+      };
+      for (const std::vector<attnhost_token_range>& ranges : ranges_)
+        for (const attnhost_token_range& r : ranges) cut(r.global_begin), cut(r.global_begin + r.length);
+      for (int j = 0; j < int(mine.size()); ++j)
+        if (j != i) cut(keys_of(mine[j]).lo), cut(keys_of(mine[j]).hi);
+      for (int peer = 0; peer < world_; ++peer)
+        if (peer != rank_)
+          for (const attnhost_token_range& p : reached_[rank_][peer]) cut(p.global_begin), cut(p.global_begin + p.length);
+      std::sort(cuts.begin(), cuts.end());
+      cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+      for (size_t c = 0; c + 1 < cuts.size(); ++c) {
+        const int64_t lo = cuts[c], hi = cuts[c + 1];
+        bool shared = false;
+        for (int j = 0; j < int(mine.size()); ++j) shared = shared || (j != i && meets(keys_of(mine[j]), lo, hi));
+        const bool own = owner_of(lo) == rank_;
+        const Grads grads = shared ? Grads::add : !own || peer_reaches(lo, hi) ? Grads::slot : Grads::out;
+        Piece* last = pieces.empty() ? nullptr : &pieces.back();
+        if (last && last->range == i && last->grads == grads && last->own == own && last->keys.hi == lo &&
+            (grads != Grads::out || local_of(lo - 1) + 1 == local_of(lo)))
+          last->keys.hi = hi;
         else
-          parts.push_back({&r, keys, own, 0});
+          pieces.push_back({i, {lo, hi}, grads, own, 0});
       }
     }
-    for (Part& p : parts)
-      p.pairs = m.pairs(p.rows->global_begin, p.rows->global_begin + p.rows->length, p.keys.lo, p.keys.hi);
-    std::stable_sort(parts.begin(), parts.end(), [](const Part& x, const Part& y) { return x.pairs > y.pairs; });
-    std::pair<std::vector<BackwardParams>, std::vector<BackwardParams>> calls;
-    for (const Part& p : parts)
-      if (p.pairs > 0) (p.own ? calls.second : calls.first).push_back(backward_call(a, *p.rows, g, p.keys));
-    return calls;
+    const DenseMask& m = reference_.mask();
+    for (Piece& p : pieces) p.pairs = m.pairs(mine[p.range].global_begin, mine[p.range].global_begin + mine[p.range].length, p.keys.lo, p.keys.hi);
+    // (A written piece stays however few its pairs: it writes zeros for the keys no row sees.)
+    pieces.erase(std::remove_if(pieces.begin(), pieces.end(), [](const Piece& p) { return p.pairs == 0 && p.grads == Grads::add; }),
+                 pieces.end());
+    std::stable_sort(pieces.begin(), pieces.end(), [](const Piece& x, const Piece& y) { return x.pairs > y.pairs; });
+    return pieces;
+  }
+  BackwardParams piece_call(const attnhost_backward_args& a, const Piece& piece, int g) const {
+    BackwardParams p = backward_call(a, ranges_[rank_][piece.range], g, piece.keys);
+    if (piece.grads == Grads::add) return p;
+    p.write_dkdv = true;
+    p.write_dkdv_fp32 = piece.grads == Grads::slot;
+    if (piece.grads == Grads::out) {
+      p.dk = kv_like(a.dk.data, local_of(piece.keys.lo), g * group_kv(), out_el_);
+      p.dv = kv_like(a.dv.data, local_of(piece.keys.lo), g * group_kv(), out_el_);
+    }
+    return p;
+  }
+  int owner_of(int64_t key) const {
+    for (int owner = 0; owner < world_; ++owner)
+      for (const attnhost_token_range& r : ranges_[owner])
+        if (key >= r.global_begin && key < r.global_begin + r.length) return owner;
+    return -1;
+  }
+  int64_t local_of(int64_t key) const {  // (a key of this rank)
+    for (const attnhost_token_range& r : ranges_[rank_])
+      if (key >= r.global_begin && key < r.global_begin + r.length) return r.local_begin + (key - r.global_begin);
+    return -1;
   }
 
   int32_t group_kv() const { return kv_heads_ / pass_groups_; }
@@ -622,18 +686,24 @@ class Allgather {
     // A piece's partials from every peer that sent them but the last are added in place (fp32), the
     // last one's in the pass that rounds the sums into dK and dV: one launch a piece and tensor, not
     // one a batch entry (docs/KERNELS.md, "Allgather's backward"). A range is cut into pieces where
-    // a peer's reach starts or ends: a peer sends the partials of the keys its rows reach alone.
+    // a peer's reach starts or ends (a peer sends the partials of the keys its rows reach alone) and
+    // where a backward piece wrote its keys straight into dK and dV, which are left as they are.
     for (const attnhost_token_range& r : ranges_[rank_]) {
       std::vector<int64_t> cuts = {r.global_begin, r.global_begin + r.length};
+      const auto cut = [&](int64_t at) {
+        if (at > r.global_begin && at < r.global_begin + r.length) cuts.push_back(at);
+      };
       for (int peer = 0; peer < world_; ++peer)
         if (peer != rank_)
-          for (const attnhost_token_range& p : reached_[rank_][peer])
-            for (int64_t at : {p.global_begin, p.global_begin + p.length})
-              if (at > r.global_begin && at < r.global_begin + r.length) cuts.push_back(at);
+          for (const attnhost_token_range& p : reached_[rank_][peer]) cut(p.global_begin), cut(p.global_begin + p.length);
+      for (const Piece& p : pieces_)
+        if (p.grads == Grads::out) cut(p.keys.lo), cut(p.keys.hi);
       std::sort(cuts.begin(), cuts.end());
       cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
       for (size_t c = 0; c + 1 < cuts.size(); ++c) {
         const int64_t lo = cuts[c], local = r.local_begin + (lo - r.global_begin);
+        const auto written = [&](const Piece& p) { return p.grads == Grads::out && p.keys.lo <= lo && lo < p.keys.hi; };
+        if (std::any_of(pieces_.begin(), pieces_.end(), written)) continue;  // made whole in dK and dV by its call
         std::vector<int> peers;  // those whose partials of the piece came home
         for (int peer = 0; peer < world_; ++peer)
           if (peer != rank_)
@@ -706,6 +776,7 @@ class Allgather {
   void* fill_ = nullptr;  // host stream 3, where a group's shorter ranges run (null: none)
   std::vector<std::vector<attnhost_token_range>> ranges_;  // each rank's tokens
   std::vector<std::vector<std::vector<attnhost_token_range>>> reached_;  // [owner][reader]: reach(owner, reader)
+  std::vector<Piece> pieces_;  // the backward's calls of a group (plan_pieces)
   int64_t local_ = 0;
   attnhost::Layout layout_;
   int32_t groups_ = 1;          // the backward's groups of kv heads (and the forward's where asked)
