@@ -163,6 +163,16 @@ class Allgather {
     // its dQ rows) and either writes keys no other piece makes or adds them by atomics too (a call
     // cuDNN serves adds by a pass; a deterministic problem keeps one stream). The groups' pieces are
     // alike.
+    // A piece written in the dtype may go to cuDNN, which adds its dQ by a pass of its own: where
+    // others run beside it, it writes into the slot in fp32 instead (the native kernels' form), and
+    // the sums home round it.
+    for (Piece& piece : pieces_) {
+      if (pieces_.size() == 1 || piece.grads != Grads::out || engine_->adds_dq_atomically(piece_call(a, piece, 0))) continue;
+      Piece in_slot = piece;
+      in_slot.grads = Grads::slot;
+      if (engine_->adds_dq_atomically(piece_call(a, in_slot, 0))) piece = in_slot;
+    }
+    const std::vector<Piece> whole = across_owners(pieces_);  // the groups' but the last
     bool together = true;
     for (const Piece& piece : pieces_) {
       const BackwardParams p = piece_call(a, piece, 0);
@@ -176,13 +186,13 @@ class Allgather {
       const auto calls = [&](const std::vector<const Piece*>& pieces) {
         return side_by_side(compute, together, pieces.size(), [&](size_t i, void* s) { engine_->backward(piece_call(a, *pieces[i], g), s); });
       };
-      std::vector<const Piece*> peers, own;  // each largest first
-      for (const Piece& piece : pieces_) (piece.own ? own : peers).push_back(&piece);
       if (g + 1 < groups_ || world_ == 1) {
         std::vector<const Piece*> all;
-        for (const Piece& piece : pieces_) all.push_back(&piece);
+        for (const Piece& piece : whole) all.push_back(&piece);
         done[g] = calls(all);
       } else {  // the last group: the peers' keys first, their partials home under this rank's own
+        std::vector<const Piece*> peers, own;  // each largest first
+        for (const Piece& piece : pieces_) (piece.own ? own : peers).push_back(&piece);
         wait_for(xs, calls(peers));
         send_partials(g, xs);
         done[g] = calls(own);
@@ -278,11 +288,13 @@ class Allgather {
   // (dV follows dK, so its batch entries continue dK's rows at the same pitch).
   void clear(int g, void* stream) {
     engine_->zero(slot(g).dq, group_q_elems() * 4, stream);
-    const size_t row = size_t(group_kv()) * dim_ * 4;
+    std::vector<Interval> added;  // (several ranges' pieces add the same keys)
     for (const Piece& p : pieces_)
-      if (p.grads == Grads::add)
-        engine_->zero_rows(reinterpret_cast<char*>(slot(g).dk) + p.keys.lo * row, seqlen_ * row, p.keys.size() * row,
-                           2 * size_t(batch_), stream);
+      if (p.grads == Grads::add) added.push_back(p.keys);
+    const size_t row = size_t(group_kv()) * dim_ * 4;
+    for (const Interval& k : joined(added))
+      engine_->zero_rows(reinterpret_cast<char*>(slot(g).dk) + k.lo * row, seqlen_ * row, k.size() * row,
+                         2 * size_t(batch_), stream);
   }
   // A backward piece: one of this rank's query ranges against a part of the keys it reaches, and
   // how its call makes those keys' dK and dV. Added by atomics into the slot's fp32 accumulators,
@@ -353,6 +365,25 @@ class Allgather {
                  pieces.end());
     std::stable_sort(pieces.begin(), pieces.end(), [](const Piece& x, const Piece& y) { return x.pairs > y.pairs; });
     return pieces;
+  }
+  // The pieces joined where only the keys' owner parted them: one call a range and way of making
+  // its gradients, where the calls need not end by owner.
+  std::vector<Piece> across_owners(std::vector<Piece> pieces) const {
+    std::sort(pieces.begin(), pieces.end(), [](const Piece& x, const Piece& y) {
+      return x.range != y.range ? x.range < y.range : x.keys.lo < y.keys.lo;
+    });
+    std::vector<Piece> out;
+    for (const Piece& p : pieces) {
+      if (!out.empty() && out.back().range == p.range && out.back().grads == p.grads && p.grads != Grads::out &&
+          out.back().keys.hi == p.keys.lo) {
+        out.back().keys.hi = p.keys.hi;
+        out.back().pairs += p.pairs;
+      } else {
+        out.push_back(p);
+      }
+    }
+    std::stable_sort(out.begin(), out.end(), [](const Piece& x, const Piece& y) { return x.pairs > y.pairs; });
+    return out;
   }
   BackwardParams piece_call(const attnhost_backward_args& a, const Piece& piece, int g) const {
     BackwardParams p = backward_call(a, ranges_[rank_][piece.range], g, piece.keys);
@@ -492,6 +523,16 @@ class Allgather {
     const DenseMask& m = reference_.mask();
     return {m.keys_of(r.global_begin).lo, m.keys_of(r.global_begin + r.length - 1).hi};
   }
+  // Intervals that overlap or touch made one, in order.
+  static std::vector<Interval> joined(std::vector<Interval> v) {
+    std::sort(v.begin(), v.end(), [](const Interval& x, const Interval& y) { return x.lo < y.lo; });
+    std::vector<Interval> out;
+    for (const Interval& k : v) {
+      if (!out.empty() && out.back().hi >= k.lo) out.back().hi = std::max(out.back().hi, k.hi);
+      else out.push_back(k);
+    }
+    return out;
+  }
   // The parts of `owner`'s ranges that `reader`'s rows reach, each a token range at its global and
   // owner-local position: what a gather brings `reader` from `owner`, and the partials `reader`
   // sends `owner` home. A window leaves most keys unreached, a causal mask the last ranks' second
@@ -505,13 +546,8 @@ class Allgather {
         const Interval part{std::max(keys.lo, k.global_begin), std::min(keys.hi, k.global_begin + k.length)};
         if (part.size() > 0) cut.push_back(part);
       }
-      std::sort(cut.begin(), cut.end(), [](const Interval& x, const Interval& y) { return x.lo < y.lo; });
-      std::vector<Interval> merged;  // (the reader's ranges may reach overlapping keys)
-      for (const Interval& c : cut) {
-        if (!merged.empty() && merged.back().hi >= c.lo) merged.back().hi = std::max(merged.back().hi, c.hi);
-        else merged.push_back(c);
-      }
-      for (const Interval& m : merged) parts.push_back({m.lo, k.local_begin + (m.lo - k.global_begin), m.size()});
+      for (const Interval& m : joined(cut))  // (the reader's ranges may reach overlapping keys)
+        parts.push_back({m.lo, k.local_begin + (m.lo - k.global_begin), m.size()});
     }
     return parts;
   }
