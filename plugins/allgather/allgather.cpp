@@ -85,7 +85,7 @@ class Allgather {
     reached_.assign(world_, std::vector<std::vector<attnhost_token_range>>(world_));
     for (int owner = 0; owner < world_; ++owner)
       for (int reader = 0; reader < world_; ++reader) reached_[owner][reader] = reach(owner, reader);
-    pieces_ = plan_pieces();
+    plan_pieces();
     for (const attnhost_token_range& r : ranges_[rank_]) layout_.add(r.global_begin, r.length);
     layout_.pad(local_ - layout_.local_tokens());
     groups_ = choose_groups(p.get_int("head_groups"));
@@ -159,43 +159,17 @@ class Allgather {
       clear(1, gs);
       cleared[1] = engine_->record(gs);
     }
-    // A group's pieces run side by side where each adds its dQ by atomics (one range's pieces share
-    // its dQ rows) and either writes keys no other piece makes or adds them by atomics too (a call
-    // cuDNN serves adds by a pass; a deterministic problem keeps one stream). The groups' pieces are
-    // alike.
-    // A piece written in the dtype may go to cuDNN, which adds its dQ by a pass of its own: where
-    // others run beside it, it writes into the slot in fp32 instead (the native kernels' form), and
-    // the sums home round it.
-    for (Piece& piece : pieces_) {
-      if (pieces_.size() == 1 || piece.grads != Grads::out || engine_->adds_dq_atomically(piece_call(a, piece, 0))) continue;
-      Piece in_slot = piece;
-      in_slot.grads = Grads::slot;
-      if (engine_->adds_dq_atomically(piece_call(a, in_slot, 0))) piece = in_slot;
-    }
-    const std::vector<Piece> whole = across_owners(pieces_);  // the groups' but the last
-    bool together = true;
-    for (const Piece& piece : pieces_) {
-      const BackwardParams p = piece_call(a, piece, 0);
-      together = together && (p.write_dkdv || engine_->adds_atomically(p)) && engine_->adds_dq_atomically(p);
-    }
     for (int g = 0; g < groups_; ++g) {
       engine_->wait(compute, cleared[g]);
       engine_->wait(compute, gathered[g]);
       const int32_t range = host_.range_begin(("attention backward group " + std::to_string(g)).c_str(),
                                               ATTNHOST_RANGE_COMPUTE, compute);
-      const auto calls = [&](const std::vector<const Piece*>& pieces) {
-        return side_by_side(compute, together, pieces.size(), [&](size_t i, void* s) { engine_->backward(piece_call(a, *pieces[i], g), s); });
-      };
       if (g + 1 < groups_ || world_ == 1) {
-        std::vector<const Piece*> all;
-        for (const Piece& piece : whole) all.push_back(&piece);
-        done[g] = calls(all);
+        done[g] = backward_pieces(a, g, whole_, compute);
       } else {  // the last group: the peers' keys first, their partials home under this rank's own
-        std::vector<const Piece*> peers, own;  // each largest first
-        for (const Piece& piece : pieces_) (piece.own ? own : peers).push_back(&piece);
-        wait_for(xs, calls(peers));
+        wait_for(xs, backward_pieces(a, g, peers_, compute));
         send_partials(g, xs);
-        done[g] = calls(own);
+        done[g] = backward_pieces(a, g, own_, compute);
       }
       host_.range_end(range, compute);
       if (g + 1 < groups_) {  // (after the calls are queued, as in the forward)
@@ -284,130 +258,84 @@ class Allgather {
     host_.range_end(range, fill_);
     return {engine_->record(compute), engine_->record(fill_)};
   }
-  // Slot g % 2's fp32 accumulators zeroed for group g: dQ, and the dK and dV of the keys pieces add
-  // (dV follows dK, so its batch entries continue dK's rows at the same pitch).
-  void clear(int g, void* stream) {
-    engine_->zero(slot(g).dq, group_q_elems() * 4, stream);
-    std::vector<Interval> added;  // (several ranges' pieces add the same keys)
-    for (const Piece& p : pieces_)
-      if (p.grads == Grads::add) added.push_back(p.keys);
-    const size_t row = size_t(group_kv()) * dim_ * 4;
-    for (const Interval& k : joined(added))
-      engine_->zero_rows(reinterpret_cast<char*>(slot(g).dk) + k.lo * row, seqlen_ * row, k.size() * row,
-                         2 * size_t(batch_), stream);
-  }
-  // A backward piece: one of this rank's query ranges against a part of the keys it reaches, and
-  // how its call makes those keys' dK and dV. Added by atomics into the slot's fp32 accumulators,
-  // zeroed first, where another of this rank's ranges reaches the same keys; else written, no
-  // zeroing and no atomics: into the slot in fp32 where the gradients leave (a peer's keys) or meet a
-  // peer's partials (this rank's keys a peer reaches), and straight into dK and dV in the problem's
-  // dtype where this one call makes them whole (docs/KERNELS.md, "Allgather: each key's gradients
-  // made once"). At two ranks, causal, rank 0's third chunk adds keys [0, 2048) beside its first
-  // chunk, writes rank 1's 4096 into the slot and its own last 2048 into dK and dV.
-  enum class Grads { add, slot, out };
+  // Slot g % 2's fp32 dQ zeroed for group g (its dK and dV are written, not added into).
+  void clear(int g, void* stream) { engine_->zero(slot(g).dq, group_q_elems() * 4, stream); }
+  // A backward piece: one of this rank's query ranges against the keys it reaches, or the part of
+  // them one rank owns. Each key's dK and dV are written, not added by atomics, so that none are
+  // zeroed: the range that reaches the most keys (the first) writes them in fp32 into the slot; the
+  // other range's pieces then write theirs, the first's added in place over the keys both reach
+  // (BackwardParams::dk_add), on the fill stream beside the next group's first calls. At two ranks,
+  // causal, rank 0's third chunk writes keys [0, 8192), then its first chunk [0, 2048) with the
+  // third's added (docs/KERNELS.md, "Allgather: each key's gradients written once").
   struct Piece {
-    int range;  // of ranges_[rank_]
+    bool first;    // of the first range (else of the second, after the first's)
+    int range;     // of ranges_[rank_]
     Interval keys;
-    Grads grads;
-    bool own;  // this rank's keys
-    int64_t pairs;
+    Interval add;  // keys the first range wrote that this piece adds before it writes (empty: none)
   };
-  // Each range's reach cut where the keys' owner changes, where another range's reach or a peer's
-  // starts or ends; pieces alike and adjacent (in dK's local order too, where written there) joined;
-  // the largest first. The last group runs the peers' keys first: their partials are whole when
-  // those calls end, and go home under this rank's own (docs/KERNELS.md, "Allgather: the last
-  // group's partials home early").
-  std::vector<Piece> plan_pieces() const {
+  // The groups' pieces but the last's (each range whole), and the last group's cut where the keys'
+  // owner changes, the peers' then this rank's: the peers' partials are whole when their pieces end,
+  // and go home under this rank's own (docs/KERNELS.md, "Allgather: the last group's partials home
+  // early"). A rank has one range or two (zigzag's chunks).
+  void plan_pieces() {
     const std::vector<attnhost_token_range>& mine = ranges_[rank_];
-    const auto meets = [](Interval x, int64_t lo, int64_t hi) { return std::max(x.lo, lo) < std::min(x.hi, hi); };
-    const auto peer_reaches = [&](int64_t lo, int64_t hi) {
-      for (int peer = 0; peer < world_; ++peer) {
-        if (peer == rank_) continue;
-        for (const attnhost_token_range& p : reached_[rank_][peer])
-          if (meets({p.global_begin, p.global_begin + p.length}, lo, hi)) return true;
-      }
-      return false;
-    };
-    std::vector<Piece> pieces;
+    int first = 0;
+    for (int i = 1; i < int(mine.size()); ++i)
+      if (keys_of(mine[i]).size() >= keys_of(mine[first]).size()) first = i;
+    const Interval written = keys_of(mine[first]);
     for (int i = 0; i < int(mine.size()); ++i) {
+      const bool is_first = i == first;
       const Interval reach = keys_of(mine[i]);
-      std::vector<int64_t> cuts = {reach.lo, reach.hi};
-      const auto cut = [&](int64_t at) {
-        if (at > reach.lo && at < reach.hi) cuts.push_back(at);
+      const auto piece = [&](Interval keys) {
+        const Interval add{std::max(keys.lo, written.lo), std::min(keys.hi, written.hi)};
+        return Piece{is_first, i, keys, is_first || add.size() == 0 ? Interval{} : add};
       };
-      for (const std::vector<attnhost_token_range>& ranges : ranges_)
-        for (const attnhost_token_range& r : ranges) cut(r.global_begin), cut(r.global_begin + r.length);
-      for (int j = 0; j < int(mine.size()); ++j)
-        if (j != i) cut(keys_of(mine[j]).lo), cut(keys_of(mine[j]).hi);
-      for (int peer = 0; peer < world_; ++peer)
-        if (peer != rank_)
-          for (const attnhost_token_range& p : reached_[rank_][peer]) cut(p.global_begin), cut(p.global_begin + p.length);
-      std::sort(cuts.begin(), cuts.end());
-      cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
-      for (size_t c = 0; c + 1 < cuts.size(); ++c) {
-        const int64_t lo = cuts[c], hi = cuts[c + 1];
-        bool shared = false;
-        for (int j = 0; j < int(mine.size()); ++j) shared = shared || (j != i && meets(keys_of(mine[j]), lo, hi));
-        const bool own = owner_of(lo) == rank_;
-        const Grads grads = shared ? Grads::add : !own || peer_reaches(lo, hi) ? Grads::slot : Grads::out;
-        Piece* last = pieces.empty() ? nullptr : &pieces.back();
-        if (last && last->range == i && last->grads == grads && last->own == own && last->keys.hi == lo &&
-            (grads != Grads::out || local_of(lo - 1) + 1 == local_of(lo)))
-          last->keys.hi = hi;
-        else
-          pieces.push_back({i, {lo, hi}, grads, own, 0});
-      }
+      whole_.push_back(piece(reach));
+      for (int owner = 0; owner < world_; ++owner)
+        for (const attnhost_token_range& r : ranges_[owner]) {
+          const Interval part{std::max(reach.lo, r.global_begin), std::min(reach.hi, r.global_begin + r.length)};
+          if (part.size() > 0) (owner == rank_ ? own_ : peers_).push_back(piece(part));
+        }
     }
-    const DenseMask& m = reference_.mask();
-    for (Piece& p : pieces) p.pairs = m.pairs(mine[p.range].global_begin, mine[p.range].global_begin + mine[p.range].length, p.keys.lo, p.keys.hi);
-    // (A written piece stays however few its pairs: it writes zeros for the keys no row sees.)
-    pieces.erase(std::remove_if(pieces.begin(), pieces.end(), [](const Piece& p) { return p.pairs == 0 && p.grads == Grads::add; }),
-                 pieces.end());
-    std::stable_sort(pieces.begin(), pieces.end(), [](const Piece& x, const Piece& y) { return x.pairs > y.pairs; });
-    return pieces;
+    // The first range's pieces before the second's in each list (the second's add what they wrote).
+    for (std::vector<Piece>* pieces : {&whole_, &peers_, &own_})
+      std::stable_sort(pieces->begin(), pieces->end(), [](const Piece& x, const Piece& y) { return x.first > y.first; });
   }
-  // The pieces joined where only the keys' owner parted them: one call a range and way of making
-  // its gradients, where the calls need not end by owner.
-  std::vector<Piece> across_owners(std::vector<Piece> pieces) const {
-    std::sort(pieces.begin(), pieces.end(), [](const Piece& x, const Piece& y) {
-      return x.range != y.range ? x.range < y.range : x.keys.lo < y.keys.lo;
-    });
-    std::vector<Piece> out;
-    for (const Piece& p : pieces) {
-      if (!out.empty() && out.back().range == p.range && out.back().grads == p.grads && p.grads != Grads::out &&
-          out.back().keys.hi == p.keys.lo) {
-        out.back().keys.hi = p.keys.hi;
-        out.back().pairs += p.pairs;
-      } else {
-        out.push_back(p);
+  // A list's pieces of group g: the first range's on the compute stream, the second's on the fill
+  // stream once those are done (or after them on the compute stream, where there is no fill stream).
+  Calls backward_pieces(const attnhost_backward_args& a, int g, const std::vector<Piece>& pieces, void* compute) {
+    void* second = fill_ ? fill_ : compute;
+    bool waited = false;
+    int32_t range = -1;
+    for (const Piece& piece : pieces) {
+      void* s = piece.first ? compute : second;
+      if (!piece.first && !waited) {
+        engine_->wait(second, compute);
+        if (second != compute) range = host_.range_begin("attention beside", ATTNHOST_RANGE_COMPUTE, second);
+        waited = true;
       }
+      engine_->backward(piece_call(a, piece, g), s);
     }
-    std::stable_sort(out.begin(), out.end(), [](const Piece& x, const Piece& y) { return x.pairs > y.pairs; });
-    return out;
+    if (range >= 0) host_.range_end(range, second);
+    return {engine_->record(compute), second != compute ? engine_->record(second) : nullptr};
   }
   BackwardParams piece_call(const attnhost_backward_args& a, const Piece& piece, int g) const {
     BackwardParams p = backward_call(a, ranges_[rank_][piece.range], g, piece.keys);
-    if (piece.grads == Grads::add) return p;
     p.write_dkdv = true;
-    p.write_dkdv_fp32 = piece.grads == Grads::slot;
-    if (piece.grads == Grads::out) {
-      p.dk = kv_like(a.dk.data, local_of(piece.keys.lo), g * group_kv(), out_el_);
-      p.dv = kv_like(a.dv.data, local_of(piece.keys.lo), g * group_kv(), out_el_);
+    if (world_ == 1) {  // one call makes every key's gradients whole: straight into dK and dV
+      p.dk = kv_like(a.dk.data, 0, g * group_kv(), out_el_);
+      p.dv = kv_like(a.dv.data, 0, g * group_kv(), out_el_);
+      return p;
+    }
+    p.write_dkdv_fp32 = true;
+    if (piece.add.size() > 0) {  // in place: a CTA reads its keys' earlier gradients, then writes them
+      p.dk_add = p.dk;
+      p.dv_add = p.dv;
+      p.add_begin = piece.add.lo - piece.keys.lo;
+      p.add_end = piece.add.hi - piece.keys.lo;
     }
     return p;
   }
-  int owner_of(int64_t key) const {
-    for (int owner = 0; owner < world_; ++owner)
-      for (const attnhost_token_range& r : ranges_[owner])
-        if (key >= r.global_begin && key < r.global_begin + r.length) return owner;
-    return -1;
-  }
-  int64_t local_of(int64_t key) const {  // (a key of this rank)
-    for (const attnhost_token_range& r : ranges_[rank_])
-      if (key >= r.global_begin && key < r.global_begin + r.length) return r.local_begin + (key - r.global_begin);
-    return -1;
-  }
-
   int32_t group_kv() const { return kv_heads_ / pass_groups_; }
   int32_t group_q() const { return group_kv() * (heads_ / kv_heads_); }
   size_t group_q_elems() const { return size_t(batch_) * local_ * group_q() * dim_; }
@@ -713,6 +641,7 @@ class Allgather {
     host_.range_end(range, stream);
   }
   void sum_home(const attnhost_backward_args& a, int g, void* stream) {
+    if (world_ == 1) return;
     const int32_t kv = group_kv();
     const size_t count = size_t(kv) * dim_, frow = count * 4;
     const size_t half = align_up(batch_ * local_ * frow);
@@ -722,8 +651,8 @@ class Allgather {
     // A piece's partials from every peer that sent them but the last are added in place (fp32), the
     // last one's in the pass that rounds the sums into dK and dV: one launch a piece and tensor, not
     // one a batch entry (docs/KERNELS.md, "Allgather's backward"). A range is cut into pieces where
-    // a peer's reach starts or ends (a peer sends the partials of the keys its rows reach alone) and
-    // where a backward piece wrote its keys straight into dK and dV, which are left as they are.
+    // a peer's reach starts or ends: a peer sends the partials of the keys its rows reach alone. (At
+    // world size 1 the calls wrote dK and dV.)
     for (const attnhost_token_range& r : ranges_[rank_]) {
       std::vector<int64_t> cuts = {r.global_begin, r.global_begin + r.length};
       const auto cut = [&](int64_t at) {
@@ -732,14 +661,10 @@ class Allgather {
       for (int peer = 0; peer < world_; ++peer)
         if (peer != rank_)
           for (const attnhost_token_range& p : reached_[rank_][peer]) cut(p.global_begin), cut(p.global_begin + p.length);
-      for (const Piece& p : pieces_)
-        if (p.grads == Grads::out) cut(p.keys.lo), cut(p.keys.hi);
       std::sort(cuts.begin(), cuts.end());
       cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
       for (size_t c = 0; c + 1 < cuts.size(); ++c) {
         const int64_t lo = cuts[c], local = r.local_begin + (lo - r.global_begin);
-        const auto written = [&](const Piece& p) { return p.grads == Grads::out && p.keys.lo <= lo && lo < p.keys.hi; };
-        if (std::any_of(pieces_.begin(), pieces_.end(), written)) continue;  // made whole in dK and dV by its call
         std::vector<int> peers;  // those whose partials of the piece came home
         for (int peer = 0; peer < world_; ++peer)
           if (peer != rank_)
@@ -812,7 +737,7 @@ class Allgather {
   void* fill_ = nullptr;  // host stream 3, where a group's shorter ranges run (null: none)
   std::vector<std::vector<attnhost_token_range>> ranges_;  // each rank's tokens
   std::vector<std::vector<std::vector<attnhost_token_range>>> reached_;  // [owner][reader]: reach(owner, reader)
-  std::vector<Piece> pieces_;  // the backward's calls of a group (plan_pieces)
+  std::vector<Piece> whole_, peers_, own_;  // the backward's pieces (plan_pieces)
   int64_t local_ = 0;
   attnhost::Layout layout_;
   int32_t groups_ = 1;          // the backward's groups of kv heads (and the forward's where asked)

@@ -210,8 +210,8 @@ TEST_CASE("allgather: causal (zigzag chunks), full, a window, GQA, groups of hea
   auto groups = dense_case("allgather", {2, 4}, 128, 8, 4, 16, true);
   groups.params["head_groups"] = int64_t{4};
   test::all_pass(run_on(DeviceKind::cpu, groups));
-  // Slots reused by later groups where a backward piece writes its keys (into the slot in fp32, or
-  // into dK and dV) rather than adding them: full, and a window, whose pieces differ from causal's.
+  // Slots reused by later groups, whose dK and dV are written, not added into: full (one range a
+  // rank), and a window (two ranges whose reaches overlap without one holding the other).
   auto full_groups = dense_case("allgather", {2, 3}, 120, 8, 4, 16, false);
   full_groups.params["head_groups"] = int64_t{4};
   test::all_pass(run_on(DeviceKind::cpu, full_groups));
@@ -219,6 +219,10 @@ TEST_CASE("allgather: causal (zigzag chunks), full, a window, GQA, groups of hea
   window_groups.problem.window_left = 29;
   window_groups.params["head_groups"] = int64_t{4};
   test::all_pass(run_on(DeviceKind::cpu, window_groups));
+  auto deterministic = dense_case("allgather", {2, 3}, 128, 8, 4, 16, true);  // every call on one stream
+  deterministic.problem.deterministic = 1;
+  deterministic.params["head_groups"] = int64_t{2};
+  test::all_pass(run_on(DeviceKind::cpu, deterministic));
   test::all_pass(run_on(DeviceKind::cpu, dense_case("allgather", {1, 2}, 128, 4, 4, 24, true, "fp16")));
 }
 
