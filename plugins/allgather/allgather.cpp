@@ -160,8 +160,10 @@ class Allgather {
       cleared[1] = engine_->record(gs);
     }
     for (int g = 0; g < groups_; ++g) {
-      engine_->wait(compute, cleared[g]);
-      engine_->wait(compute, gathered[g]);
+      for (void* s : {compute, fill_ ? fill_ : compute}) {
+        engine_->wait(s, cleared[g]);
+        engine_->wait(s, gathered[g]);
+      }
       const int32_t range = host_.range_begin(("attention backward group " + std::to_string(g)).c_str(),
                                               ATTNHOST_RANGE_COMPUTE, compute);
       if (g + 1 < groups_ || world_ == 1) {
@@ -262,33 +264,31 @@ class Allgather {
   void clear(int g, void* stream) { engine_->zero(slot(g).dq, group_q_elems() * 4, stream); }
   // A backward piece: one of this rank's query ranges against the keys it reaches, or the part of
   // them one rank owns. Each key's dK and dV are written, not added by atomics, so that none are
-  // zeroed: the range that reaches the most keys (the first) writes them in fp32 into the slot; the
-  // other range's pieces then write theirs, the first's added in place over the keys both reach
-  // (BackwardParams::dk_add), on the fill stream beside the next group's first calls. At two ranks,
-  // causal, rank 0's third chunk writes keys [0, 8192), then its first chunk [0, 2048) with the
-  // third's added (docs/KERNELS.md, "Allgather: each key's gradients written once").
+  // zeroed. Of a rank's two ranges (zigzag's chunks) the one reaching fewer keys writes first, on
+  // the fill stream beside the previous group's calls; the other then writes its keys on the compute
+  // stream, the first's added in place over the keys both reach (BackwardParams::dk_add). At two
+  // ranks, causal, rank 0's first chunk writes keys [0, 2048), then its third chunk [0, 8192) with
+  // the first's added (docs/KERNELS.md, "Allgather: each key's gradients written once").
   struct Piece {
-    bool first;    // of the first range (else of the second, after the first's)
+    bool first;    // of the range written first (else of the other, after it)
     int range;     // of ranges_[rank_]
     Interval keys;
-    Interval add;  // keys the first range wrote that this piece adds before it writes (empty: none)
+    Interval add;  // keys the first range wrote, added before this piece writes (empty: none)
   };
   // The groups' pieces but the last's (each range whole), and the last group's cut where the keys'
   // owner changes, the peers' then this rank's: the peers' partials are whole when their pieces end,
   // and go home under this rank's own (docs/KERNELS.md, "Allgather: the last group's partials home
-  // early"). A rank has one range or two (zigzag's chunks).
+  // early"). A rank has one range or two.
   void plan_pieces() {
     const std::vector<attnhost_token_range>& mine = ranges_[rank_];
-    int first = 0;
-    for (int i = 1; i < int(mine.size()); ++i)
-      if (keys_of(mine[i]).size() >= keys_of(mine[first]).size()) first = i;
-    const Interval written = keys_of(mine[first]);
+    int first = -1;  // (none where a rank has one range)
+    if (mine.size() == 2) first = keys_of(mine[0]).size() <= keys_of(mine[1]).size() ? 0 : 1;
+    const Interval written = first >= 0 ? keys_of(mine[first]) : Interval{};
     for (int i = 0; i < int(mine.size()); ++i) {
-      const bool is_first = i == first;
       const Interval reach = keys_of(mine[i]);
       const auto piece = [&](Interval keys) {
         const Interval add{std::max(keys.lo, written.lo), std::min(keys.hi, written.hi)};
-        return Piece{is_first, i, keys, is_first || add.size() == 0 ? Interval{} : add};
+        return Piece{i == first, i, keys, i == first || add.size() == 0 ? Interval{} : add};
       };
       whole_.push_back(piece(reach));
       for (int owner = 0; owner < world_; ++owner)
@@ -297,27 +297,26 @@ class Allgather {
           if (part.size() > 0) (owner == rank_ ? own_ : peers_).push_back(piece(part));
         }
     }
-    // The first range's pieces before the second's in each list (the second's add what they wrote).
-    for (std::vector<Piece>* pieces : {&whole_, &peers_, &own_})
+    for (std::vector<Piece>* pieces : {&whole_, &peers_, &own_})  // the first range's before the other's
       std::stable_sort(pieces->begin(), pieces->end(), [](const Piece& x, const Piece& y) { return x.first > y.first; });
   }
-  // A list's pieces of group g: the first range's on the compute stream, the second's on the fill
-  // stream once those are done (or after them on the compute stream, where there is no fill stream).
+  // A list's pieces of group g: the first range's on the fill stream, the other's on the compute
+  // stream once those are done (all on the compute stream where there is no fill stream).
   Calls backward_pieces(const attnhost_backward_args& a, int g, const std::vector<Piece>& pieces, void* compute) {
-    void* second = fill_ ? fill_ : compute;
-    bool waited = false;
+    void* beside = fill_ ? fill_ : compute;
     int32_t range = -1;
     for (const Piece& piece : pieces) {
-      void* s = piece.first ? compute : second;
-      if (!piece.first && !waited) {
-        engine_->wait(second, compute);
-        if (second != compute) range = host_.range_begin("attention beside", ATTNHOST_RANGE_COMPUTE, second);
-        waited = true;
+      if (piece.first && beside != compute && range < 0)
+        range = host_.range_begin("attention beside", ATTNHOST_RANGE_COMPUTE, beside);
+      if (!piece.first && range >= 0) {  // (once, after the last of the first range's)
+        host_.range_end(range, beside);
+        range = -2;
+        engine_->wait(compute, beside);
       }
-      engine_->backward(piece_call(a, piece, g), s);
+      engine_->backward(piece_call(a, piece, g), piece.first ? beside : compute);
     }
-    if (range >= 0) host_.range_end(range, second);
-    return {engine_->record(compute), second != compute ? engine_->record(second) : nullptr};
+    if (range >= 0) host_.range_end(range, beside);
+    return {engine_->record(compute), beside != compute ? engine_->record(beside) : nullptr};
   }
   BackwardParams piece_call(const attnhost_backward_args& a, const Piece& piece, int g) const {
     BackwardParams p = backward_call(a, ranges_[rank_][piece.range], g, piece.keys);
