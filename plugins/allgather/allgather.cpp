@@ -147,6 +147,7 @@ class Allgather {
     // after the first gather.
     const Engine::Event inputs = engine_->record(compute);
     engine_->compute_delta(dp, compute);
+    if (fill_) engine_->wait(fill_, compute);  // (the first range's calls read delta there)
     engine_->wait(gs, inputs);
     engine_->wait(xs, inputs);
     gather(a.k.data, a.v.data, 0, gs, xs);
