@@ -70,10 +70,6 @@ class CudaEngine final : public Engine {
   bool adds_dq_atomically(const BackwardParams& p) override { return !p.deterministic && !p.write_grads; }
   bool merges_prior(const ForwardParams&) override { return true; }
   void zero(void* dst, size_t bytes, void* s) override { check(cudaMemsetAsync(dst, 0, bytes, cuda(s)), "cudaMemsetAsync"); }
-  void zero_rows(void* dst, size_t pitch, size_t width, size_t rows, void* s) override {
-    if (rows == 0 || width == 0) return;
-    check(cudaMemset2DAsync(dst, pitch, 0, width, rows, cuda(s)), "cudaMemset2DAsync");
-  }
   void copy_rows(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width, size_t rows,
                  void* s) override {
     copy_slices(dst, dst_pitch, 0, src, src_pitch, 0, width, rows, 1, s);

@@ -137,9 +137,6 @@ class SelectingEngine final : public Engine {
     return !use_cudnn(p.o_fp32 && dtype_partials_ ? in_dtype(p) : p, forward_);
   }
   void zero(void* dst, size_t bytes, void* s) override { native_->zero(dst, bytes, s); }
-  void zero_rows(void* dst, size_t pitch, size_t width, size_t rows, void* s) override {
-    native_->zero_rows(dst, pitch, width, rows, s);
-  }
   void copy_rows(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width, size_t rows,
                  void* s) override {
     native_->copy_rows(dst, dst_pitch, src, src_pitch, width, rows, s);

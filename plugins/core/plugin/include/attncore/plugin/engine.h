@@ -122,12 +122,6 @@ class Engine {
       copy_rows(static_cast<char*>(dst) + i * dst_slice_pitch, dst_pitch,
                 static_cast<const char*>(src) + i * src_slice_pitch, src_pitch, width, rows, stream);
   }
-  // Appended (10.3): `rows` rows of `width` bytes zeroed, each `pitch` bytes on from the one before:
-  // a range of keys in fp32 gradients laid out [batch, token, head, dim]. The CUDA engine clears
-  // them in one operation; by default, one zero a row.
-  virtual void zero_rows(void* dst, size_t pitch, size_t width, size_t rows, void* stream) {
-    for (size_t i = 0; i < rows; ++i) zero(static_cast<char*>(dst) + i * pitch, width, stream);
-  }
 
   // `to` waits for everything enqueued on `from` so far (an event on the GPU; nothing on the CPU,
   // where every operation has finished when it returns).
