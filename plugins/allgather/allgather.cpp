@@ -107,7 +107,7 @@ class Allgather {
     for (int g = 0; g < pass_groups_; ++g) {
       engine_->wait(compute, gathered[g]);
       const int32_t range = host_.range_begin(("attention group " + std::to_string(g)).c_str(), ATTNHOST_RANGE_COMPUTE, compute);
-      done[g] = for_each_range(compute, true, [&](const attnhost_token_range& r, void* s) { engine_->forward(forward_call(a, r, g), s); });
+      done[g] = for_each_range(compute, [&](const attnhost_token_range& r, void* s) { engine_->forward(forward_call(a, r, g), s); });
       host_.range_end(range, compute);
       if (g + 1 < pass_groups_) {  // (after the calls are queued: the host meets the peers here)
         if (g > 0) wait_for(gs, done[g - 1]);  // its buffer was read by group g - 1
@@ -123,8 +123,9 @@ class Allgather {
   // The gathers and the gradients home run on streams of their own: on one stream, group g + 1's
   // gather waited behind group g - 1's gradients home, and ran uncovered between two groups'
   // attention (docs/KERNELS.md, "Allgather's backward"). Between calls the compute stream holds
-  // nothing: a slot's accumulators are zeroed, and a group's dQ rounded, on the stream that sends
-  // the gradients home (docs/KERNELS.md, "Allgather: nothing but calls between calls").
+  // nothing: a slot's dQ is zeroed, and a group's rounded, on the stream that sends the gradients
+  // home (docs/KERNELS.md, "Allgather: nothing but calls between calls"); dK and dV are written, not
+  // added into, so they need no zeroing (plan_pieces).
   void backward(const attnhost_backward_args& a) {
     pass_groups_ = groups_;
     void* compute = host_.stream(0);
@@ -225,9 +226,8 @@ class Allgather {
   };
 
   // Where a group's calls end: the compute stream's point, and the fill stream's where calls went
-  // beside (else null). The compute stream does not wait for the fill stream: the next group's
-  // first call starts as this group's longest ends, beside its shorter ones (the groups write other
-  // slots); whatever reads or rewrites the group's buffers waits for both (wait_for).
+  // there (else null). Whatever reads or rewrites the group's buffers waits for both (wait_for); the
+  // next group's first call does not wait for the fill stream (the groups use other slots).
   struct Calls {
     Engine::Event compute, fill;
   };
@@ -235,29 +235,23 @@ class Allgather {
     engine_->wait(stream, c.compute);
     engine_->wait(stream, c.fill);
   }
-  // A group's calls, one a query range of this rank. Under a causal mask the last range reaches the
-  // most keys: it goes first, on the compute stream, and the others beside it on the fill stream,
-  // so that their blocks fill its last wave rather than run after it in waves of their own
-  // (docs/KERNELS.md, "Allgather: the ranges side by side"). Only where `together` allows: backward
-  // calls add into the same fp32 dK and dV, which two calls at once may do only by atomics; and a
-  // deterministic problem keeps them in one stream.
-  template <class Call> Calls for_each_range(void* compute, bool together, Call&& call) {
+  // A forward group's calls, one a query range of this rank. Under a causal mask the last range
+  // reaches the most keys: it goes first, on the compute stream, and the others beside it on the
+  // fill stream, so that their blocks fill its last wave rather than run after it in waves of their
+  // own (docs/KERNELS.md, "Allgather: the ranges side by side"); a deterministic problem keeps one
+  // stream. The calls beside get a compute range of their own: the compute stream's range ends
+  // before they do, and the trace's exposed communication counts what no compute range covers.
+  template <class Call> Calls for_each_range(void* compute, Call&& call) {
     const std::vector<attnhost_token_range>& ranges = ranges_[rank_];
-    return side_by_side(compute, together, ranges.size(), [&](size_t i, void* s) { call(ranges[ranges.size() - 1 - i], s); });
-  }
-  // n calls, the first on the compute stream and the others beside it (as above).
-  // The calls beside get a compute range of their own: the compute stream's range ends before they
-  // do, and the trace's exposed communication counts what no compute range covers.
-  template <class Call> Calls side_by_side(void* compute, bool together, size_t n, Call&& call) {
-    const bool beside = together && fill_ && n > 1;
-    if (!beside) {
-      for (size_t i = 0; i < n; ++i) call(i, compute);
+    const auto nth = [&](size_t i) -> const attnhost_token_range& { return ranges[ranges.size() - 1 - i]; };
+    if (!fill_ || ranges.size() < 2) {
+      for (size_t i = 0; i < ranges.size(); ++i) call(nth(i), compute);
       return {engine_->record(compute), nullptr};
     }
     engine_->wait(fill_, compute);
-    call(0, compute);
+    call(nth(0), compute);
     const int32_t range = host_.range_begin("attention beside", ATTNHOST_RANGE_COMPUTE, fill_);
-    for (size_t i = 1; i < n; ++i) call(i, fill_);
+    for (size_t i = 1; i < ranges.size(); ++i) call(nth(i), fill_);
     host_.range_end(range, fill_);
     return {engine_->record(compute), engine_->record(fill_)};
   }
