@@ -213,7 +213,7 @@ class Allgather {
  private:
   struct Slot {
     char *k = nullptr, *v = nullptr;  // one group's K/V, [B, S, kv heads of the group, D]
-    float *dk = nullptr, *dv = nullptr;  // and their fp32 gradients, adjacent
+    float *dk = nullptr, *dv = nullptr;  // and their fp32 gradients (this rank's share)
     float* dq = nullptr;                 // the group's fp32 dQ, [B, local tokens, its query heads, D]
   };
   // Both passes' buffers (attncore/plugin/workspace.h): two slots, the pipeline's; delta; the
@@ -227,7 +227,8 @@ class Allgather {
 
   // Where a group's calls end: the compute stream's point, and the fill stream's where calls went
   // there (else null). Whatever reads or rewrites the group's buffers waits for both (wait_for); the
-  // next group's first call does not wait for the fill stream (the groups use other slots).
+  // next group's calls need not (they use the other slot), so one stream's calls of the next group
+  // run beside the other's of this one.
   struct Calls {
     Engine::Event compute, fill;
   };
@@ -286,27 +287,31 @@ class Allgather {
         return Piece{i == first, i, keys, i == first || add.size() == 0 ? Interval{} : add};
       };
       whole_.push_back(piece(reach));
+      std::vector<Interval> sides[2];  // the parts of the reach the peers own, and this rank's
       for (int owner = 0; owner < world_; ++owner)
         for (const attnhost_token_range& r : ranges_[owner]) {
           const Interval part{std::max(reach.lo, r.global_begin), std::min(reach.hi, r.global_begin + r.length)};
-          if (part.size() > 0) (owner == rank_ ? own_ : peers_).push_back(piece(part));
+          if (part.size() > 0) sides[owner == rank_].push_back(part);
         }
+      for (const Interval& keys : joined(sides[0])) peers_.push_back(piece(keys));
+      for (const Interval& keys : joined(sides[1])) own_.push_back(piece(keys));
     }
     for (std::vector<Piece>* pieces : {&whole_, &peers_, &own_})  // the first range's before the other's
       std::stable_sort(pieces->begin(), pieces->end(), [](const Piece& x, const Piece& y) { return x.first > y.first; });
   }
   // A list's pieces of group g: the first range's on the fill stream, the other's on the compute
-  // stream once those are done (all on the compute stream where there is no fill stream).
+  // stream, from the first that adds on once those are done (all on the compute stream where there
+  // is no fill stream).
   Calls backward_pieces(const attnhost_backward_args& a, int g, const std::vector<Piece>& pieces, void* compute) {
     void* beside = fill_ ? fill_ : compute;
     int32_t range = -1;
+    bool waited = false;
     for (const Piece& piece : pieces) {
       if (piece.first && beside != compute && range < 0)
         range = host_.range_begin("attention beside", ATTNHOST_RANGE_COMPUTE, beside);
-      if (!piece.first && range >= 0) {  // (once, after the last of the first range's)
-        host_.range_end(range, beside);
-        range = -2;
+      if (!piece.first && piece.add.size() > 0 && !waited) {  // (the first range's pieces come first)
         engine_->wait(compute, beside);
+        waited = true;
       }
       engine_->backward(piece_call(a, piece, g), piece.first ? beside : compute);
     }
@@ -317,8 +322,8 @@ class Allgather {
     BackwardParams p = backward_call(a, ranges_[rank_][piece.range], g, piece.keys);
     p.write_dkdv = true;
     if (world_ == 1) {  // one call makes every key's gradients whole: straight into dK and dV
-      p.dk = kv_like(a.dk.data, 0, g * group_kv(), out_el_);
-      p.dv = kv_like(a.dv.data, 0, g * group_kv(), out_el_);
+      p.dk = kv_like(a.dk.data, piece.keys.lo, g * group_kv(), out_el_);  // (global positions are local)
+      p.dv = kv_like(a.dv.data, piece.keys.lo, g * group_kv(), out_el_);
       return p;
     }
     p.write_dkdv_fp32 = true;
@@ -386,7 +391,7 @@ class Allgather {
     for (Slot& slot : b.slots) {
       slot.k = c.take(gathered * el_);
       slot.v = c.take(gathered * el_);
-      slot.dk = c.take<float>(2 * gathered * 4);  // dV right after dK: zeroed together
+      slot.dk = c.take<float>(2 * gathered * 4);
       slot.dv = slot.dk ? slot.dk + gathered : nullptr;
       slot.dq = c.take<float>(size_t(batch_) * local_ * kv * (heads_ / kv_heads_) * dim_ * 4);
     }
