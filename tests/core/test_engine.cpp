@@ -381,4 +381,20 @@ TEST_CASE("engine: a backward call adds into fp32 dK and dV by atomics only wher
     CHECK_FALSE(atomic(EngineChoice::cudnn, true, g));
     CHECK_FALSE(atomic(EngineChoice::automatic, true, g));
   }
+  // A call cuDNN has no form for (dK and dV written in fp32: allgather's) goes native with engine=cudnn,
+  // and the engine's line says why rather than only counting it out.
+  if (cudnn_version() > 0) {
+    BackwardParams fp32_writes = g;
+    fp32_writes.write_dkdv = fp32_writes.write_dkdv_fp32 = true;
+    FakeHost logged;
+    {
+      auto engine = Engine::make(true, false, EngineOptions{EngineChoice::cudnn, attnhost::Host(&logged.api), false});
+      engine->backward(fp32_writes, nullptr);
+      CUDA_OK(cudaDeviceSynchronize());
+    }
+    REQUIRE(logged.lines.size() == 1);
+    MESSAGE(logged.lines[0]);
+    CHECK(logged.lines[0].find("0 of 1 backward calls") != std::string::npos);
+    CHECK(logged.lines[0].find("has no cuDNN form") != std::string::npos);
+  }
 }

@@ -243,6 +243,9 @@ class SelectingEngine final : public Engine {
   }
   bool cudnn_serves(const BackwardParams& p) {
     const std::optional<BackwardParams> r = cudnn_form(p);
+    if (!r && choice_ != EngineChoice::native && backward_.why_native.empty())  // (the summary says why)
+      backward_.why_native =
+          "cuDNN engine: a call that writes dK and dV in fp32, or adds other calls' shares first, has no cuDNN form";
     return r && use_cudnn(*r, backward_);
   }
   // A stream's scratch: cuDNN's workspace, outputs in dtype, and the native kernels' workspace where
