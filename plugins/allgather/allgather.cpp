@@ -15,7 +15,6 @@
 #include "attncore/plugin/ring_plugin.h"
 
 #include <algorithm>
-#include <optional>
 #include <utility>
 #include <vector>
 
@@ -524,11 +523,10 @@ class Allgather {
     return p;
   }
 
-  // (Over `keys`, a part of the keys the range reaches; by default all of them.)
+  // (Over `keys`, the keys the range reaches or a part of them.)
   BackwardParams backward_call(const attnhost_backward_args& a, const attnhost_token_range& r, int g,
-                               std::optional<Interval> part = std::nullopt) const {
+                               Interval keys) const {
     const int32_t head0 = g * group_q();
-    const Interval keys = part ? *part : keys_of(r);
     BackwardParams p = call<BackwardParams>(q_like(a.q.data, r.local_begin, head0, el_), r, g, fp8_scaling(a), keys);
     p.d_o = q_like(a.d_o.data, r.local_begin, head0, el_);
     p.o = q_like(a.o.data, r.local_begin, head0, out_el_);
