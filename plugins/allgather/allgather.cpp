@@ -262,8 +262,8 @@ class Allgather {
   // zeroed. Of a rank's two ranges (zigzag's chunks) the one reaching fewer keys writes first, on
   // the fill stream beside the previous group's calls; the other then writes its keys on the compute
   // stream, the first's added in place over the keys both reach (BackwardParams::dk_add). At two
-  // ranks, causal, rank 0's chunk 0 (of four) writes keys [0, 2048), then its chunk 3 writes [0, 8192) with
-  // the first's added (docs/KERNELS.md, "Allgather: each key's gradients written once").
+  // ranks, causal, rank 0's chunk 0 (of four) writes keys [0, 2048), then its chunk 3 writes
+  // [0, 8192) with chunk 0's added (docs/KERNELS.md, "Allgather: each key's gradients written once").
   struct Piece {
     bool first;    // of the range written first (else of the other, after it)
     int range;     // of ranges_[rank_]
