@@ -1,8 +1,9 @@
 // allgather: context parallelism by gathered K/V (docs/VARIANTS.md; Llama 3's). Q stays sharded
-// (zigzag chunks when causal, contiguous otherwise); every rank gathers all K/V in global order,
-// and each of its query chunks attends the keys its mask reaches in one call of the core: no
-// partial outputs, no merges. The backward gathers K/V again, adds dQ locally and returns each
-// rank's fp32 dK/dV partials to their owner, which sums them.
+// (zigzag chunks when causal, contiguous otherwise); every rank gathers the K/V its rows reach, in
+// global order, and each of its query chunks attends the keys its mask reaches in one call of the
+// core: no partial outputs, no merges. The backward gathers K/V again, adds dQ locally and returns
+// each rank's fp32 dK/dV partials to their owner, which sums them; its calls write each key's
+// partials once rather than add into zeroed ones (plan_pieces).
 //
 // The kv heads go in groups through a pipeline: group g + 1 is gathered (stream 1) while group g
 // computes, into the other of two buffers; in the backward, group g - 1's gradients go home on
