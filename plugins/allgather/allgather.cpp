@@ -283,14 +283,14 @@ class Allgather {
     for (int i = 0; i < int(mine.size()); ++i) {
       const Interval reach = keys_of(mine[i]);
       const auto piece = [&](Interval keys) {
-        const Interval add{std::max(keys.lo, written.lo), std::min(keys.hi, written.hi)};
+        const Interval add = overlap(keys, written);
         return Piece{i == first, i, keys, i == first || add.size() == 0 ? Interval{} : add};
       };
       whole_.push_back(piece(reach));
       std::vector<Interval> sides[2];  // the parts of the reach the peers own, and this rank's
       for (int owner = 0; owner < world_; ++owner)
         for (const attnhost_token_range& r : ranges_[owner]) {
-          const Interval part{std::max(reach.lo, r.global_begin), std::min(reach.hi, r.global_begin + r.length)};
+          const Interval part = overlap(reach, global(r));
           if (part.size() > 0) sides[owner == rank_].push_back(part);
         }
       for (const Interval& keys : joined(sides[0])) peers_.push_back(piece(keys));
@@ -450,6 +450,8 @@ class Allgather {
     const DenseMask& m = reference_.mask();
     return {m.keys_of(r.global_begin).lo, m.keys_of(r.global_begin + r.length - 1).hi};
   }
+  static Interval global(const attnhost_token_range& r) { return {r.global_begin, r.global_begin + r.length}; }
+  static Interval overlap(Interval x, Interval y) { return {std::max(x.lo, y.lo), std::min(x.hi, y.hi)}; }
   // Intervals that overlap or touch made one, in order.
   static std::vector<Interval> joined(std::vector<Interval> v) {
     std::sort(v.begin(), v.end(), [](const Interval& x, const Interval& y) { return x.lo < y.lo; });
@@ -470,7 +472,7 @@ class Allgather {
       std::vector<Interval> cut;
       for (const attnhost_token_range& q : ranges_[reader]) {
         const Interval keys = keys_of(q);
-        const Interval part{std::max(keys.lo, k.global_begin), std::min(keys.hi, k.global_begin + k.length)};
+        const Interval part = overlap(keys, global(k));
         if (part.size() > 0) cut.push_back(part);
       }
       for (const Interval& m : joined(cut))  // (the reader's ranges may reach overlapping keys)
