@@ -36,7 +36,15 @@ inline constexpr auto kParams = with_packed_ring_params(std::array{
                         "how a peer's K/V ranges and dK/dV partials move: auto: each range as it lies, one copy by the "
                         "copy engines, where the host moves strided blocks (GPUs that reach one another's memory, the "
                         "CPU), else packed; packed: into one message a peer by the copy kernel",
-                        "auto|packed"}});
+                        "auto|packed"},
+    attnhost_param_spec{ATTNHOST_STRUCT_SIZE(attnhost_param_spec, choices), "backward", ATTNHOST_PARAM_STRING,
+                        "\"auto\"",
+                        "how the backward is cut: keys: each rank's keys against the gathered rows that reach them (Q, "
+                        "dO, LSE and delta gathered, dK and dV written whole, fp32 dQ partials home), so that a backward "
+                        "CTA walks a key's whole column; rows: each rank's rows against the gathered keys, as the "
+                        "forward (fp32 dK and dV partials home); auto: keys where the query heads are the kv heads and "
+                        "blocks go as they lie, else rows. keys needs blocks that go as they lie (not exchange=packed)",
+                        "auto|keys|rows"}});
 
 class Allgather {
  public:
@@ -61,6 +69,9 @@ class Allgather {
     if (p.get_int("head_groups") < 0 || (p.get_int("head_groups") > 0 && p->heads_kv % p.get_int("head_groups") != 0))
       attnhost::fail(ATTNHOST_ERR_INVALID_ARGUMENT, "head_groups must be 0 (auto) or divide the " +
                                                         std::to_string(p->heads_kv) + " kv heads");
+    if (p.get_string("backward") == "keys" && p.get_string("exchange") == "packed")
+      attnhost::fail(ATTNHOST_ERR_INVALID_ARGUMENT,
+                     "backward=keys moves blocks as they lie; exchange=packed takes backward=rows or auto");
   }
 
   Allgather(const attnhost::Problem& p, attnhost::Host host) : Allgather(p, schedule_options(p, host)) {}
@@ -82,9 +93,17 @@ class Allgather {
       ranges_.emplace_back(v.ranges, v.ranges + v.num_ranges);
     }
     local_ = zigzag ? ZigzagPlan(reference_.mask(), world_).block_tokens() : ContiguousPlan(reference_.mask(), world_).block_tokens();
-    reached_.assign(world_, std::vector<std::vector<attnhost_token_range>>(world_));
+    const std::string& backward = p.get_string("backward");
+    by_keys_ = backward != "rows" && (world_ == 1 || direct_) && (backward == "keys" || heads_ == kv_heads_);
+    for (Reach* table : {&keys_reached_, &rows_reaching_})
+      table->assign(world_, std::vector<std::vector<attnhost_token_range>>(world_));
     for (int owner = 0; owner < world_; ++owner)
-      for (int reader = 0; reader < world_; ++reader) reached_[owner][reader] = reach(owner, reader);
+      for (int other = 0; other < world_; ++other) {
+        keys_reached_[owner][other] = reach(owner, other, &Allgather::keys_of);
+        rows_reaching_[owner][other] = reach(owner, other, &Allgather::rows_of);
+      }
+    row_order_ = most_pairs_first(&Allgather::keys_of);
+    key_order_ = most_pairs_first(&Allgather::rows_of);
     plan_pieces();
     for (const attnhost_token_range& r : ranges_[rank_]) layout_.add(r.global_begin, r.length);
     layout_.pad(local_ - layout_.local_tokens());
@@ -107,7 +126,7 @@ class Allgather {
     for (int g = 0; g < pass_groups_; ++g) {
       engine_->wait(compute, gathered[g]);
       const int32_t range = host_.range_begin(("attention group " + std::to_string(g)).c_str(), ATTNHOST_RANGE_COMPUTE, compute);
-      done[g] = for_each_range(compute, [&](const attnhost_token_range& r, void* s) { engine_->forward(forward_call(a, r, g), s); });
+      done[g] = for_each_range(compute, row_order_, [&](const attnhost_token_range& r, void* s) { engine_->forward(forward_call(a, r, g), s); });
       host_.range_end(range, compute);
       if (g + 1 < pass_groups_) {  // (after the calls are queued: the host meets the peers here)
         if (g > 0) wait_for(gs, done[g - 1]);  // its buffer was read by group g - 1
@@ -124,37 +143,32 @@ class Allgather {
   // gather waited behind group g - 1's gradients home, and ran uncovered between two groups'
   // attention (docs/KERNELS.md, "Allgather's backward"). Between calls the compute stream holds
   // nothing: a slot's dQ is zeroed, and a group's rounded, on the stream that sends the gradients
-  // home (docs/KERNELS.md, "Allgather: nothing but calls between calls"); dK and dV are written, not
-  // added into, so they need no zeroing (plan_pieces).
+  // home (docs/KERNELS.md, "Allgather: nothing but calls between calls"). By rows, a group gathers K
+  // and V and its calls write dK and dV partials (plan_pieces); by keys, it gathers the rows that
+  // reach this rank's keys and its calls write dK and dV whole (key_call).
   void backward(const attnhost_backward_args& a) {
     pass_groups_ = groups_;
     void* compute = host_.stream(0);
     void* gs = overlap_ ? host_.stream(1) : compute;
     void* xs = overlap_ ? host_.stream(2) : compute;
-    DeltaParams dp;
-    dp.dtype = core_dtype(dtype_);
-    dp.batch = batch_;
-    dp.heads = heads_;
-    dp.head_dim = dim_;
-    dp.seqlen = local_;
-    dp.o = q_like(a.o.data, 0, 0, out_el_);
-    dp.d_o = q_like(a.d_o.data, 0, 0, el_);
-    if (const attnhost_fp8_scaling* fp8 = fp8_scaling(a)) dp.descale_do = fp8->descale_do;
-    dp.delta = {buffers().delta, int64_t{heads_} * local_, local_};
-    // The first gather needs K and V alone, not delta: queued behind the delta pass, it started 88 us
-    // later at medium on two H200s. (The delta pass is queued first all the same: the gather's
-    // group may hold the host until the peers reach it.) Its own ranges and slot 0's zeroing go on
-    // the gradients' stream, idle until the first call ends, beside the delta pass; slot 1's zeroing
-    // after the first gather.
+    // The first gather waits only for what it sends. By rows that is K and V: queued behind the
+    // delta pass, it started 88 us later at medium on two H200s. By keys it sends delta too, so the
+    // first group's is made first. (The delta pass is queued first all the same: the gather's group
+    // may hold the host until the peers reach it.) The first gather's own ranges and slot 0's zeroing
+    // go on the gradients' stream, idle until the first call ends; slot 1's zeroing after the gather.
     const Engine::Event inputs = engine_->record(compute);
-    engine_->compute_delta(dp, compute);
-    if (fill_) engine_->wait(fill_, compute);  // (the first range's calls read delta there)
-    engine_->wait(gs, inputs);
-    engine_->wait(xs, inputs);
-    gather(a.k.data, a.v.data, 0, gs, xs);
+    const int32_t first_heads = by_keys_ ? group_q() : heads_;
+    compute_delta(a, 0, first_heads, compute);
+    const Engine::Event first_delta = engine_->record(compute);
+    if (first_heads < heads_) compute_delta(a, first_heads, heads_ - first_heads, compute);
+    const Engine::Event delta = engine_->record(compute);
+    if (fill_) engine_->wait(fill_, delta);  // (calls there read delta)
+    for (void* s : {gs, xs}) engine_->wait(s, by_keys_ ? first_delta : inputs);
+    gather_group(a, 0, gs, xs);
     std::vector<Engine::Event> gathered(groups_), cleared(groups_);
     std::vector<Calls> done(groups_);
     gathered[0] = engine_->record(gs);
+    if (by_keys_) engine_->wait(gs, delta);  // (the next gathers send every group's)
     clear(0, xs);
     cleared[0] = engine_->record(xs);  // (and the own ranges of the first gather)
     if (groups_ > 1) {
@@ -168,23 +182,28 @@ class Allgather {
       }
       const int32_t range = host_.range_begin(("attention backward group " + std::to_string(g)).c_str(),
                                               ATTNHOST_RANGE_COMPUTE, compute);
-      if (g + 1 < groups_ || world_ == 1) {
+      if (by_keys_) {
+        done[g] = for_each_range(compute, key_order_, [&](const attnhost_token_range& r, void* s) {
+          engine_->backward(key_call(a, r, g), s);
+        });
+      } else if (g + 1 < groups_ || world_ == 1) {
         done[g] = backward_pieces(a, g, whole_, compute);
       } else {  // the last group: the peers' keys first, their partials home under this rank's own
         wait_for(xs, backward_pieces(a, g, peers_, compute));
-        send_partials(g, xs);
+        send_partials(partials(a, g), xs);
         done[g] = backward_pieces(a, g, own_, compute);
       }
       host_.range_end(range, compute);
       if (g + 1 < groups_) {  // (after the calls are queued, as in the forward)
-        if (g > 0) wait_for(gs, done[g - 1]);  // K and V of its slot were read by group g - 1
-        gather(a.k.data, a.v.data, g + 1, gs, gs);
+        if (g > 0) wait_for(gs, done[g - 1]);  // what it gathers into its slot was read by group g - 1
+        gather_group(a, g + 1, gs, gs);
         gathered[g + 1] = engine_->record(gs);
       }
       wait_for(xs, done[g]);
-      if (g + 1 < groups_) send_partials(g, xs);
-      convert_dq(a, g, xs);  // this group's dQ is whole
-      sum_home(a, g, xs);
+      const Partials home = partials(a, g);
+      if (by_keys_ || g + 1 < groups_) send_partials(home, xs);
+      if (!by_keys_) convert_dq(a, g, xs);  // this group's dQ is whole
+      if (by_keys_ || world_ > 1) sum_home(home, xs);  // (by rows at world size 1 the calls wrote dK and dV)
       if (g + 2 < groups_) {  // the slot serves group g + 2
         clear(g, xs);
         cleared[g + 2] = engine_->record(xs);
@@ -211,10 +230,19 @@ class Allgather {
   }
 
  private:
+  using Reach = std::vector<std::vector<std::vector<attnhost_token_range>>>;  // [owner][other]: reach(owner, other, ..)
+  // One group's buffers, the forward's K and V from its start. By rows: the gathered K and V, [B, S,
+  // the group's kv heads, D], their fp32 gradients (this rank's share), and the fp32 dQ of this
+  // rank's rows, [B, local tokens, the group's query heads, D]. By keys: the gathered Q and dO, [B,
+  // S, the group's query heads, D], their rows' fp32 dQ (this rank's share), and LSE and delta, [B,
+  // the group's query heads, S].
   struct Slot {
-    char *k = nullptr, *v = nullptr;  // one group's K/V, [B, S, kv heads of the group, D]
-    float *dk = nullptr, *dv = nullptr;  // and their fp32 gradients (this rank's share)
-    float* dq = nullptr;                 // the group's fp32 dQ, [B, local tokens, its query heads, D]
+    char* base = nullptr;
+    char *k = nullptr, *v = nullptr;
+    float *dk = nullptr, *dv = nullptr;
+    char *q = nullptr, *d_o = nullptr;
+    float *lse = nullptr, *delta = nullptr;
+    float* dq = nullptr;
   };
   // Both passes' buffers (attncore/plugin/workspace.h): two slots, the pipeline's; delta; the
   // gradients' messages to and from every peer; this rank's K and V of a group, side by side, and
@@ -236,28 +264,28 @@ class Allgather {
     engine_->wait(stream, c.compute);
     engine_->wait(stream, c.fill);
   }
-  // A forward group's calls, one a query range of this rank. Under a causal mask the last range
-  // reaches the most keys: it goes first, on the compute stream, and the others beside it on the
-  // fill stream, so that their blocks fill its last wave rather than run after it in waves of their
-  // own (docs/KERNELS.md, "Allgather: the ranges side by side"); a deterministic problem keeps one
-  // stream. The calls beside get a compute range of their own: the compute stream's range ends
-  // before they do, and the trace's exposed communication counts what no compute range covers.
-  template <class Call> Calls for_each_range(void* compute, Call&& call) {
+  // A group's calls, one a range of this rank in `order` (row_order_: the forward's, a query range
+  // each; key_order_: the backward's by keys, a key range each). The range with the most pairs goes
+  // first, on the compute stream, and the others beside it on the fill stream, so that their blocks
+  // fill its last wave rather than run after it in waves of their own (docs/KERNELS.md, "Allgather:
+  // the ranges side by side"); a deterministic problem keeps one stream. The calls beside get a
+  // compute range of their own: the compute stream's range ends before they do, and the trace's
+  // exposed communication counts what no compute range covers.
+  template <class Call> Calls for_each_range(void* compute, const std::vector<int>& order, Call&& call) {
     const std::vector<attnhost_token_range>& ranges = ranges_[rank_];
-    const auto nth = [&](size_t i) -> const attnhost_token_range& { return ranges[ranges.size() - 1 - i]; };
-    if (!fill_ || ranges.size() < 2) {
-      for (size_t i = 0; i < ranges.size(); ++i) call(nth(i), compute);
+    if (!fill_ || order.size() < 2) {
+      for (int i : order) call(ranges[i], compute);
       return {engine_->record(compute), nullptr};
     }
     engine_->wait(fill_, compute);
-    call(nth(0), compute);
+    call(ranges[order[0]], compute);
     const int32_t range = host_.range_begin("attention beside", ATTNHOST_RANGE_COMPUTE, fill_);
-    for (size_t i = 1; i < ranges.size(); ++i) call(nth(i), fill_);
+    for (size_t i = 1; i < order.size(); ++i) call(ranges[order[i]], fill_);
     host_.range_end(range, fill_);
     return {engine_->record(compute), engine_->record(fill_)};
   }
   // Slot g % 2's fp32 dQ zeroed for group g (its dK and dV are written, not added into).
-  void clear(int g, void* stream) { engine_->zero(slot(g).dq, group_q_elems() * 4, stream); }
+  void clear(int g, void* stream) { engine_->zero(slot(g).dq, slot_dq_elems(group_q()) * 4, stream); }
   // A backward piece: one of this rank's query ranges against the keys it reaches, or the part of
   // them one rank owns. Each key's dK and dV are written, not added by atomics, so that none are
   // zeroed. Of a rank's two ranges (zigzag's chunks) the one reaching fewer keys writes first, on
@@ -337,12 +365,14 @@ class Allgather {
   }
   int32_t group_kv() const { return kv_heads_ / pass_groups_; }
   int32_t group_q() const { return group_kv() * (heads_ / kv_heads_); }
-  size_t group_q_elems() const { return size_t(batch_) * local_ * group_q() * dim_; }
+  // A slot's fp32 dQ for `heads` query heads: this rank's rows by rows, every row by keys.
+  size_t slot_dq_elems(int32_t heads) const { return size_t(batch_) * (by_keys_ ? seqlen_ : local_) * heads * dim_; }
   size_t gathered_elems() const { return size_t(batch_) * seqlen_ * group_kv() * dim_; }
   size_t q_elems() const { return size_t(batch_) * local_ * heads_ * dim_; }
   size_t local_kv_elems(int32_t kv) const { return size_t(batch_) * local_ * kv * dim_; }
 
-  // The fewest groups (dividing the kv heads) within the memory rule above, or the one asked for.
+  // The fewest groups (dividing the kv heads) within the memory rule above, or the one asked for. A
+  // gathered group is K and V by rows, Q and dO by keys.
   int32_t choose_groups(int64_t asked) const {
     if (asked > 0) return static_cast<int32_t>(asked);
     if (world_ == 1) return 1;
@@ -351,30 +381,56 @@ class Allgather {
     const double working_set = 4 * q + 4 * kv + lse;
     for (int32_t g = 1; g <= kv_heads_; ++g) {
       if (kv_heads_ % g != 0) continue;
-      const double per_group = double(batch_) * seqlen_ * (kv_heads_ / g) * dim_;
-      const double chunk = 2 * per_group * el_;  // one gathered group's K and V
-      const double extra = 2 * (chunk + 2 * per_group * 4 + double(q_elems()) * 4 / g) + lse + staging_bytes(g);
+      const int32_t heads = by_keys_ ? heads_ / g : kv_heads_ / g;
+      const double chunk = 2.0 * batch_ * seqlen_ * heads * dim_ * el_;
+      const double extra = 2.0 * slot_bytes(g) + lse + staging_bytes(g);
       if (working_set + extra <= 1.5 * working_set + chunk) return g;
     }
     return kv_heads_;
   }
+  // A slot's bytes for `groups` backward groups (layout's carving).
+  size_t slot_bytes(int32_t groups) const {
+    Carver c;
+    carve_slot(c, groups);
+    return c.used();
+  }
+  Slot carve_slot(Carver& c, int32_t groups) const {
+    const int32_t kv = kv_heads_ / groups, q = heads_ / groups;
+    Slot slot;
+    if (by_keys_) {
+      const size_t rows = size_t(batch_) * seqlen_ * q * dim_;
+      slot.base = slot.q = c.take(rows * el_);
+      slot.d_o = c.take(rows * el_);
+      slot.dq = c.take<float>(rows * 4);
+      slot.lse = c.take<float>(size_t(batch_) * q * seqlen_ * 4);
+      slot.delta = c.take<float>(size_t(batch_) * q * seqlen_ * 4);
+      return slot;
+    }
+    const size_t gathered = size_t(batch_) * seqlen_ * kv * dim_;
+    slot.base = slot.k = c.take(gathered * el_);
+    slot.v = c.take(gathered * el_);
+    slot.dk = c.take<float>(2 * gathered * 4);
+    slot.dv = slot.dk ? slot.dk + gathered : nullptr;
+    slot.dq = c.take<float>(size_t(batch_) * local_ * q * dim_ * 4);
+    return slot;
+  }
   // The forward holds no gradients: its groups are the fewest whose K and V fit in a slot the
-  // backward's `groups` size (K, V and their fp32 gradients), so its calls are longer (at medium on
-  // two ranks, 3 groups of 8 kv heads in the room of 8 groups of 3). Only where blocks go as they
-  // lie: packed messages would need staging sized for the larger group.
+  // backward's `groups` size, so its calls are longer (at medium on two ranks by rows, 3 groups of 8
+  // kv heads in the room of 8 groups of 3: their K, V and fp32 gradients). Only where blocks go as
+  // they lie: packed messages would need staging sized for the larger group.
   int32_t forward_groups_for(int32_t groups) const {
     if (!direct_ || world_ == 1) return groups;
     const size_t per_group = size_t(batch_) * seqlen_ * (kv_heads_ / groups) * dim_;
-    const size_t room = 2 * align_up(per_group * el_) + align_up(2 * per_group * 4);
+    const size_t room = by_keys_ ? slot_bytes(groups) : 2 * align_up(per_group * el_) + align_up(2 * per_group * 4);
     for (int32_t g = 1; g < groups; ++g)
       if (kv_heads_ % g == 0 && 2 * align_up(size_t(batch_) * seqlen_ * (kv_heads_ / g) * dim_ * el_) <= room) return g;
     return groups;
   }
-  // The messages to and from the peers (fp32 dK and dV of a rank's tokens, each way), this rank's K
-  // and V of a forward group, packed, and the peers' (layout). Where blocks go as they lie, only the
-  // messages in.
+  // The messages to and from the peers (a group's fp32 partials of a rank's tokens, each way), this
+  // rank's K and V of a forward group, packed, and the peers' (layout). Where blocks go as they lie,
+  // only the messages in.
   double staging_bytes(int32_t groups) const {
-    const double messages = double(world_ - 1) * (direct_ ? 2 : 4) * local_kv_elems(kv_heads_ / groups) * 4;
+    const double messages = double(world_ - 1) * (direct_ ? 1 : 2) * message_bytes(groups);
     if (direct_) return messages;
     return messages + kv_message_bytes(kv_heads_ / forward_groups_for(groups)) +
            double(world_ - 1) * kv_message_bytes(kv_heads_ / groups);
@@ -386,17 +442,10 @@ class Allgather {
   // Sized by the backward's groups; the forward's K and V fit in its slots (kv_slot).
   Buffers layout(Carver& c) const {
     const int32_t kv = kv_heads_ / groups_;
-    const size_t gathered = size_t(batch_) * seqlen_ * kv * dim_;
     Buffers b;
-    for (Slot& slot : b.slots) {
-      slot.k = c.take(gathered * el_);
-      slot.v = c.take(gathered * el_);
-      slot.dk = c.take<float>(2 * gathered * 4);
-      slot.dv = slot.dk ? slot.dk + gathered : nullptr;
-      slot.dq = c.take<float>(size_t(batch_) * local_ * kv * (heads_ / kv_heads_) * dim_ * 4);
-    }
+    for (Slot& slot : b.slots) slot = carve_slot(c, groups_);
     b.delta = c.take<float>(size_t(batch_) * heads_ * local_ * 4);
-    b.home = c.take(size_t(world_ - 1) * (direct_ ? 1 : 2) * message_bytes());  // (direct: incoming only)
+    b.home = c.take(size_t(world_ - 1) * (direct_ ? 1 : 2) * message_bytes(groups_));  // (direct: incoming only)
     const bool packed = world_ > 1 && !direct_;
     b.packed = c.take(packed ? kv_message_bytes(kv_heads_ / forward_groups_) : 0);  // K, then V from its next 256 bytes
     b.gathered_in = c.take(packed ? size_t(world_ - 1) * kv_message_bytes(kv) : 0);
@@ -407,24 +456,28 @@ class Allgather {
   // Slot g % 2's K and V for the pass's groups: the backward's as laid out, the forward's larger
   // ones from the slot's start (V after K), over the room of the backward's K, V and gradients.
   std::pair<char*, char*> kv_slot(int g) const {
-    char* k = slot(g).k;
+    char* k = slot(g).base;
     return {k, k + align_up(gathered_elems() * el_)};
   }
 
   // [B, local tokens, heads, D] views of a Q-like tensor from local row `row0` and head `head0`.
   // (el: the tensor's element size, the inputs' el_ or the outputs' out_el_.)
-  TensorRef q_like(void* base, int64_t row0, int32_t head0, size_t el) const {
-    const int64_t token = int64_t{heads_} * dim_;
+  TensorRef token_view(void* base, int32_t heads, int64_t row0, int32_t head0, size_t el) const {
+    const int64_t token = int64_t{heads} * dim_;
     return {static_cast<char*>(base) + (row0 * token + int64_t{head0} * dim_) * el, local_ * token, token, dim_};
+  }
+  TensorRef q_like(void* base, int64_t row0, int32_t head0, size_t el) const {
+    return token_view(base, heads_, row0, head0, el);
   }
   TensorRef kv_like(void* base, int64_t row0, int32_t head0, size_t el) const {
-    const int64_t token = int64_t{kv_heads_} * dim_;
-    return {static_cast<char*>(base) + (row0 * token + int64_t{head0} * dim_) * el, local_ * token, token, dim_};
+    return token_view(base, kv_heads_, row0, head0, el);
   }
-  TensorRef gathered(void* base, int64_t key0, bool fp32) const {
-    const int64_t token = int64_t{group_kv()} * dim_;
-    return {static_cast<char*>(base) + key0 * token * (fp32 ? 4 : el_), seqlen_ * token, token, dim_};
+  // [B, S, heads, D] views of a slot's tensor of `heads` heads from global position `pos0`.
+  TensorRef in_slot(void* base, int64_t pos0, int32_t heads, size_t el) const {
+    const int64_t token = int64_t{heads} * dim_;
+    return {static_cast<char*>(base) + pos0 * token * el, seqlen_ * token, token, dim_};
   }
+  TensorRef gathered(void* base, int64_t key0, bool fp32) const { return in_slot(base, key0, group_kv(), fp32 ? 4 : el_); }
   TensorRef group_dq(int g, int64_t row0) const {  // [B, local tokens, the group's query heads, D], fp32
     const int64_t token = int64_t{group_q()} * dim_;
     return {slot(g).dq + row0 * token, local_ * token, token, dim_};
@@ -462,23 +515,44 @@ class Allgather {
     }
     return out;
   }
-  // The parts of `owner`'s ranges that `reader`'s rows reach, each a token range at its global and
-  // owner-local position: what a gather brings `reader` from `owner`, and the partials `reader`
-  // sends `owner` home. A window leaves most keys unreached, a causal mask the last ranks' second
-  // chunks (docs/KERNELS.md, "Allgather: only the keys a rank reaches").
-  std::vector<attnhost_token_range> reach(int owner, int reader) const {
+  // The rows that reach keys [r.global_begin, + r.length): one interval, as keys_of's.
+  Interval rows_of(const attnhost_token_range& r) const {
+    const DenseMask& m = reference_.mask();
+    return {m.queries_of(r.global_begin).lo, m.queries_of(r.global_begin + r.length - 1).hi};
+  }
+  // The parts of `owner`'s ranges that `other`'s ranges reach through `reached` (keys_of: the keys
+  // other's rows attend; rows_of: the rows that attend other's keys), each a token range at its
+  // global and owner-local position: what a gather brings `other` from `owner`, and the partials
+  // `other` sends `owner` home. A window leaves most of them out, a causal mask the last ranks'
+  // second chunks (docs/KERNELS.md, "Allgather: only the keys a rank reaches").
+  using Reached = Interval (Allgather::*)(const attnhost_token_range&) const;
+  std::vector<attnhost_token_range> reach(int owner, int other, Reached reached) const {
     std::vector<attnhost_token_range> parts;
     for (const attnhost_token_range& k : ranges_[owner]) {
       std::vector<Interval> cut;
-      for (const attnhost_token_range& q : ranges_[reader]) {
-        const Interval keys = keys_of(q);
-        const Interval part = overlap(keys, global(k));
+      for (const attnhost_token_range& q : ranges_[other]) {
+        const Interval part = overlap((this->*reached)(q), global(k));
         if (part.size() > 0) cut.push_back(part);
       }
-      for (const Interval& m : joined(cut))  // (the reader's ranges may reach overlapping keys)
+      for (const Interval& m : joined(cut))  // (other's ranges may reach overlapping tokens)
         parts.push_back({m.lo, k.local_begin + (m.lo - k.global_begin), m.size()});
     }
     return parts;
+  }
+  // This rank's ranges, those with the most pairs through `reached` first (the later first where
+  // they tie): the order of a group's calls, the first on the compute stream, the others beside it.
+  std::vector<int> most_pairs_first(Reached reached) const {
+    const DenseMask& m = reference_.mask();
+    const std::vector<attnhost_token_range>& mine = ranges_[rank_];
+    const auto pairs = [&](int i) {
+      const Interval own = global(mine[i]), other = (this->*reached)(mine[i]);
+      return reached == &Allgather::keys_of ? m.pairs(own.lo, own.hi, other.lo, other.hi)
+                                            : m.pairs(other.lo, other.hi, own.lo, own.hi);
+    };
+    std::vector<int> order;
+    for (int i = int(mine.size()) - 1; i >= 0; --i) order.push_back(i);
+    std::stable_sort(order.begin(), order.end(), [&](int x, int y) { return pairs(x) > pairs(y); });
+    return order;
   }
   Mask mask_at(int64_t q_pos0, int64_t kv_pos0) const {
     const DenseMask& m = reference_.mask();
@@ -543,6 +617,65 @@ class Allgather {
     return p;
   }
 
+  // By keys: this rank's key range kr of group g against every row that reaches it, one call that
+  // writes its keys' dK and dV whole, in the dtype, and adds the rows' dQ into the slot's fp32 (the
+  // peers' rows' share goes home). A CTA walks a key's whole column, all ranks' rows, where by rows
+  // it walks one range's (docs/KERNELS.md, "Allgather: the backward by keys"). At world size 1 the
+  // rows are this rank's own, read where they lie.
+  BackwardParams key_call(const attnhost_backward_args& a, const attnhost_token_range& kr, int g) const {
+    const Interval reaching = rows_of(kr);
+    const int32_t q_heads = group_q(), head0 = g * q_heads, kv0 = g * group_kv();
+    BackwardParams p;
+    p.dtype = core_dtype(dtype_);
+    p.batch = batch_;
+    p.heads_q = q_heads;
+    p.heads_kv = group_kv();
+    p.head_dim = dim_;
+    p.seqlen_q = reaching.size();
+    p.seqlen_kv = kr.length;
+    p.softmax_scale = scale_;
+    if (world_ == 1) {  // (global positions are local)
+      p.q = q_like(a.q.data, reaching.lo, head0, el_);
+      p.d_o = q_like(a.d_o.data, reaching.lo, head0, el_);
+      p.lse = rows(static_cast<float*>(a.lse.data), reaching.lo, head0);
+      p.delta = rows(buffers().delta, reaching.lo, head0);
+    } else {
+      p.q = in_slot(slot(g).q, reaching.lo, q_heads, el_);
+      p.d_o = in_slot(slot(g).d_o, reaching.lo, q_heads, el_);
+      p.lse = {slot(g).lse + reaching.lo, int64_t{q_heads} * seqlen_, seqlen_};
+      p.delta = {slot(g).delta + reaching.lo, int64_t{q_heads} * seqlen_, seqlen_};
+    }
+    p.dq = in_slot(slot(g).dq, reaching.lo, q_heads, 4);
+    p.k = kv_like(a.k.data, kr.local_begin, kv0, el_);
+    p.v = kv_like(a.v.data, kr.local_begin, kv0, el_);
+    p.dk = kv_like(a.dk.data, kr.local_begin, kv0, out_el_);
+    p.dv = kv_like(a.dv.data, kr.local_begin, kv0, out_el_);
+    p.write_dkdv = true;
+    p.mask = mask_at(reaching.lo, kr.global_begin);
+    p.deterministic = deterministic_;
+    if (const attnhost_fp8_scaling* fp8 = fp8_scaling(a)) {
+      p.descale_q = fp8->descale_q;
+      p.descale_k = fp8->descale_k;
+      p.descale_v = fp8->descale_v;
+      p.descale_do = fp8->descale_do;
+    }
+    return p;
+  }
+  // delta of heads [head0, head0 + heads) of this rank's rows.
+  void compute_delta(const attnhost_backward_args& a, int32_t head0, int32_t heads, void* stream) {
+    DeltaParams dp;
+    dp.dtype = core_dtype(dtype_);
+    dp.batch = batch_;
+    dp.heads = heads;
+    dp.head_dim = dim_;
+    dp.seqlen = local_;
+    dp.o = q_like(a.o.data, 0, head0, out_el_);
+    dp.d_o = q_like(a.d_o.data, 0, head0, el_);
+    if (const attnhost_fp8_scaling* fp8 = fp8_scaling(a)) dp.descale_do = fp8->descale_do;
+    dp.delta = rows(buffers().delta, 0, head0);
+    engine_->compute_delta(dp, stream);
+  }
+
   // Group g's K and V from every rank into slot g % 2, each range at its global position. Where the
   // host moves blocks, each range goes as it lies from a rank's K/V into the peers' slots, one copy
   // by the copy engines (docs/KERNELS.md, "Blocks as they lie"); else one message each way between
@@ -579,8 +712,8 @@ class Allgather {
           continue;
         }
         for (int t = 0; t < 2; ++t) {  // each part the peer reaches straight to its place in the peer's slot
-          for (const attnhost_token_range& r : reached_[rank_][peer]) host_.send_block(mine_at(t, r), peer, stream);
-          for (const attnhost_token_range& r : reached_[peer][rank_]) host_.recv_block(slot_at(t, r), peer, stream);
+          for (const attnhost_token_range& r : keys_reached_[rank_][peer]) host_.send_block(mine_at(t, r), peer, stream);
+          for (const attnhost_token_range& r : keys_reached_[peer][rank_]) host_.recv_block(slot_at(t, r), peer, stream);
         }
       }
       host_.group_end();
@@ -598,61 +731,133 @@ class Allgather {
     host_.range_end(range, stream);
   }
 
-  // Group g's fp32 dK/dV partials to their owners, one message a peer ([dK | dV] of the peer's
-  // tokens in its local order; as they lie, only the parts this rank reaches); sum_home then adds
-  // what came home into this rank's own and writes its kv heads of dK and dV in the problem dtype.
-  void send_partials(int g, void* stream) {
+  // Group g's gather into slot g % 2: K and V by rows, the rows that reach this rank's keys by keys
+  // (none at world size 1, whose calls read the rows where they lie).
+  void gather_group(const attnhost_backward_args& a, int g, void* stream, void* own) {
+    if (!by_keys_) return gather(a.k.data, a.v.data, g, stream, own);
+    if (world_ > 1) gather_rows(a, g, stream, own);
+  }
+  // By keys, group g's rows that reach this rank's keys, from every rank into slot g % 2 at their
+  // global positions: Q and dO, [B, tokens, the group's query heads, D], and LSE and delta, [B, the
+  // group's query heads, tokens], each part as it lies, one copy by the copy engines. This rank's
+  // own ranges are copied on `own`.
+  void gather_rows(const attnhost_backward_args& a, int g, void* stream, void* own) {
+    const int32_t heads = group_q(), head0 = g * heads;
+    const size_t row = size_t(heads) * dim_ * el_, pitch = size_t(heads_) * dim_ * el_;
+    char* const tokens[2] = {static_cast<char*>(a.q.data) + head0 * dim_ * el_,
+                             static_cast<char*>(a.d_o.data) + head0 * dim_ * el_};
+    char* const tokens_into[2] = {slot(g).q, slot(g).d_o};
+    float* const stats[2] = {static_cast<float*>(a.lse.data) + int64_t{head0} * local_,
+                             buffers().delta + int64_t{head0} * local_};
+    float* const stats_into[2] = {slot(g).lse, slot(g).delta};
+    // Part t of range r (Q, dO, LSE, delta) on this rank, and in the slot.
+    const auto mine_at = [&](int t, const attnhost_token_range& r) {
+      if (t < 2) return make_block(tokens[t] + r.local_begin * pitch, row, r.length, pitch, batch_, local_ * pitch);
+      return make_block(stats[t - 2] + r.local_begin, r.length * 4, heads, local_ * 4, batch_, size_t(heads_) * local_ * 4);
+    };
+    const auto slot_at = [&](int t, const attnhost_token_range& r) {
+      if (t < 2) return make_block(tokens_into[t] + r.global_begin * row, row, r.length, row, batch_, seqlen_ * row);
+      return make_block(stats_into[t - 2] + r.global_begin, r.length * 4, heads, seqlen_ * 4, batch_,
+                        size_t(heads) * seqlen_ * 4);
+    };
+    const int32_t range = host_.range_begin(("Q dO gather group " + std::to_string(g)).c_str(), ATTNHOST_RANGE_COMMUNICATION, stream);
+    host_.group_start();
+    for (int peer = 0; peer < world_; ++peer) {
+      if (peer == rank_) continue;
+      for (int t = 0; t < 4; ++t) {
+        for (const attnhost_token_range& r : rows_reaching_[rank_][peer]) host_.send_block(mine_at(t, r), peer, stream);
+        for (const attnhost_token_range& r : rows_reaching_[peer][rank_]) host_.recv_block(slot_at(t, r), peer, stream);
+      }
+    }
+    host_.group_end();
+    for (int t = 0; t < 4; ++t)  // (after the messages, as gather's)
+      for (const attnhost_token_range& r : ranges_[rank_]) copy_block(*engine_, slot_at(t, r), mine_at(t, r), own);
+    host_.range_end(range, stream);
+  }
+
+  // What goes home after a backward group: fp32 partials in the slot at global positions, each
+  // summed by the rank that owns their tokens into the problem's outputs. By rows, dK and dV of the
+  // keys this rank's rows reach; by keys, dQ of the rows that reach this rank's keys.
+  struct Partials {
+    int count = 0;                 // tensors: dK and dV, or dQ
+    float* slot[2] = {};           // [B, S, heads, D] fp32
+    void* out[2] = {};             // the problem's, [B, local tokens, out_heads, D]
+    int group = 0;
+    int32_t heads = 0, head0 = 0;  // the group's, and its first in the outputs
+    int32_t out_heads = 0;
+    const Reach* reach = nullptr;  // [owner][other]: the parts of owner's ranges other sends home
+  };
+  Partials partials(const attnhost_backward_args& a, int g) const {
+    Partials h;
+    if (by_keys_) {
+      h.count = 1;
+      h.slot[0] = slot(g).dq;
+      h.out[0] = a.dq.data;
+      h.heads = group_q();
+      h.out_heads = heads_;
+      h.reach = &rows_reaching_;
+    } else {
+      h.count = 2;
+      h.slot[0] = slot(g).dk;
+      h.slot[1] = slot(g).dv;
+      h.out[0] = a.dk.data;
+      h.out[1] = a.dv.data;
+      h.heads = group_kv();
+      h.out_heads = kv_heads_;
+      h.reach = &keys_reached_;
+    }
+    h.group = g;
+    h.head0 = g * h.heads;
+    return h;
+  }
+  // A group's partials to their owners, one message a peer (its tokens in its local order, a tensor
+  // after the other; as they lie, only the parts this rank reaches or is reached by); sum_home then
+  // adds what came home into this rank's own and writes them in the problem dtype.
+  void send_partials(const Partials& h, void* stream) {
     if (world_ == 1) return;
-    const int32_t kv = group_kv();
-    const size_t count = size_t(kv) * dim_, frow = count * 4, global_batch = seqlen_ * count;
+    const size_t count = size_t(h.heads) * dim_, frow = count * 4, global_batch = seqlen_ * count;
     const size_t half = align_up(batch_ * local_ * frow);
-    float* grads[2] = {slot(g).dk, slot(g).dv};
-    const int32_t range = host_.range_begin(("dK dV home group " + std::to_string(g)).c_str(), ATTNHOST_RANGE_COMMUNICATION, stream);
+    const std::string name = (h.count == 2 ? "dK dV home group " : "dQ home group ") + std::to_string(h.group);
+    const int32_t range = host_.range_begin(name.c_str(), ATTNHOST_RANGE_COMMUNICATION, stream);
     // The peer's ranges of the gathered partials, and where they land in its message from this rank.
     const auto partials = [&](int t, const attnhost_token_range& r) {
-      return make_block(grads[t] + r.global_begin * count, r.length * frow, batch_, global_batch * 4);
+      return make_block(h.slot[t] + r.global_begin * count, r.length * frow, batch_, global_batch * 4);
     };
     const auto in_message = [&](char* message, int t, const attnhost_token_range& r) {
       return make_block(message + t * half + r.local_begin * frow, r.length * frow, batch_, local_ * frow);
     };
-    if (world_ > 1 && !direct_)
+    if (!direct_)
       for (int peer = 0; peer < world_; ++peer)
         if (peer != rank_)
-          for (int t = 0; t < 2; ++t)
+          for (int t = 0; t < h.count; ++t)
             for (const attnhost_token_range& r : ranges_[peer])
               copy_block(*engine_, in_message(outgoing(peer), t, r), partials(t, r), stream);
-    if (world_ > 1) {
-      host_.group_start();
-      for (int peer = 0; peer < world_; ++peer) {
-        if (peer == rank_) continue;
-        if (!direct_) {
-          host_.send(outgoing(peer), 2 * half, ATTNHOST_DTYPE_UINT8, peer, stream);
-          host_.recv(incoming(peer), 2 * half, ATTNHOST_DTYPE_UINT8, peer, stream);
-          continue;
-        }
-        for (int t = 0; t < 2; ++t) {  // into the peer's message from this rank, as packing would lay them
-          for (const attnhost_token_range& r : reached_[peer][rank_]) host_.send_block(partials(t, r), peer, stream);
-          for (const attnhost_token_range& r : reached_[rank_][peer])
-            host_.recv_block(in_message(incoming(peer), t, r), peer, stream);
-        }
+    host_.group_start();
+    for (int peer = 0; peer < world_; ++peer) {
+      if (peer == rank_) continue;
+      if (!direct_) {
+        host_.send(outgoing(peer), h.count * half, ATTNHOST_DTYPE_UINT8, peer, stream);
+        host_.recv(incoming(peer), h.count * half, ATTNHOST_DTYPE_UINT8, peer, stream);
+        continue;
       }
-      host_.group_end();
+      for (int t = 0; t < h.count; ++t) {  // into the peer's message from this rank, as packing would lay them
+        for (const attnhost_token_range& r : (*h.reach)[peer][rank_]) host_.send_block(partials(t, r), peer, stream);
+        for (const attnhost_token_range& r : (*h.reach)[rank_][peer])
+          host_.recv_block(in_message(incoming(peer), t, r), peer, stream);
+      }
     }
+    host_.group_end();
     host_.range_end(range, stream);
   }
-  void sum_home(const attnhost_backward_args& a, int g, void* stream) {
-    if (world_ == 1) return;
-    const int32_t kv = group_kv();
-    const size_t count = size_t(kv) * dim_, frow = count * 4;
+  void sum_home(const Partials& h, void* stream) {
+    const size_t count = size_t(h.heads) * dim_, frow = count * 4;
     const size_t half = align_up(batch_ * local_ * frow);
-    float* grads[2] = {slot(g).dk, slot(g).dv};
-    void* out[2] = {a.dk.data, a.dv.data};
-    const int32_t range = host_.range_begin(("dK dV summed group " + std::to_string(g)).c_str(), ATTNHOST_RANGE_COMMUNICATION, stream);
+    const std::string name = (h.count == 2 ? "dK dV summed group " : "dQ summed group ") + std::to_string(h.group);
+    const int32_t range = host_.range_begin(name.c_str(), ATTNHOST_RANGE_COMMUNICATION, stream);
     // A piece's partials from every peer that sent them but the last are added in place (fp32), the
-    // last one's in the pass that rounds the sums into dK and dV: one launch a piece and tensor, not
-    // one a batch entry (docs/KERNELS.md, "Allgather's backward"). A range is cut into pieces where
-    // a peer's reach starts or ends: a peer sends the partials of the keys its rows reach alone. (At
-    // world size 1 the calls wrote dK and dV.)
+    // last one's in the pass that rounds the sums into the outputs: one launch a piece and tensor,
+    // not one a batch entry (docs/KERNELS.md, "Allgather's backward"). A range is cut into pieces
+    // where a peer's reach starts or ends: a peer sends the partials of the tokens it reaches alone.
     for (const attnhost_token_range& r : ranges_[rank_]) {
       std::vector<int64_t> cuts = {r.global_begin, r.global_begin + r.length};
       const auto cut = [&](int64_t at) {
@@ -660,7 +865,7 @@ class Allgather {
       };
       for (int peer = 0; peer < world_; ++peer)
         if (peer != rank_)
-          for (const attnhost_token_range& p : reached_[rank_][peer]) cut(p.global_begin), cut(p.global_begin + p.length);
+          for (const attnhost_token_range& p : (*h.reach)[rank_][peer]) cut(p.global_begin), cut(p.global_begin + p.length);
       std::sort(cuts.begin(), cuts.end());
       cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
       for (size_t c = 0; c + 1 < cuts.size(); ++c) {
@@ -668,18 +873,18 @@ class Allgather {
         std::vector<int> peers;  // those whose partials of the piece came home
         for (int peer = 0; peer < world_; ++peer)
           if (peer != rank_)
-            for (const attnhost_token_range& p : reached_[rank_][peer])
+            for (const attnhost_token_range& p : (*h.reach)[rank_][peer])
               if (p.global_begin <= lo && lo < p.global_begin + p.length) peers.push_back(peer);
-        for (int t = 0; t < 2; ++t) {
-          const auto from = [&](int peer) {  // the peer's partials of the piece, [B, its length, kv, D]
+        for (int t = 0; t < h.count; ++t) {
+          const auto from = [&](int peer) {  // the peer's partials of the piece, [B, its length, heads, D]
             return TensorRef{incoming(peer) + t * half + local * frow, local_ * int64_t(count), int64_t(count), dim_};
           };
           ConvertParams cv;
           cv.batch = batch_;
-          cv.heads = kv;
+          cv.heads = h.heads;
           cv.head_dim = dim_;
           cv.seqlen = cuts[c + 1] - lo;
-          cv.src = gathered(grads[t], lo, true);
+          cv.src = in_slot(h.slot[t], lo, h.heads, 4);
           for (size_t i = 0; i + 1 < peers.size(); ++i) {
             ConvertParams sum = cv;
             sum.dtype = DType::fp32;
@@ -688,7 +893,7 @@ class Allgather {
             engine_->convert(sum, stream);
           }
           cv.dtype = output_dtype(core_dtype(dtype_));
-          cv.dst = kv_like(out[t], local, g * kv, out_el_);
+          cv.dst = token_view(h.out[t], h.out_heads, local, h.head0, out_el_);
           if (!peers.empty()) cv.add = from(peers.back());
           engine_->convert(cv, stream);
         }
@@ -710,17 +915,19 @@ class Allgather {
     engine_->amax(p, stream);
   }
 
-  // Per peer, a message out and a message in of a group's [dK | dV] (fp32); and one in of its
-  // [K | V] (dtype).
-  // The backward's messages home (fp32 dK and dV of a rank's tokens), and a group of kv heads' K/V
-  // of a rank's tokens, packed (the forward's groups hold at least as many heads as the backward's).
-  size_t message_bytes() const { return 2 * align_up(local_kv_elems(kv_heads_ / groups_) * 4); }
+  // The backward's messages home (a group's fp32 partials of a rank's tokens: [dK | dV] by rows, dQ
+  // by keys), and a group of kv heads' K/V of a rank's tokens, packed (the forward's groups hold at
+  // least as many heads as the backward's).
+  size_t message_bytes(int32_t groups) const {
+    if (by_keys_) return align_up(size_t(batch_) * local_ * (heads_ / groups) * dim_ * 4);
+    return 2 * align_up(local_kv_elems(kv_heads_ / groups) * 4);
+  }
   size_t kv_message_bytes(int32_t kv) const { return 2 * align_up(local_kv_elems(kv) * el_); }
   // A peer's place among the others (this rank has no message of its own).
   size_t peer_slot(int peer) const { return size_t(peer < rank_ ? peer : peer - 1); }
-  char* outgoing(int peer) const { return buffers().home + peer_slot(peer) * 2 * message_bytes(); }  // (packed only)
+  char* outgoing(int peer) const { return buffers().home + peer_slot(peer) * 2 * message_bytes(groups_); }  // (packed only)
   char* incoming(int peer) const {
-    return buffers().home + (direct_ ? peer_slot(peer) : peer_slot(peer) * 2 + 1) * message_bytes();
+    return buffers().home + (direct_ ? peer_slot(peer) : peer_slot(peer) * 2 + 1) * message_bytes(groups_);
   }
   char* gathered_in(int peer) const { return buffers().gathered_in + peer_slot(peer) * kv_message_bytes(group_kv()); }
 
@@ -736,7 +943,10 @@ class Allgather {
   std::unique_ptr<Engine> engine_;
   void* fill_ = nullptr;  // host stream 3, where a group's shorter ranges run (null: none)
   std::vector<std::vector<attnhost_token_range>> ranges_;  // each rank's tokens
-  std::vector<std::vector<std::vector<attnhost_token_range>>> reached_;  // [owner][reader]: reach(owner, reader)
+  Reach keys_reached_;   // the keys of owner's that other's rows reach
+  Reach rows_reaching_;  // the rows of owner's that reach other's keys
+  std::vector<int> row_order_, key_order_;  // this rank's ranges, most pairs first, as rows and as keys
+  bool by_keys_ = false;  // the backward by keys (else by rows: the "backward" parameter)
   std::vector<Piece> whole_, peers_, own_;  // the backward's pieces (plan_pieces)
   int64_t local_ = 0;
   attnhost::Layout layout_;

@@ -64,7 +64,8 @@ TEST_CASE("ulysses and usp: a tapered pipeline (first and last batch entry alone
 // (range, peer) one block, no message packed. The values must be the packed messages' to the bit,
 // but for dQ of ulysses's and usp's last backward step, which as blocks lie runs over columns.
 // Allgather's forward then also runs over fewer, larger groups of heads than its backward (auto
-// groups), which must not change a value either.
+// groups), which must not change a value either; its backward is cut by rows on both (packed
+// messages take no other).
 TEST_CASE("ulysses, usp and allgather: blocks moved as they lie compute what packed messages do") {
   struct Shape {
     const char* plugin;
@@ -84,6 +85,7 @@ TEST_CASE("ulysses, usp and allgather: blocks moved as they lie compute what pac
                           s.causal, s.dtype);
       c.problem.batch = 3;
       if (allgather && s.head_groups > 0) c.params["head_groups"] = s.head_groups;  // (causal: zigzag's two ranges a rank)
+      if (allgather) c.params["backward"] = std::string("rows");
       if (!allgather) c.params["taper"] = std::string("on");  // steps that start past the first entry
       c.params["exchange"] = std::string(exchange);
       if (s.ulysses_degree > 0) c.params["ulysses_degree"] = s.ulysses_degree;
@@ -197,40 +199,61 @@ TEST_CASE("usp: a Ulysses group inside a zigzag ring (2 x 2), a ring of groups, 
 }
 
 TEST_CASE("allgather: causal (zigzag chunks), full, a window, GQA, groups of heads, at world sizes 1 to 4") {
-  for (bool causal : {true, false}) {
-    attnhost::CaseResult r = run_on(DeviceKind::cpu, dense_case("allgather", {1, 2, 3, 4}, 240, 8, 4, 32, causal));
-    test::all_pass(r);
-    test::error_does_not_grow(r);
-    for (const auto& run : r.runs)  // zigzag chunks balance the causal work, as contiguous ones the full
-      CHECK(static_cast<double>(run.max_rank_pairs) * run.world_size / run.total_pairs < 1.02);
+  // The backward cut by keys (each rank's keys against the gathered rows that reach them) and by
+  // rows (each rank's rows against the gathered keys); auto takes keys where the heads are MHA.
+  for (const char* backward : {"keys", "rows"}) {
+    INFO("backward by ", std::string(backward));
+    const auto allgather = [&](std::vector<int> sizes, int64_t seqlen, int32_t heads, int32_t kv_heads, int32_t dim,
+                               bool causal, const char* dtype = "bf16") {
+      auto c = dense_case("allgather", sizes, seqlen, heads, kv_heads, dim, causal, dtype);
+      c.params["backward"] = std::string(backward);
+      return c;
+    };
+    for (bool causal : {true, false}) {
+      attnhost::CaseResult r = run_on(DeviceKind::cpu, allgather({1, 2, 3, 4}, 240, 8, 4, 32, causal));
+      test::all_pass(r);
+      test::error_does_not_grow(r);
+      for (const auto& run : r.runs)  // zigzag chunks balance the causal work, as contiguous ones the full
+        CHECK(static_cast<double>(run.max_rank_pairs) * run.world_size / run.total_pairs < 1.02);
+    }
+    test::all_pass(run_on(DeviceKind::cpu, allgather({1, 2, 3, 4}, 240, 8, 8, 32, true)));  // MHA
+    auto window = allgather({1, 2, 3}, 250, 4, 2, 16, true);
+    window.problem.window_left = 33;
+    test::all_pass(run_on(DeviceKind::cpu, window));
+    auto groups = allgather({2, 4}, 128, 8, 4, 16, true);
+    groups.params["head_groups"] = int64_t{4};
+    test::all_pass(run_on(DeviceKind::cpu, groups));
+    // Slots reused by later groups, whose gradients are written, not added into (by rows), and
+    // whose dQ is zeroed again (by keys): full (one range a rank), and a window (two ranges whose
+    // reaches overlap without one holding the other).
+    auto full_groups = allgather({2, 3}, 120, 8, 4, 16, false);
+    full_groups.params["head_groups"] = int64_t{4};
+    test::all_pass(run_on(DeviceKind::cpu, full_groups));
+    auto window_groups = allgather({2, 3}, 180, 8, 8, 16, true);
+    window_groups.problem.window_left = 29;
+    window_groups.params["head_groups"] = int64_t{4};
+    test::all_pass(run_on(DeviceKind::cpu, window_groups));
+    auto deterministic = allgather({2, 3}, 128, 8, 4, 16, true);  // every call on one stream
+    deterministic.problem.deterministic = 1;
+    deterministic.params["head_groups"] = int64_t{2};
+    test::all_pass(run_on(DeviceKind::cpu, deterministic));
+    test::all_pass(run_on(DeviceKind::cpu, allgather({1, 2}, 128, 4, 4, 24, true, "fp16")));
   }
-  auto window = dense_case("allgather", {1, 2, 3}, 250, 4, 2, 16, true);
-  window.problem.window_left = 33;
-  test::all_pass(run_on(DeviceKind::cpu, window));
-  auto groups = dense_case("allgather", {2, 4}, 128, 8, 4, 16, true);
-  groups.params["head_groups"] = int64_t{4};
-  test::all_pass(run_on(DeviceKind::cpu, groups));
-  // Slots reused by later groups, whose dK and dV are written, not added into: full (one range a
-  // rank), and a window (two ranges whose reaches overlap without one holding the other).
-  auto full_groups = dense_case("allgather", {2, 3}, 120, 8, 4, 16, false);
-  full_groups.params["head_groups"] = int64_t{4};
-  test::all_pass(run_on(DeviceKind::cpu, full_groups));
-  auto window_groups = dense_case("allgather", {2, 3}, 180, 8, 4, 16, true);
-  window_groups.problem.window_left = 29;
-  window_groups.params["head_groups"] = int64_t{4};
-  test::all_pass(run_on(DeviceKind::cpu, window_groups));
-  auto deterministic = dense_case("allgather", {2, 3}, 128, 8, 4, 16, true);  // every call on one stream
-  deterministic.problem.deterministic = 1;
-  deterministic.params["head_groups"] = int64_t{2};
-  test::all_pass(run_on(DeviceKind::cpu, deterministic));
-  test::all_pass(run_on(DeviceKind::cpu, dense_case("allgather", {1, 2}, 128, 4, 4, 24, true, "fp16")));
+  // Packed messages carry no rows: a backward by keys with them is refused in one line.
+  auto packed = dense_case("allgather", {2}, 128, 4, 4, 24, true);
+  packed.params["exchange"] = std::string("packed");
+  packed.params["backward"] = std::string("keys");
+  const attnhost::CaseResult refused = run_on(DeviceKind::cpu, packed);
+  REQUIRE(!refused.runs.empty());
+  CHECK(refused.runs[0].error.find("backward=keys") != std::string::npos);
 }
 
 TEST_CASE("allgather: auto groups keep a rank's memory within 1.5x its working set plus one gathered group") {
   // B=2, S=512, 24 heads of 32 at world size 2. A rank's working set is Q, K, V, O, dO, dQ, dK, dV
-  // and LSE; groups of 3 kv heads (8 groups) fit the rule. While a rank also counted a message from
-  // itself it never had, auto took 12 groups of 2, below the memory of explicit 8.
+  // and LSE; by rows, groups of 3 kv heads (8 groups) fit the rule. While a rank also counted a
+  // message from itself it never had, auto took 12 groups of 2, below the memory of explicit 8.
   auto c = dense_case("allgather", {2}, 512, 24, 24, 32, true);
+  c.params["backward"] = std::string("rows");
   std::map<int64_t, attnhost::RunResult> runs = test::runs_by(c, "head_groups", {0, 8, 12});
   const double tensor = 2.0 * 256 * 24 * 32 * 2, lse = 2.0 * 24 * 256 * 4;  // a rank's: B x tokens x heads x D x bf16
   const double working_set = 8 * tensor + lse, gathered = 2 * (2.0 * 512 * 3 * 32 * 2);  // K and V of a group of 3
@@ -239,6 +262,16 @@ TEST_CASE("allgather: auto groups keep a rank's memory within 1.5x its working s
     CHECK(runs[0].peak_bytes[rank] <= 1.5 * working_set + gathered);
     CHECK(runs[0].peak_bytes[rank] >= runs[8].peak_bytes[rank]);  // the backward's slots hold 3 kv heads
     CHECK(runs[8].peak_bytes[rank] > runs[12].peak_bytes[rank]);
+  }
+  // By keys a slot holds Q and dO of a group's query heads and their fp32 dQ, no fp32 dK and dV:
+  // groups of 6 heads (4 groups) fit, against one gathered group's Q and dO.
+  c.params["backward"] = std::string("keys");
+  runs = test::runs_by(c, "head_groups", {0, 4, 6});
+  for (int rank = 0; rank < 2; ++rank) {
+    INFO("rank ", rank, ", by keys");
+    CHECK(runs[0].peak_bytes[rank] <= 1.5 * working_set + 2 * gathered);
+    CHECK(runs[0].peak_bytes[rank] == runs[4].peak_bytes[rank]);
+    CHECK(runs[4].peak_bytes[rank] > runs[6].peak_bytes[rank]);
   }
 }
 
@@ -277,6 +310,16 @@ TEST_CASE("bytes sent: ulysses moves Q, K, V and O once each way, allgather the 
     CHECK(g.runs[0].sent_bytes_fwd[rank] == kv * 8 / n);
     CHECK(g.runs[0].sent_bytes_bwd[rank] == (kv + partials) * 8 / n);
   }
+  // By keys the backward gathers the rows that reach a rank's keys (Q and dO of 4 query heads, and
+  // their LSE and delta) and sends home their fp32 dQ: rank 0's last chunk alone reaches rank 1's
+  // keys, every row of rank 1's reaches rank 0's first chunk.
+  a.problem.window_left = -1;
+  a.params["backward"] = std::string("keys");
+  g = run_on(DeviceKind::cpu, a);
+  test::all_pass(g);
+  const uint64_t rows = B * n * 4 * (2 * D * el + 2 * 4), dq = B * n * 4 * D * 4;  // n rows of 4 heads
+  CHECK(g.runs[0].sent_bytes_bwd[0] == rows / 2 + dq);
+  CHECK(g.runs[0].sent_bytes_bwd[1] == rows + dq / 2);
 }
 
 #if ATTNHOST_HAVE_CUDA
