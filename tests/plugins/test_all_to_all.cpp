@@ -400,6 +400,16 @@ TEST_CASE("gpu: ulysses and usp and allgather on the GPUs against the float64 re
     cut.params["partials"] = std::string("dtype");
     test::all_pass(run_on(DeviceKind::cuda, cut));
   }
+  for (const char* backward : {"keys", "rows"})  // allgather's backward cut both ways, in two head groups
+    for (bool causal : {true, false}) {
+      INFO("allgather backward by ", std::string(backward), causal ? ", causal" : ", full");
+      auto cut = dense_case("allgather", sizes, 8192, 4, 4, 128, causal);
+      cut.params["backward"] = std::string(backward);
+      cut.params["head_groups"] = int64_t{2};
+      auto r = run_on(DeviceKind::cuda, cut);
+      test::all_pass(r);
+      test::error_does_not_grow(r);
+    }
   for (const char* plugin : {"ulysses", "usp", "allgather"}) {  // packed messages, on the transport that moves blocks
     auto packed_messages = dense_case(plugin, sizes, 1000, 8, 2, 128, true);
     packed_messages.params["exchange"] = std::string("packed");
