@@ -104,6 +104,13 @@ class Allgather {
       }
     row_order_ = most_pairs_first(&Allgather::keys_of);
     key_order_ = most_pairs_first(&Allgather::rows_of);
+    for (int i : key_order_) {
+      bool peers = false;
+      for (int owner = 0; owner < world_; ++owner)
+        for (const attnhost_token_range& r : ranges_[owner])
+          peers |= owner != rank_ && overlap(rows_of(ranges_[rank_][i]), global(r)).size() > 0;
+      (peers ? reads_peers_ : own_rows_only_).push_back(i);
+    }
     plan_pieces();
     for (const attnhost_token_range& r : ranges_[rank_]) layout_.add(r.global_begin, r.length);
     layout_.pad(local_ - layout_.local_tokens());
@@ -178,14 +185,13 @@ class Allgather {
     for (int g = 0; g < groups_; ++g) {
       for (void* s : {compute, fill_ ? fill_ : compute}) {
         engine_->wait(s, cleared[g]);
-        engine_->wait(s, gathered[g]);
+        if (!by_keys_) engine_->wait(s, gathered[g]);  // (by keys, key_calls waits)
       }
       const int32_t range = host_.range_begin(("attention backward group " + std::to_string(g)).c_str(),
                                               ATTNHOST_RANGE_COMPUTE, compute);
+      Calls peers_whole;  // by keys: where the peers' rows' dQ is whole
       if (by_keys_) {
-        done[g] = for_each_range(compute, key_order_, [&](const attnhost_token_range& r, void* s) {
-          engine_->backward(key_call(a, r, g), s);
-        });
+        done[g] = key_calls(a, g, compute, gathered[g], &peers_whole);
       } else if (g + 1 < groups_ || world_ == 1) {
         done[g] = backward_pieces(a, g, whole_, compute);
       } else {  // the last group: the peers' keys first, their partials home under this rank's own
@@ -199,9 +205,13 @@ class Allgather {
         gather_group(a, g + 1, gs, gs);
         gathered[g + 1] = engine_->record(gs);
       }
-      wait_for(xs, done[g]);
       const Partials home = partials(a, g);
-      if (by_keys_ || g + 1 < groups_) send_partials(home, xs);
+      if (by_keys_) {
+        wait_for(xs, peers_whole);
+        send_partials(home, xs);
+      }
+      wait_for(xs, done[g]);
+      if (!by_keys_ && g + 1 < groups_) send_partials(home, xs);
       if (!by_keys_) convert_dq(a, g, xs);  // this group's dQ is whole
       if (by_keys_ || world_ > 1) sum_home(home, xs);  // (by rows at world size 1 the calls wrote dK and dV)
       if (g + 2 < groups_) {  // the slot serves group g + 2
@@ -617,6 +627,40 @@ class Allgather {
     return p;
   }
 
+  // By keys, group g's calls, one a key range of this rank's, the most pairs first. A range whose
+  // keys only this rank's rows reach reads nothing gathered (at two ranks, causal, rank 0's last
+  // chunk: no peer's row comes after it). In the first group such calls go first, under the gather,
+  // which they do not wait for; in the last group after the others, under the peers' dQ going home
+  // (*peers_whole: where it is whole). Rank 0, whose first chunk every row reaches, gathers and sends
+  // home the most (docs/KERNELS.md, "Allgather: the backward by keys").
+  Calls key_calls(const attnhost_backward_args& a, int g, void* compute, const Engine::Event& gathered,
+                  Calls* peers_whole) {
+    const auto calls = [&](const std::vector<int>& order) {
+      return for_each_range(compute, order, [&](const attnhost_token_range& r, void* s) {
+        engine_->backward(key_call(a, r, g), s);
+      });
+    };
+    const auto wait_gathered = [&] {
+      for (void* s : {compute, fill_ ? fill_ : compute}) engine_->wait(s, gathered);
+    };
+    const auto after = [](const Calls& first, const Calls& then) {  // both, in stream order
+      return Calls{then.compute, then.fill ? then.fill : first.fill};
+    };
+    const bool cut = !own_rows_only_.empty() && !reads_peers_.empty();
+    if (cut && g == 0) {
+      const Calls own = calls(own_rows_only_);
+      wait_gathered();
+      *peers_whole = after(own, calls(reads_peers_));
+      return *peers_whole;
+    }
+    wait_gathered();
+    if (cut && g + 1 == groups_) {
+      *peers_whole = calls(reads_peers_);
+      return after(*peers_whole, calls(own_rows_only_));
+    }
+    *peers_whole = calls(key_order_);
+    return *peers_whole;
+  }
   // By keys: this rank's key range kr of group g against every row that reaches it, one call that
   // writes its keys' dK and dV whole, in the dtype, and adds the rows' dQ into the slot's fp32 (the
   // peers' rows' share goes home). A CTA walks a key's whole column, all ranks' rows, where by rows
@@ -946,6 +990,7 @@ class Allgather {
   Reach keys_reached_;   // the keys of owner's that other's rows reach
   Reach rows_reaching_;  // the rows of owner's that reach other's keys
   std::vector<int> row_order_, key_order_;  // this rank's ranges, most pairs first, as rows and as keys
+  std::vector<int> own_rows_only_, reads_peers_;  // key_order_'s ranges only this rank's rows reach, and the others
   bool by_keys_ = false;  // the backward by keys (else by rows: the "backward" parameter)
   std::vector<Piece> whole_, peers_, own_;  // the backward's pieces (plan_pieces)
   int64_t local_ = 0;
