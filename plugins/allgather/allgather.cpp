@@ -629,37 +629,31 @@ class Allgather {
 
   // By keys, group g's calls, one a key range of this rank's, the most pairs first. A range whose
   // keys only this rank's rows reach reads nothing gathered (at two ranks, causal, rank 0's last
-  // chunk: no peer's row comes after it). In the first group such calls go first, under the gather,
-  // which they do not wait for; in the last group after the others, under the peers' dQ going home
-  // (*peers_whole: where it is whole). Rank 0, whose first chunk every row reaches, gathers and sends
-  // home the most (docs/KERNELS.md, "Allgather: the backward by keys").
+  // chunk: no peer's row comes after it). Where a rank has both kinds, the others run on the compute
+  // stream and these beside them, on the fill stream; in the first group they start under the
+  // gather, not waiting for it (their rows are this rank's, copied beside it), and the peers' dQ is
+  // whole (*peers_whole), and goes home, when the compute stream's calls end. Rank 0, whose first
+  // chunk every row reaches, gathers and sends home the most (docs/KERNELS.md, "Allgather: the
+  // backward by keys").
   Calls key_calls(const attnhost_backward_args& a, int g, void* compute, const Engine::Event& gathered,
                   Calls* peers_whole) {
-    const auto calls = [&](const std::vector<int>& order) {
-      return for_each_range(compute, order, [&](const attnhost_token_range& r, void* s) {
+    const auto call = [&](int i, void* s) { engine_->backward(key_call(a, ranges_[rank_][i], g), s); };
+    if (!fill_ || own_rows_only_.empty() || reads_peers_.empty()) {
+      for (void* s : {compute, fill_ ? fill_ : compute}) engine_->wait(s, gathered);
+      *peers_whole = for_each_range(compute, key_order_, [&](const attnhost_token_range& r, void* s) {
         engine_->backward(key_call(a, r, g), s);
       });
-    };
-    const auto wait_gathered = [&] {
-      for (void* s : {compute, fill_ ? fill_ : compute}) engine_->wait(s, gathered);
-    };
-    const auto after = [](const Calls& first, const Calls& then) {  // both, in stream order
-      return Calls{then.compute, then.fill ? then.fill : first.fill};
-    };
-    const bool cut = !own_rows_only_.empty() && !reads_peers_.empty();
-    if (cut && g == 0) {
-      const Calls own = calls(own_rows_only_);
-      wait_gathered();
-      *peers_whole = after(own, calls(reads_peers_));
       return *peers_whole;
     }
-    wait_gathered();
-    if (cut && g + 1 == groups_) {
-      *peers_whole = calls(reads_peers_);
-      return after(*peers_whole, calls(own_rows_only_));
-    }
-    *peers_whole = calls(key_order_);
-    return *peers_whole;
+    engine_->wait(fill_, compute);  // (as for_each_range: beside this group's calls, after the last's)
+    if (g > 0) engine_->wait(fill_, gathered);  // (the first gather's own ranges are copied under cleared[0])
+    const int32_t range = host_.range_begin("attention beside", ATTNHOST_RANGE_COMPUTE, fill_);
+    for (int i : own_rows_only_) call(i, fill_);
+    host_.range_end(range, fill_);
+    engine_->wait(compute, gathered);
+    for (int i : reads_peers_) call(i, compute);
+    *peers_whole = {engine_->record(compute), nullptr};
+    return {peers_whole->compute, engine_->record(fill_)};
   }
   // By keys: this rank's key range kr of group g against every row that reaches it, one call that
   // writes its keys' dK and dV whole, in the dtype, and adds the rows' dQ into the slot's fp32 (the
