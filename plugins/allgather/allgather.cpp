@@ -44,7 +44,12 @@ inline constexpr auto kParams = with_packed_ring_params(std::array{
                         "CTA walks a key's whole column; rows: each rank's rows against the gathered keys, as the "
                         "forward (fp32 dK and dV partials home); auto: keys where the query heads are the kv heads and "
                         "blocks go as they lie, else rows. keys needs blocks that go as they lie (not exchange=packed)",
-                        "auto|keys|rows"}});
+                        "auto|keys|rows"},
+    attnhost_param_spec{ATTNHOST_STRUCT_SIZE(attnhost_param_spec, choices), "taper", ATTNHOST_PARAM_STRING, "\"on\"",
+                        "by keys, the backward's first and last groups hold a third of the others' heads, so that the "
+                        "first gather and the last dQ home, which no call covers, take a third as long; off: groups of "
+                        "one size (head_groups' or auto's)",
+                        "on|off"}});
 
 class Allgather {
  public:
@@ -95,6 +100,7 @@ class Allgather {
     local_ = zigzag ? ZigzagPlan(reference_.mask(), world_).block_tokens() : ContiguousPlan(reference_.mask(), world_).block_tokens();
     const std::string& backward = p.get_string("backward");
     by_keys_ = backward != "rows" && (world_ == 1 || direct_) && (backward == "keys" || heads_ == kv_heads_);
+    taper_ = p.get_string("taper") != "off";
     for (Reach* table : {&keys_reached_, &rows_reaching_})
       table->assign(world_, std::vector<std::vector<attnhost_token_range>>(world_));
     for (int owner = 0; owner < world_; ++owner)
@@ -122,20 +128,21 @@ class Allgather {
   attnhost_layout layout(int32_t) { return layout_.view(); }
 
   void forward(const attnhost_forward_args& a) {
-    pass_groups_ = forward_groups_;
+    bounds_ = even_groups(forward_groups_);
     void* compute = host_.stream(0);
     void* gs = overlap_ ? host_.stream(1) : compute;
-    std::vector<Engine::Event> gathered(pass_groups_);
-    std::vector<Calls> done(pass_groups_);
+    const int groups = pass_groups();
+    std::vector<Engine::Event> gathered(groups);
+    std::vector<Calls> done(groups);
     engine_->wait(gs, compute);  // the inputs are ready
     gather(a.k.data, a.v.data, 0, gs, compute);  // (the compute stream has nothing else to do yet)
     gathered[0] = engine_->record(gs);
-    for (int g = 0; g < pass_groups_; ++g) {
+    for (int g = 0; g < groups; ++g) {
       engine_->wait(compute, gathered[g]);
       const int32_t range = host_.range_begin(("attention group " + std::to_string(g)).c_str(), ATTNHOST_RANGE_COMPUTE, compute);
       done[g] = for_each_range(compute, row_order_, [&](const attnhost_token_range& r, void* s) { engine_->forward(forward_call(a, r, g), s); });
       host_.range_end(range, compute);
-      if (g + 1 < pass_groups_) {  // (after the calls are queued: the host meets the peers here)
+      if (g + 1 < groups) {  // (after the calls are queued: the host meets the peers here)
         if (g > 0) wait_for(gs, done[g - 1]);  // its buffer was read by group g - 1
         gather(a.k.data, a.v.data, g + 1, gs, gs);
         gathered[g + 1] = engine_->record(gs);
@@ -154,17 +161,18 @@ class Allgather {
   // and V and its calls write dK and dV partials (plan_pieces); by keys, it gathers the rows that
   // reach this rank's keys and its calls write dK and dV whole (key_call).
   void backward(const attnhost_backward_args& a) {
-    pass_groups_ = groups_;
+    bounds_ = by_keys_ && taper_ ? tapered_groups(groups_) : even_groups(groups_);
     void* compute = host_.stream(0);
     void* gs = overlap_ ? host_.stream(1) : compute;
     void* xs = overlap_ ? host_.stream(2) : compute;
+    const int groups = pass_groups();
     // The first gather waits only for what it sends. By rows that is K and V: queued behind the
     // delta pass, it started 88 us later at medium on two H200s. By keys it sends delta too, so the
     // first group's is made first. (The delta pass is queued first all the same: the gather's group
     // may hold the host until the peers reach it.) The first gather's own ranges and slot 0's zeroing
     // go on the gradients' stream, idle until the first call ends; slot 1's zeroing after the gather.
     const Engine::Event inputs = engine_->record(compute);
-    const int32_t first_heads = by_keys_ ? group_q() : heads_;
+    const int32_t first_heads = by_keys_ ? group_q(0) : heads_;
     compute_delta(a, 0, first_heads, compute);
     const Engine::Event first_delta = engine_->record(compute);
     if (first_heads < heads_) compute_delta(a, first_heads, heads_ - first_heads, compute);
@@ -172,17 +180,17 @@ class Allgather {
     if (fill_) engine_->wait(fill_, delta);  // (calls there read delta)
     for (void* s : {gs, xs}) engine_->wait(s, by_keys_ ? first_delta : inputs);
     gather_group(a, 0, gs, xs);
-    std::vector<Engine::Event> gathered(groups_), cleared(groups_);
-    std::vector<Calls> done(groups_);
+    std::vector<Engine::Event> gathered(groups), cleared(groups);
+    std::vector<Calls> done(groups);
     gathered[0] = engine_->record(gs);
     if (by_keys_) engine_->wait(gs, delta);  // (the next gathers send every group's)
     clear(0, xs);
     cleared[0] = engine_->record(xs);  // (and the own ranges of the first gather)
-    if (groups_ > 1) {
+    if (groups > 1) {
       clear(1, gs);
       cleared[1] = engine_->record(gs);
     }
-    for (int g = 0; g < groups_; ++g) {
+    for (int g = 0; g < groups; ++g) {
       for (void* s : {compute, fill_ ? fill_ : compute}) {
         engine_->wait(s, cleared[g]);
         if (!by_keys_) engine_->wait(s, gathered[g]);  // (by keys, key_calls waits)
@@ -192,7 +200,7 @@ class Allgather {
       Calls peers_whole;  // by keys: where the peers' rows' dQ is whole
       if (by_keys_) {
         done[g] = key_calls(a, g, compute, gathered[g], &peers_whole);
-      } else if (g + 1 < groups_ || world_ == 1) {
+      } else if (g + 1 < groups || world_ == 1) {
         done[g] = backward_pieces(a, g, whole_, compute);
       } else {  // the last group: the peers' keys first, their partials home under this rank's own
         wait_for(xs, backward_pieces(a, g, peers_, compute));
@@ -200,7 +208,7 @@ class Allgather {
         done[g] = backward_pieces(a, g, own_, compute);
       }
       host_.range_end(range, compute);
-      if (g + 1 < groups_) {  // (after the calls are queued, as in the forward)
+      if (g + 1 < groups) {  // (after the calls are queued, as in the forward)
         if (g > 0) wait_for(gs, done[g - 1]);  // what it gathers into its slot was read by group g - 1
         gather_group(a, g + 1, gs, gs);
         gathered[g + 1] = engine_->record(gs);
@@ -211,11 +219,11 @@ class Allgather {
         send_partials(home, xs);
       }
       wait_for(xs, done[g]);
-      if (!by_keys_ && g + 1 < groups_) send_partials(home, xs);
+      if (!by_keys_ && g + 1 < groups) send_partials(home, xs);
       if (!by_keys_) convert_dq(a, g, xs);  // this group's dQ is whole
       if (by_keys_ || world_ > 1) sum_home(home, xs);  // (by rows at world size 1 the calls wrote dK and dV)
-      if (g + 2 < groups_) {  // the slot serves group g + 2
-        clear(g, xs);
+      if (g + 2 < groups) {  // the slot serves group g + 2
+        clear(g + 2, xs);
         cleared[g + 2] = engine_->record(xs);
       }
     }
@@ -294,8 +302,9 @@ class Allgather {
     host_.range_end(range, fill_);
     return {engine_->record(compute), engine_->record(fill_)};
   }
-  // Slot g % 2's fp32 dQ zeroed for group g (its dK and dV are written, not added into).
-  void clear(int g, void* stream) { engine_->zero(slot(g).dq, slot_dq_elems(group_q()) * 4, stream); }
+  // Slot g % 2's fp32 dQ zeroed for group g, as many heads as that group holds (dK and dV are
+  // written, not added into: plan_pieces, key_call).
+  void clear(int g, void* stream) { engine_->zero(slot(g).dq, slot_dq_elems(group_q(g)) * 4, stream); }
   // A backward piece: one of this rank's query ranges against the keys it reaches, or the part of
   // them one rank owns. Each key's dK and dV are written, not added by atomics, so that none are
   // zeroed. Of a rank's two ranges (zigzag's chunks) the one reaching fewer keys writes first, on
@@ -360,8 +369,8 @@ class Allgather {
     BackwardParams p = backward_call(a, ranges_[rank_][piece.range], g, piece.keys);
     p.write_dkdv = true;
     if (world_ == 1) {  // one call makes every key's gradients whole: straight into dK and dV
-      p.dk = kv_like(a.dk.data, piece.keys.lo, g * group_kv(), out_el_);  // (global positions are local)
-      p.dv = kv_like(a.dv.data, piece.keys.lo, g * group_kv(), out_el_);
+      p.dk = kv_like(a.dk.data, piece.keys.lo, kv0(g), out_el_);  // (global positions are local)
+      p.dv = kv_like(a.dv.data, piece.keys.lo, kv0(g), out_el_);
       return p;
     }
     p.write_dkdv_fp32 = true;
@@ -373,11 +382,35 @@ class Allgather {
     }
     return p;
   }
-  int32_t group_kv() const { return kv_heads_ / pass_groups_; }
-  int32_t group_q() const { return group_kv() * (heads_ / kv_heads_); }
+  // The pass in progress's groups of kv heads: group g holds [bounds_[g], bounds_[g + 1]), and the
+  // query heads that read them.
+  int pass_groups() const { return int(bounds_.size()) - 1; }
+  int32_t kv0(int g) const { return bounds_[g]; }
+  int32_t group_kv(int g) const { return bounds_[g + 1] - bounds_[g]; }
+  int32_t q0(int g) const { return kv0(g) * (heads_ / kv_heads_); }
+  int32_t group_q(int g) const { return group_kv(g) * (heads_ / kv_heads_); }
+  std::vector<int32_t> even_groups(int32_t groups) const {
+    std::vector<int32_t> bounds;
+    for (int32_t g = 0; g <= groups; ++g) bounds.push_back(g * (kv_heads_ / groups));
+    return bounds;
+  }
+  // By keys, the backward's first and last groups hold a third of the others' kv heads (at least
+  // one): the first gather, which no call covers, and the last group's dQ home, which no call
+  // follows, are a third as long. The others share the rest as evenly as they can, none larger than
+  // the slots' `groups` size (docs/KERNELS.md, "Allgather: the backward by keys"). At medium on two
+  // ranks, 24 heads in groups of 6 become 2, 5, 5, 5, 5, 2.
+  std::vector<int32_t> tapered_groups(int32_t groups) const {
+    const int32_t most = kv_heads_ / groups, end = std::max(1, most / 3);
+    if (world_ == 1 || most < 2 || kv_heads_ < 2 * end + 1) return even_groups(groups);
+    const int32_t middle = kv_heads_ - 2 * end, count = (middle + most - 1) / most;
+    std::vector<int32_t> bounds = {0, end};
+    for (int32_t i = 1; i <= count; ++i) bounds.push_back(end + middle * i / count);
+    bounds.push_back(kv_heads_);
+    return bounds;
+  }
   // A slot's fp32 dQ for `heads` query heads: this rank's rows by rows, every row by keys.
   size_t slot_dq_elems(int32_t heads) const { return size_t(batch_) * (by_keys_ ? seqlen_ : local_) * heads * dim_; }
-  size_t gathered_elems() const { return size_t(batch_) * seqlen_ * group_kv() * dim_; }
+  size_t gathered_elems(int g) const { return size_t(batch_) * seqlen_ * group_kv(g) * dim_; }
   size_t q_elems() const { return size_t(batch_) * local_ * heads_ * dim_; }
   size_t local_kv_elems(int32_t kv) const { return size_t(batch_) * local_ * kv * dim_; }
 
@@ -467,7 +500,7 @@ class Allgather {
   // ones from the slot's start (V after K), over the room of the backward's K, V and gradients.
   std::pair<char*, char*> kv_slot(int g) const {
     char* k = slot(g).base;
-    return {k, k + align_up(gathered_elems() * el_)};
+    return {k, k + align_up(gathered_elems(g) * el_)};
   }
 
   // [B, local tokens, heads, D] views of a Q-like tensor from local row `row0` and head `head0`.
@@ -487,20 +520,22 @@ class Allgather {
     const int64_t token = int64_t{heads} * dim_;
     return {static_cast<char*>(base) + pos0 * token * el, seqlen_ * token, token, dim_};
   }
-  TensorRef gathered(void* base, int64_t key0, bool fp32) const { return in_slot(base, key0, group_kv(), fp32 ? 4 : el_); }
+  TensorRef gathered(int g, void* base, int64_t key0, bool fp32) const {
+    return in_slot(base, key0, group_kv(g), fp32 ? 4 : el_);
+  }
   TensorRef group_dq(int g, int64_t row0) const {  // [B, local tokens, the group's query heads, D], fp32
-    const int64_t token = int64_t{group_q()} * dim_;
+    const int64_t token = int64_t{group_q(g)} * dim_;
     return {slot(g).dq + row0 * token, local_ * token, token, dim_};
   }
   void convert_dq(const attnhost_backward_args& a, int g, void* stream) {
     ConvertParams cv;
     cv.dtype = output_dtype(core_dtype(dtype_));
     cv.batch = batch_;
-    cv.heads = group_q();
+    cv.heads = group_q(g);
     cv.head_dim = dim_;
     cv.seqlen = local_;
     cv.src = group_dq(g, 0);
-    cv.dst = q_like(a.dq.data, 0, g * group_q(), out_el_);
+    cv.dst = q_like(a.dq.data, 0, q0(g), out_el_);
     engine_->convert(cv, stream);
   }
   RowStatsRef rows(float* base, int64_t row0, int32_t head0) const {
@@ -584,15 +619,15 @@ class Allgather {
     Params p;
     p.dtype = core_dtype(dtype_);
     p.batch = batch_;
-    p.heads_q = group_q();
-    p.heads_kv = group_kv();
+    p.heads_q = group_q(g);
+    p.heads_kv = group_kv(g);
     p.head_dim = dim_;
     p.seqlen_q = r.length;
     p.seqlen_kv = keys.size();
     p.softmax_scale = scale_;
     p.q = q;
-    p.k = gathered(kv_slot(g).first, keys.lo, false);
-    p.v = gathered(kv_slot(g).second, keys.lo, false);
+    p.k = gathered(g, kv_slot(g).first, keys.lo, false);
+    p.v = gathered(g, kv_slot(g).second, keys.lo, false);
     p.mask = mask_at(r.global_begin, keys.lo);
     if (fp8) {
       p.descale_q = fp8->descale_q;
@@ -603,7 +638,7 @@ class Allgather {
   }
 
   ForwardParams forward_call(const attnhost_forward_args& a, const attnhost_token_range& r, int g) const {
-    const int32_t head0 = g * group_q();
+    const int32_t head0 = q0(g);
     ForwardParams p = call<ForwardParams>(q_like(a.q.data, r.local_begin, head0, el_), r, g, fp8_scaling(a), keys_of(r));
     p.o = q_like(a.o.data, r.local_begin, head0, out_el_);
     p.lse = rows(static_cast<float*>(a.lse.data), r.local_begin, head0);
@@ -613,7 +648,7 @@ class Allgather {
   // (Over `keys`, the keys the range reaches or a part of them.)
   BackwardParams backward_call(const attnhost_backward_args& a, const attnhost_token_range& r, int g,
                                Interval keys) const {
-    const int32_t head0 = g * group_q();
+    const int32_t head0 = q0(g);
     BackwardParams p = call<BackwardParams>(q_like(a.q.data, r.local_begin, head0, el_), r, g, fp8_scaling(a), keys);
     p.d_o = q_like(a.d_o.data, r.local_begin, head0, el_);
     p.o = q_like(a.o.data, r.local_begin, head0, out_el_);
@@ -621,8 +656,8 @@ class Allgather {
     p.lse = rows(static_cast<float*>(a.lse.data), r.local_begin, head0);
     p.delta = rows(buffers().delta, r.local_begin, head0);
     p.dq = group_dq(g, r.local_begin);
-    p.dk = gathered(slot(g).dk, keys.lo, true);
-    p.dv = gathered(slot(g).dv, keys.lo, true);
+    p.dk = gathered(g, slot(g).dk, keys.lo, true);
+    p.dv = gathered(g, slot(g).dv, keys.lo, true);
     p.deterministic = deterministic_;
     return p;
   }
@@ -662,12 +697,12 @@ class Allgather {
   // rows are this rank's own, read where they lie.
   BackwardParams key_call(const attnhost_backward_args& a, const attnhost_token_range& kr, int g) const {
     const Interval reaching = rows_of(kr);
-    const int32_t q_heads = group_q(), head0 = g * q_heads, kv0 = g * group_kv();
+    const int32_t q_heads = group_q(g), head0 = q0(g), kv_head0 = kv0(g);
     BackwardParams p;
     p.dtype = core_dtype(dtype_);
     p.batch = batch_;
     p.heads_q = q_heads;
-    p.heads_kv = group_kv();
+    p.heads_kv = group_kv(g);
     p.head_dim = dim_;
     p.seqlen_q = reaching.size();
     p.seqlen_kv = kr.length;
@@ -684,10 +719,10 @@ class Allgather {
       p.delta = {slot(g).delta + reaching.lo, int64_t{q_heads} * seqlen_, seqlen_};
     }
     p.dq = in_slot(slot(g).dq, reaching.lo, q_heads, 4);
-    p.k = kv_like(a.k.data, kr.local_begin, kv0, el_);
-    p.v = kv_like(a.v.data, kr.local_begin, kv0, el_);
-    p.dk = kv_like(a.dk.data, kr.local_begin, kv0, out_el_);
-    p.dv = kv_like(a.dv.data, kr.local_begin, kv0, out_el_);
+    p.k = kv_like(a.k.data, kr.local_begin, kv_head0, el_);
+    p.v = kv_like(a.v.data, kr.local_begin, kv_head0, el_);
+    p.dk = kv_like(a.dk.data, kr.local_begin, kv_head0, out_el_);
+    p.dv = kv_like(a.dv.data, kr.local_begin, kv_head0, out_el_);
     p.write_dkdv = true;
     p.mask = mask_at(reaching.lo, kr.global_begin);
     p.deterministic = deterministic_;
@@ -720,11 +755,12 @@ class Allgather {
   // every two ranks: this rank's K and V slices packed side by side, a peer's unpacked range by
   // range (docs/KERNELS.md, "All-to-all messages"). This rank's own ranges are copied on `own`.
   void gather(void* k, void* v, int g, void* stream, void* own) {
-    const int32_t kv = group_kv();
+    const int32_t kv = group_kv(g);
     const size_t row = size_t(kv) * dim_ * el_, local_batch = local_ * row, global_batch = seqlen_ * row;
     const size_t half = align_up(batch_ * local_batch);  // one tensor in a message (kv_message_bytes)
     const size_t pitch = size_t(kv_heads_) * dim_ * el_;  // a token of K or V
-    const char* mine[2] = {static_cast<char*>(k) + size_t(g) * kv * dim_ * el_, static_cast<char*>(v) + size_t(g) * kv * dim_ * el_};
+    const size_t head0 = size_t(kv0(g)) * dim_ * el_;
+    const char* mine[2] = {static_cast<char*>(k) + head0, static_cast<char*>(v) + head0};
     char* into[2] = {kv_slot(g).first, kv_slot(g).second};
     const int32_t range = host_.range_begin(("K V gather group " + std::to_string(g)).c_str(), ATTNHOST_RANGE_COMMUNICATION, stream);
     const auto mine_at = [&](int t, const attnhost_token_range& r) {  // [B, r.length, the group's kv heads, D]
@@ -746,7 +782,7 @@ class Allgather {
         if (peer == rank_) continue;
         if (packed) {
           host_.send(buffers().packed, 2 * half, ATTNHOST_DTYPE_UINT8, peer, stream);
-          host_.recv(gathered_in(peer), 2 * half, ATTNHOST_DTYPE_UINT8, peer, stream);
+          host_.recv(gathered_in(peer, g), 2 * half, ATTNHOST_DTYPE_UINT8, peer, stream);
           continue;
         }
         for (int t = 0; t < 2; ++t) {  // each part the peer reaches straight to its place in the peer's slot
@@ -761,7 +797,7 @@ class Allgather {
         if (peer != rank_)
           for (int t = 0; t < 2; ++t)
             for (const attnhost_token_range& r : ranges_[peer])
-              copy_block(*engine_, slot_at(t, r), message_at(gathered_in(peer), t, r), stream);
+              copy_block(*engine_, slot_at(t, r), message_at(gathered_in(peer, g), t, r), stream);
     // The own ranges straight from K and V, after the messages: the group is where the host meets
     // the peers (docs/KERNELS.md, "The host's order at a pass's start").
     for (int t = 0; t < 2; ++t)
@@ -780,7 +816,7 @@ class Allgather {
   // group's query heads, tokens], each part as it lies, one copy by the copy engines. This rank's
   // own ranges are copied on `own`.
   void gather_rows(const attnhost_backward_args& a, int g, void* stream, void* own) {
-    const int32_t heads = group_q(), head0 = g * heads;
+    const int32_t heads = group_q(g), head0 = q0(g);
     const size_t row = size_t(heads) * dim_ * el_, pitch = size_t(heads_) * dim_ * el_;
     char* const tokens[2] = {static_cast<char*>(a.q.data) + head0 * dim_ * el_,
                              static_cast<char*>(a.d_o.data) + head0 * dim_ * el_};
@@ -831,7 +867,8 @@ class Allgather {
       h.count = 1;
       h.slot[0] = slot(g).dq;
       h.out[0] = a.dq.data;
-      h.heads = group_q();
+      h.heads = group_q(g);
+      h.head0 = q0(g);
       h.out_heads = heads_;
       h.reach = &rows_reaching_;
     } else {
@@ -840,12 +877,12 @@ class Allgather {
       h.slot[1] = slot(g).dv;
       h.out[0] = a.dk.data;
       h.out[1] = a.dv.data;
-      h.heads = group_kv();
+      h.heads = group_kv(g);
+      h.head0 = kv0(g);
       h.out_heads = kv_heads_;
       h.reach = &keys_reached_;
     }
     h.group = g;
-    h.head0 = g * h.heads;
     return h;
   }
   // A group's partials to their owners, one message a peer (its tokens in its local order, a tensor
@@ -967,7 +1004,9 @@ class Allgather {
   char* incoming(int peer) const {
     return buffers().home + (direct_ ? peer_slot(peer) : peer_slot(peer) * 2 + 1) * message_bytes(groups_);
   }
-  char* gathered_in(int peer) const { return buffers().gathered_in + peer_slot(peer) * kv_message_bytes(group_kv()); }
+  char* gathered_in(int peer, int g) const {
+    return buffers().gathered_in + peer_slot(peer) * kv_message_bytes(group_kv(g));
+  }
 
   DenseReference reference_;
   attnhost::Host host_;
@@ -991,7 +1030,8 @@ class Allgather {
   attnhost::Layout layout_;
   int32_t groups_ = 1;          // the backward's groups of kv heads (and the forward's where asked)
   int32_t forward_groups_ = 1;  // the forward's
-  int32_t pass_groups_ = 1;     // the pass in progress's: what group_kv() divides by
+  std::vector<int32_t> bounds_;  // the pass in progress's groups (kv0, group_kv)
+  bool taper_ = true;             // by keys, the backward's first and last groups smaller (tapered_groups)
   Workspace<Buffers> work_;
 };
 

@@ -221,7 +221,9 @@ TEST_CASE("allgather: causal (zigzag chunks), full, a window, GQA, groups of hea
     window.problem.window_left = 33;
     test::all_pass(run_on(DeviceKind::cpu, window));
     auto groups = allgather({2, 4}, 128, 8, 4, 16, true);
-    groups.params["head_groups"] = int64_t{4};
+    groups.params["head_groups"] = int64_t{4};  // (by keys, tapered: groups of 1, 2, 2, 2 and 1 kv heads)
+    test::all_pass(run_on(DeviceKind::cpu, groups));
+    groups.params["taper"] = std::string("off");
     test::all_pass(run_on(DeviceKind::cpu, groups));
     // Slots reused by later groups, whose gradients are written, not added into (by rows), and
     // whose dQ is zeroed again (by keys): full (one range a rank), and a window (two ranges whose
