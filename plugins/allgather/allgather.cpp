@@ -46,9 +46,9 @@ inline constexpr auto kParams = with_packed_ring_params(std::array{
                         "blocks go as they lie, else rows. keys needs blocks that go as they lie (not exchange=packed)",
                         "auto|keys|rows"},
     attnhost_param_spec{ATTNHOST_STRUCT_SIZE(attnhost_param_spec, choices), "taper", ATTNHOST_PARAM_STRING, "\"on\"",
-                        "by keys, the backward's first and last groups hold a third of the others' heads, so that the "
-                        "first gather and the last dQ home, which no call covers, take a third as long; off: groups of "
-                        "one size (head_groups' or auto's)",
+                        "by keys, the backward's first group holds a third of the others' heads, so that the first "
+                        "gather, which no call covers, takes a third as long, and the last what remains; off: groups "
+                        "of one size (head_groups' or auto's)",
                         "on|off"}});
 
 class Allgather {
@@ -394,17 +394,17 @@ class Allgather {
     for (int32_t g = 0; g <= groups; ++g) bounds.push_back(g * (kv_heads_ / groups));
     return bounds;
   }
-  // By keys, the backward's first and last groups hold a third of the others' kv heads (at least
-  // one): the first gather, which no call covers, and the last group's dQ home, which no call
-  // follows, are a third as long. The others share the rest as evenly as they can, none larger than
-  // the slots' `groups` size (docs/KERNELS.md, "Allgather: the backward by keys"). At medium on two
-  // ranks, 24 heads in groups of 6 become 2, 5, 5, 5, 5, 2.
+  // By keys, the backward's first group holds a third of the others' kv heads (at least one), so
+  // that the first gather, which no call covers, takes a third as long; the others hold the slots'
+  // `groups` size, but the last, which holds what remains and sends its dQ home after every call.
+  // Middle groups keep the full size: a call of long key columns runs in whole waves of CTAs, and
+  // 5 heads of 24 took the 3 waves 6 did at medium on two ranks (docs/KERNELS.md, "Allgather: the
+  // backward by keys"). There, groups of 6 become 2, 6, 6, 6 and 4.
   std::vector<int32_t> tapered_groups(int32_t groups) const {
-    const int32_t most = kv_heads_ / groups, end = std::max(1, most / 3);
-    if (world_ == 1 || most < 2 || kv_heads_ < 2 * end + 1) return even_groups(groups);
-    const int32_t middle = kv_heads_ - 2 * end, count = (middle + most - 1) / most;
-    std::vector<int32_t> bounds = {0, end};
-    for (int32_t i = 1; i <= count; ++i) bounds.push_back(end + middle * i / count);
+    const int32_t most = kv_heads_ / groups, first = std::max(1, most / 3);
+    if (world_ == 1 || most < 2) return even_groups(groups);
+    std::vector<int32_t> bounds = {0};
+    for (int32_t at = first; at < kv_heads_; at += most) bounds.push_back(at);
     bounds.push_back(kv_heads_);
     return bounds;
   }
@@ -680,14 +680,20 @@ class Allgather {
       });
       return *peers_whole;
     }
-    engine_->wait(fill_, compute);  // (as for_each_range: beside this group's calls, after the last's)
-    if (g > 0) engine_->wait(fill_, gathered);  // (the first gather's own ranges are copied under cleared[0])
-    const int32_t range = host_.range_begin("attention beside", ATTNHOST_RANGE_COMPUTE, fill_);
-    for (int i : own_rows_only_) call(i, fill_);
-    host_.range_end(range, fill_);
+    // Launched first, a kernel takes the SMs first: the compute stream's calls, as in for_each_range,
+    // but for the first group's, which wait for the gather.
+    const auto beside = [&] {
+      const int32_t range = host_.range_begin("attention beside", ATTNHOST_RANGE_COMPUTE, fill_);
+      for (int i : own_rows_only_) call(i, fill_);
+      host_.range_end(range, fill_);
+    };
+    engine_->wait(fill_, compute);  // (beside this group's calls, after the last group's)
+    if (g == 0) beside();
+    else engine_->wait(fill_, gathered);  // (later groups' own rows come with their gather)
     engine_->wait(compute, gathered);
     for (int i : reads_peers_) call(i, compute);
     *peers_whole = {engine_->record(compute), nullptr};
+    if (g > 0) beside();
     return {peers_whole->compute, engine_->record(fill_)};
   }
   // By keys: this rank's key range kr of group g against every row that reaches it, one call that
