@@ -1,16 +1,19 @@
 // allgather: context parallelism by gathered K/V (docs/VARIANTS.md; Llama 3's). Q stays sharded
 // (zigzag chunks when causal, contiguous otherwise); every rank gathers the K/V its rows reach, in
 // global order, and each of its query chunks attends the keys its mask reaches in one call of the
-// core: no partial outputs, no merges. The backward gathers K/V again, adds dQ locally and returns
-// each rank's fp32 dK/dV partials to their owner, which sums them; its calls write each key's
-// partials once rather than add into zeroed ones (plan_pieces).
+// core: no partial outputs, no merges. The backward is cut one of two ways (`backward`). By keys,
+// each rank gathers the rows that reach its own keys (Q, dO, LSE, delta) and takes its keys against
+// all of them, one call a key chunk that writes dK and dV whole, so that a CTA walks a key's whole
+// column; the fp32 dQ of the peers' rows goes home to be summed (key_call). By rows, as the forward:
+// K/V gathered again, dQ added locally, and each rank's fp32 dK/dV partials home, its calls writing
+// each key's partials once rather than adding into zeroed ones (plan_pieces).
 //
-// The kv heads go in groups through a pipeline: group g + 1 is gathered (stream 1) while group g
+// The heads go in groups through a pipeline: group g + 1 is gathered (stream 1) while group g
 // computes, into the other of two buffers; in the backward, group g - 1's gradients go home on
-// stream 2 meanwhile. Each buffer holds one group's K/V for the whole sequence (and, in the
-// backward, its fp32 dK/dV and its rows' dQ), so the group count sets the memory: head_groups = 0
-// takes the fewest groups with which a rank's memory stays within 1.5x of its working set (Q, K, V,
-// O, LSE, dO, dQ, dK, dV) plus one gathered group.
+// stream 2 meanwhile. Each buffer holds one group's gathered tokens for the whole sequence (and, in
+// the backward, their fp32 gradients), so the group count sets the memory: head_groups = 0 takes
+// the fewest groups with which a rank's memory stays within 1.5x of its working set (Q, K, V, O,
+// LSE, dO, dQ, dK, dV) plus one gathered group.
 #include "attncore/plugin/blocks.h"
 #include "attncore/plugin/dense_plans.h"
 #include "attncore/plugin/ring_plugin.h"
