@@ -111,15 +111,8 @@ class Allgather {
         keys_reached_[owner][other] = reach(owner, other, &Allgather::keys_of);
         rows_reaching_[owner][other] = reach(owner, other, &Allgather::rows_of);
       }
-    row_order_ = most_pairs_first(&Allgather::keys_of);
-    key_order_ = most_pairs_first(&Allgather::rows_of);
-    for (int i : key_order_) {
-      bool peers = false;
-      for (int owner = 0; owner < world_; ++owner)
-        for (const attnhost_token_range& r : ranges_[owner])
-          peers |= owner != rank_ && overlap(rows_of(ranges_[rank_][i]), global(r)).size() > 0;
-      (peers ? reads_peers_ : own_rows_only_).push_back(i);
-    }
+    row_split_ = split(&Allgather::keys_of);
+    key_split_ = split(&Allgather::rows_of);
     plan_pieces();
     for (const attnhost_token_range& r : ranges_[rank_]) layout_.add(r.global_begin, r.length);
     layout_.pad(local_ - layout_.local_tokens());
@@ -131,7 +124,7 @@ class Allgather {
   attnhost_layout layout(int32_t) { return layout_.view(); }
 
   void forward(const attnhost_forward_args& a) {
-    bounds_ = even_groups(forward_groups_);
+    bounds_ = taper_ ? tapered_groups(forward_groups_) : even_groups(forward_groups_);
     void* compute = host_.stream(0);
     void* gs = overlap_ ? host_.stream(1) : compute;
     const int groups = pass_groups();
@@ -141,9 +134,10 @@ class Allgather {
     gather(a.k.data, a.v.data, 0, gs, compute);  // (the compute stream has nothing else to do yet)
     gathered[0] = engine_->record(gs);
     for (int g = 0; g < groups; ++g) {
-      engine_->wait(compute, gathered[g]);
       const int32_t range = host_.range_begin(("attention group " + std::to_string(g)).c_str(), ATTNHOST_RANGE_COMPUTE, compute);
-      done[g] = for_each_range(compute, row_order_, [&](const attnhost_token_range& r, void* s) { engine_->forward(forward_call(a, r, g), s); });
+      Calls peers_whole;  // (nothing waits for it here)
+      done[g] = group_calls(g, compute, gathered[g], row_split_, &peers_whole,
+                            [&](const attnhost_token_range& r, void* s) { engine_->forward(forward_call(a, r, g), s); });
       host_.range_end(range, compute);
       if (g + 1 < groups) {  // (after the calls are queued: the host meets the peers here)
         if (g > 0) wait_for(gs, done[g - 1]);  // its buffer was read by group g - 1
@@ -196,13 +190,14 @@ class Allgather {
     for (int g = 0; g < groups; ++g) {
       for (void* s : {compute, fill_ ? fill_ : compute}) {
         engine_->wait(s, cleared[g]);
-        if (!by_keys_) engine_->wait(s, gathered[g]);  // (by keys, key_calls waits)
+        if (!by_keys_) engine_->wait(s, gathered[g]);  // (by keys, group_calls waits)
       }
       const int32_t range = host_.range_begin(("attention backward group " + std::to_string(g)).c_str(),
                                               ATTNHOST_RANGE_COMPUTE, compute);
       Calls peers_whole;  // by keys: where the peers' rows' dQ is whole
       if (by_keys_) {
-        done[g] = key_calls(a, g, compute, gathered[g], &peers_whole);
+        done[g] = group_calls(g, compute, gathered[g], key_split_, &peers_whole,
+                              [&](const attnhost_token_range& r, void* s) { engine_->backward(key_call(a, r, g), s); });
       } else if (g + 1 < groups || world_ == 1) {
         done[g] = backward_pieces(a, g, whole_, compute);
       } else {  // the last group: the peers' keys first, their partials home under this rank's own
@@ -285,8 +280,8 @@ class Allgather {
     engine_->wait(stream, c.compute);
     engine_->wait(stream, c.fill);
   }
-  // A group's calls, one a range of this rank in `order` (row_order_: the forward's, a query range
-  // each; key_order_: the backward's by keys, a key range each). The range with the most pairs goes
+  // A group's calls, one a range of this rank in `order` (row_split_'s: the forward's, a query range
+  // each; key_split_'s: the backward's by keys, a key range each). The range with the most pairs goes
   // first, on the compute stream, and the others beside it on the fill stream, so that their blocks
   // fill its last wave rather than run after it in waves of their own (docs/KERNELS.md, "Allgather:
   // the ranges side by side"); a deterministic problem keeps one stream. The calls beside get a
@@ -587,9 +582,13 @@ class Allgather {
     }
     return parts;
   }
-  // This rank's ranges, those with the most pairs through `reached` first (the later first where
-  // they tie): the order of a group's calls, the first on the compute stream, the others beside it.
-  std::vector<int> most_pairs_first(Reached reached) const {
+  // This rank's ranges in the order of a group's calls, those with the most pairs through `reached`
+  // first (the later first where they tie), and cut into those whose reach lies in this rank's own
+  // ranges and the others (group_calls).
+  struct Split {
+    std::vector<int> order, own, peers;
+  };
+  Split split(Reached reached) const {
     const DenseMask& m = reference_.mask();
     const std::vector<attnhost_token_range>& mine = ranges_[rank_];
     const auto pairs = [&](int i) {
@@ -597,10 +596,17 @@ class Allgather {
       return reached == &Allgather::keys_of ? m.pairs(own.lo, own.hi, other.lo, other.hi)
                                             : m.pairs(other.lo, other.hi, own.lo, own.hi);
     };
-    std::vector<int> order;
-    for (int i = int(mine.size()) - 1; i >= 0; --i) order.push_back(i);
-    std::stable_sort(order.begin(), order.end(), [&](int x, int y) { return pairs(x) > pairs(y); });
-    return order;
+    Split out;
+    for (int i = int(mine.size()) - 1; i >= 0; --i) out.order.push_back(i);
+    std::stable_sort(out.order.begin(), out.order.end(), [&](int x, int y) { return pairs(x) > pairs(y); });
+    for (int i : out.order) {
+      bool peers = false;
+      for (int owner = 0; owner < world_; ++owner)
+        for (const attnhost_token_range& r : ranges_[owner])
+          peers |= owner != rank_ && overlap((this->*reached)(mine[i]), global(r)).size() > 0;
+      (peers ? out.peers : out.own).push_back(i);
+    }
+    return out;
   }
   Mask mask_at(int64_t q_pos0, int64_t kv_pos0) const {
     const DenseMask& m = reference_.mask();
@@ -665,38 +671,33 @@ class Allgather {
     return p;
   }
 
-  // By keys, group g's calls, one a key range of this rank's, the most pairs first. A range whose
-  // keys only this rank's rows reach reads nothing gathered (at two ranks, causal, rank 0's last
-  // chunk: no peer's row comes after it). Where a rank has both kinds, the others run on the compute
-  // stream and these beside them, on the fill stream; in the first group they start under the
-  // gather, not waiting for it (their rows are this rank's, copied beside it), and the peers' dQ is
-  // whole (*peers_whole), and goes home, when the compute stream's calls end. Rank 0, whose first
-  // chunk every row reaches, gathers and sends home the most (docs/KERNELS.md, "Allgather: the
-  // backward by keys").
-  Calls key_calls(const attnhost_backward_args& a, int g, void* compute, const Engine::Event& gathered,
-                  Calls* peers_whole) {
-    const auto call = [&](int i, void* s) { engine_->backward(key_call(a, ranges_[rank_][i], g), s); };
-    if (!fill_ || own_rows_only_.empty() || reads_peers_.empty()) {
+  // A group's calls, one a range of this rank's in split.order (for_each_range), once its gather is
+  // in. Where some ranges read only this rank's own tokens and others a peer's too (at two ranks,
+  // causal, rank 0's first chunk of rows reaches only its own keys, and its last chunk of keys only
+  // its own rows), the others run on the compute stream and those beside them on the fill stream:
+  // in the first group they start under the gather, not waiting for it, and what waits for the
+  // peers' share of the group (*peers_whole: by keys, the peers' dQ home) waits for the compute
+  // stream's calls alone. Rank 0 is the one that waits longest for its first gather and sends the
+  // most home last (docs/KERNELS.md, "Allgather: the backward by keys").
+  template <class Call>
+  Calls group_calls(int g, void* compute, const Engine::Event& gathered, const Split& split, Calls* peers_whole,
+                    Call&& call) {
+    if (!fill_ || split.own.empty() || split.peers.empty()) {
       for (void* s : {compute, fill_ ? fill_ : compute}) engine_->wait(s, gathered);
-      *peers_whole = for_each_range(compute, key_order_, [&](const attnhost_token_range& r, void* s) {
-        engine_->backward(key_call(a, r, g), s);
-      });
+      *peers_whole = for_each_range(compute, split.order, call);
       return *peers_whole;
     }
-    // Launched first, a kernel takes the SMs first: the compute stream's calls, as in for_each_range,
-    // but for the first group's, which wait for the gather.
-    const auto beside = [&] {
-      const int32_t range = host_.range_begin("attention beside", ATTNHOST_RANGE_COMPUTE, fill_);
-      for (int i : own_rows_only_) call(i, fill_);
-      host_.range_end(range, fill_);
-    };
-    engine_->wait(fill_, compute);  // (beside this group's calls, after the last group's)
-    if (g == 0) beside();
-    else engine_->wait(fill_, gathered);  // (later groups' own rows come with their gather)
+    // The compute stream's calls are launched first, as in for_each_range: of two kernels ready at
+    // once, the one launched first takes the SMs first. In the first group those calls wait for the
+    // gather, and the calls beside, which do not, run meanwhile.
+    engine_->wait(fill_, compute);  // (beside this group's calls, after the last group's; the first's own ranges)
+    if (g > 0) engine_->wait(fill_, gathered);  // (later groups' own ranges come with their gather)
     engine_->wait(compute, gathered);
-    for (int i : reads_peers_) call(i, compute);
+    for (int i : split.peers) call(ranges_[rank_][i], compute);
     *peers_whole = {engine_->record(compute), nullptr};
-    if (g > 0) beside();
+    const int32_t range = host_.range_begin("attention beside", ATTNHOST_RANGE_COMPUTE, fill_);
+    for (int i : split.own) call(ranges_[rank_][i], fill_);
+    host_.range_end(range, fill_);
     return {peers_whole->compute, engine_->record(fill_)};
   }
   // By keys: this rank's key range kr of group g against every row that reaches it, one call that
@@ -1031,8 +1032,7 @@ class Allgather {
   std::vector<std::vector<attnhost_token_range>> ranges_;  // each rank's tokens
   Reach keys_reached_;   // the keys of owner's that other's rows reach
   Reach rows_reaching_;  // the rows of owner's that reach other's keys
-  std::vector<int> row_order_, key_order_;  // this rank's ranges, most pairs first, as rows and as keys
-  std::vector<int> own_rows_only_, reads_peers_;  // key_order_'s ranges only this rank's rows reach, and the others
+  Split row_split_, key_split_;  // this rank's ranges as rows (the forward's, by rows) and as keys (by keys)
   bool by_keys_ = false;  // the backward by keys (else by rows: the "backward" parameter)
   std::vector<Piece> whole_, peers_, own_;  // the backward's pieces (plan_pieces)
   int64_t local_ = 0;
