@@ -49,9 +49,9 @@ inline constexpr auto kParams = with_packed_ring_params(std::array{
                         "blocks go as they lie, else rows. keys needs blocks that go as they lie (not exchange=packed)",
                         "auto|keys|rows"},
     attnhost_param_spec{ATTNHOST_STRUCT_SIZE(attnhost_param_spec, choices), "taper", ATTNHOST_PARAM_STRING, "\"on\"",
-                        "by keys, the backward's first group holds a third of the others' heads, so that the first "
-                        "gather, which no call covers, takes a third as long, and the last what remains; off: groups "
-                        "of one size (head_groups' or auto's)",
+                        "a pass's first group holds a third of the others' heads, so that the first gather, which no "
+                        "call covers, takes a third as long, and the last what remains (the forward's, and the "
+                        "backward's by keys); off: groups of one size (head_groups' or auto's)",
                         "on|off"}});
 
 class Allgather {
@@ -392,12 +392,13 @@ class Allgather {
     for (int32_t g = 0; g <= groups; ++g) bounds.push_back(g * (kv_heads_ / groups));
     return bounds;
   }
-  // By keys, the backward's first group holds a third of the others' kv heads (at least one), so
-  // that the first gather, which no call covers, takes a third as long; the others hold the slots'
-  // `groups` size, but the last, which holds what remains and sends its dQ home after every call.
-  // Middle groups keep the full size: a call of long key columns runs in whole waves of CTAs, and
+  // A pass's first group holds a third of the others' kv heads (at least one), so that the first
+  // gather, which no call covers, takes a third as long; the others hold the pass's `groups` size,
+  // but the last, which holds what remains (by keys it sends its dQ home after every call). Middle
+  // groups keep the full size: a backward call of long key columns runs in whole waves of CTAs, and
   // 5 heads of 24 took the 3 waves 6 did at medium on two ranks (docs/KERNELS.md, "Allgather: the
-  // backward by keys"). There, groups of 6 become 2, 6, 6, 6 and 4.
+  // backward by keys"). There the backward's groups of 6 become 2, 6, 6, 6 and 4, the forward's of
+  // 12 become 4, 12 and 8.
   std::vector<int32_t> tapered_groups(int32_t groups) const {
     const int32_t most = kv_heads_ / groups, first = std::max(1, most / 3);
     if (world_ == 1 || most < 2) return even_groups(groups);
@@ -1040,7 +1041,7 @@ class Allgather {
   int32_t groups_ = 1;          // the backward's groups of kv heads (and the forward's where asked)
   int32_t forward_groups_ = 1;  // the forward's
   std::vector<int32_t> bounds_;  // the pass in progress's groups (kv0, group_kv)
-  bool taper_ = true;             // by keys, the backward's first and last groups smaller (tapered_groups)
+  bool taper_ = true;             // the forward's and (by keys) the backward's first groups smaller (tapered_groups)
   Workspace<Buffers> work_;
 };
 
