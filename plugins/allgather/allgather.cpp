@@ -49,9 +49,9 @@ inline constexpr auto kParams = with_packed_ring_params(std::array{
                         "blocks go as they lie, else rows. keys needs blocks that go as they lie (not exchange=packed)",
                         "auto|keys|rows"},
     attnhost_param_spec{ATTNHOST_STRUCT_SIZE(attnhost_param_spec, choices), "taper", ATTNHOST_PARAM_STRING, "\"on\"",
-                        "a pass's first group holds a third of the others' heads, so that the first gather, which no "
-                        "call covers, takes a third as long, and the last what remains (the forward's, and the "
-                        "backward's by keys); off: groups of one size (head_groups' or auto's)",
+                        "a pass's first group holds a third of the others' heads (head_groups' or auto's size), so "
+                        "that the first gather, which no call covers, takes a third as long, and the last what "
+                        "remains, one group more (the forward's, and the backward's by keys); off: groups of one size",
                         "on|off"}});
 
 class Allgather {
@@ -136,7 +136,7 @@ class Allgather {
     for (int g = 0; g < groups; ++g) {
       const int32_t range = host_.range_begin(("attention group " + std::to_string(g)).c_str(), ATTNHOST_RANGE_COMPUTE, compute);
       Calls peers_whole;  // (nothing waits for it here)
-      done[g] = group_calls(g, compute, gathered[g], row_split_, &peers_whole,
+      done[g] = group_calls(g, compute, fill_, gathered[g], row_split_, &peers_whole,
                             [&](const attnhost_token_range& r, void* s) { engine_->forward(forward_call(a, r, g), s); });
       host_.range_end(range, compute);
       if (g + 1 < groups) {  // (after the calls are queued: the host meets the peers here)
@@ -196,7 +196,10 @@ class Allgather {
                                               ATTNHOST_RANGE_COMPUTE, compute);
       Calls peers_whole;  // by keys: where the peers' rows' dQ is whole
       if (by_keys_) {
-        done[g] = group_calls(g, compute, gathered[g], key_split_, &peers_whole,
+        // Calls side by side add dQ into the same rows: only where the engine adds it by atomics.
+        bool atomic = true;
+        for (int i : key_split_.order) atomic = atomic && engine_->adds_dq_atomically(key_call(a, ranges_[rank_][i], g));
+        done[g] = group_calls(g, compute, atomic ? fill_ : nullptr, gathered[g], key_split_, &peers_whole,
                               [&](const attnhost_token_range& r, void* s) { engine_->backward(key_call(a, r, g), s); });
       } else if (g + 1 < groups || world_ == 1) {
         done[g] = backward_pieces(a, g, whole_, compute);
@@ -284,21 +287,23 @@ class Allgather {
   // each; key_split_'s: the backward's by keys, a key range each). The range with the most pairs goes
   // first, on the compute stream, and the others beside it on the fill stream, so that their blocks
   // fill its last wave rather than run after it in waves of their own (docs/KERNELS.md, "Allgather:
-  // the ranges side by side"); a deterministic problem keeps one stream. The calls beside get a
-  // compute range of their own: the compute stream's range ends before they do, and the trace's
-  // exposed communication counts what no compute range covers.
-  template <class Call> Calls for_each_range(void* compute, const std::vector<int>& order, Call&& call) {
+  // the ranges side by side"); with no fill stream (a deterministic problem, or calls that may not
+  // run at once) they keep one stream. The calls beside get a compute range of their own: the
+  // compute stream's range ends before they do, and the trace's exposed communication counts what
+  // no compute range covers.
+  template <class Call>
+  Calls for_each_range(void* compute, void* fill, const std::vector<int>& order, Call&& call) {
     const std::vector<attnhost_token_range>& ranges = ranges_[rank_];
-    if (!fill_ || order.size() < 2) {
+    if (!fill || order.size() < 2) {
       for (int i : order) call(ranges[i], compute);
       return {engine_->record(compute), nullptr};
     }
-    engine_->wait(fill_, compute);
+    engine_->wait(fill, compute);
     call(ranges[order[0]], compute);
-    const int32_t range = host_.range_begin("attention beside", ATTNHOST_RANGE_COMPUTE, fill_);
-    for (size_t i = 1; i < order.size(); ++i) call(ranges[order[i]], fill_);
-    host_.range_end(range, fill_);
-    return {engine_->record(compute), engine_->record(fill_)};
+    const int32_t range = host_.range_begin("attention beside", ATTNHOST_RANGE_COMPUTE, fill);
+    for (size_t i = 1; i < order.size(); ++i) call(ranges[order[i]], fill);
+    host_.range_end(range, fill);
+    return {engine_->record(compute), engine_->record(fill)};
   }
   // Slot g % 2's fp32 dQ zeroed for group g, as many heads as that group holds (dK and dV are
   // written, not added into: plan_pieces, key_call).
@@ -681,25 +686,25 @@ class Allgather {
   // stream's calls alone. Rank 0 is the one that waits longest for its first gather and sends the
   // most home last (docs/KERNELS.md, "Allgather: the backward by keys").
   template <class Call>
-  Calls group_calls(int g, void* compute, const Engine::Event& gathered, const Split& split, Calls* peers_whole,
-                    Call&& call) {
-    if (!fill_ || split.own.empty() || split.peers.empty()) {
-      for (void* s : {compute, fill_ ? fill_ : compute}) engine_->wait(s, gathered);
-      *peers_whole = for_each_range(compute, split.order, call);
+  Calls group_calls(int g, void* compute, void* fill, const Engine::Event& gathered, const Split& split,
+                    Calls* peers_whole, Call&& call) {
+    if (!fill || split.own.empty() || split.peers.empty()) {
+      for (void* s : {compute, fill ? fill : compute}) engine_->wait(s, gathered);
+      *peers_whole = for_each_range(compute, fill, split.order, call);
       return *peers_whole;
     }
     // The compute stream's calls are launched first, as in for_each_range: of two kernels ready at
     // once, the one launched first takes the SMs first. In the first group those calls wait for the
     // gather, and the calls beside, which do not, run meanwhile.
-    engine_->wait(fill_, compute);  // (beside this group's calls, after the last group's; the first's own ranges)
-    if (g > 0) engine_->wait(fill_, gathered);  // (later groups' own ranges come with their gather)
+    engine_->wait(fill, compute);  // (beside this group's calls, after the last group's; the first's own ranges)
+    if (g > 0) engine_->wait(fill, gathered);  // (later groups' own ranges come with their gather)
     engine_->wait(compute, gathered);
     for (int i : split.peers) call(ranges_[rank_][i], compute);
     *peers_whole = {engine_->record(compute), nullptr};
-    const int32_t range = host_.range_begin("attention beside", ATTNHOST_RANGE_COMPUTE, fill_);
-    for (int i : split.own) call(ranges_[rank_][i], fill_);
-    host_.range_end(range, fill_);
-    return {peers_whole->compute, engine_->record(fill_)};
+    const int32_t range = host_.range_begin("attention beside", ATTNHOST_RANGE_COMPUTE, fill);
+    for (int i : split.own) call(ranges_[rank_][i], fill);
+    host_.range_end(range, fill);
+    return {peers_whole->compute, engine_->record(fill)};
   }
   // By keys: this rank's key range kr of group g against every row that reaches it, one call that
   // writes its keys' dK and dV whole, in the dtype, and adds the rows' dQ into the slot's fp32 (the
