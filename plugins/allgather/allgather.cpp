@@ -135,8 +135,7 @@ class Allgather {
     gathered[0] = engine_->record(gs);
     for (int g = 0; g < groups; ++g) {
       const int32_t range = host_.range_begin(("attention group " + std::to_string(g)).c_str(), ATTNHOST_RANGE_COMPUTE, compute);
-      Calls peers_whole;  // (nothing waits for it here)
-      done[g] = group_calls(g, compute, fill_, gathered[g], row_split_, &peers_whole,
+      done[g] = group_calls(g, compute, fill_, gathered[g], row_split_, nullptr,
                             [&](const attnhost_token_range& r, void* s) { engine_->forward(forward_call(a, r, g), s); });
       host_.range_end(range, compute);
       if (g + 1 < groups) {  // (after the calls are queued: the host meets the peers here)
@@ -625,30 +624,37 @@ class Allgather {
     return mask;
   }
 
-  // What a forward and a backward call of query range r in group g share: the shape, Q, the
-  // gathered K and V from the first key the range reaches, the mask at those positions, and an FP8
-  // problem's descales of Q, K and V.
+  // What every call of group g shares: the shape of rows at global positions [rows.lo, rows.hi)
+  // against keys at [keys.lo, keys.hi), the mask at those positions, and an FP8 problem's descales
+  // of Q, K and V.
   template <class Params>
-  Params call(const TensorRef& q, const attnhost_token_range& r, int g, const attnhost_fp8_scaling* fp8,
-              Interval keys) const {
+  Params shaped(int g, Interval rows, Interval keys, const attnhost_fp8_scaling* fp8) const {
     Params p;
     p.dtype = core_dtype(dtype_);
     p.batch = batch_;
     p.heads_q = group_q(g);
     p.heads_kv = group_kv(g);
     p.head_dim = dim_;
-    p.seqlen_q = r.length;
+    p.seqlen_q = rows.size();
     p.seqlen_kv = keys.size();
     p.softmax_scale = scale_;
-    p.q = q;
-    p.k = gathered(g, kv_slot(g).first, keys.lo, false);
-    p.v = gathered(g, kv_slot(g).second, keys.lo, false);
-    p.mask = mask_at(r.global_begin, keys.lo);
+    p.mask = mask_at(rows.lo, keys.lo);
     if (fp8) {
       p.descale_q = fp8->descale_q;
       p.descale_k = fp8->descale_k;
       p.descale_v = fp8->descale_v;
     }
+    return p;
+  }
+  // What a forward and a backward call of query range r share: that, Q, and the gathered K and V
+  // from the first key the range reaches.
+  template <class Params>
+  Params call(const TensorRef& q, const attnhost_token_range& r, int g, const attnhost_fp8_scaling* fp8,
+              Interval keys) const {
+    Params p = shaped<Params>(g, global(r), keys, fp8);
+    p.q = q;
+    p.k = gathered(g, kv_slot(g).first, keys.lo, false);
+    p.v = gathered(g, kv_slot(g).second, keys.lo, false);
     return p;
   }
 
@@ -682,16 +688,17 @@ class Allgather {
   // causal, rank 0's first chunk of rows reaches only its own keys, and its last chunk of keys only
   // its own rows), the others run on the compute stream and those beside them on the fill stream:
   // in the first group they start under the gather, not waiting for it, and what waits for the
-  // peers' share of the group (*peers_whole: by keys, the peers' dQ home) waits for the compute
-  // stream's calls alone. Rank 0 is the one that waits longest for its first gather and sends the
+  // peers' share of the group (*peers_whole where asked: by keys, the peers' dQ home) waits for the
+  // compute stream's calls alone. Rank 0 is the one that waits longest for its first gather and sends the
   // most home last (docs/KERNELS.md, "Allgather: the backward by keys").
   template <class Call>
   Calls group_calls(int g, void* compute, void* fill, const Engine::Event& gathered, const Split& split,
                     Calls* peers_whole, Call&& call) {
     if (!fill || split.own.empty() || split.peers.empty()) {
       for (void* s : {compute, fill ? fill : compute}) engine_->wait(s, gathered);
-      *peers_whole = for_each_range(compute, fill, split.order, call);
-      return *peers_whole;
+      const Calls done = for_each_range(compute, fill, split.order, call);
+      if (peers_whole) *peers_whole = done;
+      return done;
     }
     // The compute stream's calls are launched first, as in for_each_range: of two kernels ready at
     // once, the one launched first takes the SMs first. In the first group those calls wait for the
@@ -700,11 +707,12 @@ class Allgather {
     if (g > 0) engine_->wait(fill, gathered);  // (later groups' own ranges come with their gather)
     engine_->wait(compute, gathered);
     for (int i : split.peers) call(ranges_[rank_][i], compute);
-    *peers_whole = {engine_->record(compute), nullptr};
+    const Engine::Event peers_done = engine_->record(compute);
+    if (peers_whole) *peers_whole = {peers_done, nullptr};
     const int32_t range = host_.range_begin("attention beside", ATTNHOST_RANGE_COMPUTE, fill);
     for (int i : split.own) call(ranges_[rank_][i], fill);
     host_.range_end(range, fill);
-    return {peers_whole->compute, engine_->record(fill)};
+    return {peers_done, engine_->record(fill)};
   }
   // By keys: this rank's key range kr of group g against every row that reaches it, one call that
   // writes its keys' dK and dV whole, in the dtype, and adds the rows' dQ into the slot's fp32 (the
@@ -714,15 +722,9 @@ class Allgather {
   BackwardParams key_call(const attnhost_backward_args& a, const attnhost_token_range& kr, int g) const {
     const Interval reaching = rows_of(kr);
     const int32_t q_heads = group_q(g), head0 = q0(g), kv_head0 = kv0(g);
-    BackwardParams p;
-    p.dtype = core_dtype(dtype_);
-    p.batch = batch_;
-    p.heads_q = q_heads;
-    p.heads_kv = group_kv(g);
-    p.head_dim = dim_;
-    p.seqlen_q = reaching.size();
-    p.seqlen_kv = kr.length;
-    p.softmax_scale = scale_;
+    const attnhost_fp8_scaling* fp8 = fp8_scaling(a);
+    BackwardParams p = shaped<BackwardParams>(g, reaching, global(kr), fp8);
+    if (fp8) p.descale_do = fp8->descale_do;
     if (world_ == 1) {  // (global positions are local)
       p.q = q_like(a.q.data, reaching.lo, head0, el_);
       p.d_o = q_like(a.d_o.data, reaching.lo, head0, el_);
@@ -740,14 +742,7 @@ class Allgather {
     p.dk = kv_like(a.dk.data, kr.local_begin, kv_head0, out_el_);
     p.dv = kv_like(a.dv.data, kr.local_begin, kv_head0, out_el_);
     p.write_dkdv = true;
-    p.mask = mask_at(reaching.lo, kr.global_begin);
     p.deterministic = deterministic_;
-    if (const attnhost_fp8_scaling* fp8 = fp8_scaling(a)) {
-      p.descale_q = fp8->descale_q;
-      p.descale_k = fp8->descale_k;
-      p.descale_v = fp8->descale_v;
-      p.descale_do = fp8->descale_do;
-    }
     return p;
   }
   // delta of heads [head0, head0 + heads) of this rank's rows.
