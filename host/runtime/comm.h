@@ -101,7 +101,8 @@ class RankGroup {
 // One World per world size; each rank thread takes its Communicator and RankGroup from it.
 class InprocWorld {
  public:
-  InprocWorld(int size, std::chrono::milliseconds timeout);
+  // `spin`: how long a waiting rank spins before it blocks (rendezvous.h's wait_ready).
+  InprocWorld(int size, std::chrono::milliseconds timeout, std::chrono::microseconds spin = {});
   ~InprocWorld();
   int size() const;
   std::unique_ptr<Communicator> communicator(int rank);
