@@ -242,6 +242,17 @@ TEST_CASE("a ring's own block last takes the slices the memory rule gives it") {
   }
 }
 
+TEST_CASE("ulysses: auto takes two head groups only where a group's call of one entry is long") {
+  const int64_t causal_8k = 8192 * 8193 / 2, causal_16k = int64_t{16384} * 16385 / 2, window_16k = 16384 * 513 - 512 * 513 / 2;
+  CHECK(ulysses_head_groups(0, 12, 12, 2, causal_8k) == 1);   // medium at two ranks: 6 heads a group
+  CHECK(ulysses_head_groups(0, 16, 16, 2, causal_16k) == 2);  // large
+  CHECK(ulysses_head_groups(0, 16, 16, 2, window_16k) == 1);  // large under a 512-key window
+  CHECK(ulysses_head_groups(0, 16, 1, 2, causal_16k) == 1);   // one kv head a rank
+  CHECK(ulysses_head_groups(4, 16, 16, 2, causal_8k) == 4);   // asked
+  CHECK(ulysses_head_groups(3, 16, 16, 2, causal_8k) == 1);   // asked, but it does not cut the kv heads
+  CHECK(ulysses_head_groups(0, 16, 16, 1, causal_16k) == 1);  // nothing is exchanged
+}
+
 TEST_CASE("ulysses's last backward step runs each member's columns so that what a run finishes leaves first") {
   const auto order = [](DenseMask mask, int u, int member) {
     mask.seqlen = 64 * u;

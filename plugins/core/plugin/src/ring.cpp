@@ -882,14 +882,16 @@ void RingAttention::finish_kv_grad(const RingShape& s, const float* grad, void* 
   engine_->copy_rows(out, bytes, grad, bytes, bytes, 1, stream);
 }
 
+int64_t call_pairs(const RingShape& s, const BlockCall& c) {
+  if (c.pairs >= 0) return c.pairs;
+  if (!c.masked) return (c.q_end - c.q_begin) * (c.kv_end - c.kv_begin);
+  return s.mask.pairs(c.q_pos0, c.q_pos0 + (c.q_end - c.q_begin), c.kv_pos0, c.kv_pos0 + (c.kv_end - c.kv_begin));
+}
+
 int64_t RingAttention::rank_pairs() const {
   int64_t pairs = 0;
   for (int step = 0; step < world_; ++step)
-    for (const BlockCall& c : plan_(rank_, source(step)))
-      pairs += c.pairs >= 0 ? c.pairs
-               : c.masked ? s_.mask.pairs(c.q_pos0, c.q_pos0 + (c.q_end - c.q_begin), c.kv_pos0,
-                                        c.kv_pos0 + (c.kv_end - c.kv_begin))
-                        : (c.q_end - c.q_begin) * (c.kv_end - c.kv_begin);
+    for (const BlockCall& c : plan_(rank_, source(step))) pairs += call_pairs(s_, c);
   return pairs * s_.batch * s_.heads_q;
 }
 

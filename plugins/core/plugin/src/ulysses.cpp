@@ -10,17 +10,7 @@ namespace attncore::plugin {
 
 namespace {
 
-// The pipeline's groups: two where they cut a rank's kv heads evenly, else one (and one when nothing
-// is exchanged).
-int32_t choose_groups(int32_t asked, int32_t kv_heads, int u) {
-  if (u == 1) return 1;
-  if (asked > 0) return kv_heads % asked == 0 ? asked : 1;
-  // Two at most: a call over fewer heads lost more than the exchange it hid saved, at 12 and 16
-  // heads a rank on two H200s (docs/KERNELS.md, "Head-group pipeline").
-  for (int32_t g = std::min(2, kv_heads); g > 1; --g)
-    if (kv_heads % g == 0) return g;
-  return 1;
-}
+
 
 // Automatic: the forward always tapered; the backward where one batch entry's call over a head
 // group holds at least 1024 query tiles of 128 rows (8 waves on 132 SMs). At 1024 and 1536 a call of
@@ -50,6 +40,20 @@ std::vector<UlyssesAttention::Step> pipeline_steps(int32_t groups, int32_t batch
 }
 
 }  // namespace
+
+// A group's call of one batch entry holds at least this many attended pairs for auto to take two
+// groups: its calls must be long against what a boundary between groups costs (docs/KERNELS.md,
+// "Head-group pipeline"). On two H200s one group was 2.3% faster at 6 x 2^25 pairs (medium) and 2.5%
+// at 8 x 2^23 (a 512-key window over 16384 tokens); two were level or 0.3-0.8% faster at 8 x 2^27
+// (large). Never more than two: a call over fewer heads lost more than the exchange it hid saved, at
+// 12 and 16 heads a rank.
+constexpr int64_t kPairsForTwoGroups = int64_t{1} << 29;
+
+int32_t ulysses_head_groups(int32_t asked, int32_t heads, int32_t kv_heads, int32_t u, int64_t pairs) {
+  if (u == 1) return 1;
+  if (asked > 0) return kv_heads % asked == 0 ? asked : 1;
+  return kv_heads % 2 == 0 && heads / 2 * pairs >= kPairsForTwoGroups ? 2 : 1;
+}
 
 std::string check_ulysses_heads(int32_t heads_q, int32_t heads_kv, int32_t u) {
   if (heads_q % u != 0)
@@ -109,7 +113,11 @@ UlyssesAttention::UlyssesAttention(const UlyssesShape& shape, RingPlan plan, con
   const RingShape& r = s_.ring;
   heads_ = r.heads_q / u_;
   kv_heads_ = kv_heads_replicated(r.heads_kv, u_) ? 1 : r.heads_kv / u_;
-  groups_ = choose_groups(s_.head_groups, kv_heads_, u_);
+  const RingMembers members{options.rank / u_, options.world_size / u_, member_, u_};
+  int64_t pairs = 0;  // a query head's in one batch entry, over every block of the ring
+  for (int source = 0; source < members.size; ++source)
+    for (const BlockCall& c : plan(members.position, source)) pairs += call_pairs(r, c);
+  groups_ = ulysses_head_groups(s_.head_groups, heads_, kv_heads_, u_, pairs);
   group_shape_ = r;
   group_shape_.heads_q = heads_ / groups_;
   group_shape_.heads_kv = kv_heads_ / groups_;
@@ -117,7 +125,6 @@ UlyssesAttention::UlyssesAttention(const UlyssesShape& shape, RingPlan plan, con
   group_shape_.batch_slices = group_shape_.head_slices = 1;
   group_shape_.kv_grads_fp32 = kv_heads_replicated(r.heads_kv, u_);
   steps_ = pipeline_steps(groups_, r.batch, tapered(s_.taper, false, group_shape_.heads_q, group_shape_.local_q));
-  const RingMembers members{options.rank / u_, options.world_size / u_, member_, u_};
   ring_ = std::make_unique<RingAttention>(group_shape_, std::move(plan), options, members);
   if (u_ == 1) return;  // the ring runs on the problem's own tensors
   work_ = Workspace<Buffers>(host_, [&](Carver& c, Pass) { return layout(c); });

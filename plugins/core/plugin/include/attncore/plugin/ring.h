@@ -124,6 +124,8 @@ void set_block_reach(RingShape& s, const RingPlan& plan, int world_size);
 // every key of its own block, and exact fp32 partials (`dtype_partials` false). choose_slices keeps
 // it only where there are several batch slices.
 void set_own_last(RingShape& s, const RingPlan& plan, int world_size, bool dtype_partials);
+// (10.3) The attended pairs of call `c` of a ring over `s`, per batch entry and head.
+int64_t call_pairs(const RingShape& s, const BlockCall& c);
 
 class RingAttention {
  public:

@@ -50,6 +50,11 @@ struct UlyssesShape {
 // Empty when `heads_q` query heads and `heads_kv` kv heads can be cut among `u` ranks, else one
 // line naming the numbers.
 std::string check_ulysses_heads(int32_t heads_q, int32_t heads_kv, int32_t u);
+// (10.3) The pipeline's head groups for `heads` query and `kv_heads` kv heads a rank of a Ulysses group
+// of `u`, `pairs` the attended pairs of a query head in one batch entry: `asked` where it cuts the kv
+// heads evenly (else one); auto (0) two where they cut them evenly and one entry's call over a group
+// is long (ulysses.cpp says how long), else one; one where nothing is exchanged (u = 1).
+int32_t ulysses_head_groups(int32_t asked, int32_t heads, int32_t kv_heads, int32_t u, int64_t pairs);
 // Whether each of the kv heads is replicated on several ranks (fewer kv heads than u).
 inline bool kv_heads_replicated(int32_t heads_kv, int32_t u) { return heads_kv < u; }
 

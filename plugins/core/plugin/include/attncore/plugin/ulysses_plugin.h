@@ -24,7 +24,8 @@ inline constexpr std::array<attnhost_param_spec, kNumPackedRingParams + 4> kUlys
         attnhost_param_spec{ATTNHOST_STRUCT_SIZE(attnhost_param_spec, choices), "head_groups", ATTNHOST_PARAM_INT,
                             "0",
                             "heads go through the all-to-alls in this many groups, each group's exchange under the "
-                            "previous group's attention; 0: two where they cut a rank's kv heads evenly, else one",
+                            "previous group's attention; 0: two where they cut a rank's kv heads evenly and one batch "
+                            "entry's call over a group attends at least 2^29 pairs, else one",
                             nullptr},
         attnhost_param_spec{ATTNHOST_STRUCT_SIZE(attnhost_param_spec, choices), "taper", ATTNHOST_PARAM_STRING,
                             "\"auto\"",
