@@ -101,8 +101,7 @@ class RankGroup {
 // One World per world size; each rank thread takes its Communicator and RankGroup from it.
 class InprocWorld {
  public:
-  // `spin`: how long a waiting rank spins before it blocks (rendezvous.h's wait_ready).
-  InprocWorld(int size, std::chrono::milliseconds timeout, std::chrono::microseconds spin = {});
+  InprocWorld(int size, std::chrono::milliseconds timeout);
   ~InprocWorld();
   int size() const;
   std::unique_ptr<Communicator> communicator(int rank);

@@ -19,7 +19,6 @@
 
 #include "common/errors.h"
 #include "runtime/comm_factory.h"
-#include "runtime/rendezvous.h"
 
 #include <cuda_runtime.h>
 
@@ -59,8 +58,7 @@ struct PeerMeeting {
     cudaEvent_t copied = nullptr;    // sender's: the data is in the receiver's buffer
     std::string refused;             // the sender's block, where it did not match: no copy comes
   };
-  PeerMeeting(int size, std::chrono::milliseconds timeout, std::chrono::microseconds spin)
-      : free_events(size), timeout(timeout), spin(spin) {}
+  explicit PeerMeeting(int size, std::chrono::milliseconds timeout) : free_events(size), timeout(timeout) {}
   ~PeerMeeting() {  // what a failed exchange left behind
     for (auto& [key, slot] : slots)
       for (cudaEvent_t e : {slot.writable, slot.copied})
@@ -74,7 +72,6 @@ struct PeerMeeting {
   std::map<std::tuple<int, int, uint64_t>, Slot> slots;
   std::vector<std::vector<cudaEvent_t>> free_events;  // by owner rank
   std::chrono::milliseconds timeout;
-  std::chrono::microseconds spin;  // wait_ready's
 };
 
 namespace {
@@ -208,7 +205,7 @@ class CopyEngineCommunicator final : public Communicator {
   // Waits, holding `lock`, until `ready` holds; throws after the world's timeout.
   template <class Ready>
   void wait(std::unique_lock<std::mutex>& lock, const Op& op, const char* what, Ready ready) {
-    if (wait_ready(meeting_->changed, lock, meeting_->spin, meeting_->timeout, ready)) return;
+    if (meeting_->changed.wait_for(lock, meeting_->timeout, ready)) return;
     throw RuntimeFailure(ATTNHOST_ERR_COMMUNICATION,
                          "rank " + std::to_string(rank()) + ": " + (op.send ? "send of " : "receive of ") +
                              op.block.shape() + " " + (op.send ? "to" : "from") + " rank " +
@@ -350,7 +347,7 @@ class StagedCollectives final : public Communicator {
 class SharedGpuFactory final : public CommFactory {
  public:
   SharedGpuFactory(InprocWorld& world, int gpus, std::chrono::milliseconds timeout)
-      : world_(world), gpus_(gpus), meeting_(make_peer_meeting(world.size(), timeout, {})) {}
+      : world_(world), gpus_(gpus), meeting_(make_peer_meeting(world.size(), timeout)) {}
   std::unique_ptr<Communicator> create(int rank) override {
     return with_copy_engines(std::make_unique<StagedCollectives>(world_.communicator(rank)), meeting_, gpus_);
   }
@@ -367,9 +364,8 @@ std::unique_ptr<CommFactory> shared_gpu_factory(InprocWorld& world, int gpus, st
   return std::make_unique<SharedGpuFactory>(world, gpus, timeout);
 }
 
-std::shared_ptr<PeerMeeting> make_peer_meeting(int size, std::chrono::milliseconds timeout,
-                                               std::chrono::microseconds spin) {
-  return std::make_shared<PeerMeeting>(size, timeout, spin);
+std::shared_ptr<PeerMeeting> make_peer_meeting(int size, std::chrono::milliseconds timeout) {
+  return std::make_shared<PeerMeeting>(size, timeout);
 }
 
 std::unique_ptr<Communicator> with_copy_engines(std::unique_ptr<Communicator> nccl, std::shared_ptr<PeerMeeting> meeting,

@@ -5,7 +5,6 @@
 #include "common/errors.h"
 #include "runtime/comm.h"
 #include "runtime/data.h"
-#include "runtime/rendezvous.h"
 
 #include <algorithm>
 #include <condition_variable>
@@ -109,8 +108,8 @@ std::string RankGroup::agree(const std::string& my_error) {
 struct InprocWorld::State {
   // Host-level waits outlast the plugin's: a rank stuck in a receive times out first, reports,
   // and still reaches the host's agreement step.
-  State(int n, std::chrono::milliseconds t, std::chrono::microseconds spin)
-      : size(n), timeout(t), group_timeout(3 * t + std::chrono::seconds(10)), spin(spin), mailbox(n * n), slots(n) {}
+  explicit State(int n, std::chrono::milliseconds t)
+      : size(n), timeout(t), group_timeout(3 * t + std::chrono::seconds(10)), mailbox(n * n), slots(n) {}
 
   struct Message {
     std::vector<char> bytes;
@@ -118,7 +117,6 @@ struct InprocWorld::State {
   };
   int size;
   std::chrono::milliseconds timeout, group_timeout;
-  std::chrono::microseconds spin;  // wait_ready's
   std::mutex mutex;
   std::condition_variable cv;
   std::vector<std::deque<Message>> mailbox; // [from * size + to]
@@ -139,7 +137,7 @@ struct InprocWorld::State {
       cv.notify_all();
       return;
     }
-    if (!wait_ready(cv, lock, spin, limit, [&] { return generation != gen; })) {
+    if (!cv.wait_for(lock, limit, [&] { return generation != gen; })) {
       const int present = arrived;
       --arrived;  // withdraw, so that the rendezvous still counts right for the next operation
       throw RuntimeFailure(ATTNHOST_ERR_COMMUNICATION,
@@ -268,7 +266,7 @@ class InprocCommunicator final : public Communicator {
     const size_t bytes = b.bytes();
     std::unique_lock lock(s_->mutex);
     auto& box = s_->mailbox[peer * s_->size + rank_];
-    if (!wait_ready(s_->cv, lock, s_->spin, s_->timeout, [&] { return !box.empty(); }))
+    if (!s_->cv.wait_for(lock, s_->timeout, [&] { return !box.empty(); }))
       throw RuntimeFailure(ATTNHOST_ERR_COMMUNICATION,
                            "recv of " + std::to_string(bytes) + " bytes on rank " + std::to_string(rank_) +
                                " from rank " + std::to_string(peer) + " was never matched by a send (timed out after " +
@@ -329,8 +327,8 @@ class InprocGroup final : public RankGroup {
 
 }  // namespace
 
-InprocWorld::InprocWorld(int size, std::chrono::milliseconds timeout, std::chrono::microseconds spin)
-    : state_(std::make_shared<State>(size, timeout, spin)) {}
+InprocWorld::InprocWorld(int size, std::chrono::milliseconds timeout)
+    : state_(std::make_shared<State>(size, timeout)) {}
 InprocWorld::~InprocWorld() = default;
 int InprocWorld::size() const { return state_->size; }
 std::unique_ptr<Communicator> InprocWorld::communicator(int rank) {

@@ -1,7 +1,6 @@
 // The NCCL communicator: every operation is enqueued on the stream the plugin names; the host
 // never synchronizes inside a pass except for barrier, which must be a host-visible point.
 #include "runtime/nccl_comm.h"
-#include "runtime/rendezvous.h"
 
 #include "common/errors.h"
 #include "runtime/comm_factory.h"
@@ -94,7 +93,7 @@ class NcclCommunicator final : public Communicator {
 class ThreadNcclFactory final : public CommFactory {
  public:
   ThreadNcclFactory(int size, bool copy_engines, std::chrono::milliseconds timeout)
-      : size_(size), meeting_(copy_engines ? make_peer_meeting(size, timeout, kOwnCoreSpin) : nullptr) {
+      : size_(size), meeting_(copy_engines ? make_peer_meeting(size, timeout) : nullptr) {
     std::lock_guard lock(mutex());
     auto& entry = cache()[size];
     if (entry.id.empty()) {

@@ -17,11 +17,9 @@ void* nccl_init_rank(const void* unique_id, int rank, int size);
 std::string nccl_unique_id();
 
 // Point-to-point by the copy engines (copy_engine_comm.cpp): the ranks of one world, threads of
-// this process, meet on the host to pair their sends and receives, each waiting for the others as
-// rendezvous.h's wait_ready does with `spin`.
+// this process, meet on the host to pair their sends and receives.
 struct PeerMeeting;
-std::shared_ptr<PeerMeeting> make_peer_meeting(int size, std::chrono::milliseconds timeout,
-                                               std::chrono::microseconds spin);
+std::shared_ptr<PeerMeeting> make_peer_meeting(int size, std::chrono::milliseconds timeout);
 // `nccl`'s sends and receives become peer copies (its collectives stay); enables this rank's
 // device to reach the other devices in use: the first `gpus` (0: one a rank, rank r on device r).
 std::unique_ptr<Communicator> with_copy_engines(std::unique_ptr<Communicator> nccl, std::shared_ptr<PeerMeeting> meeting,

@@ -4,7 +4,6 @@
 #include "common/log.h"
 #include "runtime/backend.h"
 #include "runtime/comm_factory.h"
-#include "runtime/rendezvous.h"
 
 #include <cstdlib>
 #include <thread>
@@ -34,9 +33,7 @@ class ThreadBackend final : public Backend {
   }
 
   RunResult run_world(int world_size, const std::function<RunResult(RankEnv&)>& body) override {
-    // A GPU's rank thread has a core of its own: it spins at the host's meetings before it blocks.
-    const bool own_cores = kind_ == DeviceKind::cuda && !shares_gpus(world_size);
-    InprocWorld world(world_size, timeout_, own_cores ? kOwnCoreSpin : std::chrono::microseconds{});
+    InprocWorld world(world_size, timeout_);
     std::unique_ptr<CommFactory> comms;
     if (shares_gpus(world_size)) {
       log::warn("world size " + std::to_string(world_size) + " on " + std::to_string(gpus_) +

@@ -1,7 +1,6 @@
 // The in-process communicator: NCCL's semantics, and errors instead of hangs.
 #include "common/errors.h"
 #include "runtime/comm.h"
-#include "runtime/rendezvous.h"
 
 #include <doctest/doctest.h>
 
@@ -14,9 +13,8 @@ using namespace attnhost;
 namespace {
 // Runs f(rank, comm, group) on `n` threads; returns each rank's exception message ("" if none).
 std::vector<std::string> on_ranks(int n, std::chrono::milliseconds timeout,
-                                  const std::function<void(int, Communicator&, RankGroup&)>& f,
-                                  std::chrono::microseconds spin = {}) {
-  InprocWorld world(n, timeout, spin);
+                                  const std::function<void(int, Communicator&, RankGroup&)>& f) {
+  InprocWorld world(n, timeout);
   std::vector<std::string> errors(n);
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r)
@@ -167,51 +165,6 @@ TEST_CASE("a collective one rank never joins times out with a count") {
   CHECK(errors[0].rfind("barrier on rank 0 timed out after 200 ms with ", 0) == 0);
   CHECK(errors[0].find(" of 3 ranks waiting") != std::string::npos);
   CHECK(errors[2] == "");
-}
-
-TEST_CASE("rank threads that spin before they block: exchanges, barriers and timeouts as before") {
-  auto errors = on_ranks(3, std::chrono::seconds(5), [&](int r, Communicator& c, RankGroup& g) {
-    float out = float(r), in = -1;
-    c.group_start();
-    c.send(&out, 1, ATTNHOST_DTYPE_FP32, (r + 1) % 3, nullptr);
-    c.recv(&in, 1, ATTNHOST_DTYPE_FP32, (r + 2) % 3, nullptr);
-    c.group_end();
-    if (in != float((r + 2) % 3)) throw std::runtime_error("wrong value");
-    g.barrier();
-  }, kOwnCoreSpin);
-  CHECK(errors == std::vector<std::string>(3));
-  auto late = on_ranks(3, std::chrono::milliseconds(200), [&](int r, Communicator& c, RankGroup&) {
-    if (r != 2) c.barrier();
-  }, kOwnCoreSpin);
-  CHECK(late[0].rfind("barrier on rank 0 timed out after 200 ms with ", 0) == 0);
-}
-
-TEST_CASE("wait_ready: sees a post while it spins or after it blocks, and gives up at its limit") {
-  using namespace std::chrono;
-  std::mutex m;
-  std::condition_variable cv;
-  bool posted = false;
-  for (microseconds spin : {microseconds(0), microseconds(200), microseconds(50000)}) {
-    posted = false;
-    std::thread poster([&] {
-      std::this_thread::sleep_for(milliseconds(2));
-      std::lock_guard lock(m);
-      posted = true;
-      cv.notify_all();
-    });
-    std::unique_lock lock(m);
-    CHECK(wait_ready(cv, lock, spin, seconds(5), [&] { return posted; }));
-    lock.unlock();
-    poster.join();
-  }
-  for (microseconds spin : {microseconds(0), microseconds(1000), microseconds(500000)}) {
-    std::unique_lock lock(m);
-    const auto t0 = steady_clock::now();
-    CHECK_FALSE(wait_ready(cv, lock, spin, milliseconds(30), [] { return false; }));
-    const auto waited = steady_clock::now() - t0;
-    CHECK(waited >= milliseconds(30));
-    CHECK(waited < milliseconds(400));  // the limit holds while spinning too
-  }
 }
 
 TEST_CASE("agree: every rank learns of the first failure") {
