@@ -10,8 +10,6 @@ namespace attncore::plugin {
 
 namespace {
 
-
-
 // Automatic: the forward always tapered; the backward where one batch entry's call over a head
 // group holds at least 1024 query tiles of 128 rows (8 waves on 132 SMs). At 1024 and 1536 a call of
 // one entry kept the rate of the group's call of four; at 384 (6 heads, 8192 rows) the backward's
