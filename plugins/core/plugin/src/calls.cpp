@@ -170,19 +170,26 @@ RowBuffers take_row_buffers(Carver& c, Pass pass, const RingShape& s) {
 
 void compute_local_delta(const RingShape& s, Engine& engine, const attnhost_backward_args& a, float* delta, float* dq,
                          void* stream) {
+  compute_local_delta(s, engine, a, delta, dq, {0, s.local_q}, true, stream);
+}
+
+void compute_local_delta(const RingShape& s, Engine& engine, const attnhost_backward_args& a, float* delta, float* dq,
+                         Interval rows, bool clear, void* stream) {
   const LocalViews views{s};
   DeltaParams dp;
   dp.dtype = core_dtype(d_o_dtype(s, a));  // dO's (O's is output_dtype of it: FP8 calls write bf16)
   dp.batch = s.batch;
   dp.heads = s.heads_q;
   dp.head_dim = s.head_dim;
-  dp.seqlen = s.local_q;
-  dp.o = views.q(a.o.data, 0, Elem::output);
-  dp.d_o = views.q(a.d_o.data, 0, Elem::input);
+  dp.seqlen = rows.size();
+  dp.o = views.q(a.o.data, rows.lo, Elem::output);
+  dp.d_o = views.q(a.d_o.data, rows.lo, Elem::input);
   if (const attnhost_fp8_scaling* fp8 = fp8_scaling(a)) dp.descale_do = fp8->descale_do;
-  dp.delta = views.stats(delta, 0);
-  dp.zero = dq;
-  dp.zero_bytes = local_sizes(s).q * 4;
+  dp.delta = views.stats(delta, rows.lo);
+  if (clear) {
+    dp.zero = dq;
+    dp.zero_bytes = local_sizes(s).q * 4;
+  }
   engine.compute_delta(dp, stream);
 }
 

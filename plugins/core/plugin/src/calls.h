@@ -75,6 +75,9 @@ RowBuffers take_row_buffers(Carver& c, Pass pass, const RingShape& s);
 // backward call of the rank reads; and the fp32 dQ accumulator of those rows cleared in the same pass.
 void compute_local_delta(const RingShape& s, Engine& engine, const attnhost_backward_args& a, float* delta, float* dq,
                          void* stream);
+// The same over the local rows `rows` alone; dQ's accumulator (all of it) is cleared where `clear`.
+void compute_local_delta(const RingShape& s, Engine& engine, const attnhost_backward_args& a, float* delta, float* dq,
+                         Interval rows, bool clear, void* stream);
 
 // fp32 src (a shape's Q-like or K/V-like tensor), plus fp32 `add` of the same layout where given, to
 // the output dtype in dst.

@@ -402,11 +402,21 @@ void RingAttention::backward(const attnhost_backward_args& a) {
 }
 
 Engine::Event RingAttention::prepare(const attnhost_backward_args& whole, const Slice& slice, const RowBuffers& rows,
-                                     const Engine::Event& inputs) {
+                                     const Engine::Event& inputs, const EarlyRows* early) {
   attnhost_backward_args x = whole;
   for (attnhost_tensor* t : {&x.o, &x.d_o}) *t = from_entry(*t, slice.b0, slice.shape.batch);
+  if (!early) {
+    engine_->wait(fill_, inputs);
+    compute_local_delta(slice.shape, *engine_, x, rows.delta, rows.dq, fill_);
+    return engine_->record(fill_);
+  }
+  // dQ's clearing is most of the pass's bytes (fp32 against two inputs in the dtype), and needs no
+  // input: it goes with the early rows.
+  engine_->wait(fill_, early->ready);
+  compute_local_delta(slice.shape, *engine_, x, rows.delta, rows.dq, early->rows, true, fill_);
   engine_->wait(fill_, inputs);
-  compute_local_delta(slice.shape, *engine_, x, rows.delta, rows.dq, fill_);
+  for (const Interval rest : {Interval{0, early->rows.lo}, Interval{early->rows.hi, slice.shape.local_q}})
+    if (rest.size() > 0) compute_local_delta(slice.shape, *engine_, x, rows.delta, rows.dq, rest, false, fill_);
   return engine_->record(fill_);
 }
 
@@ -465,6 +475,18 @@ bool RingAttention::takes_runs() const {
 void RingAttention::backward_in_runs(const attnhost_backward_args& a, int32_t b0, int32_t count,
                                      const std::vector<ColumnRun>& runs, void* rounding, void* lead,
                                      const std::function<void(size_t)>& after) {
+  backward_runs(a, b0, count, runs, rounding, lead, after, nullptr);
+}
+
+void RingAttention::backward_in_runs(const attnhost_backward_args& a, int32_t b0, int32_t count,
+                                     const std::vector<ColumnRun>& runs, void* rounding, void* lead,
+                                     const std::function<void(size_t)>& after, const EarlyRows& early) {
+  backward_runs(a, b0, count, runs, rounding, lead, after, &early);
+}
+
+void RingAttention::backward_runs(const attnhost_backward_args& a, int32_t b0, int32_t count,
+                                  const std::vector<ColumnRun>& runs, void* rounding, void* lead,
+                                  const std::function<void(size_t)>& after, const EarlyRows* early) {
   plan_reach();
   void* compute = host_.stream(0);
   const Slice slice = slices(s_, b0, count).front();  // the one slice, not packed (takes_runs)
@@ -473,7 +495,7 @@ void RingAttention::backward_in_runs(const attnhost_backward_args& a, int32_t b0
   const RowBuffers& rows = work_.backward().rows[0];
   const LocalViews views{s};
   prefetched_ = {};
-  engine_->wait(compute, prepare(a, slice, rows, engine_->record(compute)));
+  engine_->wait(compute, prepare(a, slice, rows, engine_->record(compute), early));
   const BlockCall whole = plan_(rank_, 0).front();
   std::vector<BackwardParams> calls;
   for (const ColumnRun& run : runs) {
@@ -501,10 +523,23 @@ void RingAttention::backward_in_runs(const attnhost_backward_args& a, int32_t b0
     host_.range_end(range, stream);
     written.push_back(engine_->record(stream));
     for (const Engine::Event& e : written) engine_->wait(rounding, e);  // the rows finished need every run so far
-    for (const RowsOut& r : runs[i].rows)
+    const auto round = [&](const RowsOut& r, void* st) {
       convert_rows_out(s, *engine_, rows.dq, r.dq.data ? r.dq : views.q(x.dq.data, r.rows.lo, Elem::output), r.rows,
-                       rounding);
+                       st);
+    };
+    // After the last run, the rows that leave are rounded first and sent while those that stay are
+    // rounded beside on the compute stream, idle by then: at medium on two H200s (B=4 S=8192 H=24
+    // D=128, causal) each half of dQ took 45 us to round and the half that leaves 160 us to send
+    // (docs/KERNELS.md, "Ulysses's backward: its edges").
+    const bool split = i + 1 == runs.size();
+    for (const RowsOut& r : runs[i].rows)
+      if (!split || !r.dq.data) round(r, rounding);
     after(i);
+    if (split) {
+      for (const Engine::Event& e : written) engine_->wait(compute, e);
+      for (const RowsOut& r : runs[i].rows)
+        if (r.dq.data) round(r, compute);
+    }
   }
   if (beside) engine_->wait(compute, written.front());
 }

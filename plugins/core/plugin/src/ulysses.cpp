@@ -408,6 +408,9 @@ void UlyssesAttention::backward(const attnhost_backward_args& a) {
     engine_->zero(dv_sum, sum_elems * 4, xs);
   }
   bring(0);
+  // The first step's own tokens are copied on the compute stream (own_in), so their delta and dQ's
+  // clearing need not wait for the peers' (docs/KERNELS.md, "Ulysses's backward: its edges").
+  const Engine::Event own_first = engine_->record(compute);
   for (size_t k = 0; k < steps.size(); ++k) {
     const Step& step = steps[k];
     const int group = step.group;
@@ -424,7 +427,7 @@ void UlyssesAttention::backward(const attnhost_backward_args& a) {
     Piece dk{a.dk.data, x.dk.data, r.heads_kv, group_shape_.heads_kv, true, true, false, true};
     Piece dv{a.dv.data, x.dv.data, r.heads_kv, group_shape_.heads_kv, true, true, false, true};
     if (k + 1 == steps.size() && direct_ && !replicated && ring_->takes_runs()) {
-      backward_last_in_runs(a, x, step, {dq, dk, dv}, xs);
+      backward_last_in_runs(a, x, step, {dq, dk, dv}, xs, k == 0 ? &own_first : nullptr);
       break;
     }
     const Engine::Event rounded = ring_->backward(x, step.b0, step.count);  // dQ, on the ring's fill stream
@@ -476,7 +479,8 @@ void UlyssesAttention::backward(const attnhost_backward_args& a) {
 // side by side, after the first run, which it then also takes): they write only the outputs, and on
 // the exchange stream they would let no peer copy in before this member's run t had ended.
 void UlyssesAttention::backward_last_in_runs(const attnhost_backward_args& a, const attnhost_backward_args& x,
-                                             const Step& step, const std::vector<Piece>& grads, void* stream) {
+                                             const Step& step, const std::vector<Piece>& grads, void* stream,
+                                             const Engine::Event* own_in) {
   const RingShape& r = s_.ring;
   std::vector<ColumnRunOrder> orders(u_);
   for (int i = 0; i < u_; ++i) orders[i] = column_run_order(r.mask, n_, u_, i, heads_, kv_heads_);
@@ -503,7 +507,7 @@ void UlyssesAttention::backward_last_in_runs(const attnhost_backward_args& a, co
   void* receive = overlap_ ? host_.stream(1) : stream;
   engine_->wait(receive, engine_->record(host_.stream(0)));  // the caller is done with the outputs
   void* lead = overlap_ ? receive : nullptr;
-  ring_->backward_in_runs(x, step.b0, step.count, runs, stream, lead, [&](size_t t) {
+  const auto after = [&](size_t t) {
     // Piece p of member i's run t, for member j (another).
     const auto finished = [&](int i, size_t p, int j) {
       if (i == j) return false;
@@ -518,7 +522,12 @@ void UlyssesAttention::backward_last_in_runs(const attnhost_backward_args& a, co
     moves.which = [&](size_t p, int i, bool out) { return out ? finished(member_, p, i) : finished(i, p, member_); };
     moves.receive = receive;
     to_tokens(grads, step, stream, stream, "dQ dK dV to tokens, run " + std::to_string(t), moves);
-  });
+  };
+  if (own_in)
+    ring_->backward_in_runs(x, step.b0, step.count, runs, stream, lead, after,
+                            {{member_ * n, (member_ + 1) * n}, *own_in});
+  else
+    ring_->backward_in_runs(x, step.b0, step.count, runs, stream, lead, after);
   engine_->wait(stream, engine_->record(receive));
 }
 

@@ -167,6 +167,18 @@ class RingAttention {
   int members() const { return world_; }  // (10.1) the ring's
   void backward_in_runs(const attnhost_backward_args& a, int32_t b0, int32_t count, const std::vector<ColumnRun>& runs,
                         void* rounding, void* lead, const std::function<void(size_t)>& after);
+  // (10.4) The same, where the rows `early.rows` of dO (and O) are in place at `early.ready`, before
+  // the rest, which are there at the compute stream's position: their delta, and dQ's clearing, are
+  // made first, the other rows' once the rest is in (a Ulysses member's own tokens, copied while
+  // its peers' come over). In both, the last run's rows that a RowsOut gives a tensor of are rounded
+  // on the compute stream, after after(i), beside what it queued: the caller's rows that leave go
+  // first.
+  struct EarlyRows {
+    Interval rows;
+    Engine::Event ready;
+  };
+  void backward_in_runs(const attnhost_backward_args& a, int32_t b0, int32_t count, const std::vector<ColumnRun>& runs,
+                        void* rounding, void* lead, const std::function<void(size_t)>& after, const EarlyRows& early);
   // Pairs this rank computes (every call of every step, batch and heads included).
   int64_t rank_pairs() const;
   // The bytes a ring of `shape` allocates beyond the problem's tensors (receive buffers and the
@@ -258,7 +270,9 @@ class RingAttention {
   // A backward slice's prologue, its delta and zeroed fp32 dQ in `rows`, made on the fill stream
   // once `inputs` are there; returns where it is done. `whole` holds the whole batch.
   Engine::Event prepare(const attnhost_backward_args& whole, const Slice& slice, const RowBuffers& rows,
-                        const Engine::Event& inputs);
+                        const Engine::Event& inputs, const EarlyRows* early = nullptr);
+  void backward_runs(const attnhost_backward_args& a, int32_t b0, int32_t count, const std::vector<ColumnRun>& runs,
+                     void* rounding, void* lead, const std::function<void(size_t)>& after, const EarlyRows* early);
   // Zeroes the columns of an fp32 dK/dV pair outside [begin, end), every batch entry.
   void zero_outside(const RingShape& s, const KV& grad, int64_t begin, int64_t end, void* stream);
   // A finished fp32 dK or dV of a ring of one into the output: rounded, or copied (kv_grads_fp32).

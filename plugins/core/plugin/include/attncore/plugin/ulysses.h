@@ -122,9 +122,10 @@ class UlyssesAttention {
   void exchange(const std::vector<Piece>& pieces, bool to_heads, const Step& step, void* stream, void* own,
                 const std::string& what, const Moves& moves);
   // The backward's last step in runs of columns (column_run_order), each run's finished gradients
-  // sent home under the next runs.
+  // sent home under the next runs. `own_in`, where not null: the point on the compute stream where
+  // the member's own tokens of dO are in place, before its peers'.
   void backward_last_in_runs(const attnhost_backward_args& a, const attnhost_backward_args& x, const Step& step,
-                             const std::vector<Piece>& grads, void* stream);
+                             const std::vector<Piece>& grads, void* stream, const Engine::Event* own_in);
   attnhost_tensor sharded(void* data, bool kv, int32_t dtype) const;  // one group's head-sharded tensor
   attnhost_tensor stats(void* data) const;
   // Group `group`'s head-sharded Q, K, V, O and LSE, which the forward fills and keeps.
