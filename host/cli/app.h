@@ -57,6 +57,8 @@ struct ExecuteOptions {
   std::string baseline;      // --baseline: the regression gate's earlier results
   double threshold = 0.20;   // --threshold, as a fraction
   std::string history;       // --history: the JSONL file a summary of the run is appended to
+  // On a GPU, every case warms up at least this many seconds (compare's sustained default; 0: none).
+  double gpu_warmup_seconds = 0;
 };
 int execute_suite(Context& ctx, const suite::Suite& suite, const ExecuteOptions& options);
 

@@ -223,6 +223,9 @@ int compare_command(Context& ctx, const std::vector<std::string>& args) {
   ExecuteOptions ex;
   apply_execution_options(vm, s, ex);
   ex.comparison = true;
+  // On a GPU the samples start once its clock has settled at the power limit, as in the shipped
+  // efficiency suites: short warm-ups read up to 10% fast (docs/SUITES.md, "Short timings").
+  if (!vm.count("warmup-seconds")) ex.gpu_warmup_seconds = 1.0;
   apply_output_options(vm, ex);
   // The side-by-side table on the console; with a folder (--out, --resume), the files of a run too.
   if (ex.formats.empty()) ex.formats = ex.out_dir.empty() && ex.resume_dir.empty()

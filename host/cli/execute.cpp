@@ -189,6 +189,8 @@ int execute_suite(Context& ctx, const suite::Suite& s, const ExecuteOptions& opt
     if (!done.count(c.id)) {
       todo.push_back(c);
       if (c.machine_world_sizes) todo.back().world_sizes = machine_world_sizes(*backend);
+      if (backend->device_kind() == DeviceKind::cuda)
+        todo.back().timing.warmup_seconds = std::max(c.timing.warmup_seconds, options.gpu_warmup_seconds);
     }
   if (options.dry_run) {
     std::cout << todo.size() << " cases in " << (s.name.empty() ? s.path.string() : s.name);
@@ -197,7 +199,9 @@ int execute_suite(Context& ctx, const suite::Suite& s, const ExecuteOptions& opt
     for (const suite::Case& c : todo) {
       std::cout << "  " << c.id << "  " << report::problem_line(c.problem) << "  world sizes";
       for (int w : c.world_sizes) std::cout << ' ' << w;
-      std::cout << "  timing " << c.timing.method << "\n";
+      std::cout << "  timing " << c.timing.method;
+      if (c.timing.warmup_seconds > 0) std::cout << " after " << c.timing.warmup_seconds << " s of warm-up";
+      std::cout << "\n";
     }
     return kExitOk;
   }

@@ -45,6 +45,8 @@ po::options_description timing_options() {
   d.add_options()
     ("timing-method", po::value<std::string>(), "simple | warmup | adaptive | profiler")
     ("warmup-runs", po::value<int>(), "warm-up runs before timing")
+    ("warmup-seconds", po::value<double>(),
+     "and warm-up goes on this many seconds (0-600; compare on a GPU: 1, its clock settled at the power limit)")
     ("timing-runs", po::value<int>(), "timed runs")
     ("world-sizes", po::value<std::string>(), "comma-separated world sizes, e.g. 1,2");
   return d;
@@ -149,6 +151,7 @@ suite::Overrides overrides_from(const po::variables_map& vm) {
   if (vm.count("world-sizes")) o.world_sizes = parse_int_list(vm["world-sizes"].as<std::string>(), "world-sizes");
   if (vm.count("timing-method")) o.timing_method = vm["timing-method"].as<std::string>();
   if (vm.count("warmup-runs")) o.warmup_runs = vm["warmup-runs"].as<int>();
+  if (vm.count("warmup-seconds")) o.warmup_seconds = vm["warmup-seconds"].as<double>();
   if (vm.count("timing-runs")) o.timing_runs = vm["timing-runs"].as<int>();
   if (vm.count("param"))
     for (const std::string& item : vm["param"].as<std::vector<std::string>>()) {

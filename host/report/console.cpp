@@ -44,11 +44,13 @@ std::string timing_line(const suite::Case& c) {
   const suite::Timing& t = c.timing;
   std::ostringstream s;
   s << t.method << ": ";
+  std::string warmup = std::to_string(t.warmup_runs) + " warm-up";
+  if (t.warmup_seconds > 0) warmup += " (at least " + fmt::general(t.warmup_seconds, 3) + " s)";
   if (t.method == "simple") s << "one timed run";
   else if (t.method == "adaptive")
-    s << t.warmup_runs << " warm-up, then until noise < " << fmt::percent(t.target_noise) << " (at least "
-      << t.min_samples << " runs, at most " << fmt::sig(t.max_seconds) << " s)";
-  else s << t.warmup_runs << " warm-up + " << t.timing_runs << " timed runs";
+    s << warmup << ", then until noise < " << fmt::percent(t.target_noise) << " (at least " << t.min_samples
+      << " runs, at most " << fmt::sig(t.max_seconds) << " s)";
+  else s << warmup << " + " << t.timing_runs << " timed runs";
   s << " of";
   for (size_t i = 0; i < t.passes.size(); ++i) s << (i ? ", " : " ") << pass_label(t.passes[i]);
   if (!t.flush_l2) s << "; L2 not flushed";

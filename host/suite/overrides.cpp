@@ -54,6 +54,8 @@ void check_run_flags(const Overrides& o) {
   if (o.timing_method) require_choice_flag("--timing-method", "timing method", *o.timing_method, timing_methods());
   if (o.warmup_runs) require_flag_at_least("--warmup-runs", *o.warmup_runs, 0);
   if (o.timing_runs) require_flag_at_least("--timing-runs", *o.timing_runs, 1);
+  if (o.warmup_seconds && !(*o.warmup_seconds >= 0 && *o.warmup_seconds <= 600))
+    fail(kCommandLine, "--warmup-seconds must be between 0 and 600, got " + format_number(*o.warmup_seconds));
 }
 
 // ---- applying them to one case ---------------------------------------------------------------
@@ -117,6 +119,7 @@ void override_run(Case& c, const Overrides& o) {
   if (o.timing_method) c.timing.method = *o.timing_method;
   if (o.warmup_runs) c.timing.warmup_runs = *o.warmup_runs;
   if (o.timing_runs) c.timing.timing_runs = *o.timing_runs;
+  if (o.warmup_seconds) c.timing.warmup_seconds = *o.warmup_seconds;
 }
 
 // A --param value, typed by the parameter's schema: 3, 0.5, true, fp32 (or "fp32"), 1,2,3 (or [1, 2, 3]).

@@ -161,6 +161,7 @@ struct Overrides {
   std::optional<std::vector<int>> world_sizes;
   std::optional<std::string> timing_method;
   std::optional<int> warmup_runs, timing_runs;
+  std::optional<double> warmup_seconds;
   // --param NAME=VALUE, in order: set on every case whose plugin has the parameter (typed by its
   // schema); a name no plugin of the suite has is an error.
   std::vector<std::pair<std::string, std::string>> params;

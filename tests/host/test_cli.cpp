@@ -168,6 +168,11 @@ TEST_CASE("cli: compare and run show world size 1 and the machine's ranks unless
   CHECK(compared.out.find("world sizes 1 2  timing") != std::string::npos);
   Outcome told = attnhost("compare naive_attention --config tiny --dry-run --device cpu --world-sizes 1");
   CHECK(told.out.find("world sizes 1  timing") != std::string::npos);
+  // A compare's sustained warm-up is a GPU's (its clock settling at the power limit): none on the CPU
+  // unless asked for.
+  CHECK(compared.out.find("warm-up") == std::string::npos);
+  Outcome warmed = attnhost("compare naive_attention --config tiny --dry-run --device cpu --warmup-seconds 2");
+  CHECK(warmed.out.find("timing warmup after 2 s of warm-up") != std::string::npos);
   const fs::path unwritten = write_suite("unwritten", "name = \"unwritten\"\n[[case]]\nplugins = [\"naive_attention\"]\npresets = [\"tiny\"]\n");
   const fs::path written = write_suite("written", "name = \"written\"\n[defaults]\nworld_sizes = [1]\n[[case]]\nplugins = [\"naive_attention\"]\npresets = [\"tiny\"]\n");
   CHECK(attnhost("run " + unwritten.string() + " --dry-run --device cpu").out.find("world sizes 1 2  timing") != std::string::npos);

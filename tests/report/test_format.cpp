@@ -52,6 +52,10 @@ TEST_CASE("console: the case block shows configuration, single and parallel time
   CHECK(s.find("problem  B=1 S=256 H=2 D=16 bf16 non-causal") != std::string::npos);
   CHECK(s.find("params   cpu_accumulate=fp32") != std::string::npos);
   CHECK(s.find("timing   warmup: 3 warm-up + 10 timed runs of fwd, bwd") != std::string::npos);
+  c.spec.timing.warmup_seconds = 1;  // a sustained warm-up is part of how a figure was made
+  std::ostringstream sustained;
+  print_case(sustained, c);
+  CHECK(sustained.str().find("timing   warmup: 3 warm-up (at least 1 s) + 10 timed runs") != std::string::npos);
   CHECK(s.find("fwd+bwd") != std::string::npos);
   CHECK(s.find("30.000 ms") != std::string::npos);   // the single-rank total
   CHECK(s.find("17.000 ms") != std::string::npos);   // the two-rank total

@@ -83,12 +83,14 @@ TEST_CASE("overrides: world sizes and timing") {
   o.timing_method = "profiler";
   o.warmup_runs = 0;
   o.timing_runs = 100;
+  o.warmup_seconds = 1.5;
   apply_overrides(suite, o);
   for (const Case& c : suite.cases) {
     CHECK(c.world_sizes == std::vector<int>{1, 2, 4});
     CHECK(c.timing.method == "profiler");
     CHECK(c.timing.warmup_runs == 0);
     CHECK(c.timing.timing_runs == 100);
+    CHECK(c.timing.warmup_seconds == 1.5);
   }
   CHECK(suite.cases.at(0).id == "ring/medium");  // how a case is run is not what it is
 }
@@ -128,6 +130,9 @@ TEST_CASE("overrides: each one is checked again") {
   Overrides runs;
   runs.timing_runs = 0;
   CHECK(override_error(presets_suite(), runs) == "command line: --timing-runs must be at least 1, got 0");
+  Overrides warm;
+  warm.warmup_seconds = 700;
+  CHECK(override_error(presets_suite(), warm) == "command line: --warmup-seconds must be between 0 and 600, got 700");
 }
 
 TEST_CASE("overrides: --seqlen does not apply to packed variable-length cases") {
