@@ -168,11 +168,12 @@ for section in "$@"; do
       # Every kernel and copy of a short run, per GPU and stream (scripts/device/kernel_trace.cpp):
       # what fills the time between the trace's ranges. KERNELS_CASE picks the compare. The timeline
       # comes back as kernels.tsv.xz (two plugins' runs pass the 16 MiB a file the device tool
-      # returns), which scripts/device/kernel_gaps.py reads as it is.
+      # returns), which scripts/device/kernel_gaps.py reads as it is. Five warm-ups and no sustained
+      # second (compare's GPU default), which would put some thousand passes in the file.
       step "kernel timelines at world size $gpus: ${KERNELS_CASE:-zigzag ulysses --config medium}"
       CUDA_INJECTION64_PATH=$PWD/.gpu/tests/kernel_trace.so KERNEL_TRACE_OUT="$OUT/kernels.tsv" \
         run 200 "$A" compare ${KERNELS_CASE:-zigzag ulysses --config medium} --world-sizes "$gpus" \
-        --timing-method adaptive --warmup-runs 5 --no-check --quiet --format console,trace --force --out "$OUT/kernels"
+        --timing-method adaptive --warmup-runs 5 --warmup-seconds 0 --no-check --quiet --format console,trace --force --out "$OUT/kernels"
       [ -f "$OUT/kernels.tsv" ] && xz -T0 -f "$OUT/kernels.tsv" ;;
     *) echo "unknown section $section" ;;
   esac
