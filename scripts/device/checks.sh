@@ -169,7 +169,7 @@ for section in "$@"; do
       # what fills the time between the trace's ranges. KERNELS_CASE picks the compare. The timeline
       # comes back as kernels.tsv.xz (two plugins' runs pass the 16 MiB a file the device tool
       # returns), which scripts/device/kernel_gaps.py reads as it is. Five warm-ups and no sustained
-      # second (compare's GPU default), which would put some thousand passes in the file.
+      # second (compare's GPU default), which would put a few hundred more passes in the file.
       step "kernel timelines at world size $gpus: ${KERNELS_CASE:-zigzag ulysses --config medium}"
       CUDA_INJECTION64_PATH=$PWD/.gpu/tests/kernel_trace.so KERNEL_TRACE_OUT="$OUT/kernels.tsv" \
         run 200 "$A" compare ${KERNELS_CASE:-zigzag ulysses --config medium} --world-sizes "$gpus" \
