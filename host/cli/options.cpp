@@ -46,7 +46,7 @@ po::options_description timing_options() {
     ("timing-method", po::value<std::string>(), "simple | warmup | adaptive | profiler")
     ("warmup-runs", po::value<int>(), "warm-up runs before timing")
     ("warmup-seconds", po::value<double>(),
-     "and warm-up goes on this many seconds (0-600; compare on a GPU: 1, its clock settled at the power limit)")
+     "warm-up lasts this many seconds too (0-600; compare on a GPU: 1, so that its clock settles at the power limit)")
     ("timing-runs", po::value<int>(), "timed runs")
     ("world-sizes", po::value<std::string>(), "comma-separated world sizes, e.g. 1,2");
   return d;
