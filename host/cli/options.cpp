@@ -48,6 +48,7 @@ po::options_description timing_options() {
     ("warmup-seconds", po::value<double>(),
      "warm-up lasts this many seconds too (0-600; compare on a GPU: 1, so that its clock settles at the power limit)")
     ("timing-runs", po::value<int>(), "timed runs")
+    ("rounds", po::value<int>(), "run the world sizes this many times in turn, each pass's samples pooled (1-100)")
     ("world-sizes", po::value<std::string>(), "comma-separated world sizes, e.g. 1,2");
   return d;
 }
@@ -153,6 +154,7 @@ suite::Overrides overrides_from(const po::variables_map& vm) {
   if (vm.count("warmup-runs")) o.warmup_runs = vm["warmup-runs"].as<int>();
   if (vm.count("warmup-seconds")) o.warmup_seconds = vm["warmup-seconds"].as<double>();
   if (vm.count("timing-runs")) o.timing_runs = vm["timing-runs"].as<int>();
+  if (vm.count("rounds")) o.rounds = vm["rounds"].as<int>();
   if (vm.count("param"))
     for (const std::string& item : vm["param"].as<std::vector<std::string>>()) {
       const size_t eq = item.find('=');

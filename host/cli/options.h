@@ -13,7 +13,7 @@ namespace attnhost::cli {
 namespace po = boost::program_options;
 
 po::options_description common_options(CommonOptions& o);
-po::options_description timing_options();   // --timing-method, --warmup-runs, --warmup-seconds, --timing-runs, --world-sizes
+po::options_description timing_options();   // --timing-method, --warmup-runs, --warmup-seconds, --timing-runs, --rounds, --world-sizes
 po::options_description problem_options();  // --batch --seqlen --heads --kv-heads --head-dim --dtype --causal ...
 po::options_description output_options();   // --out --format
 po::options_description gate_options();     // --baseline --threshold --history

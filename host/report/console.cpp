@@ -46,6 +46,7 @@ std::string timing_line(const suite::Case& c) {
   s << t.method << ": ";
   std::string warmup = std::to_string(t.warmup_runs) + " warm-up";
   if (t.warmup_seconds > 0) warmup += " (at least " + fmt::general(t.warmup_seconds, 3) + " s)";
+  if (t.rounds > 1) s << t.rounds << " rounds of ";
   if (t.method == "simple") s << "one timed run";
   else if (t.method == "adaptive")
     s << warmup << ", then until noise < " << fmt::percent(t.target_noise) << " (at least " << t.min_samples
@@ -129,8 +130,13 @@ void print_case(std::ostream& out, const CaseResult& c) {
     if (!r.check.amax.empty()) notes.push_back(at + r.check.amax);
     if (!r.engine.empty()) notes.push_back(at + r.engine);
     for (const PassResult& p : r.passes) {
-      if (!p.time_ms.stop_reason.empty() && c.spec.timing.method == "adaptive")
+      if (!p.time_ms.stop_reason.empty() && c.spec.timing.method == "adaptive" && p.round_medians.empty())
         notes.push_back(at + pass_label(p.pass) + " stopped: " + p.time_ms.stop_reason);
+      if (!p.round_medians.empty()) {
+        std::string medians;
+        for (double m : p.round_medians) medians += (medians.empty() ? "" : ", ") + fmt::ms(m);
+        notes.push_back(at + pass_label(p.pass) + " medians by round: " + medians);
+      }
       for (const KernelTime& k : p.kernels)
         notes.push_back(at + pass_label(p.pass) + " " + k.name + ": " + std::to_string(k.launches) + " x " +
                         fmt::ms(k.mean_ms) + " = " + fmt::percent(k.share));

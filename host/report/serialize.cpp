@@ -103,7 +103,8 @@ json::Value run_json(const RunResult& r) {
                                      {"mean_ms", k.mean_ms}, {"share", k.share}});
     passes.push_back(json::Object{{"pass", p.pass}, {"time_ms", stats_json(p.time_ms)}, {"flops", p.flops},
                                   {"tflops_per_gpu", p.tflops_per_gpu}, {"tokens_per_s", p.tokens_per_s},
-                                  {"speedup", p.speedup}, {"efficiency", p.efficiency}, {"kernels", kernels}});
+                                  {"speedup", p.speedup}, {"efficiency", p.efficiency}, {"kernels", kernels},
+                                  {"round_medians_ms", numbers(p.round_medians)}});
   }
   json::Array tensors;
   for (const TensorCheck& t : r.check.tensors)
@@ -139,6 +140,8 @@ RunResult run_from(const json::Value& v) {
     pr.tokens_per_s = p["tokens_per_s"].number();
     pr.speedup = p["speedup"].number();
     pr.efficiency = p["efficiency"].number();
+    if (const json::Value* rounds = p.find("round_medians_ms"))
+      for (const json::Value& m : rounds->array()) pr.round_medians.push_back(m.number());
     for (const json::Value& k : p["kernels"].array())
       pr.kernels.push_back({k["name"].string(), k["launches"].integer(), k["total_ms"].number(), k["mean_ms"].number(),
                             k["share"].number()});
@@ -213,6 +216,7 @@ json::Value to_json(const CaseResult& c) {
       {"world_sizes", numbers(c.spec.world_sizes)},
       {"timing", json::Object{{"method", t.method}, {"warmup_runs", t.warmup_runs},
                               {"warmup_seconds", t.warmup_seconds}, {"timing_runs", t.timing_runs},
+                              {"rounds", t.rounds},
                               {"target_noise", t.target_noise}, {"min_samples", t.min_samples},
                               {"max_seconds", t.max_seconds}, {"passes", passes}, {"flush_l2", t.flush_l2}}},
       {"data", json::Object{{"seed", static_cast<int64_t>(c.spec.data.seed)}, {"distribution", c.spec.data.distribution},
@@ -242,6 +246,7 @@ CaseResult case_from_json(const json::Value& v) {
   c.spec.timing.warmup_runs = static_cast<int>(t["warmup_runs"].integer());
   if (const json::Value* seconds = t.find("warmup_seconds")) c.spec.timing.warmup_seconds = seconds->number();
   c.spec.timing.timing_runs = static_cast<int>(t["timing_runs"].integer());
+  if (const json::Value* rounds = t.find("rounds")) c.spec.timing.rounds = static_cast<int>(rounds->integer());
   c.spec.timing.target_noise = t["target_noise"].number();
   c.spec.timing.min_samples = static_cast<int>(t["min_samples"].integer());
   c.spec.timing.max_seconds = t["max_seconds"].number();

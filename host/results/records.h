@@ -35,6 +35,7 @@ struct PassResult {
   double speedup = 0;        // median(world size 1) / median(this world size); 0 when unknown
   double efficiency = 0;     // speedup / world size
   std::vector<KernelTime> kernels;
+  std::vector<double> round_medians;  // timing.rounds > 1: each round's median, in the order run
 };
 
 struct TensorCheck {

@@ -118,6 +118,36 @@ class RankRun {
 
 bool has_feature(const PluginDescription& d, uint32_t f) { return (d.features & f) != 0; }
 
+bool ran(const RunResult& r) { return r.status == "PASSED" || r.status == "OK"; }
+
+// A later round's run of a world size into the pooled record: each pass's samples together and its
+// figures from their median. A round that fails replaces the record, which then says what went
+// wrong; the first round's check stands for all (later rounds are not checked again).
+void pool(RunResult& into, RunResult&& round) {
+  if (!ran(round)) {
+    into = std::move(round);
+    return;
+  }
+  for (PassResult& p : into.passes) {
+    const PassResult* more = round.pass(p.pass);
+    if (!more) continue;
+    if (p.round_medians.empty()) p.round_medians.push_back(p.time_ms.median);
+    p.round_medians.push_back(more->time_ms.median);
+    std::vector<double> samples = p.time_ms.samples;
+    samples.insert(samples.end(), more->time_ms.samples.begin(), more->time_ms.samples.end());
+    const double before = p.time_ms.median;
+    p.time_ms = summarize(std::move(samples));
+    p.time_ms.stop_reason = std::to_string(p.round_medians.size()) + " rounds pooled";
+    if (p.time_ms.median > 0) {
+      p.tflops_per_gpu *= before / p.time_ms.median;
+      p.tokens_per_s *= before / p.time_ms.median;
+    }
+  }
+  for (size_t r = 0; r < into.peak_bytes.size() && r < round.peak_bytes.size(); ++r)
+    into.peak_bytes[r] = std::max(into.peak_bytes[r], round.peak_bytes[r]);
+  into.wall_seconds += round.wall_seconds;
+}
+
 }  // namespace
 
 std::string capability_mismatch(const suite::Case& c, const PluginDescription& d, DeviceKind device, int ws) {
@@ -164,7 +194,13 @@ CaseResult run_case(const suite::Case& c, const std::shared_ptr<const Plugin>& p
   } catch (const std::exception& e) {
     binding_error = e.what();
   }
-  for (int ws : c.world_sizes) {
+  // Rounds after the first time the same world sizes again, unchecked; run() is one world size of one
+  // round.
+  suite::Case unchecked = c;
+  unchecked.check.enabled = false;
+  const int rounds = std::max(1, c.timing.rounds);
+  const auto run = [&](int ws, int round) {
+    const suite::Case& rc = round == 0 ? c : unchecked;
     RunResult run;
     run.world_size = ws;
     if (!binding) {
@@ -181,20 +217,28 @@ CaseResult run_case(const suite::Case& c, const std::shared_ptr<const Plugin>& p
       run.status = "UNSUPPORTED";
       run.error = "plugin '" + plugin->name() + "' refused the problem: " + refused;
     } else {
-      run = backend.run_world(ws, [&](RankEnv& env) { return RankRun(c, *plugin, *binding, env, options).run(); });
+      run = backend.run_world(ws, [&](RankEnv& env) { return RankRun(rc, *plugin, *binding, env, options).run(); });
       run.world_size = ws;
       run.shared_gpus = backend.shares_gpus(ws);
     }
     if (options.progress && backend.process_rank() == 0) {
       std::ostringstream line;
-      line << c.id << " ws=" << ws << ": " << run.status;
+      line << c.id << " ws=" << ws;
+      if (rounds > 1) line << " round " << round + 1 << "/" << rounds;
+      line << ": " << run.status;
       if (!run.error.empty()) line << " (" << run.error << ")";
       options.progress(line.str());
     }
-    if (result.engine.empty()) result.engine = run.engine;
-    if (options.on_run && backend.process_rank() == 0) options.on_run(run);
-    result.runs.push_back(std::move(run));
-  }
+    return run;
+  };
+  for (int round = 0; round < rounds; ++round)
+    for (size_t i = 0; i < c.world_sizes.size(); ++i) {
+      if (round == 0) result.runs.push_back(run(c.world_sizes[i], round));
+      else if (ran(result.runs[i])) pool(result.runs[i], run(c.world_sizes[i], round));  // (a failure is not run again)
+      if (round + 1 < rounds) continue;  // a world size is finished with its last round
+      if (result.engine.empty()) result.engine = result.runs[i].engine;
+      if (options.on_run && backend.process_rank() == 0) options.on_run(result.runs[i]);
+    }
   // Speedup and efficiency against world size 1 of the same case and pass.
   const RunResult* single = nullptr;
   for (const RunResult& r : result.runs)

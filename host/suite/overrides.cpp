@@ -56,6 +56,9 @@ void check_run_flags(const Overrides& o) {
   if (o.timing_runs) require_flag_at_least("--timing-runs", *o.timing_runs, 1);
   if (o.warmup_seconds && !(*o.warmup_seconds >= 0 && *o.warmup_seconds <= 600))
     fail(kCommandLine, "--warmup-seconds must be between 0 and 600, got " + format_number(*o.warmup_seconds));
+  if (o.rounds) require_flag_at_least("--rounds", *o.rounds, 1);
+  if (o.rounds && *o.rounds > kMaxRounds)
+    fail(kCommandLine, "--rounds must be at most " + std::to_string(kMaxRounds) + ", got " + std::to_string(*o.rounds));
 }
 
 // ---- applying them to one case ---------------------------------------------------------------
@@ -120,6 +123,7 @@ void override_run(Case& c, const Overrides& o) {
   if (o.warmup_runs) c.timing.warmup_runs = *o.warmup_runs;
   if (o.timing_runs) c.timing.timing_runs = *o.timing_runs;
   if (o.warmup_seconds) c.timing.warmup_seconds = *o.warmup_seconds;
+  if (o.rounds) c.timing.rounds = *o.rounds;
 }
 
 // A --param value, typed by the parameter's schema: 3, 0.5, true, fp32 (or "fp32"), 1,2,3 (or [1, 2, 3]).

@@ -8,8 +8,8 @@ namespace attnhost::suite::detail {
 namespace {
 
 const std::vector<std::string> kTimingKeys = {"method",       "warmup_runs", "warmup_seconds", "timing_runs",
-                                              "target_noise", "min_samples", "max_seconds",    "passes",
-                                              "flush_l2"};
+                                              "rounds",       "target_noise", "min_samples",   "max_seconds",
+                                              "passes",       "flush_l2"};
 const std::vector<std::string> kPasses = {"fwd", "bwd", "fwd_bwd"};
 const std::vector<std::string> kCheckKeys = {"enabled", "query_rows", "key_columns", "tolerance_scale"};
 const std::vector<std::string> kDataKeys = {"seed", "distribution", "scale"};
@@ -66,6 +66,10 @@ void read_timing(const toml::node& node, const std::string& table_name, Timing& 
       fail(location_of(*seconds), "'warmup_seconds' must be between 0 and 600, got " + format_number(into.warmup_seconds));
   }
   read_into(table, "timing_runs", into.timing_runs, 1);
+  read_into(table, "rounds", into.rounds, 1);
+  if (into.rounds > kMaxRounds)
+    fail(location_of(*table.get("rounds")), "'rounds' must be at most " + std::to_string(kMaxRounds) + ", got " +
+                                                std::to_string(into.rounds));
   read_into(table, "min_samples", into.min_samples, 2);
   if (const toml::node* noise = table.get("target_noise")) read_target_noise(*noise, into.target_noise);
   if (const toml::node* seconds = table.get("max_seconds")) {

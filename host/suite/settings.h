@@ -23,5 +23,6 @@ const std::vector<std::string>& output_formats();
 
 // Checks shared with the command-line overrides; "" when fine.
 std::string check_world_sizes(const std::vector<int>& world_sizes);
+constexpr int kMaxRounds = 100;  // timing.rounds: more is a typo
 
 } // namespace attnhost::suite::detail

@@ -68,6 +68,10 @@ struct Timing {
   double warmup_seconds = 0;        // and warm-up runs go on until this much time has passed (the
                                     // GPU's clock settles at its power limit within a second)
   int timing_runs = 10;
+  // The world sizes run this many times in turn, each pass's samples pooled: on a GPU at its power
+  // limit the clock and the heat drift between runs a minute apart, and world size 1 and P are then
+  // each measured across the same drift.
+  int rounds = 1;
   double target_noise = 0.02;       // adaptive: stop when relative noise < this
   int min_samples = 5;              // adaptive
   double max_seconds = 10.0;        // adaptive: per pass
@@ -162,6 +166,7 @@ struct Overrides {
   std::optional<std::string> timing_method;
   std::optional<int> warmup_runs, timing_runs;
   std::optional<double> warmup_seconds;
+  std::optional<int> rounds;
   // --param NAME=VALUE, in order: set on every case whose plugin has the parameter (typed by its
   // schema); a name no plugin of the suite has is an error.
   std::vector<std::pair<std::string, std::string>> params;

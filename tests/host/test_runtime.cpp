@@ -7,6 +7,8 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
+
 using namespace attnhost;
 
 namespace {
@@ -140,6 +142,42 @@ TEST_CASE("one wrong element of dK is caught") {
     CHECK(run.error.find("dK: max error") != std::string::npos);
     CHECK(run.error.find("O:") == std::string::npos);
   }
+}
+
+TEST_CASE("rounds time the world sizes in turn and pool each pass's samples, checked in the first round") {
+  suite::Case c = make_case("naive_attention", {1, 2});
+  c.timing.method = "warmup";
+  c.timing.warmup_runs = 0;
+  c.timing.timing_runs = 2;
+  c.timing.rounds = 3;
+  std::vector<int> order;
+  RunnerOptions o;
+  o.progress = [&](const std::string& line) { order.push_back(line.find("ws=1") != std::string::npos ? 1 : 2); };
+  std::vector<int> finished;
+  o.on_run = [&](const RunResult& r) { finished.push_back(r.world_size); };
+  auto backend = make_thread_backend(DeviceKind::cpu, 0, std::chrono::milliseconds(2000));
+  const CaseResult r = run_case(c, registry().find(c.plugin), *backend, o);
+  CHECK(order == std::vector<int>{1, 2, 1, 2, 1, 2});
+  CHECK(finished == std::vector<int>{1, 2});  // once a world size's last round is in
+  REQUIRE(r.runs.size() == 2);
+  for (const RunResult& run : r.runs) {
+    INFO("world size ", run.world_size, ": ", run.error);
+    CHECK(run.status == "PASSED");
+    CHECK(run.check.ran);
+    for (const PassResult& p : run.passes) {
+      CHECK(p.time_ms.count == 6);
+      REQUIRE(p.round_medians.size() == 3);
+      CHECK(p.time_ms.median >= *std::min_element(p.round_medians.begin(), p.round_medians.end()));
+      CHECK(p.time_ms.median <= *std::max_element(p.round_medians.begin(), p.round_medians.end()));
+      CHECK(p.tflops_per_gpu == doctest::Approx(p.flops / (p.time_ms.median * 1e-3) / 1e12 / run.world_size));
+    }
+  }
+  CHECK(r.runs[1].passes[0].speedup == doctest::Approx(r.runs[0].passes[0].time_ms.median / r.runs[1].passes[0].time_ms.median));
+  // A round that fails replaces the pooled record with its own, which says why.
+  suite::Case wrong = faulty("rank1_o", {2});
+  wrong.timing.rounds = 2;
+  wrong.check.enabled = true;
+  CHECK(run(wrong).runs[0].status == "FAILED");
 }
 
 TEST_CASE("a fault only on rank 1 passes alone and is caught with two ranks") {

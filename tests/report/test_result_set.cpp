@@ -72,6 +72,16 @@ TEST_CASE("result set: a world whose ranks shared GPUs keeps its times, with no 
   CHECK(back.runs[1].shared_gpus);
 }
 
+TEST_CASE("result set: rounds and each round's median come back from results.json") {
+  RunResult pooled = made_run(1, {timed_pass("fwd", {1.0, 1.25, 1.5, 1.75})});
+  pooled.passes[0].round_medians = {1.125, 1.625};
+  CaseResult c = made_case("ring/g/seqlen=128", 128, {pooled});
+  c.spec.timing.rounds = 2;
+  const CaseResult back = case_from_json(to_json(c));
+  CHECK(back.spec.timing.rounds == 2);
+  CHECK(back.runs[0].passes[0].round_medians == std::vector<double>{1.125, 1.625});
+}
+
 TEST_CASE("result set: a journal cut short by a kill keeps every whole line") {
   fs::path dir = temp_dir("journal");
   ResultSet r = sample_set();

@@ -184,6 +184,8 @@ TEST_CASE("errors: timing, check, data, world sizes and outputs") {
         "t.toml:4:17: unknown timing method 'adaptve' (did you mean 'adaptive'?)");
   CHECK(error_of(kCase + "timing.timing_runs = 0\n") == "t.toml:4:22: 'timing_runs' must be at least 1, got 0");
   CHECK(error_of(kCase + "timing.warmup_runs = -1\n") == "t.toml:4:22: 'warmup_runs' must be at least 0, got -1");
+  CHECK(error_of(kCase + "timing.rounds = 0\n") == "t.toml:4:17: 'rounds' must be at least 1, got 0");
+  CHECK(error_of(kCase + "timing.rounds = 1000\n") == "t.toml:4:17: 'rounds' must be at most 100, got 1000");
   CHECK(error_of(kCase + "timing.target_noise = 2\n") ==
         "t.toml:4:23: 'target_noise' must be between 0 and 1 (a relative noise, e.g. 0.02), got 2");
   CHECK(error_of(kCase + "timing.max_seconds = 0\n") == "t.toml:4:22: 'max_seconds' must be positive, got 0");

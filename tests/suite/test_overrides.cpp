@@ -84,6 +84,7 @@ TEST_CASE("overrides: world sizes and timing") {
   o.warmup_runs = 0;
   o.timing_runs = 100;
   o.warmup_seconds = 1.5;
+  o.rounds = 3;
   apply_overrides(suite, o);
   for (const Case& c : suite.cases) {
     CHECK(c.world_sizes == std::vector<int>{1, 2, 4});
@@ -91,6 +92,7 @@ TEST_CASE("overrides: world sizes and timing") {
     CHECK(c.timing.warmup_runs == 0);
     CHECK(c.timing.timing_runs == 100);
     CHECK(c.timing.warmup_seconds == 1.5);
+    CHECK(c.timing.rounds == 3);
   }
   CHECK(suite.cases.at(0).id == "ring/medium");  // how a case is run is not what it is
 }
@@ -133,6 +135,11 @@ TEST_CASE("overrides: each one is checked again") {
   Overrides warm;
   warm.warmup_seconds = 700;
   CHECK(override_error(presets_suite(), warm) == "command line: --warmup-seconds must be between 0 and 600, got 700");
+  Overrides rounds;
+  rounds.rounds = 0;
+  CHECK(override_error(presets_suite(), rounds) == "command line: --rounds must be at least 1, got 0");
+  rounds.rounds = 101;
+  CHECK(override_error(presets_suite(), rounds) == "command line: --rounds must be at most 100, got 101");
 }
 
 TEST_CASE("overrides: --seqlen does not apply to packed variable-length cases") {
