@@ -73,7 +73,7 @@ po::options_description execution_options() {
                  ("dry-run", "print the expanded case list and stop")
                  ("no-check", "skip the correctness check")
                  ("isolate", "run each case in its own process: a crash or hang costs that case only")
-                 ("case-timeout", po::value<double>()->default_value(600), "with --isolate: seconds a case may take");
+                 ("case-timeout", po::value<double>()->default_value(600), "with --isolate: seconds a case may take, per timing round");
   return d;
 }
 

@@ -146,7 +146,7 @@ CaseResult run_one(Context& ctx, const suite::Case& c, Backend& backend, const E
   if (!options.isolate) return run_case(c, plugin, backend, ro);
   IsolateOptions io;
   io.child_args = child_arguments(ctx);
-  io.timeout_seconds = options.case_timeout;
+  io.timeout_seconds = options.case_timeout * std::max(1, c.timing.rounds);  // (a case's rounds are one child's)
   CaseResult r = run_case_isolated(c, io);
   if (r.plugin_version.empty()) r.plugin_version = plugin->description().version;
   if (r.device.empty()) r.device = device_kind_name(backend.device_kind());

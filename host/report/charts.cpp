@@ -74,7 +74,7 @@ void seqlen_charts(const std::string& group, const std::vector<const CaseResult*
   SeriesSet time, tflops, memory;
   for (const CaseResult* c : cases)
     for (const RunResult& r : c->runs) {
-      if (!run_ok(r)) continue;
+      if (!r.ok()) continue;
       const std::string title = series_name(*c, true) + " ws=" + std::to_string(r.world_size);
       const double x = static_cast<double>(c->spec.problem.seqlen_q);
       if (std::optional<PassResult> h = headline_pass(*c, r)) {
@@ -105,7 +105,7 @@ void efficiency_chart(const std::string& group, const std::vector<const CaseResu
     std::string title = series_name(*c, true);
     if (many_seqlens) title += " S=" + std::to_string(c->spec.problem.seqlen_q);
     for (const RunResult& r : c->runs) {
-      if (!run_ok(r)) continue;
+      if (!r.ok()) continue;
       std::optional<PassResult> h = headline_pass(*c, r);
       if (!h) continue;
       if (r.world_size == 1) eff.add(title, 1, 100);
@@ -143,7 +143,7 @@ std::vector<Chart> plan_charts(const std::vector<CaseResult>& cases) {
         members.push_back(&c);
         seqlens.insert(c.spec.problem.seqlen_q);
         for (const RunResult& r : c.runs)
-          if (run_ok(r)) sizes.insert(r.world_size);
+          if (r.ok()) sizes.insert(r.world_size);
       }
     if (seqlens.size() >= 2) seqlen_charts(g, members, out);
     if (sizes.size() >= 2 && sizes.count(1)) efficiency_chart(g, members, seqlens.size() >= 2, out);

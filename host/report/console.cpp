@@ -47,7 +47,8 @@ std::string timing_line(const suite::Case& c) {
   std::string warmup = std::to_string(t.warmup_runs) + " warm-up";
   if (t.warmup_seconds > 0) warmup += " (at least " + fmt::general(t.warmup_seconds, 3) + " s)";
   if (t.rounds > 1) s << t.rounds << " rounds of ";
-  if (t.method == "simple") s << "one timed run";
+  if (t.method == "simple")
+    s << "one timed run" << (t.warmup_seconds > 0 ? " after at least " + fmt::general(t.warmup_seconds, 3) + " s of warm-up" : "");
   else if (t.method == "adaptive")
     s << warmup << ", then until noise < " << fmt::percent(t.target_noise) << " (at least " << t.min_samples
       << " runs, at most " << fmt::sig(t.max_seconds) << " s)";
@@ -156,7 +157,7 @@ void print_case_line(std::ostream& out, const CaseResult& c) {
   for (const RunResult& r : c.runs) {
     line << "  ws=" << r.world_size << " ";
     const std::optional<PassResult> h = headline_pass(c, r);
-    if (!run_ok(r) || !h) {
+    if (!r.ok() || !h) {
       line << r.status;
       if (!r.error.empty()) errors.push_back("ws=" + std::to_string(r.world_size) + " " + r.status + ": " + r.error);
       continue;

@@ -7,9 +7,7 @@
 
 namespace attnhost::report {
 
-bool run_ok(const RunResult& r) { return r.status == "PASSED" || r.status == "OK"; }
-
-bool run_failed(const RunResult& r) { return !run_ok(r) && r.status != "SKIPPED" && r.status != "UNSUPPORTED"; }
+bool run_failed(const RunResult& r) { return !r.ok() && r.status != "SKIPPED" && r.status != "UNSUPPORTED"; }
 
 namespace {
 
@@ -38,7 +36,7 @@ std::optional<PassResult> total_pass(const CaseResult& c, const RunResult& r) {
   std::optional<PassResult> t = sum_of_passes(r);
   if (!t || t->pass == "fwd_bwd" || r.shared_gpus) return t;
   for (const RunResult& single : c.runs)
-    if (single.world_size == 1 && run_ok(single))
+    if (single.world_size == 1 && single.ok())
       if (std::optional<PassResult> base = sum_of_passes(single)) {
         t->speedup = base->time_ms.median / t->time_ms.median;
         t->efficiency = t->speedup / std::max(1, r.world_size);

@@ -10,7 +10,6 @@
 
 namespace attnhost::report {
 
-bool run_ok(const RunResult& r);      // PASSED or OK (unchecked)
 bool run_failed(const RunResult& r);  // neither ok nor a run that did not apply (SKIPPED, UNSUPPORTED)
 
 // The time of one training step's attention: the measured fwd_bwd pass when the case timed it,

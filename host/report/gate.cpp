@@ -36,7 +36,7 @@ std::vector<Timed> timed(const std::vector<CaseResult>& cases) {
   std::vector<Timed> out;
   for (const CaseResult& c : cases)
     for (const RunResult& r : c.runs) {
-      if (!run_ok(r)) continue;
+      if (!r.ok()) continue;
       for (const PassResult& p : r.passes)
         if (p.time_ms.median > 0) out.push_back({{c.spec.id, r.world_size, p.pass}, &p.time_ms, problem_of(c.spec.problem)});
     }

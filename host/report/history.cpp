@@ -27,7 +27,7 @@ HistoryEntry history_entry(const ResultSet& r) {
   e.suite = r.suite_name;
   for (const CaseResult& c : r.cases)
     for (const RunResult& run : c.runs) {
-      if (!run_ok(run)) continue;
+      if (!run.ok()) continue;
       for (const PassResult& p : run.passes)
         if (p.time_ms.median > 0) e.points.push_back({c.spec.id, run.world_size, p.pass, p.time_ms.median, p.time_ms.count});
     }

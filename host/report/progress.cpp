@@ -26,7 +26,8 @@ double pairs(const suite::Problem& p) {
 double work_estimate(const suite::Case& c) {
   const suite::Problem& p = c.problem;
   const double per_run = pairs(p) * p.heads_q * std::max(1, p.head_dim);
-  return std::max(1.0, per_run * std::max<size_t>(1, c.world_sizes.size()) * std::max<size_t>(1, c.timing.passes.size()));
+  return std::max(1.0, per_run * std::max<size_t>(1, c.world_sizes.size()) * std::max<size_t>(1, c.timing.passes.size()) *
+                           std::max(1, c.timing.rounds));
 }
 
 double fwd_bwd_gflop(const suite::Problem& p) { return 3.5 * 4.0 * p.head_dim * pairs(p) * p.heads_q / 1e9; }

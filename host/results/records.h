@@ -83,6 +83,7 @@ struct RunResult {
   // Its ranks shared GPUs (--ranks-per-gpu, a world larger than the GPUs): checked, timed, but no
   // speedup or efficiency against world size 1 is made of its times.
   bool shared_gpus = false;
+  bool ok() const { return status == "PASSED" || status == "OK"; }  // timed (OK: unchecked)
   const PassResult* pass(const std::string& name) const {
     for (const auto& p : passes)
       if (p.pass == name) return &p;

@@ -118,13 +118,11 @@ class RankRun {
 
 bool has_feature(const PluginDescription& d, uint32_t f) { return (d.features & f) != 0; }
 
-bool ran(const RunResult& r) { return r.status == "PASSED" || r.status == "OK"; }
-
 // A later round's run of a world size into the pooled record: each pass's samples together and its
 // figures from their median. A round that fails replaces the record, which then says what went
 // wrong; the first round's check stands for all (later rounds are not checked again).
 void pool(RunResult& into, RunResult&& round) {
-  if (!ran(round)) {
+  if (!round.ok()) {
     into = std::move(round);
     return;
   }
@@ -199,7 +197,11 @@ CaseResult run_case(const suite::Case& c, const std::shared_ptr<const Plugin>& p
   suite::Case unchecked = c;
   unchecked.check.enabled = false;
   const int rounds = std::max(1, c.timing.rounds);
-  const auto run = [&](int ws, int round) {
+  // Whether a world size was timed in the first round: what every process knows alike (a check's
+  // verdict is rank 0's alone), so that all of them run its later rounds, as MPI's collectives need.
+  std::vector<bool> timed(c.world_sizes.size(), false);
+  const auto run = [&](size_t i, int round) {
+    const int ws = c.world_sizes[i];
     const suite::Case& rc = round == 0 ? c : unchecked;
     RunResult run;
     run.world_size = ws;
@@ -217,6 +219,7 @@ CaseResult run_case(const suite::Case& c, const std::shared_ptr<const Plugin>& p
       run.status = "UNSUPPORTED";
       run.error = "plugin '" + plugin->name() + "' refused the problem: " + refused;
     } else {
+      timed[i] = true;
       run = backend.run_world(ws, [&](RankEnv& env) { return RankRun(rc, *plugin, *binding, env, options).run(); });
       run.world_size = ws;
       run.shared_gpus = backend.shares_gpus(ws);
@@ -233,8 +236,12 @@ CaseResult run_case(const suite::Case& c, const std::shared_ptr<const Plugin>& p
   };
   for (int round = 0; round < rounds; ++round)
     for (size_t i = 0; i < c.world_sizes.size(); ++i) {
-      if (round == 0) result.runs.push_back(run(c.world_sizes[i], round));
-      else if (ran(result.runs[i])) pool(result.runs[i], run(c.world_sizes[i], round));  // (a failure is not run again)
+      if (round == 0) {
+        result.runs.push_back(run(i, round));
+      } else if (timed[i]) {
+        RunResult later = run(i, round);
+        if (result.runs[i].ok()) pool(result.runs[i], std::move(later));  // (nothing pools into a failure)
+      }
       if (round + 1 < rounds) continue;  // a world size is finished with its last round
       if (result.engine.empty()) result.engine = result.runs[i].engine;
       if (options.on_run && backend.process_rank() == 0) options.on_run(result.runs[i]);
@@ -242,7 +249,7 @@ CaseResult run_case(const suite::Case& c, const std::shared_ptr<const Plugin>& p
   // Speedup and efficiency against world size 1 of the same case and pass.
   const RunResult* single = nullptr;
   for (const RunResult& r : result.runs)
-    if (r.world_size == 1 && (r.status == "PASSED" || r.status == "OK")) single = &r;
+    if (r.world_size == 1 && r.ok()) single = &r;
   if (single)
     for (RunResult& r : result.runs)
       for (PassResult& p : r.passes)
