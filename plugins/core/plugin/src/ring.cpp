@@ -538,10 +538,9 @@ void RingAttention::backward_runs(const attnhost_backward_args& a, int32_t b0, i
     if (split) {
       for (const Engine::Event& e : written) engine_->wait(compute, e);
       for (const RowsOut& r : runs[i].rows)
-        if (r.dq.data) round(r, compute);
+        if (r.dq.data) round(r, compute);  // (the compute stream now follows every run)
     }
   }
-  if (beside) engine_->wait(compute, written.front());
 }
 
 // Slice i's step 1 (its share of the other member's block) runs before slice i - 1's step 0 (the

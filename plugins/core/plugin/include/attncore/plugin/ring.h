@@ -146,8 +146,9 @@ class RingAttention {
   // one call a run of the block's columns, in the order given, so that a caller can send what each
   // run finishes while the later runs compute. The runs cut the block's columns [0, local_kv)
   // exactly (takes_runs() says whether this ring can). Run i writes its columns of dK and dV, then
-  // `rounding` waits for every run up to i and rounds out dQ's rows that run i finishes, and after(i)
-  // is called: what the caller queues on `rounding` there comes after run i. Where the engine adds
+  // `rounding` waits for every run up to i and rounds out dQ's rows that run i finishes (on the last
+  // run, those a RowsOut gives a tensor of on the compute stream after after(i): see the 10.4 form),
+  // and after(i) is called: what the caller queues on `rounding` there comes after run i. Where the engine adds
   // dQ by atomics and the problem need not be reproducible, run 0 goes on `lead`, a stream of
   // greater priority than the compute stream, and the later runs on the compute stream beside it:
   // their blocks fill its last wave, and it still ends first (at equal priority the GPU may run
