@@ -127,11 +127,15 @@ class Allgather {
     bounds_ = taper_ ? tapered_groups(forward_groups_) : even_groups(forward_groups_);
     void* compute = host_.stream(0);
     void* gs = overlap_ ? host_.stream(1) : compute;
+    // The sends on a stream of their own: at two ranks, causal, rank 1 sends both its chunks and
+    // receives one, and its first calls waited 150 us for its sends at large on two H200s
+    // (docs/KERNELS.md, "Allgather: one call a query chunk").
+    void* ss = overlap_ ? host_.stream(2) : compute;
     const int groups = pass_groups();
     std::vector<Engine::Event> gathered(groups);
     std::vector<Calls> done(groups);
-    engine_->wait(gs, compute);  // the inputs are ready
-    gather(a.k.data, a.v.data, 0, gs, compute);  // (the compute stream has nothing else to do yet)
+    for (void* s : {gs, ss}) engine_->wait(s, compute);  // the inputs are ready
+    gather(a.k.data, a.v.data, 0, gs, compute, ss);  // (the compute stream has nothing else to do yet)
     gathered[0] = engine_->record(gs);
     for (int g = 0; g < groups; ++g) {
       const int32_t range = host_.range_begin(("attention group " + std::to_string(g)).c_str(), ATTNHOST_RANGE_COMPUTE, compute);
@@ -140,12 +144,13 @@ class Allgather {
       host_.range_end(range, compute);
       if (g + 1 < groups) {  // (after the calls are queued: the host meets the peers here)
         if (g > 0) wait_for(gs, done[g - 1]);  // its buffer was read by group g - 1
-        gather(a.k.data, a.v.data, g + 1, gs, gs);
+        gather(a.k.data, a.v.data, g + 1, gs, gs, ss);
         gathered[g + 1] = engine_->record(gs);
       }
     }
     for (const Calls& c : done) wait_for(compute, c);
     engine_->wait(compute, gs);
+    engine_->wait(compute, ss);
     if (attnhost_fp8_amax* amax = fp8_amax(a)) report_amax(&amax->o, a.o.data, heads_, compute);
   }
 
@@ -764,8 +769,10 @@ class Allgather {
   // host moves blocks, each range goes as it lies from a rank's K/V into the peers' slots, one copy
   // by the copy engines (docs/KERNELS.md, "Blocks as they lie"); else one message each way between
   // every two ranks: this rank's K and V slices packed side by side, a peer's unpacked range by
-  // range (docs/KERNELS.md, "All-to-all messages"). This rank's own ranges are copied on `own`.
-  void gather(void* k, void* v, int g, void* stream, void* own) {
+  // range (docs/KERNELS.md, "All-to-all messages"). This rank's own ranges are copied on `own`;
+  // blocks sent as they lie go out on `sends`, so that what waits for `stream` waits for what this
+  // rank receives, not for what it sends (a packed message is sent from `stream`, where it is packed).
+  void gather(void* k, void* v, int g, void* stream, void* own, void* sends) {
     const int32_t kv = group_kv(g);
     const size_t row = size_t(kv) * dim_ * el_, local_batch = local_ * row, global_batch = seqlen_ * row;
     const size_t half = align_up(batch_ * local_batch);  // one tensor in a message (kv_message_bytes)
@@ -797,7 +804,7 @@ class Allgather {
           continue;
         }
         for (int t = 0; t < 2; ++t) {  // each part the peer reaches straight to its place in the peer's slot
-          for (const attnhost_token_range& r : keys_reached_[rank_][peer]) host_.send_block(mine_at(t, r), peer, stream);
+          for (const attnhost_token_range& r : keys_reached_[rank_][peer]) host_.send_block(mine_at(t, r), peer, sends);
           for (const attnhost_token_range& r : keys_reached_[peer][rank_]) host_.recv_block(slot_at(t, r), peer, stream);
         }
       }
@@ -819,7 +826,7 @@ class Allgather {
   // Group g's gather into slot g % 2: K and V by rows, the rows that reach this rank's keys by keys
   // (none at world size 1, whose calls read the rows where they lie).
   void gather_group(const attnhost_backward_args& a, int g, void* stream, void* own) {
-    if (!by_keys_) return gather(a.k.data, a.v.data, g, stream, own);
+    if (!by_keys_) return gather(a.k.data, a.v.data, g, stream, own, stream);
     if (world_ > 1) gather_rows(a, g, stream, own);
   }
   // By keys, group g's rows that reach this rank's keys, from every rank into slot g % 2 at their
