@@ -11,7 +11,7 @@ using attncore::plugin::native_measured_faster;
 // native backward measured 1-8% faster; the rule is per pass, head dim and length now.
 TEST_CASE("auto takes cuDNN per pass and head dim where it measured faster, and says why not") {
   const auto cudnn = [](bool forward, int32_t d, int64_t keys) {
-    return native_measured_faster(forward, 9, d, keys, keys, keys).empty();
+    return native_measured_faster(forward, 9, d, keys, keys, keys, false).empty();
   };
   CHECK_FALSE(cudnn(false, 128, 8192));
   CHECK_FALSE(cudnn(false, 128, 16384));
@@ -27,9 +27,9 @@ TEST_CASE("auto takes cuDNN per pass and head dim where it measured faster, and 
   CHECK_FALSE(cudnn(true, 80, 8192));
   CHECK_FALSE(cudnn(false, 80, 8192));
   CHECK_FALSE(cudnn(true, 64, 1024));  // shorter blocks are not measured
-  CHECK(native_measured_faster(false, 9, 128, 8192, 8192, 8192) ==
+  CHECK(native_measured_faster(false, 9, 128, 8192, 8192, 8192, false) ==
         "auto: the native backward measured faster or level for head_dim 128, 8192 x 8192");
-  CHECK(native_measured_faster(true, 8, 64, 8192, 8192, 8192) ==
+  CHECK(native_measured_faster(true, 8, 64, 8192, 8192, 8192, false) ==
         "auto: cuDNN not measured faster for sm_8x, head_dim 64, 8192 x 8192");
 }
 
@@ -54,10 +54,23 @@ TEST_CASE("auto judges a windowed call by the keys its rows reach") {
   both.window_right = 27;
   CHECK(attncore::plugin::row_keys(both, 8192) == 128);
   CHECK(attncore::plugin::row_keys(attncore::Mask{}, 8192) == 8192);
-  CHECK(native_measured_faster(true, 9, 128, 8192, 8192, 513).empty());
-  CHECK(native_measured_faster(false, 9, 128, 8192, 8192, 513).empty());
-  CHECK(native_measured_faster(false, 9, 128, 8192, 8192, 8192) ==
+  CHECK(native_measured_faster(true, 9, 128, 8192, 8192, 513, false).empty());
+  CHECK(native_measured_faster(false, 9, 128, 8192, 8192, 513, false).empty());
+  CHECK(native_measured_faster(false, 9, 128, 8192, 8192, 8192, false) ==
         "auto: the native backward measured faster or level for head_dim 128, 8192 x 8192");
-  CHECK(native_measured_faster(false, 9, 80, 8192, 8192, 513) ==
+  CHECK(native_measured_faster(false, 9, 80, 8192, 8192, 513, false) ==
         "auto: the native backward measured faster or level for head_dim 80, 8192 x 8192 (rows of 513 keys)");
+}
+
+// A causal d128 forward went native from 8192 keys, where cuDNN's ran 1-3% ahead: 8192 x 8192, and
+// the chunks of a context-parallel rank (2048-4096 rows against 4096-12288 keys).
+TEST_CASE("auto gives cuDNN the causal d128 forward up to 12288 keys, not the full one from 8192") {
+  CHECK(native_measured_faster(true, 9, 128, 8192, 8192, 8192, true).empty());
+  CHECK(native_measured_faster(true, 9, 128, 4096, 12288, 12288, true).empty());
+  CHECK(native_measured_faster(true, 9, 128, 4096, 16384, 16384, true) ==
+        "auto: the native forward measured faster or level for head_dim 128, 4096 x 16384 causal");
+  CHECK(native_measured_faster(true, 9, 128, 4096, 8192, 8192, false) ==
+        "auto: the native forward measured faster or level for head_dim 128, 4096 x 8192");
+  CHECK(native_measured_faster(false, 9, 128, 4096, 8192, 8192, true) ==
+        "auto: the native backward measured faster or level for head_dim 128, 4096 x 8192 causal");
 }

@@ -164,9 +164,11 @@ class SelectingEngine final : public Engine {
     if (auto it = t.decided.find(key); it != t.decided.end()) return it->second;
     const std::string why = cudnn_check(p);
     std::string slower = auto_keeps_fp8(p.dtype);
+    // (A causal mask whose first row already reaches every key cuts nothing: a full block.)
+    const bool causal = p.mask.causal && p.mask.q_pos0 - p.mask.kv_pos0 < p.seqlen_kv - 1;
     if (slower.empty())
       slower = native_measured_faster(&t == &forward_, sm_major_, p.head_dim, p.seqlen_q, p.seqlen_kv,
-                                      row_keys(p.mask, p.seqlen_kv));
+                                      row_keys(p.mask, p.seqlen_kv), causal);
     const bool use = why.empty() && (choice_ == EngineChoice::cudnn || slower.empty());
     if (!use && t.why_native.empty()) t.why_native = why.empty() ? slower : why;
     t.decided.emplace(key, use);

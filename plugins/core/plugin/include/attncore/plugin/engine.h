@@ -25,11 +25,11 @@ enum class EngineChoice : int32_t { native = 0, cudnn = 1, automatic = 2 };
 EngineChoice engine_choice(const std::string& name);
 const char* engine_choice_name(EngineChoice choice);
 // auto's choice for one call on a GPU of compute capability sm_major.x, whose rows reach at most
-// row_keys keys (a window's span; else seqlen_kv): "" where cuDNN measured the faster, else the
-// reason the native kernels serve it ("auto: the native backward measured faster or level for
-// head_dim 128, 8192 x 8192"), which the engine's result line carries.
+// row_keys keys (a window's span; else seqlen_kv), under a causal mask or not: "" where cuDNN
+// measured the faster, else the reason the native kernels serve it ("auto: the native backward
+// measured faster or level for head_dim 128, 8192 x 8192"), which the engine's result line carries.
 std::string native_measured_faster(bool forward, int sm_major, int32_t head_dim, int64_t seqlen_q, int64_t seqlen_kv,
-                                   int64_t row_keys);
+                                   int64_t row_keys, bool causal);
 // Why auto keeps a call of this dtype native whatever the speed ("" where it does not): FP8, since
 // cuDNN's Hopper FP8 graph writes O in FP8 (3-4% more relative error in O).
 std::string auto_keeps_fp8(DType dtype);
