@@ -183,6 +183,7 @@ class Allgather {
     gather_group(a, 0, gs, xs);
     std::vector<Engine::Event> gathered(groups), cleared(groups);
     std::vector<Calls> done(groups);
+    Engine::Event summed;  // the last group's partials home read (the incoming messages free)
     gathered[0] = engine_->record(gs);
     if (by_keys_) engine_->wait(gs, delta);  // (the next gathers send every group's)
     clear(0, xs);
@@ -209,7 +210,7 @@ class Allgather {
         done[g] = backward_pieces(a, g, whole_, compute);
       } else {  // the last group: the peers' keys first, their partials home under this rank's own
         wait_for(xs, backward_pieces(a, g, peers_, compute));
-        send_partials(partials(a, g), xs);
+        send_partials(partials(a, g), xs, gs, summed);
         done[g] = backward_pieces(a, g, own_, compute);
       }
       host_.range_end(range, compute);
@@ -221,12 +222,13 @@ class Allgather {
       const Partials home = partials(a, g);
       if (by_keys_) {
         wait_for(xs, peers_whole);
-        send_partials(home, xs);
+        send_partials(home, xs, gs, summed);
       }
       wait_for(xs, done[g]);
-      if (!by_keys_ && g + 1 < groups) send_partials(home, xs);
+      if (!by_keys_ && g + 1 < groups) send_partials(home, xs, gs, summed);
       if (!by_keys_) convert_dq(a, g, xs);  // this group's dQ is whole
       if (by_keys_ || world_ > 1) sum_home(home, xs);  // (by rows at world size 1 the calls wrote dK and dV)
+      summed = engine_->record(xs);
       if (g + 2 < groups) {  // the slot serves group g + 2
         clear(g + 2, xs);
         cleared[g + 2] = engine_->record(xs);
@@ -905,9 +907,15 @@ class Allgather {
   }
   // A group's partials to their owners, one message a peer (its tokens in its local order, a tensor
   // after the other; as they lie, only the parts this rank reaches or is reached by); sum_home then
-  // adds what came home into this rank's own and writes them in the problem dtype.
-  void send_partials(const Partials& h, void* stream) {
+  // adds what came home into this rank's own and writes them in the problem dtype. Blocks that move
+  // as they lie are received on `receives`, once `incoming_free` (the last group's sum) has read the
+  // messages: received on `stream`, they waited for this rank's own calls, which `stream` waits for
+  // before it sends, so the peer's came in only after them (docs/KERNELS.md, "Allgather: one call a
+  // query chunk"). `stream` waits for them before the sum.
+  void send_partials(const Partials& h, void* stream, void* receives, const Engine::Event& incoming_free) {
     if (world_ == 1) return;
+    if (!direct_) receives = stream;  // (a packed message is received where it is unpacked)
+    engine_->wait(receives, incoming_free);
     const size_t count = size_t(h.heads) * dim_, frow = count * 4, global_batch = seqlen_ * count;
     const size_t half = align_up(batch_ * local_ * frow);
     const std::string name = (h.count == 2 ? "dK dV home group " : "dQ home group ") + std::to_string(h.group);
@@ -936,10 +944,11 @@ class Allgather {
       for (int t = 0; t < h.count; ++t) {  // into the peer's message from this rank, as packing would lay them
         for (const attnhost_token_range& r : (*h.reach)[peer][rank_]) host_.send_block(partials(t, r), peer, stream);
         for (const attnhost_token_range& r : (*h.reach)[rank_][peer])
-          host_.recv_block(in_message(incoming(peer), t, r), peer, stream);
+          host_.recv_block(in_message(incoming(peer), t, r), peer, receives);
       }
     }
     host_.group_end();
+    if (receives != stream) engine_->wait(stream, engine_->record(receives));
     host_.range_end(range, stream);
   }
   void sum_home(const Partials& h, void* stream) {
