@@ -86,11 +86,11 @@ EngineChoice engine_choice(const std::string& name) {
 // H200, both writing the dtype (docs/KERNELS.md, "Which engine auto takes"). Forward: cuDNN at head
 // dims 64 and 256 (7-13%), and at 128 where a row reaches up to 4096 keys (6-13%), or up to 12288
 // under a causal mask (1-3%: 8192 x 8192, and 2048-4096 rows against 4096-12288 keys, the chunks of
-// a context-parallel rank); native from 16384 keys, and from 8192 without a mask. Backward: cuDNN at 64, 96 and 256 (5-23%), and at 128 where a row reaches up to 2048
-// keys (4%; native 1-8% ahead from 4096). A sliding window's rows reach its span, not the block:
-// 512-key windows at d128 ran 10% slower natively. Head dim 80 stays native both ways; other
-// architectures and blocks under 2048 x 2048 stay native until measured. Empty when cuDNN is the
-// faster; else why not.
+// a context-parallel rank); native from 16384 keys, and from 8192 without a mask. Backward: cuDNN
+// at 64, 96 and 256 (5-23%), and at 128 where a row reaches up to 2048 keys (4%; native 1-8% ahead
+// from 4096). A sliding window's rows reach its span, not the block: 512-key windows at d128 ran
+// 10% slower natively. Head dim 80 stays native both ways; other architectures and blocks under
+// 2048 x 2048 stay native until measured. Empty when cuDNN is the faster; else why not.
 std::string native_measured_faster(bool forward, int sm_major, int32_t head_dim, int64_t seqlen_q, int64_t seqlen_kv,
                                    int64_t row_keys, bool causal) {
   const std::string pass = forward ? "forward" : "backward";
@@ -100,8 +100,10 @@ std::string native_measured_faster(bool forward, int sm_major, int32_t head_dim,
   if (sm_major != 9 || seqlen_q < 2048 || seqlen_kv < 2048)
     return "auto: cuDNN not measured faster for sm_" + std::to_string(sm_major) + "x, " + shape;
   const int64_t keys = std::min(row_keys, seqlen_kv);
-  const bool faster = forward ? head_dim == 64 || head_dim == 256 || (head_dim == 128 && keys <= (causal ? 12288 : 4096))
-                              : head_dim == 64 || head_dim == 96 || head_dim == 256 || (head_dim == 128 && keys <= 2048);
+  const int64_t d128_keys = forward ? (causal ? 12288 : 4096) : 2048;  // the most at which cuDNN wins
+  const bool d128 = head_dim == 128 && keys <= d128_keys;
+  const bool faster = forward ? head_dim == 64 || head_dim == 256 || d128
+                              : head_dim == 64 || head_dim == 96 || head_dim == 256 || d128;
   if (faster) return "";
   return "auto: the native " + pass + " measured faster or level for " + shape;
 }
