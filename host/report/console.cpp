@@ -138,6 +138,7 @@ void print_case(std::ostream& out, const CaseResult& c) {
         for (double m : p.round_medians) medians += (medians.empty() ? "" : ", ") + fmt::ms(m);
         notes.push_back(at + pass_label(p.pass) + " medians by round: " + medians);
       }
+      if (const std::string spread = rank_spread(p); !spread.empty()) notes.push_back(at + pass_label(p.pass) + " " + spread);
       for (const KernelTime& k : p.kernels)
         notes.push_back(at + pass_label(p.pass) + " " + k.name + ": " + std::to_string(k.launches) + " x " +
                         fmt::ms(k.mean_ms) + " = " + fmt::percent(k.share));

@@ -68,6 +68,22 @@ double load_imbalance(const RunResult& r) {
   return static_cast<double>(r.max_rank_pairs) * r.world_size / r.total_pairs;
 }
 
+std::vector<double> rank_medians(const PassResult& p) {
+  std::vector<double> out;
+  for (const Stats& s : p.ranks) out.push_back(s.median);
+  return out;
+}
+
+std::string rank_spread(const PassResult& p) {
+  const std::vector<double> m = rank_medians(p);
+  if (m.size() < 2) return "";
+  const auto slowest = std::max_element(m.begin(), m.end());
+  if (*slowest - *std::min_element(m.begin(), m.end()) <= 0.02 * *slowest) return "";
+  std::string line = "medians by rank: ";
+  for (size_t r = 0; r < m.size(); ++r) line += (r ? ", " : "") + fmt::ms(m[r]);
+  return line + ", rank " + std::to_string(slowest - m.begin()) + " the slowest";
+}
+
 namespace {
 
 using Intervals = std::vector<std::pair<double, double>>;  // [begin, end), microseconds

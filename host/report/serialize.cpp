@@ -1,5 +1,7 @@
 #include "report/serialize.h"
 
+#include "report/derived.h"
+
 namespace attnhost::report {
 
 namespace {
@@ -104,7 +106,8 @@ json::Value run_json(const RunResult& r) {
     passes.push_back(json::Object{{"pass", p.pass}, {"time_ms", stats_json(p.time_ms)}, {"flops", p.flops},
                                   {"tflops_per_gpu", p.tflops_per_gpu}, {"tokens_per_s", p.tokens_per_s},
                                   {"speedup", p.speedup}, {"efficiency", p.efficiency}, {"kernels", kernels},
-                                  {"round_medians_ms", numbers(p.round_medians)}});
+                                  {"round_medians_ms", numbers(p.round_medians)},
+                                  {"rank_medians_ms", numbers(rank_medians(p))}});
   }
   json::Array tensors;
   for (const TensorCheck& t : r.check.tensors)
@@ -142,6 +145,8 @@ RunResult run_from(const json::Value& v) {
     pr.efficiency = p["efficiency"].number();
     if (const json::Value* rounds = p.find("round_medians_ms"))
       for (const json::Value& m : rounds->array()) pr.round_medians.push_back(m.number());
+    if (const json::Value* ranks = p.find("rank_medians_ms"))  // (the medians alone are kept)
+      for (const json::Value& m : ranks->array()) pr.ranks.push_back(Stats{.median = m.number()});
     for (const json::Value& k : p["kernels"].array())
       pr.kernels.push_back({k["name"].string(), k["launches"].integer(), k["total_ms"].number(), k["mean_ms"].number(),
                             k["share"].number()});

@@ -36,6 +36,9 @@ struct PassResult {
   double efficiency = 0;     // speedup / world size
   std::vector<KernelTime> kernels;
   std::vector<double> round_medians;  // timing.rounds > 1: each round's median, in the order run
+  // World size > 1: each rank's own pass times, rank 0 first: its stream's, from the start all ranks
+  // share (time_ms takes the slowest of them a sample). Which rank sets the pace, and by how much.
+  std::vector<Stats> ranks;
 };
 
 struct TensorCheck {

@@ -166,6 +166,8 @@ PassResult time_pass(RankState& state, Tracer& tracer, const std::string& pass) 
   }
   state.all_ok();
   std::vector<double> samples;
+  const int world = state.env.group.size(), rank = state.env.group.rank();
+  std::vector<std::vector<double>> by_rank(world > 1 ? world : 0);
   std::string stop_reason;
   auto t0 = std::chrono::steady_clock::now();
   const int fixed = t.method == "simple" ? 1 : t.timing_runs;
@@ -174,10 +176,14 @@ PassResult time_pass(RankState& state, Tracer& tracer, const std::string& pass) 
     double ms = sample(state, work);
     note_bytes();
     double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    // Every rank decides on the same numbers.
-    std::vector<double> m = state.env.group.max({ms, elapsed, state.failure ? 1.0 : 0.0});
+    // Every rank decides on the same numbers; its own time rides along in a slot of its own.
+    std::vector<double> mine = {ms, elapsed, state.failure ? 1.0 : 0.0};
+    mine.resize(3 + by_rank.size(), 0.0);
+    if (!by_rank.empty()) mine[3 + rank] = ms;
+    std::vector<double> m = state.env.group.max(mine);
     if (m[2] > 0) state.raise();
     samples.push_back(m[0]);
+    for (size_t r = 0; r < by_rank.size(); ++r) by_rank[r].push_back(m[3 + r]);
     if (t.method != "adaptive") {
       if (static_cast<int>(samples.size()) >= fixed) { stop_reason = std::to_string(fixed) + " runs"; break; }
       continue;
@@ -201,6 +207,7 @@ PassResult time_pass(RankState& state, Tracer& tracer, const std::string& pass) 
   r.pass = pass;
   r.time_ms = summarize(samples);
   r.time_ms.stop_reason = stop_reason;
+  for (std::vector<double>& own : by_rank) r.ranks.push_back(summarize(std::move(own)));
   if (t.method == "profiler") r.kernels = profile(state, tracer, work);
   return r;
 }

@@ -135,6 +135,11 @@ void pool(RunResult& into, RunResult&& round) {
     samples.insert(samples.end(), more->time_ms.samples.begin(), more->time_ms.samples.end());
     const double before = p.time_ms.median;
     p.time_ms = summarize(std::move(samples));
+    for (size_t r = 0; r < p.ranks.size() && r < more->ranks.size(); ++r) {
+      std::vector<double> own = p.ranks[r].samples;
+      own.insert(own.end(), more->ranks[r].samples.begin(), more->ranks[r].samples.end());
+      p.ranks[r] = summarize(std::move(own));
+    }
     p.time_ms.stop_reason = std::to_string(p.round_medians.size()) + " rounds pooled";
     if (p.time_ms.median > 0) {
       p.tflops_per_gpu *= before / p.time_ms.median;

@@ -170,6 +170,14 @@ TEST_CASE("rounds time the world sizes in turn and pool each pass's samples, che
       CHECK(p.time_ms.median >= *std::min_element(p.round_medians.begin(), p.round_medians.end()));
       CHECK(p.time_ms.median <= *std::max_element(p.round_medians.begin(), p.round_medians.end()));
       CHECK(p.tflops_per_gpu == doctest::Approx(p.flops / (p.time_ms.median * 1e-3) / 1e12 / run.world_size));
+      // Each rank's own times, pooled alike; a sample is the slowest rank's, so no rank's exceeds it.
+      REQUIRE(p.ranks.size() == (run.world_size > 1 ? size_t(run.world_size) : 0));
+      for (const Stats& own : p.ranks) {
+        CHECK(own.count == 6);
+        for (size_t i = 0; i < own.samples.size(); ++i) CHECK(own.samples[i] <= p.time_ms.samples[i]);
+      }
+      if (!p.ranks.empty())
+        CHECK(std::max(p.ranks[0].max, p.ranks[1].max) == doctest::Approx(p.time_ms.max));
     }
   }
   CHECK(r.runs[1].passes[0].speedup == doctest::Approx(r.runs[0].passes[0].time_ms.median / r.runs[1].passes[0].time_ms.median));

@@ -82,6 +82,20 @@ TEST_CASE("result set: rounds and each round's median come back from results.jso
   CHECK(back.runs[0].passes[0].round_medians == std::vector<double>{1.125, 1.625});
 }
 
+// A world's pass time is its slowest rank's: each rank's own median comes back from results.json,
+// and the console names the slowest rank where they differ by more than 2%.
+TEST_CASE("result set: each rank's median comes back from results.json, and a spread over 2% is named") {
+  RunResult two = made_run(2, {timed_pass("bwd", {2.0, 2.1})});
+  two.passes[0].ranks = {summarize({1.9, 2.0}), summarize({2.0, 2.1})};
+  CaseResult c = made_case("ring/g/seqlen=128", 128, {two});
+  const CaseResult back = case_from_json(to_json(c));
+  CHECK(rank_medians(back.runs[0].passes[0]) == std::vector<double>{1.95, 2.05});
+  CHECK(rank_spread(back.runs[0].passes[0]) == "medians by rank: 1.950 ms, 2.050 ms, rank 1 the slowest");
+  two.passes[0].ranks = {summarize({2.0, 2.05}), summarize({2.0, 2.1})};
+  CHECK(rank_spread(two.passes[0]).empty());  // 2.025 against 2.05: within 2%
+  CHECK(rank_spread(made_run(1, {timed_pass("bwd", {2.0})}).passes[0]).empty());
+}
+
 TEST_CASE("result set: a journal cut short by a kill keeps every whole line") {
   fs::path dir = temp_dir("journal");
   ResultSet r = sample_set();
