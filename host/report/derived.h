@@ -27,7 +27,7 @@ uint64_t max_peak_bytes(const RunResult& r);
 uint64_t max_sent_bytes(const std::vector<uint64_t>& per_rank);
 double load_imbalance(const RunResult& r);   // busiest rank's pairs over the mean; 0 unknown
 std::vector<double> rank_medians(const PassResult& p);  // each rank's own median, rank 0 first
-// "medians by rank: 21.600, 21.950 ms, rank 1 the slowest" where the ranks' medians differ by more
+// "medians by rank: 21.600 ms, 21.950 ms, rank 1 the slowest" where the ranks' medians differ by more
 // than 2% of the slowest's, else empty: one rank setting a pass's pace, by its share or its GPU.
 std::string rank_spread(const PassResult& p);
 

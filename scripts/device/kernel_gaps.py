@@ -44,8 +44,7 @@ def passes(records, count):
     bounds = {}  # per GPU, the (flush end, next flush start) of each sample
     for device in devices:
         flushes = [r for r in records if r[3] == device and r[2] == "S" and r[5] == FLUSH_BYTES]
-        ends = [f[1] for f in flushes]
-        bounds[device] = list(zip(ends, [f[0] for f in flushes[1:]] + [float("inf")]))
+        bounds[device] = list(zip([f[1] for f in flushes], [f[0] for f in flushes[1:]] + [float("inf")]))
     n = min(len(b) for b in bounds.values())
     if n == 0:
         sys.exit(f"no L2 flush ({FLUSH_BYTES}-byte memset) on some GPU")
