@@ -181,11 +181,25 @@ TEST_CASE("rounds time the world sizes in turn and pool each pass's samples, che
     }
   }
   CHECK(r.runs[1].passes[0].speedup == doctest::Approx(r.runs[0].passes[0].time_ms.median / r.runs[1].passes[0].time_ms.median));
-  // A round that fails replaces the pooled record with its own, which says why.
+  // A round that fails replaces the pooled record with its own, which says why: in the first
+  // round (the check), and in a later one after a first that passed.
   suite::Case wrong = faulty("rank1_o", {2});
   wrong.timing.rounds = 2;
   wrong.check.enabled = true;
   CHECK(run(wrong).runs[0].status == "FAILED");
+  suite::Case later = faulty("later_world_error", {2});
+  later.timing = c.timing;
+  later.timing.rounds = 2;
+  std::vector<std::string> lines;
+  RunnerOptions lo;
+  lo.progress = [&](const std::string& line) { lines.push_back(line); };
+  const CaseResult failed = run_case(later, registry().find(later.plugin), *backend, lo);
+  REQUIRE(lines.size() == 2);
+  CHECK(lines[0].find("round 1/2: PASSED") != std::string::npos);
+  REQUIRE(failed.runs.size() == 1);
+  CHECK(failed.runs[0].status == "ERROR");
+  CHECK(failed.runs[0].error == "rank 0: fwd: planted forward error in a later world");
+  CHECK(failed.runs[0].passes.empty());
 }
 
 TEST_CASE("a fault only on rank 1 passes alone and is caught with two ranks") {

@@ -6,6 +6,7 @@
 
 #include <attnhost/plugin.hpp>
 
+#include <atomic>
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
@@ -23,7 +24,7 @@ class Faulty {
         {ATTNHOST_STRUCT_SIZE(attnhost_param_spec, choices), "fault", ATTNHOST_PARAM_STRING, "\"none\"",
          "the planted fault",
          "none|o_element|dk_element|rank1_o|forward_error|backward_error|alloc_huge|segfault|abort|hang|refuse|"
-         "ignore_fp8_descale|wrong_amax"},
+         "ignore_fp8_descale|wrong_amax|later_world_error"},
     };
     static const attnhost_plugin_info info = {
         ATTNHOST_STRUCT_SIZE(attnhost_plugin_info, params), "faulty", "1.0.0",
@@ -43,6 +44,10 @@ class Faulty {
 
   Faulty(const attnhost::Problem& p, attnhost::Host host) : problem_(p), host_(host), fault_(p.get_string("fault")) {
     const attnhost_problem& r = p.raw();
+    // later_world_error: the forward fails in every world after the first this process makes with
+    // that fault (a timing's later round). Each rank counts its own instances.
+    static std::atomic<int> worlds_made[64];
+    if (fault_ == "later_world_error") later_world_ = worlds_made[r.rank % 64]++ > 0;
     auto chunk = [&](int64_t n) { return (n + r.world_size - 1) / r.world_size; };
     g_ = {r.batch, r.seqlen_q, r.seqlen_kv, r.heads_q, r.heads_kv, r.head_dim, r.causal, r.window_left,
           r.window_right, static_cast<float>(r.softmax_scale), r.world_size, r.rank, chunk(r.seqlen_q),
@@ -76,6 +81,7 @@ class Faulty {
 
   void forward(const attnhost_forward_args& a) {
     if (fault_ == "forward_error") fail(ATTNHOST_ERR_INTERNAL, "planted forward error");
+    if (later_world_) fail(ATTNHOST_ERR_INTERNAL, "planted forward error in a later world");
     if (fault_ == "alloc_huge") attnhost::HostBuffer huge(host_, size_t{1} << 50);  // 1 PiB
     if (fault_ == "segfault") std::raise(SIGSEGV);
     if (fault_ == "abort") std::abort();
@@ -151,6 +157,7 @@ class Faulty {
   attnhost::Problem problem_;
   attnhost::Host host_;
   std::string fault_;
+  bool later_world_ = false;  // later_world_error, in a world after the first
   naive::Geometry g_{};
   attnhost::Layout layout_;
   attnhost::HostBuffer k_, v_, dk_, dv_, dk_sum_, dv_sum_;
