@@ -315,6 +315,28 @@ TEST_CASE("bytes sent: a window sends only the keys it reaches, and their gradie
   }
 }
 
+TEST_CASE("bytes sent: a window's backward after its forward on two ranks sends no K/V, the forward's hop kept") {
+  // As above in one batch slice: the forward's hop (rank 0's last 16 keys to rank 1) is the
+  // backward's, in the same receive buffer, so the backward moves only the gradients home. In two
+  // slices the backward's first slice is not the block the forward received last: it is sent again.
+  const uint64_t columns = 2ull * 16 * 2 * 16;  // B x 16 tokens x Hkv x D, per tensor
+  auto ring = dense_case("ring", {2}, 256, 4, 2, 16, true);
+  ring.problem.window_left = 16;
+  ring.params["head_slices"] = int64_t{1};
+  std::map<int64_t, attnhost::RunResult> runs = test::runs_by(ring, "batch_slices", {1, 2});
+  for (int64_t slices : {1, 2}) {
+    INFO("batch slices ", slices);
+    const attnhost::RunResult& r = runs[slices];
+    CHECK(r.sent_bytes_fwd[0] == 2 * columns * 2);
+    CHECK(r.sent_bytes_bwd[0] == (slices == 1 ? 0 : 2 * columns * 2));
+    CHECK(r.sent_bytes_bwd[1] == 2 * columns * 4);
+  }
+  for (const char* tensor : {"dQ", "dK", "dV"}) {
+    INFO(std::string(tensor));
+    CHECK(test::error_of(runs[1], tensor) == test::error_of(runs[2], tensor));
+  }
+}
+
 TEST_CASE("bytes sent: two ranks over batch slices take their own block last, so only shares go home, in fp32") {
   // Zigzag, 128 tokens (chunks of 32), B=2, 2 kv heads, D=16. In one slice the gradients travel:
   // each rank's own block's go out in fp32 and come back summed in bf16. In two, a rank sends what it

@@ -309,6 +309,7 @@ void RingAttention::forward(const attnhost_forward_args& a) {
   const Engine::Event begun = engine_->record(host_.stream(0));  // the inputs, and the last pass done
   forward(a, 0, s_.batch);
   prefetched_ = prefetch_backward_kv(a, begun);
+  if (!prefetched_.made) prefetched_ = forward_hop_kept(a);
   engine_->wait(host_.stream(0), prefetched_.arrived);  // the pass ends with its last transfer
   report_amax(*engine_, s_, a, host_.stream(0));
 }
@@ -329,6 +330,16 @@ RingAttention::Prefetch RingAttention::prefetch_backward_kv(const attnhost_forwa
   const KV mine{from_entry(a.k, first.b0, first.shape.batch).data, from_entry(a.v, first.b0, first.shape.batch).data};
   pass_kv(first.shape, mine, into, 0, comm);
   return {true, a.k, a.v, engine_->record(comm)};
+}
+
+RingAttention::Prefetch RingAttention::forward_hop_kept(const attnhost_forward_args& a) {
+  if (world_ != 2 || s_.carried_columns < 0) return {};
+  const std::vector<Slice> fwd = slices(forward_s_, 0, s_.batch), bwd = slices(s_, 0, s_.batch);
+  if (fwd.size() != 1 || bwd.size() != 1 || fwd[0].packed || bwd[0].packed) return {};
+  const KV f = work_.forward().receive[1], b = work_.backward().receive[1];
+  if (f.k != b.k || f.v != b.v || block_bytes(fwd[0].shape) != block_bytes(bwd[0].shape)) return {};
+  // The compute stream waited for the hop before the forward's last step.
+  return {true, a.k, a.v, engine_->record(host_.stream(0))};
 }
 
 void RingAttention::forward(const attnhost_forward_args& a, int32_t b0, int32_t count) {
@@ -396,7 +407,8 @@ void RingAttention::backward(const attnhost_backward_args& a) {
     const Engine::Event inputs = engine_->record(host_.stream(0));
     engine_->wait(host_.stream(0), backward_own_last(a, list, inputs, sent));
   } else {
-    engine_->wait(host_.stream(0), backward(a, 0, s_.batch));
+    // (own_last and gradients home exclude each other: a kept hop is forward_hop_kept's.)
+    engine_->wait(host_.stream(0), backward_entries(a, 0, s_.batch, same_kv ? sent : Prefetch{}));
   }
   report_amax(*engine_, s_, a, host_.stream(0));  // every output is home on the compute stream by now
 }
@@ -427,6 +439,11 @@ Engine::Event RingAttention::prepare(const attnhost_backward_args& whole, const 
 // "Filling the last wave"). A slice of packed heads keeps both on the compute stream, between its
 // pack and unpack.
 Engine::Event RingAttention::backward(const attnhost_backward_args& a, int32_t b0, int32_t count) {
+  return backward_entries(a, b0, count, Prefetch{});
+}
+
+Engine::Event RingAttention::backward_entries(const attnhost_backward_args& a, int32_t b0, int32_t count,
+                                              const Prefetch& kept) {
   plan_reach();
   void* compute = host_.stream(0);
   const std::vector<Slice> list = slices(s_, b0, count);
@@ -449,7 +466,7 @@ Engine::Event RingAttention::backward(const attnhost_backward_args& a, int32_t b
                                  {&x.dv, p.dv, Kind::kv, false}};
       pack(slice, swaps, compute);
       compute_local_delta(slice.shape, *engine_, x, rows.delta, rows.dq, compute);
-      backward_slice(slice.shape, x, true, rows, nullptr);  // (dK and dV must be home: they are unpacked next)
+      backward_slice(slice.shape, x, true, rows, nullptr, {});  // (dK and dV must be home: they are unpacked next)
       convert_out(slice.shape, *engine_, rows.dq, x.dq.data, false, compute);
       unpack(slice, swaps, compute);
       continue;
@@ -458,7 +475,7 @@ Engine::Event RingAttention::backward(const attnhost_backward_args& a, int32_t b
     const Engine::Event ready = ahead_made ? ahead : prepare(a, slice, rows, inputs);
     ahead_made = sets == 2 && i + 1 < list.size();  // the next slice's, under this slice's steps
     if (ahead_made) ahead = prepare(a, list[i + 1], work_.backward().rows[(i + 1) % sets], inputs);
-    backward_slice(slice.shape, x, slice.last, rows, ready);
+    backward_slice(slice.shape, x, slice.last, rows, ready, i == 0 ? kept : Prefetch{});
     engine_->wait(fill_, engine_->record(compute));
     convert_out(slice.shape, *engine_, rows.dq, x.dq.data, false, fill_);
   }
@@ -640,8 +657,8 @@ Engine::Event RingAttention::backward_own_last(const attnhost_backward_args& a, 
 }
 
 void RingAttention::backward_slice(const RingShape& s, const attnhost_backward_args& a, bool last,
-                                   const RowBuffers& rows, const Engine::Event& prologue) {
-  if (s.carried_columns >= 0 && world_ > 1) return backward_home(s, a, rows, prologue);
+                                   const RowBuffers& rows, const Engine::Event& prologue, const Prefetch& kept) {
+  if (s.carried_columns >= 0 && world_ > 1) return backward_home(s, a, rows, prologue, kept);
   void* compute = host_.stream(0);
   void* comm = overlap_ ? host_.stream(1) : compute;
   const size_t kv_elems = local_sizes(s).kv;
@@ -751,7 +768,7 @@ void RingAttention::backward_slice(const RingShape& s, const attnhost_backward_a
 }
 
 void RingAttention::backward_home(const RingShape& s, const attnhost_backward_args& a, const RowBuffers& rows,
-                                  const Engine::Event& prologue) {
+                                  const Engine::Event& prologue, const Prefetch& kept_hop) {
   void* compute = host_.stream(0);
   void* comm = overlap_ ? host_.stream(1) : compute;
   const int64_t token = int64_t{s.heads_kv} * s.head_dim;
@@ -765,6 +782,15 @@ void RingAttention::backward_home(const RingShape& s, const attnhost_backward_ar
   const Interval mine = carried(1, rank_), kept = kept_columns(own, mine);
   if (kept.size() > s.kept_columns)
     attnhost::fail(ATTNHOST_ERR_INTERNAL, "schedule: a rank keeps more columns than its shape was sized for");
+  // Where one member's share is all that arrives (a window reaches one block back) and the own block
+  // is one call, the kept columns need no fp32 sum: the call's piece over them runs last and adds the
+  // share as it writes them (BackwardParams::dk_add), so no clearing, adds or rounding pass; the bulk
+  // runs before it, under the share's way home (docs/KERNELS.md, "Windows: only the keys a window
+  // reaches").
+  int sharing = 0, share_step = 0;
+  for (int step = 1; step < world_; ++step)
+    if (reached(step, rank_).size() > 0) ++sharing, share_step = step;
+  const bool add_as_written = sharing == 1 && own.size() == 1 && dense(own[0]) && kept.lo == mine.lo && kept.hi == mine.hi;
   // The sums of the kept columns; what this rank computes of another's block, two pairs alternating
   // with their messages; what arrives of its own (layout).
   const KV sum = w.kept, computed[2] = {w.grads[0], w.grads[1]}, arriving = w.grads[2];
@@ -783,7 +809,8 @@ void RingAttention::backward_home(const RingShape& s, const attnhost_backward_ar
     engine_->backward(p, compute);
     host_.range_end(range, compute);
   };
-  // The own block's calls cut at kept's ends: the pieces inside add into `sum`, the others write.
+  // The own block's calls cut at kept's ends: the pieces inside add into `sum` (or write, adding the
+  // share that came home), the others write.
   // (Cutting the others in two, half under the first hop, half under the last gradients home, was
   // slower: docs/KERNELS.md, "Windows: only the keys a window reaches".)
   const auto own_pieces = [&](bool inside) {
@@ -804,7 +831,14 @@ void RingAttention::backward_home(const RingShape& s, const attnhost_backward_ar
         piece.kv_end = cuts[k + 1];
         piece.kv_pos0 = c.kv_pos0 + (piece.kv_begin - c.kv_begin);
         run(piece, mine_kv, 0, [&](BackwardParams& p) {
-          if (inside) {
+          if (inside && add_as_written) {
+            const Interval in = reached(share_step, rank_);
+            write_dkdv_into(p, s, piece, a);
+            p.dk_add = compact(arriving.k, mine, piece.kv_begin);
+            p.dv_add = compact(arriving.v, mine, piece.kv_begin);
+            p.add_begin = std::max(in.lo, piece.kv_begin) - piece.kv_begin;
+            p.add_end = std::min(in.hi, piece.kv_end) - piece.kv_begin;
+          } else if (inside) {
             p.dk = compact(sum.k, kept, piece.kv_begin);
             p.dv = compact(sum.v, kept, piece.kv_begin);
           } else {
@@ -815,15 +849,19 @@ void RingAttention::backward_home(const RingShape& s, const attnhost_backward_ar
     }
   };
 
-  engine_->wait(comm, compute);  // the inputs are ready
-  bool passed = pass_kv(s, {a.k.data, a.v.data}, w.receive[1], 0, comm);  // under delta and the first own pieces
-  Engine::Event kv_ready = engine_->record(comm);
+  bool passed = kept_hop.made;
+  Engine::Event kv_ready = kept_hop.arrived;
+  if (!kept_hop.made) {
+    engine_->wait(comm, compute);  // the inputs are ready
+    passed = pass_kv(s, {a.k.data, a.v.data}, w.receive[1], 0, comm);  // under delta and the first own pieces
+    kv_ready = engine_->record(comm);
+  }
   engine_->wait(compute, prologue);
-  if (kept.size() > 0) {
+  if (kept.size() > 0 && !add_as_written) {
     engine_->zero(sum.k, size_t(s.batch) * kept.size() * token * 4, compute);
     engine_->zero(sum.v, size_t(s.batch) * kept.size() * token * 4, compute);
+    own_pieces(true);  // under the first hop
   }
-  own_pieces(true);  // under the first hop
 
   Engine::Event sent[2];  // computed[i] has gone home
   for (int step = 1; step < world_; ++step) {
@@ -872,7 +910,7 @@ void RingAttention::backward_home(const RingShape& s, const attnhost_backward_ar
     host_.group_end();
     sent[step % 2] = engine_->record(comm);
     for (auto [total, share] : {std::pair{sum.k, arriving.k}, std::pair{sum.v, arriving.v}})
-      for (int32_t b = 0; b < s.batch && in.size() > 0; ++b)
+      for (int32_t b = 0; b < s.batch && in.size() > 0 && !add_as_written; ++b)
         engine_->add(static_cast<float*>(total) + (b * kept.size() + in.lo - kept.lo) * token,
                      static_cast<const float*>(share) + (b * mine.size() + in.lo - mine.lo) * token,
                      in.size() * token, comm);
@@ -880,6 +918,7 @@ void RingAttention::backward_home(const RingShape& s, const attnhost_backward_ar
   }
   own_pieces(false);  // the bulk, under the last gradients home
   engine_->wait(compute, comm);  // every share of this rank's block is in
+  if (add_as_written) return own_pieces(true);
   if (kept.size() > 0)
     for (auto [total, out] : {std::pair{sum.k, a.dk.data}, std::pair{sum.v, a.dv.data}}) {
       if (s.kv_grads_fp32) {

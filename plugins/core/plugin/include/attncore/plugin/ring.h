@@ -266,8 +266,10 @@ class RingAttention {
   // step; the last one waits for it.
   void forward_slice(const RingShape& s, const attnhost_forward_args& a);
   // `prologue`: where its delta and zeroed dQ are ready (null: made on the compute stream already).
+  // `kept`: the forward's hop, where it is this slice's first (forward_hop_kept).
+  struct Prefetch;
   void backward_slice(const RingShape& s, const attnhost_backward_args& a, bool last, const RowBuffers& rows,
-                      const Engine::Event& prologue);
+                      const Engine::Event& prologue, const Prefetch& kept);
   // A backward slice's prologue, its delta and zeroed fp32 dQ in `rows`, made on the fill stream
   // once `inputs` are there; returns where it is done. `whole` holds the whole batch.
   Engine::Event prepare(const attnhost_backward_args& whole, const Slice& slice, const RowBuffers& rows,
@@ -296,13 +298,19 @@ class RingAttention {
     Engine::Event arrived;     // on the communication stream
   };
   Prefetch prefetch_backward_kv(const attnhost_forward_args& a, const Engine::Event& begun);
+  // Where the gradients go home (carried_columns set), two members and one slice each pass: the
+  // forward's one hop (the columns of the block before that a window reaches) is the backward's first,
+  // into the same receive buffer, which nothing between the two passes writes. Kept, the backward
+  // makes no hop before its first remote call (the same contract as prefetch_backward_kv's).
+  Prefetch forward_hop_kept(const attnhost_forward_args& a);
+  Engine::Event backward_entries(const attnhost_backward_args& a, int32_t b0, int32_t count, const Prefetch& kept);
   // The backward over slices `list` with each rank's own block last (RingShape::own_last); returns
   // where dQ is written on the fill stream. `sent`: slice 0's block, if the forward sent it.
   Engine::Event backward_own_last(const attnhost_backward_args& a, const std::vector<Slice>& list,
                                   const Engine::Event& inputs, const Prefetch& sent);
   // The backward where the gradients go home from every step (RingShape::carried_columns set).
   void backward_home(const RingShape& s, const attnhost_backward_args& a, const RowBuffers& rows,
-                     const Engine::Event& prologue);
+                     const Engine::Event& prologue, const Prefetch& kept);
 
   RingShape s_;
   RingShape forward_s_;  // s_ at the forward's batch slices (forward_shape)
