@@ -782,15 +782,21 @@ void RingAttention::backward_home(const RingShape& s, const attnhost_backward_ar
   const Interval mine = carried(1, rank_), kept = kept_columns(own, mine);
   if (kept.size() > s.kept_columns)
     attnhost::fail(ATTNHOST_ERR_INTERNAL, "schedule: a rank keeps more columns than its shape was sized for");
-  // Where one member's share is all that arrives (a window reaches one block back) and the own block
-  // is one call, the kept columns need no fp32 sum: the call's piece over them runs last and adds the
-  // share as it writes them (BackwardParams::dk_add), so no clearing, adds or rounding pass; the bulk
-  // runs before it, under the share's way home (docs/KERNELS.md, "Windows: only the keys a window
-  // reaches").
+  // Where one member's share is all that arrives (a window reaches one block back) and each column of
+  // the own block has one call (zigzag's two chunks: two), the kept columns need no fp32 sum: each
+  // call's piece over them runs last and adds the share as it writes them (BackwardParams::dk_add), so
+  // no clearing, adds or rounding pass; the bulk runs before, under the share's way home
+  // (docs/KERNELS.md, "Windows: only the keys a window reaches").
   int sharing = 0, share_step = 0;
   for (int step = 1; step < world_; ++step)
     if (reached(step, rank_).size() > 0) ++sharing, share_step = step;
-  const bool add_as_written = sharing == 1 && own.size() == 1 && dense(own[0]) && kept.lo == mine.lo && kept.hi == mine.hi;
+  bool one_call_a_column = true;
+  for (size_t i = 0; i < own.size(); ++i) {
+    one_call_a_column = one_call_a_column && dense(own[i]);
+    for (size_t j = i + 1; j < own.size(); ++j)
+      one_call_a_column = one_call_a_column && (own[i].kv_end <= own[j].kv_begin || own[j].kv_end <= own[i].kv_begin);
+  }
+  const bool add_as_written = sharing == 1 && one_call_a_column && kept.lo == mine.lo && kept.hi == mine.hi;
   // The sums of the kept columns; what this rank computes of another's block, two pairs alternating
   // with their messages; what arrives of its own (layout).
   const KV sum = w.kept, computed[2] = {w.grads[0], w.grads[1]}, arriving = w.grads[2];
