@@ -139,6 +139,7 @@ void print_case(std::ostream& out, const CaseResult& c) {
         notes.push_back(at + pass_label(p.pass) + " medians by round: " + medians);
       }
       if (const std::string spread = rank_spread(p); !spread.empty()) notes.push_back(at + pass_label(p.pass) + " " + spread);
+      if (const std::string boards = board_readings(p); !boards.empty()) notes.push_back(at + pass_label(p.pass) + " " + boards);
       for (const KernelTime& k : p.kernels)
         notes.push_back(at + pass_label(p.pass) + " " + k.name + ": " + std::to_string(k.launches) + " x " +
                         fmt::ms(k.mean_ms) + " = " + fmt::percent(k.share));

@@ -3,6 +3,7 @@
 #include "report/format.h"
 
 #include <algorithm>
+#include <cmath>
 #include <utility>
 
 namespace attnhost::report {
@@ -68,10 +69,21 @@ double load_imbalance(const RunResult& r) {
   return static_cast<double>(r.max_rank_pairs) * r.world_size / r.total_pairs;
 }
 
-std::vector<double> rank_medians(const PassResult& p) {
+std::vector<double> medians(const std::vector<Stats>& per_rank) {
   std::vector<double> out;
-  for (const Stats& s : p.ranks) out.push_back(s.median);
+  for (const Stats& s : per_rank) out.push_back(s.median);
   return out;
+}
+
+std::vector<double> rank_medians(const PassResult& p) { return medians(p.ranks); }
+
+std::string board_readings(const PassResult& p) {
+  if (p.sm_clock_mhz.empty() || p.power_w.size() != p.sm_clock_mhz.size()) return "";
+  std::string line = p.sm_clock_mhz.size() == 1 ? "board: " : "boards by rank: ";
+  for (size_t r = 0; r < p.sm_clock_mhz.size(); ++r)
+    line += (r ? ", " : "") + std::to_string(std::lround(p.sm_clock_mhz[r].median)) + " MHz " +
+            std::to_string(std::lround(p.power_w[r].median)) + " W";
+  return line;
 }
 
 std::string rank_spread(const PassResult& p) {

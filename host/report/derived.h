@@ -30,6 +30,10 @@ std::vector<double> rank_medians(const PassResult& p);  // each rank's own media
 // "medians by rank: 21.600 ms, 21.950 ms, rank 1 the slowest" where the ranks' medians differ by more
 // than 2% of the slowest's, else empty: one rank setting a pass's pace, by its share or its GPU.
 std::string rank_spread(const PassResult& p);
+std::vector<double> medians(const std::vector<Stats>& per_rank);  // rank 0 first
+// "boards by rank: 1620 MHz 654 W, 1668 MHz 657 W" ("board: ..." for one rank): the median SM clock
+// and power each rank's GPU reported after the samples; empty where none was read.
+std::string board_readings(const PassResult& p);
 
 // The traced iteration's communication in one host range ("forward" or "backward") on the rank
 // where most of it is exposed: the time some communication range is open, and the part of it that

@@ -107,7 +107,9 @@ json::Value run_json(const RunResult& r) {
                                   {"tflops_per_gpu", p.tflops_per_gpu}, {"tokens_per_s", p.tokens_per_s},
                                   {"speedup", p.speedup}, {"efficiency", p.efficiency}, {"kernels", kernels},
                                   {"round_medians_ms", numbers(p.round_medians)},
-                                  {"rank_medians_ms", numbers(rank_medians(p))}});
+                                  {"rank_medians_ms", numbers(rank_medians(p))},
+                                  {"rank_sm_clock_mhz", numbers(medians(p.sm_clock_mhz))},
+                                  {"rank_power_w", numbers(medians(p.power_w))}});
   }
   json::Array tensors;
   for (const TensorCheck& t : r.check.tensors)
@@ -145,8 +147,11 @@ RunResult run_from(const json::Value& v) {
     pr.efficiency = p["efficiency"].number();
     if (const json::Value* rounds = p.find("round_medians_ms"))
       for (const json::Value& m : rounds->array()) pr.round_medians.push_back(m.number());
-    if (const json::Value* ranks = p.find("rank_medians_ms"))  // (the medians alone are kept)
-      for (const json::Value& m : ranks->array()) pr.ranks.push_back(Stats{.median = m.number()});
+    // (Of each rank's times and board readings the medians alone are kept.)
+    for (auto [key, into] : {std::pair{"rank_medians_ms", &pr.ranks}, std::pair{"rank_sm_clock_mhz", &pr.sm_clock_mhz},
+                             std::pair{"rank_power_w", &pr.power_w}})
+      if (const json::Value* ranks = p.find(key))
+        for (const json::Value& m : ranks->array()) into->push_back(Stats{.median = m.number()});
     for (const json::Value& k : p["kernels"].array())
       pr.kernels.push_back({k["name"].string(), k["launches"].integer(), k["total_ms"].number(), k["mean_ms"].number(),
                             k["share"].number()});

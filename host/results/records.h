@@ -39,6 +39,9 @@ struct PassResult {
   // World size > 1: each rank's own pass times, rank 0 first: its stream's, from the start all ranks
   // share (time_ms takes the slowest of them a sample). Which rank sets the pace, and by how much.
   std::vector<Stats> ranks;
+  // Each rank's GPU board read after each sample (Device::read_board), rank 0 first, at every world
+  // size: its SM clock in MHz and its power draw in W. Empty where a board was not read (the CPU).
+  std::vector<Stats> sm_clock_mhz, power_w;
 };
 
 struct TensorCheck {

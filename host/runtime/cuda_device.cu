@@ -92,7 +92,7 @@ int grid_for(size_t n) { return static_cast<int>(std::min<size_t>((n + kThreads 
 
 class CudaDevice final : public Device {
  public:
-  explicit CudaDevice(int ordinal) : ordinal_(ordinal) {
+  explicit CudaDevice(int ordinal) : ordinal_(ordinal), board_(ordinal) {
     check_cuda(cudaSetDevice(ordinal), "cudaSetDevice");
     cudaDeviceProp prop{};
     check_cuda(cudaGetDeviceProperties(&prop, ordinal), "cudaGetDeviceProperties");
@@ -140,6 +140,7 @@ class CudaDevice final : public Device {
     check_cuda(cudaGetLastError(), "kernel launch");
   }
   std::unique_ptr<Marker> marker() override { return std::make_unique<CudaMarker>(); }
+  std::optional<GpuReading> read_board() const override { return board_.read(); }
 
   void flush_l2() override {
     // Writing twice L2's size evicts whatever the last sample left there (not accounted: it is
@@ -214,6 +215,7 @@ class CudaDevice final : public Device {
 
  private:
   int ordinal_;
+  GpuBoard board_;
   std::string name_;
   size_t l2_bytes_ = 0;
   cudaStream_t streams_[4]{};

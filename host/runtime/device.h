@@ -4,12 +4,14 @@
 #pragma once
 
 #include "runtime/data.h"
+#include "runtime/gpu_board.h"
 
 #include <attnhost/plugin.h>
 
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -86,6 +88,8 @@ class Device {
   virtual void synchronize() = 0;      // waits for every stream
   virtual std::unique_ptr<Marker> marker() = 0;
   virtual void flush_l2() = 0;         // evicts caches between timed samples
+  // The board's SM clock and power now (gpu_board.h); nullopt on the CPU or without NVML.
+  virtual std::optional<GpuReading> read_board() const { return std::nullopt; }
 
   // Host kernels: fill a local tensor with generated data (padding slots get zero); fill it with
   // NaN so unwritten results show; count non-finite elements of real tokens (NaN, +/-inf; with

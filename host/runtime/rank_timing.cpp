@@ -167,7 +167,7 @@ PassResult time_pass(RankState& state, Tracer& tracer, const std::string& pass) 
   state.all_ok();
   std::vector<double> samples;
   const int world = state.env.group.size(), rank = state.env.group.rank();
-  std::vector<std::vector<double>> by_rank(world > 1 ? world : 0);
+  std::vector<std::vector<double>> by_rank(world > 1 ? world : 0), clock(world), power(world);
   std::string stop_reason;
   auto t0 = std::chrono::steady_clock::now();
   const int fixed = t.method == "simple" ? 1 : t.timing_runs;
@@ -176,14 +176,26 @@ PassResult time_pass(RankState& state, Tracer& tracer, const std::string& pass) 
     double ms = sample(state, work);
     note_bytes();
     double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    // Every rank decides on the same numbers; its own time rides along in a slot of its own.
+    // Every rank decides on the same numbers; its own time and its board's reading ride along in
+    // slots of their own (0: not read).
+    const std::optional<GpuReading> board = state.env.device.read_board();
+    const size_t times = 3, boards = times + by_rank.size();
     std::vector<double> mine = {ms, elapsed, state.failure ? 1.0 : 0.0};
-    mine.resize(3 + by_rank.size(), 0.0);
-    if (!by_rank.empty()) mine[3 + rank] = ms;
+    mine.resize(boards + 2 * world, 0.0);
+    if (!by_rank.empty()) mine[times + rank] = ms;
+    if (board) {
+      mine[boards + rank] = board->sm_clock_mhz;
+      mine[boards + world + rank] = board->power_w;
+    }
     std::vector<double> m = state.env.group.max(mine);
     if (m[2] > 0) state.raise();
     samples.push_back(m[0]);
-    for (size_t r = 0; r < by_rank.size(); ++r) by_rank[r].push_back(m[3 + r]);
+    for (size_t r = 0; r < by_rank.size(); ++r) by_rank[r].push_back(m[times + r]);
+    for (int r = 0; r < world; ++r)
+      if (m[boards + r] > 0) {
+        clock[r].push_back(m[boards + r]);
+        power[r].push_back(m[boards + world + r]);
+      }
     if (t.method != "adaptive") {
       if (static_cast<int>(samples.size()) >= fixed) { stop_reason = std::to_string(fixed) + " runs"; break; }
       continue;
@@ -208,6 +220,13 @@ PassResult time_pass(RankState& state, Tracer& tracer, const std::string& pass) 
   r.time_ms = summarize(samples);
   r.time_ms.stop_reason = stop_reason;
   for (std::vector<double>& own : by_rank) r.ranks.push_back(summarize(std::move(own)));
+  // Only where every rank's board answered every sample: the columns line up with the ranks.
+  const auto every = [&](const std::vector<double>& x) { return x.size() == samples.size(); };
+  if (std::all_of(clock.begin(), clock.end(), every))
+    for (int i = 0; i < world; ++i) {
+      r.sm_clock_mhz.push_back(summarize(std::move(clock[i])));
+      r.power_w.push_back(summarize(std::move(power[i])));
+    }
   if (t.method == "profiler") r.kernels = profile(state, tracer, work);
   return r;
 }

@@ -135,11 +135,18 @@ void pool(RunResult& into, RunResult&& round) {
     samples.insert(samples.end(), more->time_ms.samples.begin(), more->time_ms.samples.end());
     const double before = p.time_ms.median;
     p.time_ms = summarize(std::move(samples));
-    for (size_t r = 0; r < p.ranks.size() && r < more->ranks.size(); ++r) {
-      std::vector<double> own = p.ranks[r].samples;
-      own.insert(own.end(), more->ranks[r].samples.begin(), more->ranks[r].samples.end());
-      p.ranks[r] = summarize(std::move(own));
-    }
+    // Each rank's times and board readings, pooled alike (a round whose boards went unread drops them).
+    const auto pool_ranks = [](std::vector<Stats>& all, const std::vector<Stats>& next) {
+      if (next.size() != all.size()) all.clear();
+      for (size_t r = 0; r < all.size(); ++r) {
+        std::vector<double> own = all[r].samples;
+        own.insert(own.end(), next[r].samples.begin(), next[r].samples.end());
+        all[r] = summarize(std::move(own));
+      }
+    };
+    pool_ranks(p.ranks, more->ranks);
+    pool_ranks(p.sm_clock_mhz, more->sm_clock_mhz);
+    pool_ranks(p.power_w, more->power_w);
     p.time_ms.stop_reason = std::to_string(p.round_medians.size()) + " rounds pooled";
     if (p.time_ms.median > 0) {
       p.tflops_per_gpu *= before / p.time_ms.median;

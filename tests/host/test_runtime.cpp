@@ -178,6 +178,8 @@ TEST_CASE("rounds time the world sizes in turn and pool each pass's samples, che
       }
       if (!p.ranks.empty())
         CHECK(std::max(p.ranks[0].max, p.ranks[1].max) == doctest::Approx(p.time_ms.max));
+      CHECK(p.sm_clock_mhz.empty());  // a CPU has no board to read
+      CHECK(p.power_w.empty());
     }
   }
   CHECK(r.runs[1].passes[0].speedup == doctest::Approx(r.runs[0].passes[0].time_ms.median / r.runs[1].passes[0].time_ms.median));

@@ -96,6 +96,23 @@ TEST_CASE("result set: each rank's median comes back from results.json, and a sp
   CHECK(rank_spread(made_run(1, {timed_pass("bwd", {2.0})}).passes[0]).empty());
 }
 
+// Each rank's board, read after each sample: its median SM clock and power come back from
+// results.json, and print as one line a pass; none read (the CPU), none printed.
+TEST_CASE("result set: each rank's board readings come back from results.json and print in one line") {
+  RunResult two = made_run(2, {timed_pass("fwd", {2.0, 2.1})});
+  two.passes[0].sm_clock_mhz = {summarize({1620, 1618, 1622}), summarize({1668, 1669, 1667})};
+  two.passes[0].power_w = {summarize({654.2, 655}), summarize({657.4})};
+  const CaseResult back = case_from_json(to_json(made_case("ring/g/seqlen=128", 128, {two})));
+  CHECK(medians(back.runs[0].passes[0].sm_clock_mhz) == std::vector<double>{1620, 1668});
+  CHECK(medians(back.runs[0].passes[0].power_w) == std::vector<double>{654.6, 657.4});
+  CHECK(board_readings(back.runs[0].passes[0]) == "boards by rank: 1620 MHz 655 W, 1668 MHz 657 W");
+  RunResult one = made_run(1, {timed_pass("fwd", {2.0})});
+  CHECK(board_readings(one.passes[0]).empty());
+  one.passes[0].sm_clock_mhz = {summarize({1659})};
+  one.passes[0].power_w = {summarize({659})};
+  CHECK(board_readings(one.passes[0]) == "board: 1659 MHz 659 W");
+}
+
 TEST_CASE("result set: a journal cut short by a kill keeps every whole line") {
   fs::path dir = temp_dir("journal");
   ResultSet r = sample_set();
