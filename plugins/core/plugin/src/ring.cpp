@@ -110,6 +110,10 @@ void set_block_reach(RingShape& s, const RingPlan& plan, int world_size) {
   }
 }
 
+void set_joined_forward(RingShape& s, int world_size) {
+  s.joined_forward = world_size == 2 && s.mask.window_left < 0 && s.mask.window_right < 0;
+}
+
 void set_own_last(RingShape& s, const RingPlan& plan, int world_size, bool dtype_partials) {
   s.own_last = world_size == 2 && s.carried_columns < 0 && !dtype_partials;
   for (int m = 0; m < world_size && s.own_last; ++m) {
@@ -158,7 +162,12 @@ RingAttention::Buffers RingAttention::carve(Carver& c, Pass pass, const RingShap
     for (KV& r : b.receive) r = {c.take(block_bytes(s)), c.take(block_bytes(s))};
   if (s.heads_kv < shape.heads_kv) b.packed = take_packed(c, s);
   b.rows[0] = take_row_buffers(c, pass, s);
-  if (pass == Pass::forward) return b;
+  if (pass == Pass::forward) {
+    // (After the receive buffers, which a backward's first block sent by the forward lands beside.)
+    if (world_size == 2 && s.joined_forward)
+      for (KV& j : b.joined) j = {c.take(2 * block_bytes(s)), c.take(2 * block_bytes(s))};
+    return b;
+  }
   if (s.double_rows) b.rows[1] = take_row_buffers(c, pass, s);
   if (s.own_last) b.rows[2] = take_row_buffers(c, pass, s);
   if (world_size > 1 && s.carried_columns >= 0) {
@@ -346,7 +355,9 @@ void RingAttention::forward(const attnhost_forward_args& a, int32_t b0, int32_t 
   prefetched_ = {};
   plan_reach();
   void* compute = host_.stream(0);
-  for (const Slice& slice : slices(forward_s_, b0, count)) {
+  const std::vector<Slice> list = slices(forward_s_, b0, count);
+  if (joins(list)) return forward_joined(a, list);
+  for (const Slice& slice : list) {
     attnhost_forward_args x = a;
     for (attnhost_tensor* t : {&x.q, &x.k, &x.v, &x.o, &x.lse}) *t = from_entry(*t, slice.b0, slice.shape.batch);
     if (!slice.packed) {
@@ -361,6 +372,143 @@ void RingAttention::forward(const attnhost_forward_args& a, int32_t b0, int32_t 
     forward_slice(slice.shape, x);
     unpack(slice, swaps, compute);
   }
+}
+
+bool RingAttention::joins(const std::vector<Slice>& list) const {
+  if (!s_.joined_forward || world_ != 2 || !runs_ || s_.carried_columns >= 0) return false;
+  for (const Slice& slice : list)
+    if (slice.packed) return false;
+  for (int source : {0, 1})
+    for (const BlockCall& c : plan_(rank_, source))
+      if (!dense(c)) return false;
+  return true;
+}
+
+const RingAttention::Joined& RingAttention::joined() {
+  if (joined_) return *joined_;
+  // Runs of consecutive tokens of a block, neighbours in both orders joined (zigzag's two chunks on
+  // the member whose chunks meet).
+  const auto runs_of = [&](int member) {
+    std::vector<Joined::Piece> out;
+    const attnhost::Layout layout = runs_(member);
+    const attnhost_layout l = layout.view();
+    for (int32_t i = 0; i < l.num_ranges; ++i) {
+      const attnhost_token_range& r = l.ranges[i];
+      if (!out.empty() && out.back().global + out.back().length == r.global_begin &&
+          out.back().local + out.back().length == r.local_begin)
+        out.back().length += r.length;
+      else
+        out.push_back({r.global_begin, r.local_begin, r.length});
+    }
+    return out;
+  };
+  // Without a window every row reaches keys from the first on: a run of rows reaches [0, what its
+  // last row reaches).
+  const auto reach = [&](const std::vector<Joined::Piece>& rows) {
+    int64_t width = 0;
+    for (const Joined::Piece& r : rows) width = std::max(width, s_.mask.keys_of(r.global + r.length - 1).hi);
+    return width;
+  };
+  const auto within = [](const std::vector<Joined::Piece>& runs, int64_t width) {
+    std::vector<Joined::Piece> out;
+    for (Joined::Piece r : runs)
+      if (r.global < width) out.push_back({r.global, r.local, std::min(r.length, width - r.global)});
+    return out;
+  };
+  const int peer = 1 - rank_;
+  const std::vector<Joined::Piece> mine = runs_of(rank_), theirs = runs_of(peer);
+  Joined j;
+  j.width = reach(mine);
+  j.copied = within(mine, j.width);
+  j.received = within(theirs, j.width);
+  j.sent = within(mine, reach(theirs));
+  for (const Joined::Piece& r : mine) {
+    std::optional<BlockCall> c = dense_call(s_.mask, r.local, r.global, r.length, 0, 0, j.width);
+    if (!c) continue;
+    bool own = false;
+    for (const Joined::Piece& k : mine)  // the keys lie in one run of this block: no gathered copy needed
+      if (k.global <= c->kv_pos0 && c->kv_pos0 + (c->kv_end - c->kv_begin) <= k.global + k.length) {
+        c->kv_begin += k.local - k.global;
+        c->kv_end += k.local - k.global;
+        own = true;
+        break;
+      }
+    j.calls.push_back({*c, own});
+  }
+  joined_ = std::move(j);
+  return *joined_;
+}
+
+// The keys each slice's rows reach are gathered into joined[i % 2] on the communication stream (the
+// other member's by message, this member's own by a copy) while the compute stream runs the slice
+// before: slice i + 1's messages go out once slice i - 1's calls have read that buffer. A slice's calls
+// over its own keys alone (zigzag's early chunk on member 0) go first, under its own gathering.
+void RingAttention::forward_joined(const attnhost_forward_args& a, const std::vector<Slice>& list) {
+  void* compute = host_.stream(0);
+  void* comm = overlap_ ? host_.stream(1) : compute;
+  const Buffers& w = work_.forward();
+  const Joined& j = joined();
+  const int peer = 1 - rank_;
+  const size_t token = size_t(s_.heads_kv) * s_.head_dim, el = attnhost::dtype_size(s_.dtype);
+  const auto gather = [&](size_t i) {
+    const Slice& slice = list[i];
+    const int32_t nb = slice.shape.batch;
+    const KV into = w.joined[i % 2];
+    const KV own{from_entry(a.k, slice.b0, nb).data, from_entry(a.v, slice.b0, nb).data};
+    const int32_t range = host_.range_begin("K V gathered", ATTNHOST_RANGE_COMMUNICATION, comm);
+    host_.group_start();
+    for (auto [from, to] : {std::pair{own.k, into.k}, std::pair{own.v, into.v}}) {
+      for (const Joined::Piece& p : j.sent)
+        for (int32_t b = 0; b < nb; ++b)
+          host_.send(static_cast<char*>(from) + (size_t(b) * s_.local_kv + p.local) * token * el, p.length * token,
+                     s_.dtype, members_.rank_of(peer), comm);
+      for (const Joined::Piece& p : j.received)
+        for (int32_t b = 0; b < nb; ++b)
+          host_.recv(static_cast<char*>(to) + (size_t(b) * j.width + p.global) * token * el, p.length * token, s_.dtype,
+                     members_.rank_of(peer), comm);
+    }
+    host_.group_end();
+    for (auto [from, to] : {std::pair{own.k, into.k}, std::pair{own.v, into.v}})
+      for (const Joined::Piece& p : j.copied)
+        engine_->copy_rows(static_cast<char*>(to) + p.global * token * el, j.width * token * el,
+                           static_cast<char*>(from) + p.local * token * el, s_.local_kv * token * el,
+                           p.length * token * el, nb, comm);
+    host_.range_end(range, comm);
+    return engine_->record(comm);
+  };
+
+  engine_->wait(comm, compute);  // the inputs are ready
+  std::vector<Engine::Event> gathered(list.size()), read(list.size());
+  gathered[0] = gather(0);
+  for (size_t i = 0; i < list.size(); ++i) {
+    const Slice& slice = list[i];
+    attnhost_forward_args x = a;
+    for (attnhost_tensor* t : {&x.q, &x.k, &x.v, &x.o, &x.lse}) *t = from_entry(*t, slice.b0, slice.shape.batch);
+    OutputAccumulator out(slice.shape, *engine_, w.rows[0], static_cast<float*>(x.lse.data), x.o.data);
+    const Columns keys[2] = {{w.joined[i % 2].k, j.width, 0, s_.dtype}, {w.joined[i % 2].v, j.width, 0, s_.dtype}};
+    const auto run = [&](const BlockCall& c, bool own) {
+      const int32_t range = host_.range_begin("attention joined", ATTNHOST_RANGE_COMPUTE, compute);
+      ForwardParams p = forward_params(slice.shape, c, x.q.data, x.k.data, x.v.data, fp8_scaling(a));
+      if (!own) {
+        p.k = view(keys[0], c.kv_begin, slice.shape);
+        p.v = view(keys[1], c.kv_begin, slice.shape);
+      }
+      out.run(p, OutputCall{c, true, true}, compute);
+      host_.range_end(range, compute);
+    };
+    for (const auto& [c, own] : j.calls)
+      if (own) run(c, true);
+    if (i + 1 < list.size()) {
+      if (i >= 1) engine_->wait(comm, read[i - 1]);  // slice i - 1's calls have read the buffer
+      gathered[i + 1] = gather(i + 1);
+    }
+    engine_->wait(compute, gathered[i]);
+    for (const auto& [c, own] : j.calls)
+      if (!own) run(c, false);
+    read[i] = engine_->record(compute);
+    out.finish(compute);
+  }
+  engine_->wait(compute, comm);  // (every message done before the pass ends)
 }
 
 void RingAttention::forward_slice(const RingShape& s, const attnhost_forward_args& a) {

@@ -25,6 +25,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -57,6 +58,9 @@ struct BlockCall {
 // rank, not only this one: what the others reach of a block decides what travels. Asked first when
 // the ring first runs (a plugin may fill its plan after constructing the ring).
 using RingPlan = std::function<std::vector<BlockCall>(int rank, int source)>;
+// Where member `member`'s block lies in the sequence: its runs of tokens in local order, as a
+// variant's layout gives them.
+using BlockRuns = std::function<attnhost::Layout(int member)>;
 
 struct RingShape {
   int32_t dtype = ATTNHOST_DTYPE_BF16;
@@ -95,6 +99,13 @@ struct RingShape {
   // ends the pass is the own call, not a hop home (docs/KERNELS.md, "Shares home, own block last").
   // A third row set then; the three fp32 pairs take turns at being computed, sent and received.
   bool own_last = false;
+  // Two members, no window: the forward gathers the keys its rows reach in sequence order, its own
+  // and the other member's, into a buffer of its own, and makes one call a run of its rows over them,
+  // writing O directly: no fp32 partial and no merge, rows as long as at world size 1 (docs/KERNELS.md,
+  // "The forward joined at two ranks"). The ring takes it where it is given where the blocks lie
+  // (RingAttention::set_block_runs) and no slice packs its heads. set_joined_forward sets it, before
+  // choose_slices, which counts its two key buffers.
+  bool joined_forward = false;
 };
 
 // A rank's fp32 row buffers, which the ring and routed schedules carve (workspace.h): the forward's
@@ -119,6 +130,8 @@ struct RingMembers {
 // the ring: where each block's message home in fp32 is no longer than the block in the problem dtype,
 // and the others reach at most 2/3 of it (a sliding window). Else leaves them -1.
 void set_block_reach(RingShape& s, const RingPlan& plan, int world_size);
+// Sets joined_forward of `s` where a ring of `world_size` can join its forward.
+void set_joined_forward(RingShape& s, int world_size);
 // Sets own_last of `s` where a ring of `world_size` running `plan` can take each member's own block
 // last: two members whose gradients travel (set_block_reach left them so), each with one call over
 // every key of its own block, and exact fp32 partials (`dtype_partials` false). choose_slices keeps
@@ -136,6 +149,8 @@ class RingAttention {
 
   void forward(const attnhost_forward_args& a);
   void backward(const attnhost_backward_args& a);
+  // Where every member's block lies: what a joined forward (RingShape::joined_forward) needs.
+  void set_block_runs(BlockRuns runs) { runs_ = std::move(runs); }
   // The ring over batch entries [b0, b0 + count) alone, the args' tensors holding the whole batch:
   // a caller's pipeline over entries. An FP8 pass's amax is reported by the whole-batch calls above.
   // The backward returns the point on the fill stream after which dQ is written; dK and dV are
@@ -235,6 +250,7 @@ class RingAttention {
     Packed packed;
     RowBuffers rows[3];  // [1]: the backward's second set (double_rows); [2]: its third (own_last)
     KV kept{}, grads[3]{};
+    KV joined[2]{};      // a joined forward's keys of two slices in turn, in sequence order
   };
   static Buffers layout(Carver& c, Pass pass, const RingShape& shape, int world_size);
   static Buffers carve(Carver& c, Pass pass, const RingShape& shape, int world_size);  // at its own slices
@@ -265,6 +281,21 @@ class RingAttention {
   // not `last` leaves its last dK/dV hop on the communication stream, under the next slice's first
   // step; the last one waits for it.
   void forward_slice(const RingShape& s, const attnhost_forward_args& a);
+  // A joined forward (RingShape::joined_forward) over slices `list` of `a`'s entries. Its calls
+  // and messages, the same for every slice: the keys [0, width) of the sequence that this member's
+  // rows reach, each run copied from its own block or received from the other's; the calls over them
+  // (`own`: over the own block's K and V, where its keys lie there in one run).
+  struct Joined {
+    struct Piece {
+      int64_t global, local, length;  // a run of keys: where in the sequence, where in its block
+    };
+    int64_t width = 0;
+    std::vector<Piece> copied, received, sent;  // sent: what the other member receives, in its order
+    std::vector<std::pair<BlockCall, bool>> calls;  // (call, own)
+  };
+  const Joined& joined();  // this member's, made once
+  bool joins(const std::vector<Slice>& list) const;
+  void forward_joined(const attnhost_forward_args& a, const std::vector<Slice>& list);
   // `prologue`: where its delta and zeroed dQ are ready (null: made on the compute stream already).
   // `kept`: the forward's hop, where it is this slice's first (forward_hop_kept).
   struct Prefetch;
@@ -324,6 +355,8 @@ class RingAttention {
   Workspace<Buffers> work_;
   void* fill_;  // host stream 3 where there is one, else the compute stream
   Prefetch prefetched_;
+  BlockRuns runs_;
+  std::optional<Joined> joined_;
 };
 
 }  // namespace attncore::plugin

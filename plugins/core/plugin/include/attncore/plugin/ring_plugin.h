@@ -48,6 +48,11 @@ inline constexpr attnhost_param_spec kRingParams[] = {
      "(for a batch too small to slice); 0: one, or where batch slices alone do not meet the rule above, the fewest "
      "that do",
      nullptr},
+    {ATTNHOST_STRUCT_SIZE(attnhost_param_spec, choices), "join", ATTNHOST_PARAM_BOOL, "true",
+     "at two ranks without a window, where the plugin says where its blocks lie (zigzag): the forward gathers the "
+     "keys a rank's rows reach in sequence order and makes one call a run of rows, with no merge (false: the "
+     "ring's two steps, merged)",
+     nullptr},
 };
 // One of kRingParams by name, for a plugin that takes some of them; an unknown name does not compile.
 consteval attnhost_param_spec ring_param(std::string_view name) {
@@ -55,7 +60,8 @@ consteval attnhost_param_spec ring_param(std::string_view name) {
     if (std::string_view(p.name) == name) return p;
   throw "no ring parameter of that name";
 }
-inline constexpr int32_t kNumRingParams = 6;        // ring, zigzag: all of them
+inline constexpr int32_t kNumRingParams = 6;        // ring: all but join
+inline constexpr int32_t kNumJoinedRingParams = 7;  // zigzag: all of them
 inline constexpr int32_t kNumPackedRingParams = 4;  // all but the slices: what any schedule on the ring takes
 
 // A plugin's parameters: the first kNumPackedRingParams of kRingParams (overlap, cpu_accumulate,
@@ -177,7 +183,9 @@ class RingPlugin {
   RingPlugin(const attnhost::Problem& p, attnhost::Host host)
       : reference_(p), variant_(p),
         ring_(shape(p), [this](int rank, int source) { return variant_.calls(rank, source); },
-              schedule_options(p, host)) {}
+              schedule_options(p, host)) {
+    if constexpr (says_where_blocks_lie) ring_.set_block_runs([this](int member) { return variant_.block(member); });
+  }
 
   attnhost_layout layout(int32_t) { return variant_.layout().view(); }
   void forward(const attnhost_forward_args& a) { ring_.forward(a); }
@@ -197,9 +205,15 @@ class RingPlugin {
     const RingPlan plan = [this](int rank, int source) { return variant_.calls(rank, source); };
     set_block_reach(s, plan, p->world_size);
     set_own_last(s, plan, p->world_size, p.has("partials") && p.get_string("partials") == "dtype");
+    if constexpr (says_where_blocks_lie)
+      if (!p.has("join") || p.get_bool("join")) set_joined_forward(s, p->world_size);
     choose_slices(s, p->world_size, p->device_type == ATTNHOST_DEVICE_CUDA ? kMinBackwardCtas : 0);
     return s;
   }
+
+  // A variant that says where each member's block lies (`attnhost::Layout block(int member)`) has
+  // its forward joined at two ranks (RingShape::joined_forward).
+  static constexpr bool says_where_blocks_lie = requires(const Variant& v) { v.block(0); };
 
   DenseReference reference_;
   Variant variant_;
