@@ -375,7 +375,7 @@ void RingAttention::forward(const attnhost_forward_args& a, int32_t b0, int32_t 
 }
 
 bool RingAttention::joins(const std::vector<Slice>& list) const {
-  if (!s_.joined_forward || world_ != 2 || !runs_ || s_.carried_columns >= 0) return false;
+  if (!s_.joined_forward || world_ != 2 || !runs_ || s_.carried_columns >= 0 || list.size() < 2) return false;
   for (const Slice& slice : list)
     if (slice.packed) return false;
   for (int source : {0, 1})
@@ -439,10 +439,12 @@ const RingAttention::Joined& RingAttention::joined() {
   return *joined_;
 }
 
-// The keys each slice's rows reach are gathered into joined[i % 2] on the communication stream (the
-// other member's by message, this member's own by a copy) while the compute stream runs the slice
-// before: slice i + 1's messages go out once slice i - 1's calls have read that buffer. A slice's calls
-// over its own keys alone (zigzag's early chunk on member 0) go first, under its own gathering.
+// The first slice runs the ring's two steps, its own block under the hop. The keys each later slice's
+// rows reach are gathered into joined[i % 2] on the communication stream (the other member's by
+// message, this member's own by a copy) while the compute stream runs the slice before: gathered
+// first, a slice would wait for its keys with nothing to compute (zigzag's member 1 reaches the
+// other's keys from its first row). Slice i + 1's messages go out once slice i - 1's calls have read
+// that buffer. A slice's calls over its own keys alone (member 0's early chunk) go first.
 void RingAttention::forward_joined(const attnhost_forward_args& a, const std::vector<Slice>& list) {
   void* compute = host_.stream(0);
   void* comm = overlap_ ? host_.stream(1) : compute;
@@ -477,13 +479,17 @@ void RingAttention::forward_joined(const attnhost_forward_args& a, const std::ve
     return engine_->record(comm);
   };
 
-  engine_->wait(comm, compute);  // the inputs are ready
-  std::vector<Engine::Event> gathered(list.size()), read(list.size());
-  gathered[0] = gather(0);
-  for (size_t i = 0; i < list.size(); ++i) {
-    const Slice& slice = list[i];
+  const auto entries = [&](const Slice& slice) {
     attnhost_forward_args x = a;
     for (attnhost_tensor* t : {&x.q, &x.k, &x.v, &x.o, &x.lse}) *t = from_entry(*t, slice.b0, slice.shape.batch);
+    return x;
+  };
+  forward_slice(list[0].shape, entries(list[0]));  // (its hop first on the communication stream)
+  std::vector<Engine::Event> gathered(list.size()), read(list.size());
+  gathered[1] = gather(1);
+  for (size_t i = 1; i < list.size(); ++i) {
+    const Slice& slice = list[i];
+    const attnhost_forward_args x = entries(slice);
     OutputAccumulator out(slice.shape, *engine_, w.rows[0], static_cast<float*>(x.lse.data), x.o.data);
     const Columns keys[2] = {{w.joined[i % 2].k, j.width, 0, s_.dtype}, {w.joined[i % 2].v, j.width, 0, s_.dtype}};
     const auto run = [&](const BlockCall& c, bool own) {
@@ -499,7 +505,7 @@ void RingAttention::forward_joined(const attnhost_forward_args& a, const std::ve
     for (const auto& [c, own] : j.calls)
       if (own) run(c, true);
     if (i + 1 < list.size()) {
-      if (i >= 1) engine_->wait(comm, read[i - 1]);  // slice i - 1's calls have read the buffer
+      if (i >= 2) engine_->wait(comm, read[i - 1]);  // slice i - 1's calls have read the buffer
       gathered[i + 1] = gather(i + 1);
     }
     engine_->wait(compute, gathered[i]);
