@@ -114,6 +114,16 @@ void set_joined_forward(RingShape& s, int world_size) {
   s.joined_forward = world_size == 2 && s.mask.window_left < 0 && s.mask.window_right < 0;
 }
 
+namespace {
+
+// Whether a ring of `s` joins its forward (RingShape::joined_forward): only over several batch
+// slices (the first runs the ring's steps) and heads whole (a packed slice's keys are not gathered).
+bool joins_forward(const RingShape& s, int world_size) {
+  return world_size == 2 && s.joined_forward && s.batch >= 2 && s.head_slices == 1;
+}
+
+}  // namespace
+
 void set_own_last(RingShape& s, const RingPlan& plan, int world_size, bool dtype_partials) {
   s.own_last = world_size == 2 && s.carried_columns < 0 && !dtype_partials;
   for (int m = 0; m < world_size && s.own_last; ++m) {
@@ -149,7 +159,7 @@ RingShape RingAttention::forward_shape(const RingShape& shape, int world_size) {
   // one before: an entry a slice joins the most of it, in the least memory. (Capped at the backward's
   // slices, its key buffers had the memory rule cut the backward finer: at large on two H200s, zigzag's
   // backward 21.5 -> 23.0-23.3 ms.)
-  if (world_size == 2 && shape.joined_forward) {
+  if (joins_forward(shape, world_size)) {
     f.batch_slices = shape.batch;
     return f;
   }
@@ -173,7 +183,7 @@ RingAttention::Buffers RingAttention::carve(Carver& c, Pass pass, const RingShap
   b.rows[0] = take_row_buffers(c, pass, s);
   if (pass == Pass::forward) {
     // (After the receive buffers, which a backward's first block sent by the forward lands beside.)
-    if (world_size == 2 && s.joined_forward)
+    if (joins_forward(shape, world_size))
       for (KV& j : b.joined) j = {c.take(2 * block_bytes(s)), c.take(2 * block_bytes(s))};
     return b;
   }
@@ -384,7 +394,7 @@ void RingAttention::forward(const attnhost_forward_args& a, int32_t b0, int32_t 
 }
 
 bool RingAttention::joins(const std::vector<Slice>& list) const {
-  if (!s_.joined_forward || world_ != 2 || !runs_ || s_.carried_columns >= 0 || list.size() < 2) return false;
+  if (!joins_forward(s_, world_) || !runs_ || s_.carried_columns >= 0 || list.size() < 2) return false;
   for (const Slice& slice : list)
     if (slice.packed) return false;
   for (int source : {0, 1})
