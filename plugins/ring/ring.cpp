@@ -21,7 +21,7 @@ class Ring {
          ATTNHOST_FEATURE_CAUSAL | ATTNHOST_FEATURE_NONCAUSAL | ATTNHOST_FEATURE_WINDOW | ATTNHOST_FEATURE_GQA |
              ATTNHOST_FEATURE_BACKWARD | ATTNHOST_FEATURE_DETERMINISTIC | ATTNHOST_FEATURE_FP8_HYBRID,
          1, 0, 0, nullptr},
-        attncore::plugin::kNumJoinedRingParams,
+        attncore::plugin::kNumRingParams,
         attncore::plugin::kRingParams,
     };
     return info;
@@ -36,11 +36,6 @@ class Ring {
 
   const attnhost::Layout& layout() const { return layout_; }
   std::vector<BlockCall> calls(int rank, int source) const { return plan_.calls(rank, source); }
-  attnhost::Layout block(int member) const {
-    attnhost::Layout l;
-    plan_.add_block(l, member);
-    return l;
-  }
 
  private:
   attncore::plugin::ContiguousPlan plan_;

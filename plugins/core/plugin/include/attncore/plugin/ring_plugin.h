@@ -49,7 +49,7 @@ inline constexpr attnhost_param_spec kRingParams[] = {
      "that do",
      nullptr},
     {ATTNHOST_STRUCT_SIZE(attnhost_param_spec, choices), "join", ATTNHOST_PARAM_BOOL, "true",
-     "at two ranks without a window, where the plugin says where its blocks lie (ring, zigzag): the forward gathers the "
+     "at two ranks without a window, where the plugin says where its blocks lie (zigzag): the forward gathers the "
      "keys a rank's rows reach in sequence order and makes one call a run of rows, with no merge (false: the "
      "ring's two steps, merged)",
      nullptr},
@@ -60,8 +60,8 @@ consteval attnhost_param_spec ring_param(std::string_view name) {
     if (std::string_view(p.name) == name) return p;
   throw "no ring parameter of that name";
 }
-inline constexpr int32_t kNumRingParams = 6;        // all but join: a variant that does not say where its blocks lie
-inline constexpr int32_t kNumJoinedRingParams = 7;  // ring, zigzag: all of them
+inline constexpr int32_t kNumRingParams = 6;        // ring: all but join
+inline constexpr int32_t kNumJoinedRingParams = 7;  // zigzag: all of them
 inline constexpr int32_t kNumPackedRingParams = 4;  // all but the slices: what any schedule on the ring takes
 
 // A plugin's parameters: the first kNumPackedRingParams of kRingParams (overlap, cpu_accumulate,
