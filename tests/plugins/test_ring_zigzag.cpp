@@ -185,7 +185,6 @@ TEST_CASE("ring and zigzag in head slices (a batch of one): the same answers, me
   for (const std::string plugin : {"ring", "zigzag"}) {
     auto c = dense_case(plugin, {2}, 256, 10, 5, 32, true);  // GQA; two slices hold 3 and 2 K/V heads
     c.problem.batch = 1;
-    c.params["join"] = false;  // (a joined forward takes its heads whole: its sums are others)
     const double q_bytes = 1.0 * 128 * 10 * 32 * 2, kv_bytes = q_bytes / 2;
     const double working_set = 4 * q_bytes + 8 * kv_bytes;
     std::map<int64_t, attnhost::RunResult> runs = test::runs_by(c, "head_slices", {1, 2, 0});
