@@ -103,8 +103,9 @@ struct RingShape {
   // and the other member's, into a buffer of its own, and makes one call a run of its rows over them,
   // writing O directly: no fp32 partial and no merge, rows as long as at world size 1 (docs/KERNELS.md,
   // "The forward joined at two ranks"). The ring takes it where it is given where the blocks lie
-  // (RingAttention::set_block_runs) and no slice packs its heads. set_joined_forward sets it, before
-  // choose_slices, which counts its two key buffers.
+  // (RingAttention::set_block_runs), over a batch of two or more (an entry a slice, the first slice
+  // the ring's steps) with heads whole. set_joined_forward sets it, before choose_slices, which counts
+  // its two key buffers.
   bool joined_forward = false;
 };
 
