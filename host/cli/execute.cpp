@@ -262,9 +262,9 @@ int execute_suite(Context& ctx, const suite::Suite& s, const ExecuteOptions& opt
     backend->sync_processes();
     if (!leader) continue;
     progress.clear();
-    if (console && !quiet && !options.comparison && !options.verification) {
-      if (ctx.options.verbose) report::print_case(std::cout, r);  // the whole block
-      else report::print_case_line(std::cout, r);
+    if (console && !quiet && !options.verification) {
+      if (ctx.options.verbose) report::print_case(std::cout, r);  // the whole block (a compare's too)
+      else if (!options.comparison) report::print_case_line(std::cout, r);  // (a compare's table follows)
     }
     if (folder) folder->append(r);
     results.push_back(std::move(r));

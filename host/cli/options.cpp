@@ -25,7 +25,7 @@ po::options_description common_options(CommonOptions& o) {
      "GPU point-to-point: auto | copy-engine | nccl (auto: copy engines where the GPUs reach one another)")
     ("comm-timeout", po::value<double>()->default_value(60.0), "seconds before an unmatched receive fails (CPU)")
     ("quiet,q", po::bool_switch(&o.quiet), "print only results and errors")
-    ("verbose,v", po::bool_switch(&o.verbose), "more detail (run: each case's whole block; list: capabilities and parameters)")
+    ("verbose,v", po::bool_switch(&o.verbose), "more detail (run and compare: each case's whole block; list: capabilities and parameters)")
     ("debug", po::bool_switch(&o.debug), "print debug lines");
   return d;
 }

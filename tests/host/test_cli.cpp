@@ -139,6 +139,13 @@ TEST_CASE("cli: compare prints plugins side by side with ratios") {
   CHECK(o.code == 0);
   CHECK(o.out.find("plugin (ws=2)") != std::string::npos);
   CHECK(o.out.find("ratio to the first plugin") != std::string::npos);
+  CHECK(o.out.find("   problem  ") == std::string::npos);
+  // With -v each case's whole block too (each rank's medians, its board, the engine), then the table.
+  Outcome full = attnhost("compare naive_attention --config tiny --seqlen 64 --batch 1 --heads 2 --world-sizes 1,2 "
+                          "--timing-method simple --device cpu -v" + kPlugins);
+  CHECK(full.code == 0);
+  CHECK(full.out.find("   problem  ") != std::string::npos);
+  CHECK(full.out.find("plugin (ws=2)") != std::string::npos);
 }
 
 TEST_CASE("cli: under --isolate a segfault, an abort and a hang cost only their own case") {
