@@ -46,7 +46,7 @@ po::options_description timing_options() {
     ("timing-method", po::value<std::string>(), "simple | warmup | adaptive | profiler")
     ("warmup-runs", po::value<int>(), "warm-up runs before timing")
     ("warmup-seconds", po::value<double>(),
-     "warm-up lasts this many seconds too (0-600; compare on a GPU: 1, so that its clock settles at the power limit)")
+     "each pass's warm-up (every world size and round) lasts this many seconds too (0-600; compare on a GPU: 1, so that its clock settles at the power limit)")
     ("timing-runs", po::value<int>(), "timed runs")
     ("rounds", po::value<int>(), "run the world sizes this many times in turn, each pass's samples pooled (1-100)")
     ("world-sizes", po::value<std::string>(), "comma-separated world sizes, e.g. 1,2");
