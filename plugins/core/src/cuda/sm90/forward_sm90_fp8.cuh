@@ -43,32 +43,49 @@ static_assert(v_key_order_is_a_permutation(), "each key of a group once, where t
 inline int64_t v_fp8_keys(int64_t seqlen_kv) { return (seqlen_kv + 31) / 32 * 32; }
 
 // V ([batch, key, kv head, dim], FP8 bytes) -> V^T, keys in v_key_at order within each 32-key group.
-// A CTA moves 64 keys x D of one (batch, kv head): reads rows of V in 16-byte pieces, writes rows of
-// V^T in 4-byte pieces (four positions each).
-template <int D> __global__ void __launch_bounds__(256) transpose_v_fp8(TensorRef v, uint8_t* vt, int32_t seqlen, int64_t keys) {
-  constexpr int kKeys = 64, kPitch = D + 4; // (+4: the column reads of a word fall in distinct banks)
-  __shared__ uint8_t tile[kKeys][kPitch];
+// A CTA of D threads moves 64 keys x D of one (batch, kv head): rows of V in 16-byte pieces into
+// shared memory, then each thread turns 16 keys x 4 dims into 4 rows of 16 V^T bytes, 4 x 4 bytes at
+// a time by byte permutes, and stores each row's 16 bytes at once. A warp takes 16 dim groups of
+// two 16-key groups: with the tile's rows 33 words apart, its column reads hit 32 distinct banks.
+template <int D> __global__ void __launch_bounds__(D) transpose_v_fp8(TensorRef v, uint8_t* vt, int32_t seqlen, int64_t keys) {
+  constexpr int kKeys = 64, kPitch = D + 4;
+  __shared__ uint32_t tile[kKeys * kPitch / 4];
   const int64_t k0 = int64_t(blockIdx.x) * kKeys;
   const int head = blockIdx.y, batch = blockIdx.z;
   const uint8_t* src = static_cast<const uint8_t*>(v.data) + batch * v.batch_stride + head * v.head_stride;
-  for (int c = threadIdx.x; c < kKeys * D / 16; c += blockDim.x) {
+  // 1. 64 rows of V (zeros past the sequence), each in D / 16 pieces of 16 bytes.
+  for (int c = threadIdx.x; c < kKeys * D / 16; c += D) {
     const int key = c / (D / 16), col = c % (D / 16) * 16;
     uint4 x = make_uint4(0, 0, 0, 0);
     if (k0 + key < seqlen) x = *reinterpret_cast<const uint4*>(src + (k0 + key) * v.token_stride + col);
-    const uint32_t w[4] = {x.x, x.y, x.z, x.w};
-#pragma unroll
-    for (int i = 0; i < 4; ++i) *reinterpret_cast<uint32_t*>(&tile[key][col + 4 * i]) = w[i];
+    uint32_t* row = tile + key * (kPitch / 4) + col / 4;
+    row[0] = x.x, row[1] = x.y, row[2] = x.z, row[3] = x.w;
   }
   __syncthreads();
-  uint8_t* dst = vt + ((int64_t(batch) * gridDim.y + head) * D) * keys + k0;
-  for (int c = threadIdx.x; c < D * kKeys / 4; c += blockDim.x) {
-    const int d = c / (kKeys / 4), x = c % (kKeys / 4) * 4;
-    if (k0 + x >= keys) continue;
-    uint32_t word = 0;
+  // 2. This thread's dims d .. d + 3 and tile positions x0 .. x0 + 15.
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int d = 4 * (16 * (warp % (D / 64)) + lane % 16);
+  const int x0 = 16 * (2 * (warp / (D / 64)) + lane / 16);
+  if (k0 + x0 >= keys) return; // (keys: whole 32-key groups, so a 16-position run is all in or out)
+  uint32_t out[4][4]; // [dim d + j][positions x0 + 4 q ..]
 #pragma unroll
-    for (int i = 0; i < 4; ++i) word |= uint32_t(tile[(x & ~31) + v_key_at((x + i) & 31)][d]) << (8 * i);
-    *reinterpret_cast<uint32_t*>(dst + int64_t(d) * keys + x) = word;
+  for (int q = 0; q < 4; ++q) {
+    const int x = x0 + 4 * q;
+    uint32_t w[4]; // keys at positions x .. x + 3, dims d .. d + 3
+#pragma unroll
+    for (int i = 0; i < 4; ++i) w[i] = tile[((x & ~31) + v_key_at((x + i) & 31)) * (kPitch / 4) + d / 4];
+    const uint32_t lo01 = __byte_perm(w[0], w[1], 0x5140), hi01 = __byte_perm(w[0], w[1], 0x7362);
+    const uint32_t lo23 = __byte_perm(w[2], w[3], 0x5140), hi23 = __byte_perm(w[2], w[3], 0x7362);
+    out[0][q] = __byte_perm(lo01, lo23, 0x5410);
+    out[1][q] = __byte_perm(lo01, lo23, 0x7632);
+    out[2][q] = __byte_perm(hi01, hi23, 0x5410);
+    out[3][q] = __byte_perm(hi01, hi23, 0x7632);
   }
+  // 3. Four rows of V^T, 16 bytes each.
+  uint8_t* dst = vt + ((int64_t(batch) * gridDim.y + head) * D + d) * keys + k0 + x0;
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+    *reinterpret_cast<uint4*>(dst + j * keys) = make_uint4(out[j][0], out[j][1], out[j][2], out[j][3]);
 }
 
 // Tiles in hopper.cuh's 16-bit vocabulary: a row of n FP8 elements is n / 2 16-bit columns. Two
@@ -375,7 +392,7 @@ template <class C> void launch_fp8_config(const ForwardParams& p, cudaStream_t s
   const int64_t keys = v_fp8_keys(p.seqlen_kv);
   uint8_t* vt = static_cast<uint8_t*>(p.workspace);
   const dim3 tgrid(unsigned((keys + 63) / 64), unsigned(p.heads_kv), unsigned(p.batch));
-  transpose_v_fp8<D><<<tgrid, 256, 0, stream>>>(p.v, vt, int32_t(p.seqlen_kv), keys);
+  transpose_v_fp8<D><<<tgrid, D, 0, stream>>>(p.v, vt, int32_t(p.seqlen_kv), keys);
   check_launch("V^T (FP8 forward)");
 
   // 2. The attention kernel over Q, K and V^T.
