@@ -46,7 +46,8 @@ inline int64_t v_fp8_keys(int64_t seqlen_kv) { return (seqlen_kv + 31) / 32 * 32
 // A CTA of D threads moves 64 keys x D of one (batch, kv head): rows of V in 16-byte pieces into
 // shared memory, then each thread turns 16 keys x 4 dims into 4 rows of 16 V^T bytes, 4 x 4 bytes at
 // a time by byte permutes, and stores each row's 16 bytes at once. A warp takes 16 dim groups of
-// two 16-key groups: with the tile's rows 33 words apart, its column reads hit 32 distinct banks.
+// two 16-key groups: with the tile's rows an odd number of words apart (D / 4 + 1), its column reads
+// hit 32 distinct banks.
 template <int D> __global__ void __launch_bounds__(D) transpose_v_fp8(TensorRef v, uint8_t* vt, int32_t seqlen, int64_t keys) {
   constexpr int kKeys = 64, kPitch = D + 4;
   __shared__ uint32_t tile[kKeys * kPitch / 4];
