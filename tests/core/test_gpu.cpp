@@ -183,12 +183,13 @@ void check_all(Problem& p, bool grads = true) {
   check_backward(p, want, det);
 }
 
-// The backward with write_dkdv: dK and dV in the input dtype over NaN poison. Each key's gradient
+// The backward with write_dkdv: dK and dV in the output dtype over NaN poison. Each key's gradient
 // is one add into zero in accumulator mode (no GQA group cut over CTAs at these lengths), so the
 // written values must be `acc`'s dK and dV rounded, bit for bit, on every key (zeros where no query
 // sees it).
 void check_write_dkdv(Problem& p, const Outputs& want, const Outputs& acc) {
-  Tensor dq32(DType::fp32, p.B, p.Sq, p.Hq, p.D), dk(p.dtype, p.B, p.Skv, p.Hkv, p.D), dv(p.dtype, p.B, p.Skv, p.Hkv, p.D);
+  const DType out = output_dtype(p.dtype); // (FP8 calls write bf16 gradients)
+  Tensor dq32(DType::fp32, p.B, p.Sq, p.Hq, p.D), dk(out, p.B, p.Skv, p.Hkv, p.D), dv(out, p.B, p.Skv, p.Hkv, p.D);
   backward_gpu(p, want.lse, want.delta, dq32, dk, dv, false, Dkdv::write);
   CHECK(differ_from_shared(dk, dv, acc.dk, acc.dv, acc.dk, acc.dv, 0, 0) == 0);  // (no key takes a share)
 }
@@ -220,8 +221,8 @@ TEST_CASE("gpu: every head dim and dtype, random shapes, causal and windows") {
 // (pair_serves); the random shapes above stay under 300 rows. Lengths that are not multiples of a
 // tile, a query offset, and GQA.
 // FP8 (e4m3 Q, K, V and dO with descales) against the CPU reference on the same quantized inputs:
-// the Hopper forward (bf16 and fp32 O), delta from FP8 dO, and the backward on widened inputs (both
-// the Hopper and the deterministic kernels); random shapes with causal, full and window masks, query
+// the Hopper forward (bf16 and fp32 O), delta from FP8 dO, and the backward (on widened inputs, by
+// the Hopper and the deterministic kernels; the long d128 calls with e4m3 products, tested below); random shapes with causal, full and window masks, query
 // offsets and GQA, and rows long enough to run the tile pipeline. Elsewhere, and for what it does
 // not take, the one-line refusals.
 TEST_CASE("gpu: FP8 e4m3 forward and backward, head dims 64, 128 and 256") {
@@ -304,6 +305,44 @@ TEST_CASE("gpu: FP8 e4m3 forward and backward, head dims 64, 128 and 256") {
   segs.segments = {{0, 300, 0, 300, 0, 0}, {300, 700, 300, 700, 0, 0}};
   CHECK_THROWS_WITH_AS(run_gpu(segs, false, false, nullptr),
                        "attncore: the FP8 forward on CUDA takes calls without segments", Error);
+}
+
+// The FP8 backward with e4m3 products (d128, e4m3 dO, plain calls of at least 1024 rows): against
+// the CPU reference within FP8's tolerance, causal with a query offset and full, ragged lengths
+// (rows not whole 32-query groups of dO^T, keys not whole tiles), a GQA pair, dK and dV written,
+// and the pair cut over two CTAs. Its dV rounds P to e4m3 where the widened inputs' path
+// (ATTNCORE_FP8_PRODUCTS=0) keeps it in bf16: the two must differ, or the products did not run.
+TEST_CASE("gpu: FP8 backward with e4m3 products") {
+  REQUIRE(device_count() > 0);
+  if (std::string(native_kernels()) != "wgmma") return; // (the FP8 test above checks the refusal)
+  std::mt19937_64 rng(21);
+  const auto differ = [](const Tensor& a, const Tensor& b) {
+    int64_t n = 0;
+    for (int64_t i = 0; i < a.B; ++i)
+      for (int64_t j = 0; j < a.S; ++j)
+        for (int64_t h = 0; h < a.H; ++h)
+          for (int64_t d = 0; d < a.D; ++d) n += a.get(i, j, h, d) != b.get(i, j, h, d);
+    return n;
+  };
+  for (bool causal : {true, false}) {
+    Problem p = two_heads_problem(rng, DType::fp8_e4m3, 128, 2 * 1024 + 77, 1900 + 45);
+    p.mask.causal = causal;
+    p.mask.q_pos0 = causal ? 300 : 0;
+    CAPTURE(causal);
+    const Outputs want = run_cpu(p, true);
+    const Outputs got = run_gpu(p, true, false, &want);
+    check_backward(p, want, got);
+    check_write_dkdv(p, want, got);
+    setenv("ATTNCORE_FP8_PRODUCTS", "0", 1);
+    const Outputs widened = run_gpu(p, true, false, &want);
+    unsetenv("ATTNCORE_FP8_PRODUCTS");
+    check_backward(p, want, widened);
+    CHECK(differ(got.dv, widened.dv) > 0);
+    setenv("ATTNCORE_HEAD_SPLITS", "2", 1);
+    const Outputs split = run_gpu(p, true, false, &want);
+    unsetenv("ATTNCORE_HEAD_SPLITS");
+    check_backward(p, want, split);
+  }
 }
 
 // The outputs' amax (an FP8 step's statistic): the CPU's value exactly, for each output dtype, packed

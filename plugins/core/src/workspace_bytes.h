@@ -1,6 +1,7 @@
 // How a backward call's workspace (BackwardParams::workspace) is laid out: the fp32 sums of a block
 // list's split key groups first (cuda/pieces.cu), then, for FP8 inputs on CUDA, Q, dO, K and V
-// widened to bf16 (cuda/fp8_inputs.cu), each tensor packed and on a 256-byte boundary.
+// widened to bf16 (cuda/fp8_inputs.cu), each tensor packed and on a 256-byte boundary. (The backward
+// with e4m3 products widens Q and K only and writes dO^T, one byte an element, in dO's slot.)
 #pragma once
 
 #include <cstddef>

@@ -41,6 +41,9 @@ struct AttnArgs {
   // launch order (x then y) counts groups of this many runs, each group's key tiles heaviest first
   // with its runs side by side (sm90 cta_place, cta_order.h).
   int32_t tile_groups = 0;
+  // The Hopper backward with FP8 products: dP^T = V dO^T comes out in units of descale_v descale_do,
+  // dV's product in units of descale_do (S^T's descales ride in scale_log2).
+  float dp_scale = 1.f, dv_scale = 1.f;
 };
 
 // Slot `slot` of a split group's sums (AttnArgs::split_dk, split_dv).

@@ -1,6 +1,6 @@
-// The FP8 backward's inputs for the bf16 kernels: Q, K, V and dO widened once per call, each
-// element times its tensor's descale, into packed bf16 tensors in the call's workspace
-// (docs/KERNELS.md, "FP8 backward").
+// The FP8 backward's inputs for the bf16 kernels: Q, K, V and dO widened once per call (Q and K only
+// for the backward with e4m3 products), each element times its tensor's descale, into packed bf16
+// tensors in the call's workspace (docs/KERNELS.md, "FP8 backward").
 #include "fp8_inputs.h"
 
 #include <cuda_bf16.h>
@@ -70,7 +70,7 @@ TensorRef packed(void* at, int64_t tokens, int32_t heads, int32_t head_dim) {
 
 } // namespace
 
-BackwardParams widen_fp8_inputs(const BackwardParams& p, void* at, cudaStream_t stream) {
+BackwardParams widen_fp8_inputs(const BackwardParams& p, void* at, cudaStream_t stream, bool q_and_k_only) {
   BackwardParams w = p;
   w.dtype = DType::bf16;
   w.dtype_do = DType::invalid;
@@ -90,19 +90,21 @@ BackwardParams widen_fp8_inputs(const BackwardParams& p, void* at, cudaStream_t 
                   {p.k, w.k, p.descale_k, p.seqlen_kv, p.heads_kv, p.dtype},
                   {p.v, w.v, p.descale_v, p.seqlen_kv, p.heads_kv, p.dtype}};
   int64_t most = 0; // the tensors in the order of widened_inputs_bytes
+  int jobs_n = 0;
   for (int t = 0; t < 4; ++t) {
     const auto& x = tensors[t];
     x.dst = packed(next, x.tokens, x.heads, p.head_dim);
-    const int64_t units = int64_t(p.batch) * x.tokens * x.heads * (p.head_dim / kUnit);
-    jobs.job[t] = WidenJob{x.src, static_cast<__nv_bfloat16*>(x.dst.data), x.descale, x.heads, x.tokens, units,
-                           x.type == DType::fp8_e4m3};
-    most = std::max(most, units);
     next += widened_tensor_bytes(p, x.tokens, x.heads);
+    if (q_and_k_only && (t == 1 || t == 3)) continue;
+    const int64_t units = int64_t(p.batch) * x.tokens * x.heads * (p.head_dim / kUnit);
+    jobs.job[jobs_n++] = WidenJob{x.src, static_cast<__nv_bfloat16*>(x.dst.data), x.descale, x.heads, x.tokens, units,
+                                  x.type == DType::fp8_e4m3};
+    most = std::max(most, units);
   }
   const int threads = 256;
   const int64_t blocks = std::min<int64_t>((most + threads - 1) / threads, 4096);
   if (blocks > 0) {
-    widen_fp8_kernel<<<dim3(unsigned(blocks), 4), threads, 0, stream>>>(jobs);
+    widen_fp8_kernel<<<dim3(unsigned(blocks), unsigned(jobs_n)), threads, 0, stream>>>(jobs);
     check_launch("widening the FP8 backward's inputs");
   }
   return w;

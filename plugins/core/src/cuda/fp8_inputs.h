@@ -13,6 +13,7 @@ namespace attncore::cuda {
 // holds widened_inputs_bytes(p) bytes (workspace_bytes.h), and returns p as the bf16 call on them
 // (descales 1). The inputs must be 16-byte aligned with strides that are multiples of 16 elements;
 // head_dim a multiple of 16.
-BackwardParams widen_fp8_inputs(const BackwardParams& p, void* at, cudaStream_t stream);
+// q_and_k_only: only Q and K (the backward with FP8 products); dO's and V's slots stay unwritten.
+BackwardParams widen_fp8_inputs(const BackwardParams& p, void* at, cudaStream_t stream, bool q_and_k_only = false);
 
 } // namespace attncore::cuda

@@ -27,6 +27,8 @@
 //    (d96, d128, d256), or vector atomics by the three warps, the two parts summed first (DqAdd).
 // Segments that share keys can give more key tiles than CTAs: a CTA strides over them, every role
 // walking the same sequence of tiles.
+// An FP8 call (launch_backward_sm90_fp8) runs S^T, dP^T and dV's products in e4m3 on Q, K, V and dO
+// as given and on dO^T, and dK's and dQ's in bf16 on Q and K widened (BackwardConfig::kFp8).
 #pragma once
 
 #include <cuda.h>
@@ -43,22 +45,22 @@
 
 namespace attncore::cuda::sm90 {
 
-template <class T, int D, int kBlockM>
-__global__ void __launch_bounds__(BackwardConfig<T, D, kBlockM>::kThreads, 1)
+template <class T, int D, int kBlockM, bool kFp8>
+__global__ void __launch_bounds__(BackwardConfig<T, D, kBlockM, kFp8>::kThreads, 1)
     flash_backward_sm90_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
                                const __grid_constant__ CUtensorMap v_map, const __grid_constant__ CUtensorMap do_map,
-                               const __grid_constant__ CUtensorMap dq_map, const __grid_constant__ AttnArgs a,
-                               DqAdd dq_add) {
+                               const __grid_constant__ CUtensorMap dq_map, const __grid_constant__ BackwardFp8Maps f8,
+                               const __grid_constant__ AttnArgs a, DqAdd dq_add) {
 #if ATTNCORE_SM90_DEVICE
-  using C = BackwardConfig<T, D, kBlockM>;
-  using L = BackwardSmem<T, D, kBlockM>;
+  using C = BackwardConfig<T, D, kBlockM, kFp8>;
+  using L = BackwardSmem<T, D, kBlockM, kFp8>;
   using Record = StepRecord<kBlockM>;
   constexpr int W = C::W;
   // 1. Shared memory (BackwardSmem::Regions), this thread's role, the barriers.
   extern __shared__ unsigned char smem_raw[];
   unsigned char* smem = align_smem<1024>(smem_raw);
-  const auto [sK, sV, sQ, sdO, sdS, sDq, steps, dq_rec, piece, kv_full, kv_empty, dq_full, dq_empty, q_full, q_empty] =
-      L::regions(smem);
+  const auto [sK, sV, sQ, sdO, sdS, sDq, steps, dq_rec, piece, kv_full, kv_empty, dq_full, dq_empty, q_full, q_empty,
+              sQ8] = L::regions(smem);
 
   const int tid = threadIdx.x, warp = warp_uniform(int(tid / 32)), lane = tid % 32, group = warp / 4;
   const int batch = blockIdx.z;
@@ -69,7 +71,7 @@ __global__ void __launch_bounds__(BackwardConfig<T, D, kBlockM>::kThreads, 1)
   if (group == 0) {
     regs_dealloc<C::kProducerRegs>();
     if (warp == 0) { // 2. The producer: K and V a key tile; Q, dO and the record a step.
-      produce_steps<C, D, T>(smem, k_map, v_map, q_map, do_map, a, batch, lane);
+      produce_steps<C, D, T>(smem, k_map, v_map, q_map, do_map, f8, a, batch, lane);
     } else if (dq_add != DqAdd::copy_engine || warp == 1) { // 3. The dQ reducer: each step's part into dQ.
       const int rt = tid - 32; // 0 .. kReducers - 1
       for (uint32_t round = 0;; ++round) {
@@ -94,7 +96,7 @@ __global__ void __launch_bounds__(BackwardConfig<T, D, kBlockM>::kThreads, 1)
   const int key0 = keys0 + 16 * warp_in_wg; // this warp's
   const int col0 = C::kSharedKeys ? wg * (D / 2) : 0; // where the consumer's dK/dV columns start (d256: its half)
   const auto [k_desc, v_desc, kb_desc, q_desc, do_desc, qb_desc, dob_desc, ds_desc, ds_qmajor_desc] =
-      operand_descriptors<C, D>(sK, sV, sQ, sdO, sdS, wg, keys0, col0);
+      operand_descriptors<C, D>(sK, sV, sQ, sdO, sQ8, sdS, wg, keys0, col0);
   // This warp's first row of dS^T, and this lane's addresses in its dQ part (shared addresses).
   const uint32_t ds_row0 = smem_addr(sdS) + uint32_t(wg * C::kDsBytes + 16 * warp_in_wg * 128);
   uint32_t dq_lane0, dq_unit[4], dqt_lane[4];
@@ -134,10 +136,10 @@ __global__ void __launch_bounds__(BackwardConfig<T, D, kBlockM>::kThreads, 1)
 
       float st[C::kMTiles][4], dpt[C::kMTiles][4];
       scores_and_dp<C, T, D>(st, dpt, ka, va, k_desc, v_desc, q_desc, do_desc, s); // 1.
-      uint32_t pa[C::kMTiles / 2][4];
+      PFrags<C> pa;
       probabilities<C, T>(pa, st, a, rec.lse2, reg, needs_mask, active, masked, r0, n0, key0, lane); // 2.
       uint32_t dsa[C::kMTiles / 2][4];
-      score_grads<C, T>(dsa, dpt, st, rec.delta, lane); // 3.
+      score_grads<C, T>(dsa, dpt, st, rec.delta, a.dp_scale, lane); // 3.
 
       // dV += P^T dO, dK += dS^T Q (here, or after dQ's product: kDkAfterDq).
       const auto dk_product = [&] { issue_dk_product<C, T>(dk, dsa, qb_desc, s); };
@@ -227,16 +229,50 @@ inline int32_t backward_head_splits(const BackwardParams& p, const AttnArgs& a, 
   return splits;
 }
 
-template <class T, int D, int kBlockM>
-void launch_backward_config(const BackwardParams& p, cudaStream_t stream) {
-  using C = BackwardConfig<T, D, kBlockM>;
+// An FP8 call's e4m3 operands for the backward with FP8 products: the call as given (Q, K, V, dO
+// and their descales) and dO^T ([batch][head][dim][queries rounded to 32], in v_key_at order).
+struct Fp8Operands {
+  const BackwardParams& fp8;
+  const uint8_t* dot;
+};
+
+// p: the call (bf16 or fp16); or, with FP8 products, the call with Q and K widened to bf16 (f8:
+// the e4m3 operands).
+template <class T, int D, int kBlockM, bool kFp8 = false>
+void launch_backward_config(const BackwardParams& p, cudaStream_t stream, const Fp8Operands* f8 = nullptr) {
+  using C = BackwardConfig<T, D, kBlockM, kFp8>;
   AttnArgs a = backward_args(p);
   const bool by_pieces = share_out_pieces(p, a, stream);
   const CUtensorMapSwizzle sw = tma_swizzle(C::W);
   const CUtensorMap q_map = make_tile_map(p.q, p.dtype, p.batch, p.seqlen_q, p.heads_q, D, C::kBlockM, C::W, sw);
-  const CUtensorMap do_map = make_tile_map(p.d_o, p.dtype, p.batch, p.seqlen_q, p.heads_q, D, C::kBlockM, C::W, sw);
   const CUtensorMap k_map = make_tile_map(p.k, p.dtype, p.batch, p.seqlen_kv, p.heads_kv, D, C::kBlockN, C::W, sw);
-  const CUtensorMap v_map = make_tile_map(p.v, p.dtype, p.batch, p.seqlen_kv, p.heads_kv, D, C::kBlockN, C::W, sw);
+  CUtensorMap do_map, v_map;
+  BackwardFp8Maps f8_maps;
+  std::memset(&f8_maps, 0, sizeof f8_maps);
+  if constexpr (kFp8) {
+    // e4m3 rows of D bytes (W8 16-bit columns), one column block; dO^T's rows a step's queries.
+    const BackwardParams& e = f8->fp8;
+    const DType e4m3 = DType::fp8_e4m3;
+    const CUtensorMapSwizzle sw8 = tma_swizzle(C::W8);
+    f8_maps.q8 = make_tile_map(e.q, e4m3, p.batch, p.seqlen_q, p.heads_q, D, C::kBlockM, 2 * C::W8, sw8);
+    f8_maps.k8 = make_tile_map(e.k, e4m3, p.batch, p.seqlen_kv, p.heads_kv, D, C::kBlockN, 2 * C::W8, sw8);
+    do_map = make_tile_map(e.d_o, e4m3, p.batch, p.seqlen_q, p.heads_q, D, C::kBlockM, 2 * C::W8, sw8);
+    v_map = make_tile_map(e.v, e4m3, p.batch, p.seqlen_kv, p.heads_kv, D, C::kBlockN, 2 * C::W8, sw8);
+    const int64_t queries = v_fp8_keys(p.seqlen_q);
+    TensorRef dot;
+    dot.data = const_cast<uint8_t*>(f8->dot);
+    dot.token_stride = queries;
+    dot.head_stride = int64_t(D) * queries;
+    dot.batch_stride = int64_t(p.heads_q) * D * queries;
+    f8_maps.dot = make_tile_map(dot, e4m3, p.batch, D, p.heads_q, int32_t(queries), D, 2 * C::WT, tma_swizzle(C::WT));
+    a.scale_log2 *= e.descale_q * e.descale_k;
+    a.dp_scale = e.descale_v * e.descale_do;
+    a.dv_scale = e.descale_do / kFp8PScale;
+    a.scale /= kFp8PScale; // (dK's and dQ's: dS carries kFp8PScale)
+  } else {
+    do_map = make_tile_map(p.d_o, p.dtype, p.batch, p.seqlen_q, p.heads_q, D, C::kBlockM, C::W, sw);
+    v_map = make_tile_map(p.v, p.dtype, p.batch, p.seqlen_kv, p.heads_kv, D, C::kBlockN, C::W, sw);
+  }
   // dQ chunks added by the copy engine where the head dim and the accumulator allow it.
   const DqAdd dq_add = C::kDqByCopyEngine && tma_readable(p.dq, 4) ? DqAdd::copy_engine
                        : tma_readable(p.dq, 4)                     ? DqAdd::quads
@@ -246,8 +282,8 @@ void launch_backward_config(const BackwardParams& p, cudaStream_t stream) {
   if (dq_add == DqAdd::copy_engine)
     dq_map = make_tile_map(p.dq, DType::fp32, p.batch, p.seqlen_q, p.heads_q, D, C::kBlockM, 32,
                            CU_TENSOR_MAP_SWIZZLE_128B);
-  const auto kernel = flash_backward_sm90_kernel<T, D, kBlockM>;
-  constexpr size_t smem = BackwardSmem<T, D, kBlockM>::kBytes;
+  const auto kernel = flash_backward_sm90_kernel<T, D, kBlockM, kFp8>;
+  constexpr size_t smem = BackwardSmem<T, D, kBlockM, kFp8>::kBytes;
   cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
   const int64_t tiles = by_pieces ? piece_tiles(p, C::kBlockN) : tile_grid(p.seqlen_kv, C::kBlockN, p.num_segments);
   const bool plain = !p.blocks && p.num_segments == 0 && !by_pieces && p.mask.window_left < 0 && p.mask.window_right < 0;
@@ -262,7 +298,7 @@ void launch_backward_config(const BackwardParams& p, cudaStream_t stream) {
     a.dkdv_out = GradOut::add_fp32;
   }
   const dim3 grid(unsigned(tiles), unsigned(p.heads_kv * a.head_splits), unsigned(p.batch));
-  kernel<<<grid, C::kThreads, smem, stream>>>(q_map, k_map, v_map, do_map, dq_map, a, dq_add);
+  kernel<<<grid, C::kThreads, smem, stream>>>(q_map, k_map, v_map, do_map, dq_map, f8_maps, a, dq_add);
   check_launch("flash backward (sm90)");
   write_split_sums(p, a, stream);
 }
@@ -287,6 +323,20 @@ template <class T, int D> void launch_backward_sm90(const BackwardParams& p, cud
       return launch_backward_config<T, D, 80>(p, stream);
   }
   launch_backward_config<T, D, 64>(p, stream);
+}
+
+// The backward of an FP8 call with e4m3 products (BackwardConfig::kFp8), where it serves
+// (fp8_products_serve): widened holds Q and K in bf16 (widen_fp8_inputs), and dO's slot of the
+// workspace takes dO^T. Measured against the bf16 kernels on all four inputs widened in
+// docs/KERNELS.md, "FP8 backward".
+template <int D> void launch_backward_sm90_fp8(const BackwardParams& fp8, const BackwardParams& widened, cudaStream_t stream) {
+  uint8_t* dot = static_cast<uint8_t*>(widened.d_o.data);
+  const int64_t queries = v_fp8_keys(fp8.seqlen_q);
+  const dim3 tgrid(unsigned((queries + 63) / 64), unsigned(fp8.heads_q), unsigned(fp8.batch));
+  transpose_v_fp8<D><<<tgrid, D, 0, stream>>>(fp8.d_o, dot, int32_t(fp8.seqlen_q), queries);
+  check_launch("dO^T (FP8 backward)");
+  const Fp8Operands f8{fp8, dot};
+  launch_backward_config<__nv_bfloat16, D, 64, true>(widened, stream, &f8);
 }
 
 } // namespace attncore::cuda::sm90

@@ -4,18 +4,23 @@
 #pragma once
 
 #include <cuda.h>
+#include <cuda_fp8.h>
+
+#include <type_traits>
 
 #include "../args.h"
 #include "../cta_order.h"
 #include "../device.cuh"
 #include "../tiles.cuh"
+#include "fp8_operands.cuh"
 #include "hopper.cuh"
 #include "wgmma_ops.cuh"
 
 namespace attncore::cuda::sm90 {
 
 // kBlockM_: queries a step, 64; or 128 at d64, 80 at d128, in the long calls launch_backward_sm90 names.
-template <class T, int D, int kBlockM_ = 64> struct BackwardConfig {
+// kFp8_: an FP8 call's backward with e4m3 products where no transpose is needed (BackwardFp8Maps).
+template <class T, int D, int kBlockM_ = 64, bool kFp8_ = false> struct BackwardConfig {
   static constexpr int kConsumers = 2;
   static constexpr int kThreads = (kConsumers + 1) * 128;
   // Up to d128 each consumer owns 64 keys. At d256, dK and dV of 64 keys (256 registers a thread)
@@ -67,8 +72,11 @@ template <class T, int D, int kBlockM_ = 64> struct BackwardConfig {
   // spilled in the step loop; all of K serialized the products); none at d256 (two steps measured
   // no faster), nor with 128- or 80-query steps (S^T and dP^T take 128 or 80 registers; at 80 one
   // step of K spilled 28 bytes, docs/KERNELS.md, "K and V as register operands").
-  static constexpr int kKeyRegSteps = kSharedKeys || kBlockM > 64 ? 0 : D <= 80 ? D / 16 : D == 96 ? 1 : 2;
-  static constexpr int kValueRegSteps = kSharedKeys || kBlockM > 64 ? 0 : D <= 80 ? D / 16 : D == 96 ? 1 : 0;
+  // With FP8 products (k-steps of 32 e4m3 elements) none: two k-steps of K8, or one of K8 and one of
+  // V8, compiled without spills and measured level with none (69.2-69.9 against 68.9 ms full at the
+  // reference shape); three or more spilled.
+  static constexpr int kKeyRegSteps = kSharedKeys || kBlockM > 64 || kFp8_ ? 0 : D <= 80 ? D / 16 : D == 96 ? 1 : 2;
+  static constexpr int kValueRegSteps = kSharedKeys || kBlockM > 64 || kFp8_ ? 0 : D <= 80 ? D / 16 : D == 96 ? 1 : 0;
   // Registers of warpgroup 0 (producer and dQ reducer) and of each consumer: 24 + 2 x 240 = 3 x 168.
   // Where the reducer adds dQ by atomics (d64, d80) it spilled at 24 and held the consumers at their
   // handoff: 40 + 2 x 232 there, +2-5% at d64 and d80 (the tall d64 steps equal; docs/KERNELS.md,
@@ -89,6 +97,23 @@ template <class T, int D, int kBlockM_ = 64> struct BackwardConfig {
                     (kDqT && kDsShared && kDqByCopyEngine),
                 "128-query steps: each consumer's dQ part over its own keys, added by the atomic reducer; 80-query "
                 "steps: dQ made transposed, split by columns, added by the copy engine");
+  // FP8 products (an FP8 call with e4m3 dO, BackwardFp8Maps). The e4m3 operands are read K-major
+  // only, so three of the five products take them as they lie: S^T = K Q^T and dP^T = V dO^T read
+  // Q, K, V and dO as given, and dV += P^T dO reads dO^T (queries contiguous, in v_key_at order
+  // within each 32-query group, so that P^T packs from the score registers as the FP8 forward's P
+  // does). dK += dS^T Q and dQ = dS K stay bf16 products on Q and K widened once per call, with
+  // dS in bf16. Shared memory: K8 and V8 take V's region (V itself is read by no bf16 product),
+  // each stage's dO8 and dO^T take dO's, and Q8 has a region of its own.
+  static constexpr bool kFp8 = kFp8_;
+  static constexpr int W8 = swizzle_cols(D / 2);          // Q8's, K8's, V8's and dO8's rows, in 16-bit columns
+  static constexpr int WT = swizzle_cols(kBlockM / 2);    // dO^T's rows (a step's queries)
+  static constexpr uint32_t kKV8Bytes = kBlockN * D;     // K8 or V8
+  static constexpr uint32_t kQ8Bytes = kBlockM * D;      // Q8, dO8 or dO^T, one stage
+  static_assert(!kFp8 || (kBlockM == 64 && D == 128 && !kSharedKeys && std::is_same_v<T, __nv_bfloat16>),
+                "FP8 products: d128, 64-query steps (a step's queries are whole 32-query k-steps of dV's product), "
+                "bf16 for the rest");
+  static_assert(!kFp8 || (2 * kKV8Bytes == kKVBytes && 2 * kQ8Bytes == kQBytes), "K8, V8 in V's place; dO8, dO^T in dO's");
+  static_assert(!kFp8 || (kKeyRegSteps == 0 && kValueRegSteps == 0), "FP8 products read K8 and V8 from shared memory");
 };
 
 // What the producer tells the consumers about a step, beside its Q and dO. head < 0: the key tile
@@ -122,13 +147,14 @@ struct DqRecord {
   int32_t head, r0, rows, pad;
 };
 
-template <class T, int D, int kBlockM> struct BackwardSmem {
-  using C = BackwardConfig<T, D, kBlockM>;
+template <class T, int D, int kBlockM, bool kFp8 = false> struct BackwardSmem {
+  using C = BackwardConfig<T, D, kBlockM, kFp8>;
   static constexpr size_t kK = 0;
   static constexpr size_t kV = kK + C::kKVBytes;
   static constexpr size_t kQ = kV + C::kKVBytes;
   static constexpr size_t kDO = kQ + C::kStages * C::kQBytes;
-  static constexpr size_t kDS = kDO + C::kStages * C::kQBytes;
+  static constexpr size_t kQ8 = kDO + C::kStages * C::kQBytes;  // FP8 products: Q8, kStages tiles
+  static constexpr size_t kDS = kQ8 + (C::kFp8 ? C::kStages * C::kQ8Bytes : 0);
   static constexpr size_t kDQ = kDS + C::kDsBuffers * C::kConsumers * C::kDsBytes;
   static constexpr size_t kSteps = kDQ + C::kDqParts * C::kDqBytes;
   static constexpr size_t kDqRec = kSteps + C::kStages * sizeof(StepRecord<kBlockM>);
@@ -152,6 +178,7 @@ template <class T, int D, int kBlockM> struct BackwardSmem {
     // And the CTA's place (cta_place): its first key, its run of query heads and its kv head.
     TilePiece* piece;
     uint64_t *kv_full, *kv_empty, *dq_full, *dq_empty, *q_full, *q_empty; // q_*: kStages each
+    uint8_t* q8; // FP8 products: Q as given, kStages tiles
   };
   __device__ static Regions regions(unsigned char* smem) {
     uint64_t* bars = reinterpret_cast<uint64_t*>(smem + kBars);
@@ -169,7 +196,8 @@ template <class T, int D, int kBlockM> struct BackwardSmem {
                    bars + 2,
                    bars + 3,
                    bars + 4,
-                   bars + 4 + C::kStages};
+                   bars + 4 + C::kStages,
+                   smem + kQ8};
   }
 };
 
@@ -224,31 +252,65 @@ __device__ __forceinline__ bool key_tile(const AttnArgs& a, const TilePiece* pie
   return true;
 }
 
+// The e4m3 operands of a backward with FP8 products (BackwardConfig::kFp8), beside the kernel's
+// bf16 Q and K (widened) and its v_map and do_map (then V and dO as given): Q and K as given, and
+// dO^T ([batch][head][dim][queries rounded to 32], transpose_v_fp8's layout). Zeros elsewhere.
+struct BackwardFp8Maps {
+  CUtensorMap q8, k8, dot;
+};
+
+// With FP8 products P^T is made times 2^8 (the rows' LSE lowered by 8 in exp2 units, for free), so
+// that it rounds to e4m3 for dV's product. Here P is normalized (each query's sums to 1), not taken
+// against a running maximum as in the forward: at 2000 keys most of it lies below e4m3's smallest
+// subnormal (2^-9) and rounds to zero (dV then missed a third to a half of its norm); times 2^8 its
+// largest value, 256, stays within 448. dS then carries 2^8 too: dV's, dK's and dQ's scales take
+// 2^-8 (AttnArgs::dv_scale, scale), exactly.
+constexpr float kFp8PScale = 256.f, kFp8PShift = 8.f; // kFp8PScale = 2^kFp8PShift
+
 // The producer's steps (warp 0 of warpgroup 0): K and V once a key tile; per step Q and dO into a
 // stage of the ring, and the step's record beside them (produce_steps).
-// (Lane 0.) K and V of the key tile at n0.
+// (Lane 0.) K and V of the key tile at n0 (FP8 products: K, and K8 and V8 in V's place).
 template <class C, int D, class T>
 __device__ __forceinline__ void load_kv(T* sK, T* sV, const CUtensorMap& k_map, const CUtensorMap& v_map,
-                                        uint64_t* kv_full, int32_t n0, int kv_head, int batch) {
+                                        const BackwardFp8Maps& f8, uint64_t* kv_full, int32_t n0, int kv_head,
+                                        int batch) {
   constexpr int W = C::W;
   barrier_expect_bytes(kv_full, 2 * C::kKVBytes);
-  for (int cb = 0; cb < D / W; ++cb) {
-    tma_load_4d(sK + cb * C::kBlockN * W, &k_map, kv_full, cb * W, n0, kv_head, batch);
-    tma_load_4d(sV + cb * C::kBlockN * W, &v_map, kv_full, cb * W, n0, kv_head, batch);
+  if constexpr (C::kFp8) {
+    uint8_t* k8 = reinterpret_cast<uint8_t*>(sV);
+    for (int cb = 0; cb < D / W; ++cb) tma_load_4d(sK + cb * C::kBlockN * W, &k_map, kv_full, cb * W, n0, kv_head, batch);
+    tma_load_4d(k8, &f8.k8, kv_full, 0, n0, kv_head, batch);
+    tma_load_4d(k8 + C::kKV8Bytes, &v_map, kv_full, 0, n0, kv_head, batch);
+  } else {
+    for (int cb = 0; cb < D / W; ++cb) {
+      tma_load_4d(sK + cb * C::kBlockN * W, &k_map, kv_full, cb * W, n0, kv_head, batch);
+      tma_load_4d(sV + cb * C::kBlockN * W, &v_map, kv_full, cb * W, n0, kv_head, batch);
+    }
   }
 }
 
 // (Lane 0.) Q and dO of step q into stage s, counted by q_full's transaction bytes.
+// FP8 products: Q, and Q8, dO8 and dO^T (dO8 and dO^T in dO's place).
 template <class C, int D, class T>
-__device__ __forceinline__ void load_q_do(T* sQ, T* sdO, const CUtensorMap& q_map, const CUtensorMap& do_map,
-                                          uint64_t* q_full, uint32_t s, const QStep& q, int batch) {
+__device__ __forceinline__ void load_q_do(T* sQ, T* sdO, uint8_t* sQ8, const CUtensorMap& q_map,
+                                          const CUtensorMap& do_map, const BackwardFp8Maps& f8, uint64_t* q_full,
+                                          uint32_t s, const QStep& q, int batch) {
   constexpr int W = C::W;
-  barrier_expect_tx(q_full, 2 * C::kQBytes);
   T* q_tile = sQ + s * (C::kQBytes / sizeof(T));
   T* do_tile = sdO + s * (C::kQBytes / sizeof(T));
-  for (int cb = 0; cb < D / W; ++cb) {
-    tma_load_4d(q_tile + cb * C::kBlockM * W, &q_map, q_full, cb * W, q.r0, q.head, batch);
-    tma_load_4d(do_tile + cb * C::kBlockM * W, &do_map, q_full, cb * W, q.r0, q.head, batch);
+  if constexpr (C::kFp8) {
+    barrier_expect_tx(q_full, C::kQBytes + 3 * C::kQ8Bytes);
+    uint8_t* do8 = reinterpret_cast<uint8_t*>(do_tile);
+    for (int cb = 0; cb < D / W; ++cb) tma_load_4d(q_tile + cb * C::kBlockM * W, &q_map, q_full, cb * W, q.r0, q.head, batch);
+    tma_load_4d(sQ8 + s * C::kQ8Bytes, &f8.q8, q_full, 0, q.r0, q.head, batch);
+    tma_load_4d(do8, &do_map, q_full, 0, q.r0, q.head, batch);
+    tma_load_4d(do8 + C::kQ8Bytes, &f8.dot, q_full, q.r0, 0, q.head, batch);
+  } else {
+    barrier_expect_tx(q_full, 2 * C::kQBytes);
+    for (int cb = 0; cb < D / W; ++cb) {
+      tma_load_4d(q_tile + cb * C::kBlockM * W, &q_map, q_full, cb * W, q.r0, q.head, batch);
+      tma_load_4d(do_tile + cb * C::kBlockM * W, &do_map, q_full, cb * W, q.r0, q.head, batch);
+    }
   }
 }
 
@@ -259,14 +321,15 @@ __device__ __forceinline__ void load_q_do(T* sQ, T* sdO, const CUtensorMap& q_ma
 // d256 spilled 8 more bytes of stores and 12 of loads (BackwardConfig::kProducerRegs).
 template <class C, int D, class T>
 __device__ __forceinline__ void produce_steps(unsigned char* smem, const CUtensorMap& k_map, const CUtensorMap& v_map,
-                                              const CUtensorMap& q_map, const CUtensorMap& do_map, const AttnArgs& a,
-                                              int batch, int lane) {
-  using L = BackwardSmem<T, D, C::kBlockM>;
+                                              const CUtensorMap& q_map, const CUtensorMap& do_map,
+                                              const BackwardFp8Maps& f8, const AttnArgs& a, int batch, int lane) {
+  using L = BackwardSmem<T, D, C::kBlockM, C::kFp8>;
   using Record = StepRecord<C::kBlockM>;
   T* sK = reinterpret_cast<T*>(smem + L::kK);
   T* sV = reinterpret_cast<T*>(smem + L::kV);
   T* sQ = reinterpret_cast<T*>(smem + L::kQ);
   T* sdO = reinterpret_cast<T*>(smem + L::kDO);
+  uint8_t* sQ8 = smem + L::kQ8;
   Record* steps = reinterpret_cast<Record*>(smem + L::kSteps);
   const TilePiece* piece = reinterpret_cast<const TilePiece*>(smem + L::kPiece);
   uint64_t* bars = reinterpret_cast<uint64_t*>(smem + L::kBars);
@@ -279,7 +342,7 @@ __device__ __forceinline__ void produce_steps(unsigned char* smem, const CUtenso
   int32_t n0;
   for (int32_t i = 0; key_tile<C>(a, piece, i, reg, n0); ++i) {
     barrier_wait(kv_empty, (i & 1) ^ 1);
-    if (lane == 0) load_kv<C, D>(sK, sV, k_map, v_map, kv_full, n0, piece->kv_head, batch);
+    if (lane == 0) load_kv<C, D>(sK, sV, k_map, v_map, f8, kv_full, n0, piece->kv_head, batch);
     QWalk<C::kBlockM, C::kBlockN> walk;
     const BlockArgs no_list{};
     const BlockArgs& blocks = C::kBlockLists ? a.blocks : no_list;
@@ -301,7 +364,7 @@ __device__ __forceinline__ void produce_steps(unsigned char* smem, const CUtenso
       }
       // The step's copies first, so that their latency runs under the lanes' loads of the rows'
       // LSE and delta; lane 0's arrive below completes the phase with their bytes.
-      if (lane == 0) load_q_do<C, D>(sQ, sdO, q_map, do_map, &q_full[s], s, q, batch);
+      if (lane == 0) load_q_do<C, D>(sQ, sdO, sQ8, q_map, do_map, f8, &q_full[s], s, q, batch);
       // The step's record: the rows' LSE (log2 units) and delta by the lanes, the rest by lane 0.
       const float* lse = a.lse.data + batch * a.lse.batch_stride + q.head * a.lse.head_stride;
       const float* dlt = a.delta.data + batch * a.delta.batch_stride + q.head * a.delta.head_stride;
@@ -313,6 +376,7 @@ __device__ __forceinline__ void produce_steps(unsigned char* smem, const CUtenso
         if (r < reg.row_end) {
           const float l = lse[r];
           lse2 = l == -INFINITY ? INFINITY : l * kLog2e; // a row without keys: P = 0
+          if constexpr (C::kFp8) lse2 -= kFp8PShift;     // P times kFp8PScale
           delta = dlt[r];
         }
         rec.lse2[lane + 32 * h] = lse2;
@@ -392,6 +456,8 @@ __device__ __forceinline__ void add_dq_part(const DqRecord& rec, const AttnArgs&
 template <class C> using GradTiles = float[C::kOTiles][4];
 template <class C> using ScoreTiles = float[C::kMTiles][4];
 template <class C> using FragTiles = uint32_t[C::kMTiles / 2][4];
+// P^T as dV's A fragments: bf16 k-steps of 16 queries, or e4m3 ones of 32 (FP8 products).
+template <class C> using PFrags = uint32_t[C::kFp8 ? C::kMTiles / 4 : C::kMTiles / 2][4];
 // Tall steps: dq for the step's first 64 queries, dq_hi for the next 64. (Apart rather than
 // as one array over both: the d96-d128 kernels lost 2-4% when ptxas saw the general form.)
 template <class C> constexpr bool kTallSteps = C::kBlockM == 128;
@@ -411,6 +477,7 @@ template <class C> __device__ __forceinline__ void zero_grads(GradTiles<C>& dk, 
 // (zero_rows_past): K's would reach dQ, V's dP, as 0 x NaN. Both consumers meet at barrier 3.
 template <class C, int D, class T>
 __device__ __forceinline__ void clean_kv(T* sK, T* sV, const AttnArgs& a, const Region& reg, int32_t n0, int tid) {
+  if constexpr (C::kFp8) return; // (plain calls only: no segment ends inside the tensor)
   if (warp_uniform(n0 + C::kBlockN > reg.col_end && reg.col_end < a.seqlen_kv)) {
     zero_rows_past<C::W, D, C::kBlockN>(sK, reg.col_end - n0, tid - 128, C::kConsumers * 128);
     zero_rows_past<C::W, D, C::kBlockN>(sV, reg.col_end - n0, tid - 128, C::kConsumers * 128);
@@ -422,6 +489,7 @@ __device__ __forceinline__ void clean_kv(T* sK, T* sV, const AttnArgs& a, const 
 template <class C, int D, class T>
 __device__ __forceinline__ void clean_q_do(T* sQ, T* sdO, const AttnArgs& a, uint32_t s, const Region& reg, int32_t r0,
                                            int tid) {
+  if constexpr (C::kFp8) return; // (plain calls only)
   if (warp_uniform(r0 + C::kBlockM > reg.row_end && reg.row_end < a.seqlen_q)) {
     zero_rows_past<C::W, D, C::kBlockM>(sQ + s * (C::kQBytes / sizeof(T)), reg.row_end - r0, tid - 128,
                                         C::kConsumers * 128);
@@ -444,10 +512,25 @@ struct OperandDescriptors {
 };
 template <class C, int D, class T>
 __device__ __forceinline__ OperandDescriptors operand_descriptors(const T* sK, const T* sV, const T* sQ, const T* sdO,
-                                                                  const T* sdS, int wg, int keys0, int col0) {
+                                                                  const uint8_t* sQ8, const T* sdS, int wg, int keys0,
+                                                                  int col0) {
   constexpr int W = C::W;
   // The consumer's half of an MN-major tile of `rows` rows (d256), as a descriptor offset.
   const auto half_of = [&](int rows) { return desc_offset(uint32_t((col0 / W) * rows * W * 2)); };
+  if constexpr (C::kFp8) { // K8, V8 in V's place; dO8, dO^T in dO's (in the 16-bit vocabulary: W8 columns a row)
+    const uint8_t* k8 = reinterpret_cast<const uint8_t*>(sV);
+    const uint8_t* do8 = reinterpret_cast<const uint8_t*>(sdO);
+    return OperandDescriptors{
+        desc_k_major<C::W8>(k8, C::kBlockN, keys0),
+        desc_k_major<C::W8>(k8 + C::kKV8Bytes, C::kBlockN, keys0),
+        desc_mn_major<W>(sK, C::kBlockN) + desc_offset(uint32_t(wg * (D / 2 / W) * C::kBlockN * W * 2)),
+        desc_k_major<C::W8>(sQ8, C::kBlockM, 0),
+        desc_k_major<C::W8>(do8, C::kBlockM, 0),
+        desc_mn_major<W>(sQ, C::kBlockM),
+        desc_k_major<C::WT>(do8 + C::kQ8Bytes, D, 0),
+        desc_mn_major<64>(sdS, 64),
+        desc_k_major<64>(sdS, C::kBlockM, 0)};
+  }
   return OperandDescriptors{
       desc_k_major<W>(sK, C::kBlockN, keys0),
       desc_k_major<W>(sV, C::kBlockN, keys0),
@@ -495,6 +578,22 @@ __device__ __forceinline__ void scores_and_dp(ScoreTiles<C>& st, ScoreTiles<C>& 
                                               uint32_t s) {
   constexpr int W = C::W;
   constexpr uint32_t kQStage = desc_offset(C::kQBytes);
+  if constexpr (C::kFp8) { // k-steps of 32 e4m3 elements (16 16-bit columns): Q8 a tile a stage, dO8 in dO's place
+    using E4m3 = __nv_fp8_e4m3;
+    constexpr uint32_t kQ8Stage = desc_offset(C::kQ8Bytes);
+    wgmma_fence();
+#pragma unroll
+    for (int k0 = 0; k0 < D / 2; k0 += 16)
+      wgmma_step<E4m3, C::kBlockM, C::kKeyRegSteps>(st, ka, k_desc + k_major_step<C::W8>(C::kBlockN, k0),
+                                                    q_desc + s * kQ8Stage + k_major_step<C::W8>(C::kBlockM, k0), k0);
+    wgmma_commit();
+#pragma unroll
+    for (int k0 = 0; k0 < D / 2; k0 += 16)
+      wgmma_step<E4m3, C::kBlockM, C::kValueRegSteps>(dpt, va, v_desc + k_major_step<C::W8>(C::kBlockN, k0),
+                                                      do_desc + s * kQStage + k_major_step<C::W8>(C::kBlockM, k0), k0);
+    wgmma_commit();
+    return;
+  }
   wgmma_fence();
 #pragma unroll
   for (int k0 = 0; k0 < D; k0 += 16)
@@ -511,7 +610,7 @@ __device__ __forceinline__ void scores_and_dp(ScoreTiles<C>& st, ScoreTiles<C>& 
 // 2. P^T = exp2(S^T c - LSE2), 0 outside the mask; as A fragments pa of dV's product, and in st
 // (fp32) for dS^T. lse2: the step's StepRecord::lse2.
 template <class C, class T>
-__device__ __forceinline__ void probabilities(FragTiles<C>& pa, ScoreTiles<C>& st, const AttnArgs& a, const float* lse2,
+__device__ __forceinline__ void probabilities(PFrags<C>& pa, ScoreTiles<C>& st, const AttnArgs& a, const float* lse2,
                                               const Region& reg, bool needs_mask, bool active, bool masked, int32_t r0,
                                               int32_t n0, int key0, int lane) {
   wgmma_wait<1>();
@@ -539,22 +638,29 @@ __device__ __forceinline__ void probabilities(FragTiles<C>& pa, ScoreTiles<C>& s
       st[j][e] = p;
     }
   }
+  if constexpr (C::kFp8) {
+    pack_e4m3_fragments(pa, st, 1.f); // (P times kFp8PScale already; dO^T's queries in v_key_at order)
+  } else {
 #pragma unroll
-  for (int kk = 0; kk < C::kMTiles / 2; ++kk) c_to_a<T>(pa[kk], st[2 * kk], st[2 * kk + 1]);
+    for (int kk = 0; kk < C::kMTiles / 2; ++kk) c_to_a<T>(pa[kk], st[2 * kk], st[2 * kk + 1]);
+  }
 }
 
 // 3. dS^T = P^T (dP^T - delta) (pt: P^T in fp32; delta: the step's StepRecord::delta), as A
-// fragments dsa.
+// fragments dsa. (FP8 products: dP^T times dp_scale first.)
 template <class C, class T>
 __device__ __forceinline__ void score_grads(FragTiles<C>& dsa, ScoreTiles<C>& dpt, const ScoreTiles<C>& pt,
-                                            const float* delta, int lane) {
+                                            const float* delta, float dp_scale, int lane) {
   wgmma_wait<0>();
   fence_registers(dpt);
 #pragma unroll
   for (int j = 0; j < C::kMTiles; ++j) {
     const float2 dl = *reinterpret_cast<const float2*>(&delta[j * 8 + (lane & 3) * 2]);
 #pragma unroll
-    for (int e = 0; e < 4; ++e) dpt[j][e] = pt[j][e] * (dpt[j][e] - ((e & 1) ? dl.y : dl.x));
+    for (int e = 0; e < 4; ++e) {
+      const float dp = C::kFp8 ? dpt[j][e] * dp_scale : dpt[j][e];
+      dpt[j][e] = pt[j][e] * (dp - ((e & 1) ? dl.y : dl.x));
+    }
   }
 #pragma unroll
   for (int kk = 0; kk < C::kMTiles / 2; ++kk) c_to_a<T>(dsa[kk], dpt[2 * kk], dpt[2 * kk + 1]);
@@ -581,14 +687,22 @@ __device__ __forceinline__ void release_q_stage(GradTiles<C>& dk, FragTiles<C>& 
 
 // 4. dV += P^T dO, dK += dS^T Q (here, or after dQ's product: kDkAfterDq).
 // (dk_product: the kernel's call of issue_dk_product, as it issues dK's product after dQ's too.)
+// (FP8 products: dV's is e4m3, over dO^T in dO's place, k-steps of 32 queries.)
 template <class C, class T, class DkProduct>
-__device__ __forceinline__ void dv_dk_products(GradTiles<C>& dv, const FragTiles<C>& pa, uint64_t dob_desc, uint32_t s,
+__device__ __forceinline__ void dv_dk_products(GradTiles<C>& dv, const PFrags<C>& pa, uint64_t dob_desc, uint32_t s,
                                                const DkProduct& dk_product) {
   wgmma_fence();
+  if constexpr (C::kFp8) {
 #pragma unroll
-  for (int kk = 0; kk < C::kBlockM / 16; ++kk)
-    Wgmma<T, C::kGradCols>::template rs<1>(
-        dv, pa[kk], dob_desc + s * desc_offset(C::kQBytes) + mn_major_step<C::W>(16 * kk), true);
+    for (int kk = 0; kk < C::kBlockM / 32; ++kk)
+      Wgmma<__nv_fp8_e4m3, C::kGradCols>::template rs<0>(
+          dv, pa[kk], dob_desc + s * desc_offset(C::kQBytes) + k_major_step<C::WT>(C::kGradCols, 16 * kk), true);
+  } else {
+#pragma unroll
+    for (int kk = 0; kk < C::kBlockM / 16; ++kk)
+      Wgmma<T, C::kGradCols>::template rs<1>(
+          dv, pa[kk], dob_desc + s * desc_offset(C::kQBytes) + mn_major_step<C::W>(16 * kk), true);
+  }
   if constexpr (!C::kDkAfterDq) dk_product();
   wgmma_commit();
 }
@@ -715,7 +829,10 @@ __device__ __forceinline__ void store_dkdv(GradTiles<C>& dk, GradTiles<C>& dv, c
 #pragma unroll
   for (int j = 0; j < C::kOTiles; ++j)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) dk[j][e] *= a.scale;
+    for (int e = 0; e < 4; ++e) {
+      dk[j][e] *= a.scale;
+      if constexpr (C::kFp8) dv[j][e] *= a.dv_scale;
+    }
   const int32_t key = n0 + key0 + (lane >> 2);
   const int col = col0 + (lane & 3) * 2;
   const int32_t slot = a.split_dk.data ? piece->slot : -1;
