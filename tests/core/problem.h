@@ -4,6 +4,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -186,13 +187,17 @@ struct Problem {
     return g;
   }
 
+  // FP8: Q's, K's, V's and dO's descales (values of a few units stored around 64 by default: the
+  // descale matters).
+  std::array<double, 4> fp8_descales{1.0 / 64, 1.0 / 64, 1.0 / 64, 1.0 / 64};
   void randomize(std::mt19937_64& rng, int64_t pad = 0, double stddev = 1.0) {
     q = Tensor(dtype, B, Sq, Hq, D, pad);
     k = Tensor(dtype, B, Skv, Hkv, D, pad);
     v = Tensor(dtype, B, Skv, Hkv, D, pad);
     d_o = Tensor(dtype_do == DType::invalid ? dtype : dtype_do, B, Sq, Hq, D, pad);
-    for (Tensor* t : {&q, &k, &v, &d_o})  // values of a few units stored around 64: the descale matters
-      if (is_fp8(t->dtype)) t->descale = 1.0 / 64;
+    Tensor* const tensors[4] = {&q, &k, &v, &d_o};
+    for (int t = 0; t < 4; ++t)
+      if (is_fp8(tensors[t]->dtype)) tensors[t]->descale = fp8_descales[size_t(t)];
     q.fill_normal(rng, stddev);
     k.fill_normal(rng, stddev);
     v.fill_normal(rng, 1.0);

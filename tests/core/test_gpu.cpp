@@ -310,11 +310,17 @@ TEST_CASE("gpu: FP8 e4m3 forward and backward, head dims 64, 128 and 256") {
 // The FP8 backward with e4m3 products (d128, e4m3 dO, plain calls of at least 1024 rows): against
 // the CPU reference within FP8's tolerance, causal with a query offset and full, ragged lengths
 // (rows not whole 32-query groups of dO^T, keys not whole tiles), a GQA pair, dK and dV written,
-// and the pair cut over two CTAs. Its dV rounds P to e4m3 where the widened inputs' path
-// (ATTNCORE_FP8_PRODUCTS=0) keeps it in bf16: the two must differ, or the products did not run.
+// and the pair cut over two CTAs; then two batch entries of 4 query heads on 2, padded rows, a key
+// offset, and a descale of its own for each tensor (a descale applied to the wrong product fails).
+// The products run on ATTNCORE_FP8_PRODUCTS=1. Their dV rounds P to e4m3 where the widened inputs'
+// path (the default) keeps it in bf16: the two must differ, or the products did not run.
 TEST_CASE("gpu: FP8 backward with e4m3 products") {
   REQUIRE(device_count() > 0);
   if (std::string(native_kernels()) != "wgmma") return; // (the FP8 test above checks the refusal)
+  const auto products = [](bool on) {
+    if (on) setenv("ATTNCORE_FP8_PRODUCTS", "1", 1);
+    else unsetenv("ATTNCORE_FP8_PRODUCTS");
+  };
   std::mt19937_64 rng(21);
   const auto differ = [](const Tensor& a, const Tensor& b) {
     int64_t n = 0;
@@ -330,19 +336,38 @@ TEST_CASE("gpu: FP8 backward with e4m3 products") {
     p.mask.q_pos0 = causal ? 300 : 0;
     CAPTURE(causal);
     const Outputs want = run_cpu(p, true);
+    products(true);
     const Outputs got = run_gpu(p, true, false, &want);
     check_backward(p, want, got);
     check_write_dkdv(p, want, got);
-    setenv("ATTNCORE_FP8_PRODUCTS", "0", 1);
-    const Outputs widened = run_gpu(p, true, false, &want);
-    unsetenv("ATTNCORE_FP8_PRODUCTS");
-    check_backward(p, want, widened);
-    CHECK(differ(got.dv, widened.dv) > 0);
     setenv("ATTNCORE_HEAD_SPLITS", "2", 1);
     const Outputs split = run_gpu(p, true, false, &want);
     unsetenv("ATTNCORE_HEAD_SPLITS");
     check_backward(p, want, split);
+    products(false);
+    const Outputs widened = run_gpu(p, true, false, &want);
+    check_backward(p, want, widened);
+    CHECK(differ(got.dv, widened.dv) > 0);
   }
+  Problem p = random_problem(rng, DType::fp8_e4m3, 128, 2, 10);
+  p.B = 2;
+  p.Hkv = 2;
+  p.Hq = 4;
+  p.Sq = 1024 + 93;
+  p.Skv = 1100 + 7;
+  p.fp8_descales = {1.0 / 32, 1.0 / 16, 1.0 / 8, 1.0 / 64};
+  std::mt19937_64 data(rng());
+  p.randomize(data, /*pad=*/16);
+  p.mask.causal = true;
+  p.mask.q_pos0 = 50;
+  p.mask.kv_pos0 = 20;
+  const Outputs want = run_cpu(p, true);
+  products(true);
+  const Outputs got = run_gpu(p, true, false, &want);
+  check_backward(p, want, got);
+  products(false);
+  const Outputs widened = run_gpu(p, true, false, &want);
+  CHECK(differ(got.dv, widened.dv) > 0);
 }
 
 // The outputs' amax (an FP8 step's statistic): the CPU's value exactly, for each output dtype, packed

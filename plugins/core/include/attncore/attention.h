@@ -178,8 +178,8 @@ struct BackwardParams {
   // whose long key columns are cut in pieces: their partial gradients are added up here before the
   // call writes them. At least backward_workspace_bytes(*this) bytes, or the call walks whole
   // columns instead. The call clears what it uses; nothing is kept between calls. An FP8 call on
-  // CUDA (3.1) needs it: its Q, K, V and dO are widened to bf16 here first (on Hopper at head dim
-  // 128 with e4m3 dO, Q and K, beside dO transposed for its e4m3 products).
+  // CUDA (3.1) needs it: its Q, K, V and dO are widened to bf16 here first (with e4m3 products, Q
+  // and K, beside dO transposed).
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
   // Appended. FP8 inputs: what an element of Q, K, V and dO stands for per unit (1: not FP8). The
@@ -211,8 +211,8 @@ size_t backward_workspace_bytes(const BackwardParams& p);
 // Empty when the core's CUDA kernels support the configuration, forward and backward, else one line
 // naming what is supported. FP8 (3.1): e4m3 at head dims 64, 128 and 256; its forward runs on
 // Hopper, its backward on the bf16 kernels after widening the inputs (so on any device they serve),
-// with S^T, dP^T and dV's products in e4m3 where it can (Hopper, head dim 128, e4m3 dO, long plain
-// calls).
+// or on ATTNCORE_FP8_PRODUCTS=1 with S^T, dP^T and dV's products in e4m3 where it can (Hopper, head
+// dim 128, e4m3 dO, long plain calls).
 std::string check_supported(DType dtype, int32_t head_dim);
 // The same for a forward alone (3.0); since 3.1 it answers as check_supported.
 std::string check_supported_forward(DType dtype, int32_t head_dim);

@@ -140,8 +140,9 @@ void dispatch_forward_fp8(const ForwardParams& p, cudaStream_t s) {
 #endif
   fail(kFp8NeedsHopper);
 }
-// The FP8 backward: its inputs widened to bf16 in the workspace, after the split key groups' sums
-// (workspace_bytes.h), then the bf16 kernels (docs/KERNELS.md, "FP8 backward").
+// The FP8 backward's inputs widened to bf16 in the workspace, after the split key groups' sums
+// (workspace_bytes.h): all four for the bf16 kernels, or Q and K for the e4m3 products
+// (docs/KERNELS.md, "FP8 backward").
 BackwardParams widened_backward(const BackwardParams& p, cudaStream_t s, bool q_and_k_only = false) {
   if (!p.workspace || p.workspace_bytes < backward_workspace_bytes(p) || reinterpret_cast<uintptr_t>(p.workspace) % 256)
     fail("an FP8 backward needs backward_workspace_bytes(params) bytes of workspace, 256-byte aligned (its inputs "
@@ -546,7 +547,8 @@ void backward_cuda(const BackwardParams& params, void* stream) {
   if (!p.lse.data || !p.delta.data) fail("lse or delta is null");
   const auto s = static_cast<cudaStream_t>(stream);
 #if ATTNCORE_HAVE_SM90
-  // e4m3 products where they serve (Q and K widened for the two bf16 products, dO^T in dO's slot).
+  // e4m3 products where they serve, on ATTNCORE_FP8_PRODUCTS=1 (Q and K widened for the two bf16
+  // products, dO^T in dO's slot).
   if (is_fp8(p.dtype) && sm90::hopper_path_enabled() && sm90::fp8_products_serve(p))
     return sm90::launch_backward_sm90_fp8<128>(p, widened_backward(p, s, /*q_and_k_only=*/true), s);
 #endif

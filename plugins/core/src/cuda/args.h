@@ -115,6 +115,12 @@ inline AttnArgs backward_args(const BackwardParams& p) {
   return a;
 }
 
+// Calls whose rows all see one run of keys: no block list, no segments (their lengths live on the
+// device), no window. The Hopper kernels' larger configurations serve only these.
+template <class Params> bool plain_call(const Params& p) {
+  return !p.blocks && p.num_segments == 0 && p.mask.window_left < 0 && p.mask.window_right < 0;
+}
+
 // CTAs along x: tiles of `block` over `len`, plus one per segment (each segment's last tile may be
 // partial), when segments are given: their lengths live on the device and are not read here.
 inline int64_t tile_grid(int64_t len, int32_t block, int32_t nseg) {

@@ -27,8 +27,9 @@
 //    (d96, d128, d256), or vector atomics by the three warps, the two parts summed first (DqAdd).
 // Segments that share keys can give more key tiles than CTAs: a CTA strides over them, every role
 // walking the same sequence of tiles.
-// An FP8 call (launch_backward_sm90_fp8) runs S^T, dP^T and dV's products in e4m3 on Q, K, V and dO
-// as given and on dO^T, and dK's and dQ's in bf16 on Q and K widened (BackwardConfig::kFp8).
+// An FP8 call on ATTNCORE_FP8_PRODUCTS=1 (launch_backward_sm90_fp8) runs S^T, dP^T and dV's products
+// in e4m3 on Q, K, V and dO as given and on dO^T, and dK's and dQ's in bf16 on Q and K widened
+// (BackwardConfig::kFp8).
 #pragma once
 
 #include <cuda.h>
@@ -230,10 +231,10 @@ inline int32_t backward_head_splits(const BackwardParams& p, const AttnArgs& a, 
 }
 
 // An FP8 call's e4m3 operands for the backward with FP8 products: the call as given (Q, K, V, dO
-// and their descales) and dO^T ([batch][head][dim][queries rounded to 32], in v_key_at order).
+// and their descales) and dO^T (transpose_fp8).
 struct Fp8Operands {
   const BackwardParams& fp8;
-  const uint8_t* dot;
+  Fp8Transposed dot;
 };
 
 // p: the call (bf16 or fp16); or, with FP8 products, the call with Q and K widened to bf16 (f8:
@@ -258,13 +259,8 @@ void launch_backward_config(const BackwardParams& p, cudaStream_t stream, const 
     f8_maps.k8 = make_tile_map(e.k, e4m3, p.batch, p.seqlen_kv, p.heads_kv, D, C::kBlockN, 2 * C::W8, sw8);
     do_map = make_tile_map(e.d_o, e4m3, p.batch, p.seqlen_q, p.heads_q, D, C::kBlockM, 2 * C::W8, sw8);
     v_map = make_tile_map(e.v, e4m3, p.batch, p.seqlen_kv, p.heads_kv, D, C::kBlockN, 2 * C::W8, sw8);
-    const int64_t queries = v_fp8_keys(p.seqlen_q);
-    TensorRef dot;
-    dot.data = const_cast<uint8_t*>(f8->dot);
-    dot.token_stride = queries;
-    dot.head_stride = int64_t(D) * queries;
-    dot.batch_stride = int64_t(p.heads_q) * D * queries;
-    f8_maps.dot = make_tile_map(dot, e4m3, p.batch, D, p.heads_q, int32_t(queries), D, 2 * C::WT, tma_swizzle(C::WT));
+    f8_maps.dot = make_tile_map(f8->dot.ref, e4m3, p.batch, D, p.heads_q, int32_t(f8->dot.tokens), D, 2 * C::WT,
+                                tma_swizzle(C::WT));
     a.scale_log2 *= e.descale_q * e.descale_k;
     a.dp_scale = e.descale_v * e.descale_do;
     a.dv_scale = e.descale_do / kFp8PScale;
@@ -286,7 +282,7 @@ void launch_backward_config(const BackwardParams& p, cudaStream_t stream, const 
   constexpr size_t smem = BackwardSmem<T, D, kBlockM, kFp8>::kBytes;
   cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
   const int64_t tiles = by_pieces ? piece_tiles(p, C::kBlockN) : tile_grid(p.seqlen_kv, C::kBlockN, p.num_segments);
-  const bool plain = !p.blocks && p.num_segments == 0 && !by_pieces && p.mask.window_left < 0 && p.mask.window_right < 0;
+  const bool plain = plain_call(p) && !by_pieces;
   a.head_splits = backward_head_splits(p, a, tiles * p.heads_kv * p.batch, plain);
   a.tile_groups = plain && p.mask.causal ? kTileGroupRuns : 0;  // (a window's tiles weigh alike)
   if (a.head_splits > 1 && a.dkdv_out == GradOut::write_fp32) {  // written: zeroed, then added into
@@ -317,9 +313,8 @@ template <class T, int D> void launch_backward_sm90(const BackwardParams& p, cud
     if (!p.blocks && p.seqlen_q >= 4096) return launch_backward_config<T, D, 128>(p, stream);
   }
   if constexpr (D == 128) {
-    const bool no_window = p.mask.window_left < 0 && p.mask.window_right < 0;
     const int64_t min_rows = p.mask.causal ? 4096 : 1024;
-    if (no_window && !p.blocks && p.num_segments == 0 && p.seqlen_q >= min_rows && tma_readable(p.dq, 4))
+    if (plain_call(p) && p.seqlen_q >= min_rows && tma_readable(p.dq, 4))
       return launch_backward_config<T, D, 80>(p, stream);
   }
   launch_backward_config<T, D, 64>(p, stream);
@@ -330,12 +325,12 @@ template <class T, int D> void launch_backward_sm90(const BackwardParams& p, cud
 // workspace takes dO^T. Measured against the bf16 kernels on all four inputs widened in
 // docs/KERNELS.md, "FP8 backward".
 template <int D> void launch_backward_sm90_fp8(const BackwardParams& fp8, const BackwardParams& widened, cudaStream_t stream) {
-  uint8_t* dot = static_cast<uint8_t*>(widened.d_o.data);
-  const int64_t queries = v_fp8_keys(fp8.seqlen_q);
-  const dim3 tgrid(unsigned((queries + 63) / 64), unsigned(fp8.heads_q), unsigned(fp8.batch));
-  transpose_v_fp8<D><<<tgrid, D, 0, stream>>>(fp8.d_o, dot, int32_t(fp8.seqlen_q), queries);
-  check_launch("dO^T (FP8 backward)");
-  const Fp8Operands f8{fp8, dot};
+  // What the kernel takes for granted (fp8_products_serve routes only such calls): no segment, block
+  // list or window (its tiles skip the cleaning of rows past a segment's end), dO^T within dO's slot.
+  if (!plain_call(fp8) || fp8.seqlen_q < 32 || fp8.deterministic)
+    throw Error("attncore: the FP8 backward's e4m3 products take plain calls of at least 32 rows, not deterministic");
+  const Fp8Operands f8{fp8, transpose_fp8<D>(fp8.d_o, static_cast<uint8_t*>(widened.d_o.data), fp8.seqlen_q,
+                                             fp8.heads_q, fp8.batch, stream, "dO^T (FP8 backward)")};
   launch_backward_config<__nv_bfloat16, D, 64, true>(widened, stream, &f8);
 }
 

@@ -19,7 +19,7 @@
 namespace attncore::cuda::sm90 {
 
 // kBlockM_: queries a step, 64; or 128 at d64, 80 at d128, in the long calls launch_backward_sm90 names.
-// kFp8_: an FP8 call's backward with e4m3 products where no transpose is needed (BackwardFp8Maps).
+// kFp8_: an FP8 call's backward with three of its products in e4m3 (kFp8 below).
 template <class T, int D, int kBlockM_ = 64, bool kFp8_ = false> struct BackwardConfig {
   static constexpr int kConsumers = 2;
   static constexpr int kThreads = (kConsumers + 1) * 128;
@@ -276,16 +276,14 @@ __device__ __forceinline__ void load_kv(T* sK, T* sV, const CUtensorMap& k_map, 
                                         int batch) {
   constexpr int W = C::W;
   barrier_expect_bytes(kv_full, 2 * C::kKVBytes);
+  for (int cb = 0; cb < D / W; ++cb) {
+    tma_load_4d(sK + cb * C::kBlockN * W, &k_map, kv_full, cb * W, n0, kv_head, batch);
+    if constexpr (!C::kFp8) tma_load_4d(sV + cb * C::kBlockN * W, &v_map, kv_full, cb * W, n0, kv_head, batch);
+  }
   if constexpr (C::kFp8) {
     uint8_t* k8 = reinterpret_cast<uint8_t*>(sV);
-    for (int cb = 0; cb < D / W; ++cb) tma_load_4d(sK + cb * C::kBlockN * W, &k_map, kv_full, cb * W, n0, kv_head, batch);
     tma_load_4d(k8, &f8.k8, kv_full, 0, n0, kv_head, batch);
     tma_load_4d(k8 + C::kKV8Bytes, &v_map, kv_full, 0, n0, kv_head, batch);
-  } else {
-    for (int cb = 0; cb < D / W; ++cb) {
-      tma_load_4d(sK + cb * C::kBlockN * W, &k_map, kv_full, cb * W, n0, kv_head, batch);
-      tma_load_4d(sV + cb * C::kBlockN * W, &v_map, kv_full, cb * W, n0, kv_head, batch);
-    }
   }
 }
 
@@ -298,19 +296,16 @@ __device__ __forceinline__ void load_q_do(T* sQ, T* sdO, uint8_t* sQ8, const CUt
   constexpr int W = C::W;
   T* q_tile = sQ + s * (C::kQBytes / sizeof(T));
   T* do_tile = sdO + s * (C::kQBytes / sizeof(T));
+  barrier_expect_tx(q_full, C::kFp8 ? C::kQBytes + 3 * C::kQ8Bytes : 2 * C::kQBytes);
+  for (int cb = 0; cb < D / W; ++cb) {
+    tma_load_4d(q_tile + cb * C::kBlockM * W, &q_map, q_full, cb * W, q.r0, q.head, batch);
+    if constexpr (!C::kFp8) tma_load_4d(do_tile + cb * C::kBlockM * W, &do_map, q_full, cb * W, q.r0, q.head, batch);
+  }
   if constexpr (C::kFp8) {
-    barrier_expect_tx(q_full, C::kQBytes + 3 * C::kQ8Bytes);
     uint8_t* do8 = reinterpret_cast<uint8_t*>(do_tile);
-    for (int cb = 0; cb < D / W; ++cb) tma_load_4d(q_tile + cb * C::kBlockM * W, &q_map, q_full, cb * W, q.r0, q.head, batch);
     tma_load_4d(sQ8 + s * C::kQ8Bytes, &f8.q8, q_full, 0, q.r0, q.head, batch);
     tma_load_4d(do8, &do_map, q_full, 0, q.r0, q.head, batch);
     tma_load_4d(do8 + C::kQ8Bytes, &f8.dot, q_full, q.r0, 0, q.head, batch);
-  } else {
-    barrier_expect_tx(q_full, 2 * C::kQBytes);
-    for (int cb = 0; cb < D / W; ++cb) {
-      tma_load_4d(q_tile + cb * C::kBlockM * W, &q_map, q_full, cb * W, q.r0, q.head, batch);
-      tma_load_4d(do_tile + cb * C::kBlockM * W, &do_map, q_full, cb * W, q.r0, q.head, batch);
-    }
   }
 }
 
@@ -517,21 +512,7 @@ __device__ __forceinline__ OperandDescriptors operand_descriptors(const T* sK, c
   constexpr int W = C::W;
   // The consumer's half of an MN-major tile of `rows` rows (d256), as a descriptor offset.
   const auto half_of = [&](int rows) { return desc_offset(uint32_t((col0 / W) * rows * W * 2)); };
-  if constexpr (C::kFp8) { // K8, V8 in V's place; dO8, dO^T in dO's (in the 16-bit vocabulary: W8 columns a row)
-    const uint8_t* k8 = reinterpret_cast<const uint8_t*>(sV);
-    const uint8_t* do8 = reinterpret_cast<const uint8_t*>(sdO);
-    return OperandDescriptors{
-        desc_k_major<C::W8>(k8, C::kBlockN, keys0),
-        desc_k_major<C::W8>(k8 + C::kKV8Bytes, C::kBlockN, keys0),
-        desc_mn_major<W>(sK, C::kBlockN) + desc_offset(uint32_t(wg * (D / 2 / W) * C::kBlockN * W * 2)),
-        desc_k_major<C::W8>(sQ8, C::kBlockM, 0),
-        desc_k_major<C::W8>(do8, C::kBlockM, 0),
-        desc_mn_major<W>(sQ, C::kBlockM),
-        desc_k_major<C::WT>(do8 + C::kQ8Bytes, D, 0),
-        desc_mn_major<64>(sdS, 64),
-        desc_k_major<64>(sdS, C::kBlockM, 0)};
-  }
-  return OperandDescriptors{
+  OperandDescriptors d{
       desc_k_major<W>(sK, C::kBlockN, keys0),
       desc_k_major<W>(sV, C::kBlockN, keys0),
       desc_mn_major<W>(sK, C::kBlockN) + (C::kSplitDq ? desc_offset(uint32_t(wg * (D / 2 / W) * C::kBlockN * W * 2))
@@ -542,6 +523,16 @@ __device__ __forceinline__ OperandDescriptors operand_descriptors(const T* sK, c
       desc_mn_major<W>(sdO, C::kBlockM) + half_of(C::kBlockM),
       desc_mn_major<64>(sdS, 64),
       desc_k_major<64>(sdS, C::kBlockM, 0)};
+  if constexpr (C::kFp8) { // K8, V8 in V's place; dO8, dO^T in dO's (in the 16-bit vocabulary: W8 columns a row)
+    const uint8_t* k8 = reinterpret_cast<const uint8_t*>(sV);
+    const uint8_t* do8 = reinterpret_cast<const uint8_t*>(sdO);
+    d.k = desc_k_major<C::W8>(k8, C::kBlockN, keys0);
+    d.v = desc_k_major<C::W8>(k8 + C::kKV8Bytes, C::kBlockN, keys0);
+    d.q = desc_k_major<C::W8>(sQ8, C::kBlockM, 0);
+    d.d_o = desc_k_major<C::W8>(do8, C::kBlockM, 0);
+    d.dob = desc_k_major<C::WT>(do8 + C::kQ8Bytes, D, 0);
+  }
+  return d;
 }
 
 // This lane's shared addresses in its dQ part: dq_lane0, dq_unit and dq_rot serve the stores of
@@ -639,7 +630,7 @@ __device__ __forceinline__ void probabilities(PFrags<C>& pa, ScoreTiles<C>& st, 
     }
   }
   if constexpr (C::kFp8) {
-    pack_e4m3_fragments(pa, st, 1.f); // (P times kFp8PScale already; dO^T's queries in v_key_at order)
+    pack_e4m3_fragments(pa, st); // (P times kFp8PScale already; dO^T's queries in v_key_at order)
   } else {
 #pragma unroll
     for (int kk = 0; kk < C::kMTiles / 2; ++kk) c_to_a<T>(pa[kk], st[2 * kk], st[2 * kk + 1]);

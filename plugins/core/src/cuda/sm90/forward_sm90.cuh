@@ -649,11 +649,6 @@ inline bool pair_serves(const ForwardParams& p) {
   return p.mask.causal && !p.blocks && p.seqlen_q <= rows && p.seqlen_kv <= rows;
 }
 
-// Calls whose rows all see one run of keys: no block list, no segments (their lengths live on the
-// device, as for the pair), no window (not measured with the configurations below).
-inline bool plain_call(const ForwardParams& p) {
-  return !p.blocks && p.num_segments == 0 && p.mask.window_left < 0 && p.mask.window_right < 0;
-}
 
 // The wide configuration serves long rows of keys, where its fewer rounds of per-tile work beat its
 // costlier start and its ragged last tile: measured at d128 (docs/KERNELS.md, "Wide key tiles") +1.8%

@@ -195,9 +195,9 @@ template <class C> struct Fp8ForwardConsumer {
     else sm.update(sc, a.scale_log2, alpha);
   }
 
-  // P in e4m3, each 32-key group's A fragment from its four n8 score tiles (v_key_at): P in [0, 1]
-  // against the row's running maximum, its descale 1.
-  __device__ __forceinline__ void to_p() { pack_e4m3_fragments(p, sc[0], 1.f); }
+  // P in e4m3, each 32-key group's A fragment from its four n8 score tiles (v_key_at): P against the
+  // row's kept maximum (at most 2^8 with kLazyRescale, within e4m3's 448), its descale 1.
+  __device__ __forceinline__ void to_p() { pack_e4m3_fragments(p, sc[0]); }
 
   __device__ __forceinline__ void release(uint64_t* empty) {
     __syncwarp();
@@ -305,11 +305,8 @@ __global__ void __launch_bounds__(C::kThreads, 1)
 template <class C> void launch_fp8_config(const ForwardParams& p, cudaStream_t stream) {
   constexpr int D = C::D;
   // 1. V^T, keys in the order the score registers hold them.
-  const int64_t keys = v_fp8_keys(p.seqlen_kv);
-  uint8_t* vt = static_cast<uint8_t*>(p.workspace);
-  const dim3 tgrid(unsigned((keys + 63) / 64), unsigned(p.heads_kv), unsigned(p.batch));
-  transpose_v_fp8<D><<<tgrid, D, 0, stream>>>(p.v, vt, int32_t(p.seqlen_kv), keys);
-  check_launch("V^T (FP8 forward)");
+  const Fp8Transposed vt = transpose_fp8<D>(p.v, static_cast<uint8_t*>(p.workspace), p.seqlen_kv, p.heads_kv,
+                                            p.batch, stream, "V^T (FP8 forward)");
 
   // 2. The attention kernel over Q, K and V^T.
   AttnArgs a = forward_args(p);
@@ -319,13 +316,8 @@ template <class C> void launch_fp8_config(const ForwardParams& p, cudaStream_t s
   const CUtensorMap q_map = make_tile_map(p.q, p.dtype, p.batch, p.seqlen_q, p.heads_q, D, C::kBlockM, C::kCols, sw);
   const CUtensorMap k_map = make_tile_map(p.k, p.dtype, p.batch, p.seqlen_kv, p.heads_kv, D, C::kBlockN, C::kCols, sw);
   // V^T as a [batch, head dim, kv head, key] tensor: boxes of every dim row x a column block's keys.
-  TensorRef vt_ref;
-  vt_ref.data = vt;
-  vt_ref.token_stride = keys;
-  vt_ref.head_stride = int64_t(D) * keys;
-  vt_ref.batch_stride = int64_t(p.heads_kv) * D * keys;
-  const CUtensorMap vt_map =
-      make_tile_map(vt_ref, p.dtype, p.batch, D, p.heads_kv, int32_t(keys), D, C::kVtKeys, tma_swizzle(C::WV));
+  const CUtensorMap vt_map = make_tile_map(vt.ref, p.dtype, p.batch, D, p.heads_kv, int32_t(vt.tokens), D,
+                                           C::kVtKeys, tma_swizzle(C::WV));
   const bool o_bulk = o_bulk_store(p);
   const CUtensorMap o_map = o_store_map(p, o_bulk, C::kF32Cols);
   const auto kernel = flash_forward_sm90_fp8_kernel<C>;

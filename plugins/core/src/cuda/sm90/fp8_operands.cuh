@@ -29,17 +29,16 @@ constexpr bool v_key_order_is_a_permutation() {
 }
 static_assert(v_key_order_is_a_permutation(), "each key of a group once, where the lane's scores hold it");
 
-// V^T's keys per row: the tensor's keys rounded up to whole 32-key groups (the rest zeros), as
-// forward_workspace_bytes counts them.
-inline int64_t v_fp8_keys(int64_t seqlen_kv) { return (seqlen_kv + 31) / 32 * 32; }
+// A transpose's tokens per row: the tensor's rounded up to whole 32-token groups (the rest zeros),
+// as forward_workspace_bytes counts V^T's (the backward's dO^T lives in the slot of widened dO).
+inline int64_t v_fp8_keys(int64_t seqlen) { return (seqlen + 31) / 32 * 32; }
 
 // V ([batch, key, kv head, dim], FP8 bytes) -> V^T, keys in v_key_at order within each 32-key group
 // (and the backward's dO -> dO^T, its queries so ordered). A CTA of D threads moves 64 keys x D of
-// one (batch, kv head): rows of V in 16-byte pieces into
-// shared memory, then each thread turns 16 keys x 4 dims into 4 rows of 16 V^T bytes, 4 x 4 bytes at
-// a time by byte permutes, and stores each row's 16 bytes at once. A warp takes 16 dim groups of
-// two 16-key groups: with the tile's rows an odd number of words apart (D / 4 + 1), its column reads
-// hit 32 distinct banks.
+// one (batch, head): rows of V in 16-byte pieces into shared memory, then each thread turns 16 keys
+// x 4 dims into 4 rows of 16 V^T bytes, 4 x 4 bytes at a time by byte permutes, and stores each
+// row's 16 bytes at once. A warp takes 16 dim groups of two 16-key groups: with the tile's rows an
+// odd number of words apart (D / 4 + 1), its column reads hit 32 distinct banks.
 template <int D> __global__ void __launch_bounds__(D) transpose_v_fp8(TensorRef v, uint8_t* vt, int32_t seqlen, int64_t keys) {
   constexpr int kKeys = 64, kPitch = D + 4;
   __shared__ uint32_t tile[kKeys * kPitch / 4];
@@ -89,21 +88,40 @@ __device__ __forceinline__ uint32_t pack4_e4m3(float x0, float x1, float x2, flo
 }
 
 // A fragments of e4m3 products from fp32 score tiles (rows: the product's M; columns: its k index
-// in n8 tiles), each value times `scale`: k-step kk takes n8 tiles 4 kk .. 4 kk + 3, a lane's scores
-// of each 32-column group in the order v_key_at gives the transposed operand's columns.
+// in n8 tiles): k-step kk takes n8 tiles 4 kk .. 4 kk + 3, a lane's scores of each 32-column group
+// in the order v_key_at gives the transposed operand's columns.
 template <int kSteps>
-__device__ __forceinline__ void pack_e4m3_fragments(uint32_t (&p)[kSteps][4], const float (&sc)[4 * kSteps][4],
-                                                    float scale) {
+__device__ __forceinline__ void pack_e4m3_fragments(uint32_t (&p)[kSteps][4], const float (&sc)[4 * kSteps][4]) {
 #pragma unroll
   for (int kk = 0; kk < kSteps; ++kk) {
     const float(&s0)[4] = sc[4 * kk], (&s1)[4] = sc[4 * kk + 1];
     const float(&s2)[4] = sc[4 * kk + 2], (&s3)[4] = sc[4 * kk + 3];
-    const auto pack = [&](float a, float b, float c, float d) { return pack4_e4m3(a * scale, b * scale, c * scale, d * scale); };
-    p[kk][0] = pack(s0[0], s0[1], s1[0], s1[1]); // row g, columns 4 t ..
-    p[kk][1] = pack(s0[2], s0[3], s1[2], s1[3]); // row g + 8
-    p[kk][2] = pack(s2[0], s2[1], s3[0], s3[1]); // row g, columns 16 + 4 t ..
-    p[kk][3] = pack(s2[2], s2[3], s3[2], s3[3]);
+    p[kk][0] = pack4_e4m3(s0[0], s0[1], s1[0], s1[1]); // row g, columns 4 t ..
+    p[kk][1] = pack4_e4m3(s0[2], s0[3], s1[2], s1[3]); // row g + 8
+    p[kk][2] = pack4_e4m3(s2[0], s2[1], s3[0], s3[1]); // row g, columns 16 + 4 t ..
+    p[kk][3] = pack4_e4m3(s2[2], s2[3], s3[2], s3[3]);
   }
+}
+
+// An FP8 tensor ([batch, token, head, dim]) transposed at `at` by transpose_v_fp8, enqueued:
+// [batch][head][dim][tokens rounded to 32] (its `tokens` a row).
+struct Fp8Transposed {
+  TensorRef ref;
+  int64_t tokens;
+};
+template <int D>
+Fp8Transposed transpose_fp8(const TensorRef& src, uint8_t* at, int64_t seqlen, int32_t heads, int32_t batch,
+                            cudaStream_t stream, const char* what) {
+  const int64_t tokens = v_fp8_keys(seqlen);
+  const dim3 grid(unsigned((tokens + 63) / 64), unsigned(heads), unsigned(batch));
+  transpose_v_fp8<D><<<grid, D, 0, stream>>>(src, at, int32_t(seqlen), tokens);
+  check_launch(what);
+  TensorRef t;
+  t.data = at;
+  t.token_stride = tokens;
+  t.head_stride = int64_t(D) * tokens;
+  t.batch_stride = int64_t(heads) * D * tokens;
+  return {t, tokens};
 }
 
 } // namespace attncore::cuda::sm90
