@@ -59,6 +59,9 @@ struct ExecuteOptions {
   std::string history;       // --history: the JSONL file a summary of the run is appended to
   // On a GPU, every case warms up at least this many seconds (compare's sustained default; 0: none).
   double gpu_warmup_seconds = 0;
+  // --heat-seconds: before the first timed case, that case's forward and backward run this long at
+  // its largest world size, untimed and unchecked (0: none).
+  double heat_seconds = 0;
 };
 int execute_suite(Context& ctx, const suite::Suite& suite, const ExecuteOptions& options);
 

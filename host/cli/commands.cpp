@@ -6,6 +6,7 @@
 #include "runtime/environment.h"
 #include "runtime/isolate.h"
 #include "runtime/runner.h"
+#include "suite/toml_reader.h"
 
 #include <algorithm>
 #include <iostream>
@@ -96,6 +97,11 @@ void apply_execution_options(const po::variables_map& vm, suite::Suite& s, Execu
   }
   if (vm.count("no-check"))
     for (suite::Case& c : s.cases) c.check.enabled = false;
+  if (vm.count("heat-seconds")) {
+    ex.heat_seconds = vm["heat-seconds"].as<double>();
+    if (!(ex.heat_seconds >= 0 && ex.heat_seconds <= 600))
+      throw UsageError("--heat-seconds must be between 0 and 600, got " + suite::detail::format_number(ex.heat_seconds));
+  }
   ex.dry_run = vm.count("dry-run") > 0;
   ex.isolate = vm.count("isolate") > 0;
   ex.case_timeout = vm["case-timeout"].as<double>();

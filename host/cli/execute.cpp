@@ -18,7 +18,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <csignal>
+#include <iomanip>
 #include <iostream>
 #include <optional>
 #include <set>
@@ -164,6 +166,40 @@ std::vector<int> machine_world_sizes(const Backend& backend) {
   return most > 1 ? std::vector<int>{1, most} : std::vector<int>{1};
 }
 
+// --heat-seconds: the first case's forward and backward, untimed, unchecked and untraced, at its
+// largest world size for that long, so that every GPU the run uses starts its first timed pass at
+// the temperature it then runs at. A die warms for 5-10 s of sustained load before its clock holds
+// (docs/PERFORMANCE.md, "Clocks and short timings"); a pass's own warm-up (--warmup-seconds) is paid
+// at every world size and round, this once. Its result is dropped; a failure only says so.
+suite::Case heating_case(const suite::Case& first, double seconds) {
+  suite::Case c = first;
+  c.world_sizes = {*std::max_element(first.world_sizes.begin(), first.world_sizes.end())};
+  c.timing.method = "warmup";
+  c.timing.warmup_runs = 1;
+  c.timing.warmup_seconds = seconds;
+  c.timing.timing_runs = 1;
+  c.timing.rounds = 1;
+  c.timing.passes = {"fwd_bwd"};
+  c.check.enabled = false;
+  return c;
+}
+
+void heat(Context& ctx, const suite::Case& first, Backend& backend, const ExecuteOptions& options, bool say) {
+  const suite::Case c = heating_case(first, options.heat_seconds);
+  RunnerOptions ro;
+  ro.trace = false;
+  const auto start = std::chrono::steady_clock::now();
+  const CaseResult r = run_one(ctx, c, backend, options, ro);
+  backend.sync_processes();
+  if (!say) return;
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::cout << "attnhost: heated " << c.id << " at world size " << c.world_sizes.front() << " for "
+            << std::fixed << std::setprecision(1) << took << std::defaultfloat << " s";
+  for (const RunResult& run : r.runs)
+    if (run.status != "OK" && run.status != "PASSED") std::cout << " (" << run.status << (run.error.empty() ? "" : ": " + run.error) << ")";
+  std::cout << "\n" << std::flush;
+}
+
 }  // namespace
 
 int execute_suite(Context& ctx, const suite::Suite& s, const ExecuteOptions& options) {
@@ -203,6 +239,9 @@ int execute_suite(Context& ctx, const suite::Suite& s, const ExecuteOptions& opt
       if (c.timing.warmup_seconds > 0) std::cout << " after " << c.timing.warmup_seconds << " s of warm-up";
       std::cout << "\n";
     }
+    if (options.heat_seconds > 0 && !todo.empty())
+      std::cout << "first, untimed: " << todo.front().id << " at world size " << heating_case(todo.front(), 0).world_sizes.front()
+                << " for " << options.heat_seconds << " s (--heat-seconds)\n";
     return kExitOk;
   }
 
@@ -240,6 +279,7 @@ int execute_suite(Context& ctx, const suite::Suite& s, const ExecuteOptions& opt
     std::cout << "\n" << std::flush;
   }
   if (leader) preflight(ctx, todo, *backend);
+  if (options.heat_seconds > 0 && !todo.empty()) heat(ctx, todo.front(), *backend, options, leader && !quiet);
 
   std::vector<double> weights;
   for (const suite::Case& c : todo) weights.push_back(report::work_estimate(c));

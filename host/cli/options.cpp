@@ -47,6 +47,8 @@ po::options_description timing_options() {
     ("warmup-runs", po::value<int>(), "warm-up runs before timing")
     ("warmup-seconds", po::value<double>(),
      "each pass's warm-up (every world size and round) lasts this many seconds too (0-600; compare on a GPU: 1, so that its clock settles at the power limit)")
+    ("heat-seconds", po::value<double>(),
+     "before the first case is timed, run it (fwd+bwd at its largest world size, untimed, unchecked) this many seconds, so that every GPU starts at its running temperature (0-600)")
     ("timing-runs", po::value<int>(), "timed runs")
     ("rounds", po::value<int>(), "run the world sizes this many times in turn, each pass's samples pooled (1-100)")
     ("world-sizes", po::value<std::string>(), "comma-separated world sizes, e.g. 1,2");

@@ -188,6 +188,29 @@ TEST_CASE("cli: compare and run show world size 1 and the machine's ranks unless
   fs::remove(written);
 }
 
+TEST_CASE("cli: --heat-seconds runs the first case untimed at its largest world size, once, before the timed cases") {
+  const fs::path two = write_suite("heat", "name = \"heat\"\n[defaults]\nworld_sizes = [1, 2]\n"
+                                           "[[case]]\nname = \"first\"\nplugins = [\"naive_attention\"]\nbatch = 1\nseqlen = 64\n"
+                                           "heads = 2\nhead_dim = 16\n"
+                                           "[[case]]\nname = \"second\"\nplugins = [\"naive_attention\"]\nbatch = 1\nseqlen = 64\n"
+                                           "heads = 2\nhead_dim = 16\n");
+  const Outcome planned = attnhost("run " + two.string() + " --dry-run --device cpu --heat-seconds 3");
+  CHECK(planned.out.find("first, untimed: naive_attention/first at world size 2 for 3 s (--heat-seconds)") != std::string::npos);
+  const auto start = std::chrono::steady_clock::now();
+  const Outcome heated = attnhost("run " + two.string() + " --device cpu --timing-method simple --heat-seconds 0.5");
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  CHECK(heated.code == 0);
+  const size_t line = heated.out.find("attnhost: heated naive_attention/first at world size 2 for ");
+  CHECK(line != std::string::npos);
+  CHECK(heated.out.find("attnhost: heated", line + 1) == std::string::npos);  // once, not a case
+  CHECK(line < heated.out.find("naive_attention/first ws=1"));                 // before the timed cases
+  CHECK(took >= 0.5);
+  const Outcome bad = attnhost("run " + two.string() + " --device cpu --heat-seconds 700");
+  CHECK(bad.code == 2);
+  CHECK(bad.out.find("attnhost: error: --heat-seconds must be between 0 and 600, got 700") != std::string::npos);
+  fs::remove(two);
+}
+
 TEST_CASE("cli: --case runs only the named cases, and names the suite's cases when none is") {
   const fs::path two = write_suite("two_cases", "name = \"two\"\n[defaults]\nworld_sizes = [1]\n"
                                                 "[[case]]\nname = \"first\"\nplugins = [\"naive_attention\"]\npresets = [\"tiny\"]\n"
