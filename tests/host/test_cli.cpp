@@ -197,7 +197,8 @@ TEST_CASE("cli: --heat-seconds runs the first case untimed at its largest world 
   const Outcome planned = attnhost("run " + two.string() + " --dry-run --device cpu --heat-seconds 3");
   CHECK(planned.out.find("first, untimed: naive_attention/first at world size 2 for 3 s (--heat-seconds)") != std::string::npos);
   const auto start = std::chrono::steady_clock::now();
-  const Outcome heated = attnhost("run " + two.string() + " --device cpu --timing-method simple --heat-seconds 0.5");
+  // (Console only: a result folder named by the second would meet the next test's.)
+  const Outcome heated = attnhost("run " + two.string() + " --device cpu --timing-method simple --heat-seconds 0.5 --format console");
   const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   CHECK(heated.code == 0);
   const size_t line = heated.out.find("attnhost: heated naive_attention/first at world size 2 for ");
