@@ -567,34 +567,22 @@ template <class C, class T, int D, class KFrags, class VFrags>
 __device__ __forceinline__ void scores_and_dp(ScoreTiles<C>& st, ScoreTiles<C>& dpt, const KFrags& ka, const VFrags& va,
                                               uint64_t k_desc, uint64_t v_desc, uint64_t q_desc, uint64_t do_desc,
                                               uint32_t s) {
-  constexpr int W = C::W;
-  constexpr uint32_t kQStage = desc_offset(C::kQBytes);
-  if constexpr (C::kFp8) { // k-steps of 32 e4m3 elements (16 16-bit columns): Q8 a tile a stage, dO8 in dO's place
-    using E4m3 = __nv_fp8_e4m3;
-    constexpr uint32_t kQ8Stage = desc_offset(C::kQ8Bytes);
-    wgmma_fence();
-#pragma unroll
-    for (int k0 = 0; k0 < D / 2; k0 += 16)
-      wgmma_step<E4m3, C::kBlockM, C::kKeyRegSteps>(st, ka, k_desc + k_major_step<C::W8>(C::kBlockN, k0),
-                                                    q_desc + s * kQ8Stage + k_major_step<C::W8>(C::kBlockM, k0), k0);
-    wgmma_commit();
-#pragma unroll
-    for (int k0 = 0; k0 < D / 2; k0 += 16)
-      wgmma_step<E4m3, C::kBlockM, C::kValueRegSteps>(dpt, va, v_desc + k_major_step<C::W8>(C::kBlockN, k0),
-                                                      do_desc + s * kQStage + k_major_step<C::W8>(C::kBlockM, k0), k0);
-    wgmma_commit();
-    return;
-  }
+  // With FP8 products the operands are e4m3 (a k-step of 16 16-bit columns is 32 elements), Q8 a tile
+  // of its own a stage and dO8 in dO's stage.
+  using E = std::conditional_t<C::kFp8, __nv_fp8_e4m3, T>;
+  constexpr int W = C::kFp8 ? C::W8 : C::W;
+  constexpr int kCols = C::kFp8 ? D / 2 : D; // a row, in 16-bit columns
+  constexpr uint32_t kQStage = desc_offset(C::kFp8 ? C::kQ8Bytes : C::kQBytes), kDoStage = desc_offset(C::kQBytes);
   wgmma_fence();
 #pragma unroll
-  for (int k0 = 0; k0 < D; k0 += 16)
-    wgmma_step<T, C::kBlockM, C::kKeyRegSteps>(st, ka, k_desc + k_major_step<W>(C::kBlockN, k0),
+  for (int k0 = 0; k0 < kCols; k0 += 16)
+    wgmma_step<E, C::kBlockM, C::kKeyRegSteps>(st, ka, k_desc + k_major_step<W>(C::kBlockN, k0),
                                                q_desc + s * kQStage + k_major_step<W>(C::kBlockM, k0), k0);
   wgmma_commit();
 #pragma unroll
-  for (int k0 = 0; k0 < D; k0 += 16)
-    wgmma_step<T, C::kBlockM, C::kValueRegSteps>(dpt, va, v_desc + k_major_step<W>(C::kBlockN, k0),
-                                                 do_desc + s * kQStage + k_major_step<W>(C::kBlockM, k0), k0);
+  for (int k0 = 0; k0 < kCols; k0 += 16)
+    wgmma_step<E, C::kBlockM, C::kValueRegSteps>(dpt, va, v_desc + k_major_step<W>(C::kBlockN, k0),
+                                                 do_desc + s * kDoStage + k_major_step<W>(C::kBlockM, k0), k0);
   wgmma_commit();
 }
 
