@@ -210,9 +210,9 @@ size_t backward_workspace_bytes(const BackwardParams& p);
 
 // Empty when the core's CUDA kernels support the configuration, forward and backward, else one line
 // naming what is supported. FP8 (3.1): e4m3 at head dims 64, 128 and 256; its forward runs on
-// Hopper, its backward on the bf16 kernels after widening the inputs (so on any device they serve),
-// or on ATTNCORE_FP8_PRODUCTS=1 with S^T, dP^T and dV's products in e4m3 where it can (Hopper, head
-// dim 128, e4m3 dO, long plain calls).
+// Hopper, its backward with S^T, dP^T and dV's products in e4m3 where it can (Hopper, head dim 128,
+// e4m3 dO, long plain calls; not on ATTNCORE_FP8_PRODUCTS=0), else on the bf16 kernels after
+// widening the inputs (so on any device they serve).
 std::string check_supported(DType dtype, int32_t head_dim);
 // The same for a forward alone (3.0); since 3.1 it answers as check_supported.
 std::string check_supported_forward(DType dtype, int32_t head_dim);

@@ -12,10 +12,11 @@
 // Supported: bf16 and fp16 inputs, head_dim 64, 80, 96, 128, 256 (check_supported says so in one
 // line); all of the Mask, GQA, segments and block lists (attention.h). FP8 e4m3 inputs at head_dim
 // 64, 128 and 256: the forward on Hopper (without segments), the backward anywhere, on the bf16
-// kernels after its inputs are widened in its workspace (backward_workspace_bytes), or, on
-// ATTNCORE_FP8_PRODUCTS=1, three of its products in e4m3 on Hopper at head_dim 128 for long plain
-// calls with e4m3 dO (docs/KERNELS.md, "FP8 backward": dV's precision falls with length); FP8 tensors
-// need strides that are multiples of 16 elements. Every data pointer is device
+// kernels after its inputs are widened in its workspace (backward_workspace_bytes), or with three
+// of its products in e4m3 on Hopper at head_dim 128 for long plain calls with e4m3 dO (docs/KERNELS.md,
+// "FP8 backward": dV's error then about the forward O's, not the widened path's tenth of it;
+// ATTNCORE_FP8_PRODUCTS=0 takes the widened path there too); FP8 tensors need strides that are
+// multiples of 16 elements. Every data pointer is device
 // memory, except the BlockList struct itself (host). Q, K, V, dO and a dtype O need a 16-byte
 // aligned base and strides that are multiples of 8 elements; fp32 tensors (partial O, dQ/dK/dV)
 // 8-byte aligned and even strides. Lengths up to 2^31 - 1.

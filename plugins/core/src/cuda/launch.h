@@ -72,10 +72,10 @@ ATTNCORE_DECLARE_SM90_BWD_HDIM(96)
 ATTNCORE_DECLARE_SM90_BWD_HDIM(128)
 ATTNCORE_DECLARE_SM90_BWD_HDIM(256)
 #undef ATTNCORE_DECLARE_SM90_BWD_HDIM
-// The backward of an FP8 call with e4m3 products (bwd_sm90_hdim128.cu), on ATTNCORE_FP8_PRODUCTS=1
-// only (dV's precision falls with the rows' length, docs/KERNELS.md, "FP8 backward"): d128, e4m3 dO,
-// plain calls (no segments, block list or window) of at least kFp8ProductRows rows, not
-// deterministic, its FP8 tensors mappable by the copy engine; else the bf16 kernels on widened inputs.
+// The backward of an FP8 call with e4m3 products (bwd_sm90_hdim128.cu; docs/KERNELS.md, "FP8
+// backward"): d128, e4m3 dO, plain calls (no segments, block list or window) of at least
+// kFp8ProductRows rows, not deterministic, its FP8 tensors mappable by the copy engine, and not on
+// ATTNCORE_FP8_PRODUCTS=0; else the bf16 kernels on widened inputs.
 bool fp8_products_serve(const BackwardParams& p);
 template <int D> void launch_backward_sm90_fp8(const BackwardParams& fp8, const BackwardParams& widened, cudaStream_t stream);
 extern template void launch_backward_sm90_fp8<128>(const BackwardParams&, const BackwardParams&, cudaStream_t);

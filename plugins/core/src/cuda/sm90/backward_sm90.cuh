@@ -27,9 +27,9 @@
 //    (d96, d128, d256), or vector atomics by the three warps, the two parts summed first (DqAdd).
 // Segments that share keys can give more key tiles than CTAs: a CTA strides over them, every role
 // walking the same sequence of tiles.
-// An FP8 call on ATTNCORE_FP8_PRODUCTS=1 (launch_backward_sm90_fp8) runs S^T, dP^T and dV's products
-// in e4m3 on Q, K, V and dO as given and on dO^T, and dK's and dQ's in bf16 on Q and K widened
-// (BackwardConfig::kFp8).
+// An FP8 call (launch_backward_sm90_fp8, where fp8_products_serve) runs S^T, dP^T and dV's products
+// in e4m3 on Q, K, V and dO as given and on dO^T, P^T a scale a key row (scale_p_rows), and dK's
+// and dQ's in bf16 on Q and K widened (BackwardConfig::kFp8).
 #pragma once
 
 #include <cuda.h>
@@ -105,11 +105,13 @@ __global__ void __launch_bounds__(BackwardConfig<T, D, kBlockM, kFp8>::kThreads,
   dq_part_addresses<C, D>(dq_lane0, dq_unit, dqt_lane, dq_rot, sDq, wg, warp_in_wg, lane);
 
   float dk[C::kOTiles][4], dv[C::kOTiles][4];
+  PRowScales p_rows; // (FP8 products)
   uint32_t step = 0, round = 0;
   Region reg;
   int32_t n0;
   for (int32_t i = 0; key_tile<C>(a, piece, i, reg, n0); ++i) {
     zero_grads<C>(dk, dv);
+    if constexpr (C::kFp8) p_rows[0] = p_rows[1] = kPRowScaleMax;
     // With a block list of 64-key blocks, each consumer's keys are one block of the tile.
     const int list = C::kBlockLists && a.blocks.heads > 0 && (n0 + keys0) / a.blocks.block_kv != n0 / a.blocks.block_kv ? 1 : 0;
     barrier_wait(kv_full, i & 1);
@@ -139,6 +141,7 @@ __global__ void __launch_bounds__(BackwardConfig<T, D, kBlockM, kFp8>::kThreads,
       scores_and_dp<C, T, D>(st, dpt, ka, va, k_desc, v_desc, q_desc, do_desc, s); // 1.
       PFrags<C> pa;
       probabilities<C, T>(pa, st, a, rec.lse2, reg, needs_mask, active, masked, r0, n0, key0, lane); // 2.
+      if constexpr (C::kFp8) scale_p_rows<C>(pa, dv, p_rows, st); // 2'.
       uint32_t dsa[C::kMTiles / 2][4];
       score_grads<C, T>(dsa, dpt, st, rec.delta, a.dp_scale, lane); // 3.
 
@@ -185,6 +188,7 @@ __global__ void __launch_bounds__(BackwardConfig<T, D, kBlockM, kFp8>::kThreads,
       ++round;
     }
 
+    if constexpr (C::kFp8) unscale_dv_rows<C>(dv, p_rows);
     store_dkdv<C, T>(dk, dv, a, piece, kv_empty, reg, n0, key0, col0, piece->kv_head, batch, lane);
   }
   end_reducer(dq_rec, dq_full, dq_empty, round, wg == 0 && warp_in_wg == 0 && lane == 0, lane);
@@ -263,8 +267,7 @@ void launch_backward_config(const BackwardParams& p, cudaStream_t stream, const 
                                 tma_swizzle(C::WT));
     a.scale_log2 *= e.descale_q * e.descale_k;
     a.dp_scale = e.descale_v * e.descale_do;
-    a.dv_scale = e.descale_do / kFp8PScale;
-    a.scale /= kFp8PScale; // (dK's and dQ's: dS carries kFp8PScale)
+    a.dv_scale = e.descale_do;
   } else {
     do_map = make_tile_map(p.d_o, p.dtype, p.batch, p.seqlen_q, p.heads_q, D, C::kBlockM, C::W, sw);
     v_map = make_tile_map(p.v, p.dtype, p.batch, p.seqlen_kv, p.heads_kv, D, C::kBlockN, C::W, sw);

@@ -259,13 +259,11 @@ struct BackwardFp8Maps {
   CUtensorMap q8, k8, dot;
 };
 
-// With FP8 products P^T is made times 2^8 (the rows' LSE lowered by 8 in exp2 units, for free), so
-// that it rounds to e4m3 for dV's product. Here P is normalized (each query's sums to 1), not taken
-// against a running maximum as in the forward: at 2000 keys most of it lies below e4m3's smallest
-// subnormal (2^-9) and rounds to zero (dV then missed a third to a half of its norm); times 2^8 its
-// largest value, 256, stays within 448. dS then carries 2^8 too: dV's, dK's and dQ's scales take
-// 2^-8 (AttnArgs::dv_scale, scale), exactly.
-constexpr float kFp8PScale = 256.f, kFp8PShift = 8.f; // kFp8PScale = 2^kFp8PShift
+// With FP8 products each key row of P^T rounds to e4m3 times a power of two of its own (scale_p_rows),
+// kept as a float's biased exponent (2^(x - 127)), so that every rescale is exact. A row that has
+// seen no P yet holds the largest, 2^100.
+using PRowScales = uint32_t[2]; // this lane's two key rows of the warp's 16 (g and g + 8)
+constexpr uint32_t kPRowScaleMax = 127 + 100;
 
 // The producer's steps (warp 0 of warpgroup 0): K and V once a key tile; per step Q and dO into a
 // stage of the ring, and the step's record beside them (produce_steps).
@@ -371,7 +369,6 @@ __device__ __forceinline__ void produce_steps(unsigned char* smem, const CUtenso
         if (r < reg.row_end) {
           const float l = lse[r];
           lse2 = l == -INFINITY ? INFINITY : l * kLog2e; // a row without keys: P = 0
-          if constexpr (C::kFp8) lse2 -= kFp8PShift;     // P times kFp8PScale
           delta = dlt[r];
         }
         rec.lse2[lane + 32 * h] = lse2;
@@ -432,12 +429,14 @@ __device__ __forceinline__ void add_dq_part(const DqRecord& rec, const AttnArgs&
 // (stage s of the ring): clean_q_do, then
 //   1. scores_and_dp    S^T = K Q^T, dP^T = V dO^T, issued
 //   2. probabilities    P^T = exp2(S^T c - LSE2), 0 outside the mask, as A fragments pa
+//   2'. scale_p_rows    (FP8 products) P^T in e4m3, a scale a key row, as A fragments pa
 //   3. score_grads      dS^T = P^T (dP^T - delta), as A fragments dsa
 //   4. dv_dk_products   dV += P^T dO (and dK += dS^T Q where dK's product does not follow dQ's)
 //   5. store_ds         dS^T (or dS) into shared memory for dQ's product
 //   6. dq_product       dQ's part = dS K (or its transpose), issued
 //   7. store_dq_part    the part, times the softmax scale, into shared memory for the reducer
-// and at the end of the key tile store_dkdv; end_reducer once the tiles are done.
+// and at the end of the key tile store_dkdv (FP8 products: after unscale_dv_rows); end_reducer once
+// the tiles are done.
 // Each step takes what it reads as arguments (arrays by reference), not through a structure of the
 // consumer's state: with a structure the kernel spilled 4 to 16 more bytes at d96, d128 and d256.
 // The producer and the reducer share warpgroup 0's 24 registers a thread (40 at d64 and d80), and
@@ -617,12 +616,64 @@ __device__ __forceinline__ void probabilities(PFrags<C>& pa, ScoreTiles<C>& st, 
       st[j][e] = p;
     }
   }
-  if constexpr (C::kFp8) {
-    pack_e4m3_fragments(pa, st); // (P times kFp8PScale already; dO^T's queries in v_key_at order)
-  } else {
+  if constexpr (!C::kFp8) { // (FP8 products: scale_p_rows packs them)
 #pragma unroll
     for (int kk = 0; kk < C::kMTiles / 2; ++kk) c_to_a<T>(pa[kk], st[2 * kk], st[2 * kk + 1]);
   }
+}
+
+// 2'. With FP8 products: P^T (pt, fp32) as e4m3 A fragments pa, each key row times a power of two of
+// its own. P is normalized (about 1 / keys): with one scale for every row it fell into e4m3's
+// subnormals as rows grew, and dV's error with it (docs/KERNELS.md, "FP8 backward"). A row's scale
+// is set where its values would saturate (the key tile's first step, or a later, larger P): the
+// largest that puts the row's greatest P in [8, 16), that row of dV rescaled first, as the online
+// softmax rescales O; unscale_dv_rows takes it out at the end of the key tile. The headroom (a row's
+// P may grow 28x before it saturates) keeps those steps rare; the others only look at the packed bytes.
+template <class C>
+__device__ __forceinline__ void scale_p_rows(PFrags<C>& pa, GradTiles<C>& dv, PRowScales& rows, const ScoreTiles<C>& pt) {
+  float scale[2] = {__uint_as_float(rows[0] << 23), __uint_as_float(rows[1] << 23)};
+  pack_e4m3_fragments(pa, pt, scale);
+  // A byte of 0x7e (448, where satfinite stops) or more carries into its top bit with 2 added (P is
+  // not negative: bytes up to 0x7f, so no carry crosses into the next byte).
+  uint32_t carry = 0;
+#pragma unroll
+  for (int kk = 0; kk < C::kMTiles / 4; ++kk)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) carry |= pa[kk][i] + 0x02020202u;
+  if (!__any_sync(~0u, carry & 0x80808080u)) return;
+
+  float top[2] = {0.f, 0.f};
+#pragma unroll
+  for (int j = 0; j < C::kMTiles; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) top[e >> 1] = fmaxf(top[e >> 1], pt[j][e]);
+  float factor[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    top[h] = fmaxf(top[h], __shfl_xor_sync(~0u, top[h], 1)); // a key row lies across the lane's quad
+    top[h] = fmaxf(top[h], __shfl_xor_sync(~0u, top[h], 2));
+    // top in [2^(x - 127), 2^(x - 126)) (x its biased exponent, 0 for a row of zeros): times
+    // 2^(130 - x), whose biased exponent is 257 - x, it lies in [8, 16). (x at most 134: P <= 1.)
+    const uint32_t x = min(__float_as_uint(top[h]) >> 23, 134u);
+    const uint32_t next = min(rows[h], min(257u - x, kPRowScaleMax));
+    factor[h] = __uint_as_float((next + 127u - rows[h]) << 23); // 2^(next - rows): 1, or down to 2^-104
+    scale[h] = __uint_as_float(next << 23);
+    rows[h] = next;
+  }
+#pragma unroll
+  for (int j = 0; j < C::kOTiles; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dv[j][e] *= factor[e >> 1];
+  pack_e4m3_fragments(pa, pt, scale); // (dO^T's queries in v_key_at order)
+}
+
+// dV's rows without their P scales (scale_p_rows), at the end of a key tile.
+template <class C> __device__ __forceinline__ void unscale_dv_rows(GradTiles<C>& dv, const PRowScales& rows) {
+  const float inverse[2] = {__uint_as_float((254u - rows[0]) << 23), __uint_as_float((254u - rows[1]) << 23)};
+#pragma unroll
+  for (int j = 0; j < C::kOTiles; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dv[j][e] *= inverse[e >> 1];
 }
 
 // 3. dS^T = P^T (dP^T - delta) (pt: P^T in fp32; delta: the step's StepRecord::delta), as A

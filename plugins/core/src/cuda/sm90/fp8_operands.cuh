@@ -102,6 +102,20 @@ __device__ __forceinline__ void pack_e4m3_fragments(uint32_t (&p)[kSteps][4], co
     p[kk][3] = pack4_e4m3(s2[2], s2[3], s3[2], s3[3]);
   }
 }
+// The same, each row times its own factor (row g: row[0], row g + 8: row[1]).
+template <int kSteps>
+__device__ __forceinline__ void pack_e4m3_fragments(uint32_t (&p)[kSteps][4], const float (&sc)[4 * kSteps][4],
+                                                    const float (&row)[2]) {
+#pragma unroll
+  for (int kk = 0; kk < kSteps; ++kk) {
+    const float(&s0)[4] = sc[4 * kk], (&s1)[4] = sc[4 * kk + 1];
+    const float(&s2)[4] = sc[4 * kk + 2], (&s3)[4] = sc[4 * kk + 3];
+    p[kk][0] = pack4_e4m3(s0[0] * row[0], s0[1] * row[0], s1[0] * row[0], s1[1] * row[0]);
+    p[kk][1] = pack4_e4m3(s0[2] * row[1], s0[3] * row[1], s1[2] * row[1], s1[3] * row[1]);
+    p[kk][2] = pack4_e4m3(s2[0] * row[0], s2[1] * row[0], s3[0] * row[0], s3[1] * row[0]);
+    p[kk][3] = pack4_e4m3(s2[2] * row[1], s2[3] * row[1], s3[2] * row[1], s3[3] * row[1]);
+  }
+}
 
 // An FP8 tensor ([batch, token, head, dim]) transposed at `at` by transpose_v_fp8, enqueued:
 // [batch][head][dim][tokens rounded to 32] (its `tokens` a row).
