@@ -120,7 +120,9 @@ std::set<std::string> finished_ids(const std::string& resume_dir, const suite::S
   return ids;
 }
 
-fs::path result_dir(const suite::Suite& s, const ExecuteOptions& options) {
+// The folder a run was told to write: --resume's, --out, or the suite's [outputs] dir; empty where
+// none was named (dated_result_dir then makes one).
+fs::path named_result_dir(const suite::Suite& s, const ExecuteOptions& options) {
   if (!options.resume_dir.empty()) {
     if (!options.out_dir.empty() && fs::path(options.out_dir).lexically_normal() != fs::path(options.resume_dir).lexically_normal())
       throw UsageError("--resume " + options.resume_dir + " writes into that folder; --out " + options.out_dir +
@@ -128,8 +130,21 @@ fs::path result_dir(const suite::Suite& s, const ExecuteOptions& options) {
     return options.resume_dir;
   }
   if (!options.out_dir.empty()) return options.out_dir;
-  if (!s.outputs.dir.empty()) return s.outputs.dir;
-  return fs::path("results") / now_compact();
+  return s.outputs.dir;
+}
+
+// A new folder results/<date-time>, made here: runs that start in the same second (two commands
+// side by side, a test after a test) take -2, -3, ... after the name, each its own.
+fs::path dated_result_dir() {
+  const fs::path base = fs::path("results") / now_compact();
+  std::error_code ec;
+  fs::create_directories(base.parent_path(), ec);
+  for (int n = 1; n <= 1000; ++n) {
+    const fs::path dir = n == 1 ? base : fs::path(base.string() + "-" + std::to_string(n));
+    if (fs::create_directory(dir, ec)) return dir;  // (false: it was there already, or it cannot be made)
+    if (ec) throw UsageError("cannot create result folder " + dir.string() + ": " + ec.message());
+  }
+  throw UsageError("results/: a thousand result folders named " + base.filename().string() + " already; give --out");
 }
 
 // One suite case at a time, by the runner or in a child process (--isolate).
@@ -214,8 +229,8 @@ int execute_suite(Context& ctx, const suite::Suite& s, const ExecuteOptions& opt
     if (!fs::is_directory(parent)) throw UsageError("--history " + options.history + ": folder " + parent.string() + " does not exist");
   }
   if (options.resume_dir.empty() && !options.force && !options.dry_run) {
-    const fs::path dir = result_dir(s, options);
-    if (fs::exists(dir / "results.jsonl") || fs::exists(dir / "results.json"))
+    const fs::path dir = named_result_dir(s, options);
+    if (!dir.empty() && (fs::exists(dir / "results.jsonl") || fs::exists(dir / "results.json")))
       throw UsageError(dir.string() + " holds the results of a run already; --resume it, give another --out, or --force "
                                       "to write over it");
   }
@@ -265,7 +280,9 @@ int execute_suite(Context& ctx, const suite::Suite& s, const ExecuteOptions& opt
                      std::any_of(formats.begin(), formats.end(), [](const std::string& f) { return f != "console"; });
   std::unique_ptr<report::ResultFolder> folder;
   if (leader && files) {
-    folder = std::make_unique<report::ResultFolder>(result_dir(s, options), formats, !options.resume_dir.empty());
+    const fs::path named = named_result_dir(s, options);
+    folder = std::make_unique<report::ResultFolder>(named.empty() ? dated_result_dir() : named, formats,
+                                                    !options.resume_dir.empty());
     if (folder->dropped_cut_line())
       log::warn(folder->dir().string() + "/results.jsonl: dropped its last line, cut short when the run was stopped");
     std::vector<std::string> planned;

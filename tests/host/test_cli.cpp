@@ -7,9 +7,11 @@
 #include <array>
 #include <chrono>
 #include <cstdio>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <vector>
 
 namespace fs = std::filesystem;
 
@@ -20,8 +22,9 @@ struct Outcome {
   std::string out;  // stdout and stderr together
 };
 
-Outcome attnhost(const std::string& args) {
-  std::string cmd = std::string(ATTNHOST_BINARY) + " " + args + " 2>&1";
+// cwd: where the command runs (the test's own folder where it writes one by default).
+Outcome attnhost(const std::string& args, const fs::path& cwd = {}) {
+  std::string cmd = (cwd.empty() ? "" : "cd '" + cwd.string() + "' && ") + std::string(ATTNHOST_BINARY) + " " + args + " 2>&1";
   FILE* pipe = ::popen(cmd.c_str(), "r");
   REQUIRE(pipe);
   Outcome o{};
@@ -186,6 +189,44 @@ TEST_CASE("cli: compare and run show world size 1 and the machine's ranks unless
   CHECK(attnhost("run " + written.string() + " --dry-run --device cpu").out.find("world sizes 1  timing") != std::string::npos);
   fs::remove(unwritten);
   fs::remove(written);
+}
+
+// A run that names no folder writes results/<date-time>. Where that name is taken (another run that
+// started in the same second) it takes the name with -2 after it, and the other's results stay as
+// they were; it once stopped with "holds the results of a run already", and two commands started
+// side by side could not both run.
+TEST_CASE("cli: a run that names no result folder never meets another run's") {
+  const fs::path dir = fs::temp_directory_path() / ("attnhost-cli-" + std::to_string(::getpid()) + "-dated");
+  fs::remove_all(dir);
+  // Every second the run may start in, taken by an earlier run's results.
+  const auto now = std::chrono::system_clock::now();
+  std::vector<fs::path> taken;
+  for (int second = -1; second < 60; ++second) {
+    const std::time_t t = std::chrono::system_clock::to_time_t(now + std::chrono::seconds(second));
+    std::tm tm{};
+    localtime_r(&t, &tm);
+    char name[32];
+    std::strftime(name, sizeof name, "%Y%m%d-%H%M%S", &tm);
+    taken.push_back(dir / "results" / name);
+    fs::create_directories(taken.back());
+    std::ofstream(taken.back() / "results.json") << "{}";
+  }
+  const Outcome o = attnhost("compare naive_attention --config tiny --seqlen 128 --device cpu --world-sizes 1 "
+                             "--timing-method simple --no-check --format json --quiet",
+                             dir);
+  CHECK(o.code == 0);
+  CHECK(o.out.find("error") == std::string::npos);
+  int fresh = 0;
+  for (const fs::directory_entry& e : fs::directory_iterator(dir / "results")) {
+    const std::string name = e.path().filename().string();
+    if (name.size() > 2 && name.compare(name.size() - 2, 2, "-2") == 0) {
+      ++fresh;
+      CHECK(fs::file_size(e.path() / "results.json") > 2);
+    }
+  }
+  CHECK(fresh == 1);
+  for (const fs::path& p : taken) CHECK(fs::file_size(p / "results.json") == 2);
+  fs::remove_all(dir);
 }
 
 TEST_CASE("cli: --heat-seconds runs the first case untimed at its largest world size, once, before the timed cases") {
