@@ -88,21 +88,9 @@ __device__ __forceinline__ uint32_t pack4_e4m3(float x0, float x1, float x2, flo
 }
 
 // A fragments of e4m3 products from fp32 score tiles (rows: the product's M; columns: its k index
-// in n8 tiles): k-step kk takes n8 tiles 4 kk .. 4 kk + 3, a lane's scores of each 32-column group
-// in the order v_key_at gives the transposed operand's columns.
-template <int kSteps>
-__device__ __forceinline__ void pack_e4m3_fragments(uint32_t (&p)[kSteps][4], const float (&sc)[4 * kSteps][4]) {
-#pragma unroll
-  for (int kk = 0; kk < kSteps; ++kk) {
-    const float(&s0)[4] = sc[4 * kk], (&s1)[4] = sc[4 * kk + 1];
-    const float(&s2)[4] = sc[4 * kk + 2], (&s3)[4] = sc[4 * kk + 3];
-    p[kk][0] = pack4_e4m3(s0[0], s0[1], s1[0], s1[1]); // row g, columns 4 t ..
-    p[kk][1] = pack4_e4m3(s0[2], s0[3], s1[2], s1[3]); // row g + 8
-    p[kk][2] = pack4_e4m3(s2[0], s2[1], s3[0], s3[1]); // row g, columns 16 + 4 t ..
-    p[kk][3] = pack4_e4m3(s2[2], s2[3], s3[2], s3[3]);
-  }
-}
-// The same, each row times its own factor (row g: row[0], row g + 8: row[1]).
+// in n8 tiles), each row times its factor (row g: row[0], row g + 8: row[1]): k-step kk takes n8
+// tiles 4 kk .. 4 kk + 3, a lane's scores of each 32-column group in the order v_key_at gives the
+// transposed operand's columns.
 template <int kSteps>
 __device__ __forceinline__ void pack_e4m3_fragments(uint32_t (&p)[kSteps][4], const float (&sc)[4 * kSteps][4],
                                                     const float (&row)[2]) {
@@ -110,11 +98,17 @@ __device__ __forceinline__ void pack_e4m3_fragments(uint32_t (&p)[kSteps][4], co
   for (int kk = 0; kk < kSteps; ++kk) {
     const float(&s0)[4] = sc[4 * kk], (&s1)[4] = sc[4 * kk + 1];
     const float(&s2)[4] = sc[4 * kk + 2], (&s3)[4] = sc[4 * kk + 3];
-    p[kk][0] = pack4_e4m3(s0[0] * row[0], s0[1] * row[0], s1[0] * row[0], s1[1] * row[0]);
-    p[kk][1] = pack4_e4m3(s0[2] * row[1], s0[3] * row[1], s1[2] * row[1], s1[3] * row[1]);
-    p[kk][2] = pack4_e4m3(s2[0] * row[0], s2[1] * row[0], s3[0] * row[0], s3[1] * row[0]);
+    p[kk][0] = pack4_e4m3(s0[0] * row[0], s0[1] * row[0], s1[0] * row[0], s1[1] * row[0]); // row g, columns 4 t ..
+    p[kk][1] = pack4_e4m3(s0[2] * row[1], s0[3] * row[1], s1[2] * row[1], s1[3] * row[1]); // row g + 8
+    p[kk][2] = pack4_e4m3(s2[0] * row[0], s2[1] * row[0], s3[0] * row[0], s3[1] * row[0]); // row g, columns 16 + 4 t ..
     p[kk][3] = pack4_e4m3(s2[2] * row[1], s2[3] * row[1], s3[2] * row[1], s3[3] * row[1]);
   }
+}
+// The same without factors (times 1 is exact, and the compiler drops it).
+template <int kSteps>
+__device__ __forceinline__ void pack_e4m3_fragments(uint32_t (&p)[kSteps][4], const float (&sc)[4 * kSteps][4]) {
+  constexpr float kOnes[2] = {1.f, 1.f};
+  pack_e4m3_fragments(p, sc, kOnes);
 }
 
 // An FP8 tensor ([batch, token, head, dim]) transposed at `at` by transpose_v_fp8, enqueued:
