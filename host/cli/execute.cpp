@@ -139,6 +139,7 @@ fs::path dated_result_dir() {
   const fs::path base = fs::path("results") / now_compact();
   std::error_code ec;
   fs::create_directories(base.parent_path(), ec);
+  if (ec) throw UsageError("cannot create result folder " + base.parent_path().string() + ": " + ec.message());
   for (int n = 1; n <= 1000; ++n) {
     const fs::path dir = n == 1 ? base : fs::path(base.string() + "-" + std::to_string(n));
     if (fs::create_directory(dir, ec)) return dir;  // (false: it was there already, or it cannot be made)

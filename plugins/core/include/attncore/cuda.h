@@ -14,7 +14,7 @@
 // 64, 128 and 256: the forward on Hopper (without segments), the backward anywhere, on the bf16
 // kernels after its inputs are widened in its workspace (backward_workspace_bytes), or with three
 // of its products in e4m3 on Hopper at head_dim 128 for long plain calls with e4m3 dO (docs/KERNELS.md,
-// "FP8 backward": dV's error then about the forward O's, not the widened path's tenth of it;
+// "FP8 backward": dV's rel L2 then about 0.027, where the widened path's is 0.0024;
 // ATTNCORE_FP8_PRODUCTS=0 takes the widened path there too); FP8 tensors need strides that are
 // multiples of 16 elements. Every data pointer is device
 // memory, except the BlockList struct itself (host). Q, K, V, dO and a dtype O need a 16-byte

@@ -653,7 +653,8 @@ __device__ __forceinline__ void scale_p_rows(PFrags<C>& pa, GradTiles<C>& dv, PR
     top[h] = fmaxf(top[h], __shfl_xor_sync(~0u, top[h], 1)); // a key row lies across the lane's quad
     top[h] = fmaxf(top[h], __shfl_xor_sync(~0u, top[h], 2));
     // top in [2^(x - 127), 2^(x - 126)) (x its biased exponent, 0 for a row of zeros): times
-    // 2^(130 - x), whose biased exponent is 257 - x, it lies in [8, 16). (x at most 134: P <= 1.)
+    // 2^(130 - x), whose biased exponent is 257 - x, it lies in [8, 16). (P <= 1 gives x <= 127;
+    // the clamp at 134 keeps next >= 123, so that the factor's exponent below cannot wrap.)
     const uint32_t x = min(__float_as_uint(top[h]) >> 23, 134u);
     const uint32_t next = min(rows[h], min(257u - x, kPRowScaleMax));
     factor[h] = __uint_as_float((next + 127u - rows[h]) << 23); // 2^(next - rows): 1, or down to 2^-104
