@@ -505,10 +505,6 @@ TEST_CASE("gpu: GQA ratios 1 to 8") {
 // call's: a key's gradients are several adds.
 TEST_CASE("gpu: GQA groups cut over several CTAs a key tile add dK and dV (accumulated and written in fp32)") {
   REQUIRE(device_count() > 0);
-  struct ForcedSplits {  // set for one case, unset however it ends
-    explicit ForcedSplits(const char* n) { setenv("ATTNCORE_HEAD_SPLITS", n, 1); }
-    ~ForcedSplits() { unsetenv("ATTNCORE_HEAD_SPLITS"); }
-  };
   std::mt19937_64 rng(29);
   struct Shape {
     int32_t D;
@@ -519,7 +515,8 @@ TEST_CASE("gpu: GQA groups cut over several CTAs a key tile add dK and dV (accum
                           {64, 4100, 200, false}, {128, 1100, 300, false}};
   for (const char* splits : {"2", "4"})
     for (const Shape& shape : shapes) {
-      const ForcedSplits forced(splits);
+      ScopedEnv forced("ATTNCORE_HEAD_SPLITS");  // for one case, as it was however it ends
+      forced.set(splits);
       Problem p = random_problem(rng, DType::bf16, shape.D, 4, 400);
       if (shape.Sq > 0) {
         p.B = 1;
