@@ -238,7 +238,7 @@ TEST_CASE("cli: --heat-seconds runs the first case untimed at its largest world 
   const Outcome planned = attnhost("run " + two.string() + " --dry-run --device cpu --heat-seconds 3");
   CHECK(planned.out.find("first, untimed: naive_attention/first at world size 2 for 3 s (--heat-seconds)") != std::string::npos);
   const auto start = std::chrono::steady_clock::now();
-  // (Console only: a result folder named by the second would meet the next test's.)
+  // (Console only: the run leaves no result folder behind.)
   const Outcome heated = attnhost("run " + two.string() + " --device cpu --timing-method simple --heat-seconds 0.5 --format console");
   const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   CHECK(heated.code == 0);

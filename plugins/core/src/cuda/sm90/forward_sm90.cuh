@@ -649,7 +649,6 @@ inline bool pair_serves(const ForwardParams& p) {
   return p.mask.causal && !p.blocks && p.seqlen_q <= rows && p.seqlen_kv <= rows;
 }
 
-
 // The wide configuration serves long rows of keys, where its fewer rounds of per-tile work beat its
 // costlier start and its ragged last tile: measured at d128 (docs/KERNELS.md, "Wide key tiles") +1.8%
 // at 8192 keys for the full mask, +3-4% from 16384 for both masks, slower below (-6% at 2048); at
