@@ -586,23 +586,44 @@ __device__ __forceinline__ void scores_and_dp(ScoreTiles<C>& st, ScoreTiles<C>& 
 }
 
 // 2. P^T = exp2(S^T c - LSE2), 0 outside the mask; as A fragments pa of dV's product, and in st
-// (fp32) for dS^T. lse2: the step's StepRecord::lse2.
+// (fp32) for dS^T. lse2: the step's StepRecord::lse2 (+inf for a row without keys, so that a masked
+// score, -inf, gives 0 there too).
+//
+// The mask for each of the lane's two keys n (rows of S^T) as a band of query offsets: element
+// (n, m = 8 j + 2 (lane % 4) + e % 2) is visible iff -(8 j + e % 2) lies in band[e / 2].
+template <class C>
+__device__ __forceinline__ void mask_bands(Band (&band)[2], const AttnArgs& a, const Region& reg, bool active,
+                                           bool masked, int32_t r0, int32_t n0, int key0, int lane) {
+  const int32_t base = reg.diff(r0, n0 + key0); // (row r0 + m, key n0 + key0 + n): base + n - m
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int n = (lane >> 2) + 8 * h;
+    const Band b = masked ? band_from(a.mask, base + n - (lane & 3) * 2) : full_band();
+    band[h] = active && n0 + key0 + n < reg.col_end ? b : empty_band();
+  }
+}
+
 template <class C, class T>
 __device__ __forceinline__ void probabilities(PFrags<C>& pa, ScoreTiles<C>& st, const AttnArgs& a, const float* lse2,
                                               const Region& reg, bool needs_mask, bool active, bool masked, int32_t r0,
                                               int32_t n0, int key0, int lane) {
   wgmma_wait<1>();
   fence_registers(st);
-  // The mask for each of the lane's two keys n (rows of S^T) as a band of query offsets: element
-  // (n, m = 8 j + 2 (lane % 4) + e % 2) is visible iff -(8 j + e % 2) lies in band[e / 2].
+  // The mask sets the scores outside it to -inf first, behind the warp-uniform needs_mask, as the
+  // forward's does: as a select beside each exponential it was if-converted, and its three compares
+  // and the select ran on every step. Not in the 80-query steps at d128, whose registers have no room
+  // for the branch: ptxas serializes their products there (docs/KERNELS.md, "The backward's mask
+  // behind a branch").
+  constexpr bool kSelect = C::kDqT;
   Band band[2];
   if (needs_mask) {
-    const int32_t base = reg.diff(r0, n0 + key0); // (row r0 + m, key n0 + key0 + n): base + n - m
+    mask_bands<C>(band, a, reg, active, masked, r0, n0, key0, lane);
+    if constexpr (!kSelect) {
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int n = (lane >> 2) + 8 * h;
-      const Band b = masked ? band_from(a.mask, base + n - (lane & 3) * 2) : full_band();
-      band[h] = active && n0 + key0 + n < reg.col_end ? b : empty_band();
+      for (int j = 0; j < C::kMTiles; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          if (!in_band(band[e >> 1], -(j * 8 + (e & 1)))) st[j][e] = -INFINITY;
     }
   }
 #pragma unroll
@@ -612,7 +633,8 @@ __device__ __forceinline__ void probabilities(PFrags<C>& pa, ScoreTiles<C>& st, 
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       float p = fast_exp2(fmaf(st[j][e], a.scale_log2, -((e & 1) ? l2.y : l2.x)));
-      if (needs_mask) p = in_band(band[e >> 1], -(j * 8 + (e & 1))) ? p : 0.f;
+      if constexpr (kSelect)
+        if (needs_mask) p = in_band(band[e >> 1], -(j * 8 + (e & 1))) ? p : 0.f;
       st[j][e] = p;
     }
   }
