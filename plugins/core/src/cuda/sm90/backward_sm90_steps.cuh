@@ -405,15 +405,30 @@ __device__ __forceinline__ void add_dq_part(const DqRecord& rec, const AttnArgs&
       bulk_wait_read();
     }
   } else {
+    // Thread rt takes the float4 units rt, rt + kReducers, ... of the part's rows, its (row, unit)
+    // stepped rather than divided out of the index: the division's chain of integer ops stood before
+    // each unit's loads, and the consumers waited for the reducer (docs/KERNELS.md, "The dQ
+    // reducer's loop").
+    constexpr int kUnits = D / 4; // float4 units a row
+    constexpr int kRowStep = C::kReducers / kUnits, kUnitStep = C::kReducers % kUnits;
     const unsigned char* parts = reinterpret_cast<const unsigned char*>(sDq);
-    for (int i = rt; i < rec.rows * (D / 4); i += C::kReducers) {
-      const int row = i / (D / 4), col = (i % (D / 4)) * 4;
+    float* const dq_rows = dq + int64_t(rec.r0) * a.dq.token_stride;
+    for (int row = rt / kUnits, unit = rt % kUnits; row < rec.rows;) {
+      const int col = unit * 4;
       float4 x = *reinterpret_cast<const float4*>(parts + dq_part_offset<C>(row, col));
       if constexpr (C::kDqParts == 2) {
         const float4 y = *reinterpret_cast<const float4*>(parts + C::kDqBytes + dq_part_offset<C>(row, col));
         x = make_float4(x.x + y.x, x.y + y.y, x.z + y.z, x.w + y.w);
       }
-      float* dst = dq + int64_t(rec.r0 + row) * a.dq.token_stride + col;
+      float* dst = dq_rows + int64_t(row) * a.dq.token_stride + col;
+      row += kRowStep;
+      if constexpr (kUnitStep != 0) {
+        unit += kUnitStep;
+        if (unit >= kUnits) {
+          unit -= kUnits;
+          ++row;
+        }
+      }
       if (dq_add == DqAdd::quads) {
         atomicAdd(reinterpret_cast<float4*>(dst), x);
       } else {
