@@ -54,6 +54,11 @@ template <int D_, int kConsumers_, int kBlockN_ = 128> struct Fp8ForwardConfig {
   // level at 4096; at d256 -0.5% / -1.5%; slower with three consumers at d64 (+5.5% / +7%) and with
   // d128's 128-key tiles (+0.7% / +1.3% at 1024 rows) (docs/KERNELS.md, "FP8 forward").
   static constexpr bool kLazyRescale = (D == 128 && kBlockN == 192) || D == 256;
+  // Where the maxima are kept, the tile's softmax first runs against them without looking for the
+  // tile's maxima (OnlineSoftmax::update_kept), and only a tile where some P could pass e4m3's 448
+  // takes its scores again and the step with its maxima (docs/KERNELS.md, "FP8 forward").
+  static constexpr bool kKeptSoftmax = kLazyRescale;
+  static constexpr float kKeptLimit = 448.f;
   static constexpr size_t kSmemBytes = 1024 /* alignment */ + kQBytes + 2 * kStages * kKVBytes + 512;
   static_assert(D % 64 == 0, "FP8 head dims are multiples of 64 (k-steps of 32 bytes in whole swizzled rows)");
   static_assert(kBlockN % kVtKeys == 0, "a V^T tile is whole column blocks");
@@ -195,6 +200,22 @@ template <class C> struct Fp8ForwardConsumer {
     else sm.update(sc, a.scale_log2, alpha);
   }
 
+  // The step against the kept maxima (kKeptSoftmax), decided for the warpgroup as one, as its scores
+  // are taken again where it fails (a warpgroup's product): true if every lane's P fit, else l as it was.
+  __device__ __forceinline__ bool softmax_kept(const TileStep& t, const TileUse& u) {
+    fence_registers(sc[0]);
+    if (u.needs_mask) mask_tile(sc, a.mask, rows.reg, r_lo + 16 * warp_in_wg, t.c0, u.listed, u.masked, lane);
+    const float l[2] = {sm.row_sum[0][0], sm.row_sum[0][1]};
+    const bool fits = sm.update_kept(sc, a.scale_log2, C::kKeptLimit);
+    if (warp_uniform(named_barrier_all(5 + wg, 128, fits))) {
+      rescale_o = false;
+      return true;
+    }
+    sm.row_sum[0][0] = l[0];
+    sm.row_sum[0][1] = l[1];
+    return false;
+  }
+
   // P in e4m3, each 32-key group's A fragment from its four n8 score tiles (v_key_at): P against the
   // row's kept maximum (at most 2^8 with kLazyRescale, within e4m3's 448), its descale 1.
   __device__ __forceinline__ void to_p() { pack_e4m3_fragments(p, sc[0]); }
@@ -280,8 +301,19 @@ __global__ void __launch_bounds__(C::kThreads, 1)
       barrier_wait(&sh.v_full[s], phase);
       c.issue_pv(s);
       wgmma_wait<1>();
-      c.release(&sh.k_empty[sn]);
-      c.softmax_update(t, u);
+      if constexpr (C::kKeptSoftmax) {
+        // A tile whose P could pass 448 against the kept maxima takes its scores again (its K stage
+        // is released after) and the step with its own maxima.
+        if (!c.softmax_kept(t, u)) {
+          c.issue_scores(sn);
+          wgmma_wait<0>();
+          c.softmax_update(t, u);
+        }
+        c.release(&sh.k_empty[sn]);
+      } else {
+        c.release(&sh.k_empty[sn]);
+        c.softmax_update(t, u);
+      }
       wgmma_wait<0>();
       fence_registers(c.sm.o[0]);
       c.release(&sh.v_empty[s]);

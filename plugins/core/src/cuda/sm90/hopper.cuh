@@ -333,4 +333,14 @@ __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
+// The same barrier, and whether `x` holds on every one of its threads (one reduction, no vote).
+__device__ __forceinline__ bool named_barrier_all(int id, int threads, bool x) {
+  uint32_t all;
+  asm volatile("{\n.reg .pred p, q;\nsetp.ne.u32 p, %1, 0;\nbar.red.and.pred q, %2, %3, p;\nselp.u32 %0, 1, 0, q;\n}\n"
+               : "=r"(all)
+               : "r"(uint32_t(x)), "r"(id), "r"(threads)
+               : "memory");
+  return all != 0;
+}
+
 } // namespace attncore::cuda::sm90
