@@ -294,8 +294,8 @@ TEST_CASE("gpu: FP8 e4m3 forward and backward, head dims 64, 128 and 256") {
   }
   // Scores that grow along the keys (K scaled from 1 to 4 over its rows, the largest saturating):
   // each row's maximum grows by more than 2^8 in exp2 units, so the forwards that keep a maximum
-  // until then (192-key tiles at d128, d256) rescale O partway along the row, and their softmax
-  // against the kept maxima finds P past 448 and takes the tile's scores again.
+  // until then (192-key tiles at d128, d256) rescale O partway along the row, and every FP8
+  // forward's softmax against the kept maxima finds P past 448 and takes the tile's scores again.
   for (int32_t D : {128, 256}) {
     Problem p = two_heads_problem(rng, DType::fp8_e4m3, D, 2500, 2100);
     for (int64_t j = 0; j < p.Skv; ++j)

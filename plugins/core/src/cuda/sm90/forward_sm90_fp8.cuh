@@ -54,10 +54,10 @@ template <int D_, int kConsumers_, int kBlockN_ = 128> struct Fp8ForwardConfig {
   // level at 4096; at d256 -0.5% / -1.5%; slower with three consumers at d64 (+5.5% / +7%) and with
   // d128's 128-key tiles (+0.7% / +1.3% at 1024 rows) (docs/KERNELS.md, "FP8 forward").
   static constexpr bool kLazyRescale = (D == 128 && kBlockN == 192) || D == 256;
-  // Where the maxima are kept, the tile's softmax first runs against them without looking for the
-  // tile's maxima (OnlineSoftmax::update_kept), and only a tile where some P could pass e4m3's 448
-  // takes its scores again and the step with its maxima (docs/KERNELS.md, "FP8 forward").
-  static constexpr bool kKeptSoftmax = kLazyRescale;
+  // A tile's softmax first runs against the kept maxima without looking for its own
+  // (OnlineSoftmax::update_kept), and only a tile where some P could pass e4m3's 448 takes its
+  // scores again and the step with its maxima: d128 -10.5% / -11.7% causal / full at 16384 rows,
+  // d64 -13%, d256 -4%, d128's 128-key tiles -3% / -5% at 1024 rows (docs/KERNELS.md, "FP8 forward").
   static constexpr float kKeptLimit = 448.f;
   static constexpr size_t kSmemBytes = 1024 /* alignment */ + kQBytes + 2 * kStages * kKVBytes + 512;
   static_assert(D % 64 == 0, "FP8 head dims are multiples of 64 (k-steps of 32 bytes in whole swizzled rows)");
@@ -193,27 +193,32 @@ template <class C> struct Fp8ForwardConsumer {
     wgmma_commit();
   }
 
-  __device__ __forceinline__ void softmax_update(const TileStep& t, const TileUse& u) {
+  __device__ __forceinline__ void mask_scores(const TileStep& t, const TileUse& u) {
     fence_registers(sc[0]);
     if (u.needs_mask) mask_tile(sc, a.mask, rows.reg, r_lo + 16 * warp_in_wg, t.c0, u.listed, u.masked, lane);
-    if constexpr (C::kLazyRescale) rescale_o = sm.template update_lazy<8>(sc, a.scale_log2, alpha);
-    else sm.update(sc, a.scale_log2, alpha);
   }
 
-  // The step against the kept maxima (kKeptSoftmax), decided for the warpgroup as one, as its scores
-  // are taken again where it fails (a warpgroup's product): true if every lane's P fit, else l as it was.
-  __device__ __forceinline__ bool softmax_kept(const TileStep& t, const TileUse& u) {
-    fence_registers(sc[0]);
-    if (u.needs_mask) mask_tile(sc, a.mask, rows.reg, r_lo + 16 * warp_in_wg, t.c0, u.listed, u.masked, lane);
-    const float l[2] = {sm.row_sum[0][0], sm.row_sum[0][1]};
-    const bool fits = sm.update_kept(sc, a.scale_log2, C::kKeptLimit);
-    if (warp_uniform(named_barrier_all(5 + wg, 128, fits))) {
-      rescale_o = false;
-      return true;
+  // The step with the tile's maxima.
+  __device__ __forceinline__ void softmax_update(const TileStep& t, const TileUse& u) {
+    mask_scores(t, u);
+    if constexpr (C::kLazyRescale) {
+      rescale_o = sm.template update_lazy<8>(sc, a.scale_log2, alpha);
+    } else {
+      sm.update(sc, a.scale_log2, alpha);
+      rescale_o = true;
     }
-    sm.row_sum[0][0] = l[0];
-    sm.row_sum[0][1] = l[1];
-    return false;
+  }
+
+  // The step against the kept maxima, decided for the warpgroup as one, as its scores are taken
+  // again where it fails (a warpgroup's product): true if every lane's P fit, l then taking their sums.
+  __device__ __forceinline__ bool softmax_kept(const TileStep& t, const TileUse& u) {
+    mask_scores(t, u);
+    float sum[1][2];
+    const bool fits = sm.update_kept(sc, a.scale_log2, C::kKeptLimit, sum);
+    if (!warp_uniform(named_barrier_all(5 + wg, 128, fits))) return false;
+    sm.add_sums(sum);
+    rescale_o = false;
+    return true;
   }
 
   // P in e4m3, each 32-key group's A fragment from its four n8 score tiles (v_key_at): P against the
@@ -301,19 +306,14 @@ __global__ void __launch_bounds__(C::kThreads, 1)
       barrier_wait(&sh.v_full[s], phase);
       c.issue_pv(s);
       wgmma_wait<1>();
-      if constexpr (C::kKeptSoftmax) {
-        // A tile whose P could pass 448 against the kept maxima takes its scores again (its K stage
-        // is released after) and the step with its own maxima.
-        if (!c.softmax_kept(t, u)) {
-          c.issue_scores(sn);
-          wgmma_wait<0>();
-          c.softmax_update(t, u);
-        }
-        c.release(&sh.k_empty[sn]);
-      } else {
-        c.release(&sh.k_empty[sn]);
+      // A tile whose P could pass 448 against the kept maxima takes its scores again (its K stage is
+      // released after) and the step with its own maxima.
+      if (!c.softmax_kept(t, u)) {
+        c.issue_scores(sn);
+        wgmma_wait<0>();
         c.softmax_update(t, u);
       }
+      c.release(&sh.k_empty[sn]);
       wgmma_wait<0>();
       fence_registers(c.sm.o[0]);
       c.release(&sh.v_empty[s]);
