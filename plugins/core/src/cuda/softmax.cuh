@@ -160,7 +160,7 @@ template <int kMTiles, int kOTiles> struct OnlineSoftmax {
   // The step against the kept maxima, the tile's own not looked for (the FP8 forward's): S becomes
   // P = exp2(S c - m_kept), and `sum` takes the lane's sums of the tile's P a row, for l once the
   // step stands (add_sums). False where a row has no maximum yet or a sum passes `limit`, so that some
-  // P may exceed it: the caller then takes the step again from the scores (update_lazy). A lane's sum
+  // P may exceed it: the caller then takes the step again from the scores (update_lazy or update). A lane's sum
   // bounds each of its P, as P >= 0.
   template <int kSTiles>
   __device__ bool update_kept(float (&s)[kMTiles][kSTiles][4], float scale_log2, float limit,

@@ -211,6 +211,8 @@ template <class C> struct Fp8ForwardConsumer {
 
   // The step against the kept maxima, decided for the warpgroup as one, as its scores are taken
   // again where it fails (a warpgroup's product): true if every lane's P fit, l then taking their sums.
+  // (Barrier 5 + wg: with three consumers the O store's 3 + wg reaches 5 too, but only after barrier
+  // 2, which every consumer meets once out of its loop.)
   __device__ __forceinline__ bool softmax_kept(const TileStep& t, const TileUse& u) {
     mask_scores(t, u);
     float sum[1][2];
@@ -222,7 +224,7 @@ template <class C> struct Fp8ForwardConsumer {
   }
 
   // P in e4m3, each 32-key group's A fragment from its four n8 score tiles (v_key_at): P against the
-  // row's kept maximum (at most 2^8 with kLazyRescale, within e4m3's 448), its descale 1.
+  // row's kept maximum (at most 448, softmax_kept's check, or 2^8 after update_lazy), its descale 1.
   __device__ __forceinline__ void to_p() { pack_e4m3_fragments(p, sc[0]); }
 
   __device__ __forceinline__ void release(uint64_t* empty) {
