@@ -159,9 +159,9 @@ template <int kMTiles, int kOTiles> struct OnlineSoftmax {
 
   // The step against the kept maxima, the tile's own not looked for (the FP8 forward's): S becomes
   // P = exp2(S c - m_kept), and `sum` takes the lane's sums of the tile's P a row, for l once the
-  // step stands (add_sums). False where a row has no maximum yet or a sum passes `limit`, so that some
-  // P may exceed it: the caller then takes the step again from the scores (update_lazy or update). A lane's sum
-  // bounds each of its P, as P >= 0.
+  // step stands (add_sums). False where a row has no maximum yet or a sum passes `limit`, so that
+  // some P may exceed it: the caller then takes the step again from the scores (update_lazy or
+  // update). A lane's sum bounds each of its P, as P >= 0.
   template <int kSTiles>
   __device__ bool update_kept(float (&s)[kMTiles][kSTiles][4], float scale_log2, float limit,
                               float (&sum)[kMTiles][2]) const {
@@ -171,14 +171,14 @@ template <int kMTiles, int kOTiles> struct OnlineSoftmax {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         fits = fits && row_max[mt][h] != -INFINITY;
-        const float m_scaled = row_max[mt][h] == -INFINITY ? 0.f : row_max[mt][h] * scale_log2;
         float part[kSTiles];
-        to_probabilities(s, mt, h, scale_log2, m_scaled, part);
+        to_probabilities(s, mt, h, scale_log2, scaled_max(row_max[mt][h], scale_log2), part);
         sum[mt][h] = tree_sum(part);
         fits = fits && sum[mt][h] <= limit;
       }
     return fits;
   }
+
   __device__ void add_sums(const float (&sum)[kMTiles][2]) {
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt)
