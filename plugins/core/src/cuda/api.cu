@@ -143,14 +143,14 @@ void dispatch_forward_fp8(const ForwardParams& p, cudaStream_t s) {
 // The FP8 backward's inputs widened to bf16 in the workspace, after the split key groups' sums
 // (workspace_bytes.h): all four for the bf16 kernels, or Q and K for the e4m3 products
 // (docs/KERNELS.md, "FP8 backward").
-BackwardParams widened_backward(const BackwardParams& p, cudaStream_t s, bool q_and_k_only = false) {
+BackwardParams widened_backward(const BackwardParams& p, cudaStream_t s, WidenFor use = WidenFor::bf16_kernels) {
   if (!p.workspace || p.workspace_bytes < backward_workspace_bytes(p) || reinterpret_cast<uintptr_t>(p.workspace) % 256)
     fail("an FP8 backward needs backward_workspace_bytes(params) bytes of workspace, 256-byte aligned (its inputs "
          "widened to bf16)");
   BackwardParams bf16 = p;
   bf16.dtype = DType::bf16;
   const size_t sums = workspace_align(backward_workspace_bytes(bf16));
-  BackwardParams w = widen_fp8_inputs(p, static_cast<char*>(p.workspace) + sums, s, q_and_k_only);
+  BackwardParams w = widen_fp8_inputs(p, static_cast<char*>(p.workspace) + sums, s, use);
   w.workspace = sums > 0 ? p.workspace : nullptr;
   w.workspace_bytes = sums;
   return w;
@@ -549,7 +549,7 @@ void backward_cuda(const BackwardParams& params, void* stream) {
 #if ATTNCORE_HAVE_SM90
   // e4m3 products where they serve (Q and K widened for the two bf16 products, dO^T in dO's slot).
   if (is_fp8(p.dtype) && sm90::hopper_path_enabled() && sm90::fp8_products_serve(p))
-    return sm90::launch_backward_sm90_fp8<128>(p, widened_backward(p, s, /*q_and_k_only=*/true), s);
+    return sm90::launch_backward_sm90_fp8<128>(p, widened_backward(p, s, WidenFor::fp8_products), s);
 #endif
   if (is_fp8(p.dtype)) dispatch_backward<__nv_bfloat16>(widened_backward(p, s), s);
   else if (p.dtype == DType::bf16) dispatch_backward<__nv_bfloat16>(p, s);

@@ -11,6 +11,7 @@
 #include "../args.h"
 #include "../cta_order.h"
 #include "../device.cuh"
+#include "../fp8_inputs.h"
 #include "../tiles.cuh"
 #include "fp8_operands.cuh"
 #include "hopper.cuh"
@@ -114,6 +115,11 @@ template <class T, int D, int kBlockM_ = 64, bool kFp8_ = false> struct Backward
                 "bf16 for the rest");
   static_assert(!kFp8 || (2 * kKV8Bytes == kKVBytes && 2 * kQ8Bytes == kQBytes), "K8, V8 in V's place; dO8, dO^T in dO's");
   static_assert(!kFp8 || (kKeyRegSteps == 0 && kValueRegSteps == 0), "FP8 products read K8 and V8 from shared memory");
+  // With FP8 products dQ's part is stored by stmatrix, four floats a lane an instruction, no selects
+  // (docs/KERNELS.md, "dQ parts by stmatrix"): the widening pass interleaves K's columns within each
+  // eight (widen_fp8_inputs), so that a lane's two floats of an n8 tile are columns c and c + 4,
+  // which stmatrix's 16-bit matrices then place in their natural order.
+  static constexpr bool kDqByStmatrix = kFp8;
 };
 
 // What the producer tells the consumers about a step, beside its Q and dO. head < 0: the key tile
@@ -549,6 +555,33 @@ __device__ __forceinline__ OperandDescriptors operand_descriptors(const T* sK, c
   return d;
 }
 
+// kDqByStmatrix: float e of lane l's n8 tile j, (row l / 4 + 8 (e / 2), K's column 8 j + 2 (l % 4) + e % 2
+// of the interleaved widening), lies where stmatrix puts it, byte 4 (l % 4) of the 16-byte unit
+// 2 (j % 4) + e % 2 of the row that lane 8 e + l / 4 addresses (dq_part_addresses): the unit that
+// holds that column of the part, and each matrix's eight units cover all 32 banks.
+constexpr bool stmatrix_dq_order_is_natural() {
+  for (int lane = 0; lane < 32; ++lane)
+    for (int j = 0; j < 8; ++j)
+      for (int e = 0; e < 4; ++e) {
+        const int row = lane / 4 + 8 * (e / 2), col = interleaved_column(8 * j + 2 * (lane % 4) + e % 2);
+        const int addresser = 8 * e + lane / 4; // its matrix e, row lane / 4
+        const int addressed_row = 8 * (addresser / 8 / 2) + addresser % 8;
+        const int unit = 2 * (j % 4) + (addresser / 8) % 2;
+        if (addressed_row != row || 32 * (j / 4) + 4 * unit + lane % 4 != col) return false;
+      }
+  for (int m = 0; m < 4; ++m)
+    for (int t = 0; t < 4; ++t) {
+      bool taken[8] = {};
+      for (int i = 0; i < 8; ++i) {
+        const int slot = (2 * t + m % 2) ^ i; // row 8 (m / 2) + i of the warp's 16: i = row % 8
+        if (taken[slot]) return false;
+        taken[slot] = true;
+      }
+    }
+  return true;
+}
+static_assert(stmatrix_dq_order_is_natural(), "dQ's part by stmatrix: natural columns, one wavefront a matrix");
+
 // This lane's shared addresses in its dQ part: dq_lane0, dq_unit and dq_rot serve the stores of
 // 64- and 128-query steps, dqt_lane those of 80-query steps.
 template <class C, int D>
@@ -567,6 +600,14 @@ __device__ __forceinline__ void dq_part_addresses(uint32_t& dq_lane0, uint32_t (
   dq_rot = stage_rotation(lane);
 #pragma unroll
   for (int q = 0; q < 4; ++q) dq_unit[q] = uint32_t(stage_unit(lane, q) << 4);
+  if constexpr (C::kDqByStmatrix) {
+    // Lanes 8m .. 8m + 7 give the rows of matrix m: floats e = m of the n8 tile, rows 16 w + 8 (m / 2)
+    // + lane % 8, 16-byte unit 2 (j % 4) + m % 2 of tile j's 32-column chunk.
+    const int m = lane >> 3, row = 16 * warp_in_wg + 8 * (m >> 1) + (lane & 7);
+    dq_lane0 = dq_part + uint32_t((dq_c0 / 32) * C::kBlockM * 128 + row * 128);
+#pragma unroll
+    for (int t = 0; t < 4; ++t) dq_unit[t] = uint32_t(((2 * t + (m & 1)) ^ (lane & 7)) << 4);
+  }
   // kDqT: this lane's element e of dQ^T's n8 tile 0, (column dq_c0 + 16 w + lane / 4 + 8 (e / 2), query
   // 2 (lane % 4) + e % 2), in the part (dq_part_offset).
 #pragma unroll
@@ -864,6 +905,15 @@ __device__ __forceinline__ void store_dq_part(DqTiles<C>& dq, DqHiTiles<C>& dq_h
 #pragma unroll
       for (int e = 0; e < 4; ++e)
         st_shared_b32(dqt_lane[e] + uint32_t(j * 8 * 128), __float_as_uint(scale * dq[j][e]));
+  } else if constexpr (C::kDqByStmatrix) {
+    // Tile j's four floats are matrices 0-3 of one stmatrix (dq_part_addresses): eight rows of 16 bytes
+    // each, whose swizzled units cover all 32 banks.
+#pragma unroll
+    for (int j = 0; j < C::kDqCols / 8; ++j) {
+      const uint32_t r[4] = {__float_as_uint(scale * dq[j][0]), __float_as_uint(scale * dq[j][1]),
+                             __float_as_uint(scale * dq[j][2]), __float_as_uint(scale * dq[j][3])};
+      stmatrix_x4(dq_lane0 + dq_unit[j % 4] + uint32_t((j / 4) * C::kBlockM * 128), r);
+    }
   } else {
     if constexpr (C::kDqByCopyEngine) rotate_tiles(dq, dq_rot); // slot j: the tile dq_unit[j % 4] holds
 #pragma unroll
