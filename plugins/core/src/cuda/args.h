@@ -42,7 +42,8 @@ struct AttnArgs {
   // with its runs side by side (sm90 cta_place, cta_order.h).
   int32_t tile_groups = 0;
   // The Hopper backward with FP8 products: dP^T = V dO^T comes out in units of descale_v descale_do,
-  // dV's product in units of descale_do (S^T's descales ride in scale_log2).
+  // dV's product in units of descale_do (S^T's descales ride in scale_log2); dp_scale also carries the
+  // softmax scale where dS^T holds it (BackwardConfig::kScaleInDs).
   float dp_scale = 1.f, dv_scale = 1.f;
 };
 

@@ -176,7 +176,7 @@ __global__ void __launch_bounds__(BackwardConfig<T, D, kBlockM, kFp8>::kThreads,
 
       // 7. The part, times the softmax scale, to the reducer once it is done with the last parts.
       barrier_wait(dq_empty, (round & 1) ^ 1);
-      store_dq_part<C>(dq, dq_hi, a.scale, dq_lane0, dq_unit, dqt_lane, dq_rot);
+      store_dq_part<C>(dq, dq_hi, C::kScaleInDs ? 1.f : a.scale, dq_lane0, dq_unit, dqt_lane, dq_rot);
       if (wg == 0 && warp_in_wg == 0 && lane == 0) *dq_rec = DqRecord{head, r0, min(C::kBlockM, reg.row_end - r0), 0};
       if constexpr (C::kDqByCopyEngine) fence_async_shared(); // the copy engine reads the part
       __syncwarp();
@@ -272,6 +272,7 @@ void launch_backward_config(const BackwardParams& p, cudaStream_t stream, const 
     do_map = make_tile_map(p.d_o, p.dtype, p.batch, p.seqlen_q, p.heads_q, D, C::kBlockM, C::W, sw);
     v_map = make_tile_map(p.v, p.dtype, p.batch, p.seqlen_kv, p.heads_kv, D, C::kBlockN, C::W, sw);
   }
+  if constexpr (C::kScaleInDs) a.dp_scale *= a.scale;
   // dQ chunks added by the copy engine where the head dim and the accumulator allow it.
   const DqAdd dq_add = C::kDqByCopyEngine && tma_readable(p.dq, 4) ? DqAdd::copy_engine
                        : tma_readable(p.dq, 4)                     ? DqAdd::quads

@@ -120,6 +120,10 @@ template <class T, int D, int kBlockM_ = 64, bool kFp8_ = false> struct Backward
   // eight (widen_fp8_inputs), so that a lane's two floats of an n8 tile are columns c and c + 4,
   // which stmatrix's 16-bit matrices then place in their natural order.
   static constexpr bool kDqByStmatrix = kFp8;
+  // The softmax scale folded into dS^T (scale dP^T - scale delta, the producer's record holding delta
+  // times the scale): dQ's part goes to shared memory and dK to its store without a multiply
+  // (docs/KERNELS.md, "The softmax scale in dS^T at d128": level in bf16, -1.5% with FP8 products).
+  static constexpr bool kScaleInDs = D == 128;
 };
 
 // What the producer tells the consumers about a step, beside its Q and dO. head < 0: the key tile
@@ -378,7 +382,7 @@ __device__ __forceinline__ void produce_steps(unsigned char* smem, const CUtenso
           delta = dlt[r];
         }
         rec.lse2[lane + 32 * h] = lse2;
-        rec.delta[lane + 32 * h] = delta;
+        rec.delta[lane + 32 * h] = C::kScaleInDs ? delta * a.scale : delta;
       }
       if (lane == 0) {
         rec.head = q.head;
@@ -767,7 +771,7 @@ __device__ __forceinline__ void score_grads(FragTiles<C>& dsa, ScoreTiles<C>& dp
     const float2 dl = *reinterpret_cast<const float2*>(&delta[j * 8 + (lane & 3) * 2]);
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const float dp = C::kFp8 ? dpt[j][e] * dp_scale : dpt[j][e];
+      const float dp = C::kFp8 || C::kScaleInDs ? dpt[j][e] * dp_scale : dpt[j][e];
       dpt[j][e] = pt[j][e] * (dp - ((e & 1) ? dl.y : dl.x));
     }
   }
@@ -948,7 +952,7 @@ __device__ __forceinline__ void store_dkdv(GradTiles<C>& dk, GradTiles<C>& dv, c
   for (int j = 0; j < C::kOTiles; ++j)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      dk[j][e] *= a.scale;
+      if constexpr (!C::kScaleInDs) dk[j][e] *= a.scale;
       if constexpr (C::kFp8) dv[j][e] *= a.dv_scale;
     }
   const int32_t key = n0 + key0 + (lane >> 2);
