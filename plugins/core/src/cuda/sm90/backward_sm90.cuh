@@ -174,7 +174,8 @@ __global__ void __launch_bounds__(BackwardConfig<T, D, kBlockM, kFp8>::kThreads,
       fence_registers(dv);
       fence_registers(pa);
 
-      // 7. The part, times the softmax scale, to the reducer once it is done with the last parts.
+      // 7. The part (times the softmax scale unless dS^T holds it) to the reducer once it is done
+      // with the last parts.
       barrier_wait(dq_empty, (round & 1) ^ 1);
       store_dq_part<C>(dq, dq_hi, C::kScaleInDs ? 1.f : a.scale, dq_lane0, dq_unit, dqt_lane, dq_rot);
       if (wg == 0 && warp_in_wg == 0 && lane == 0) *dq_rec = DqRecord{head, r0, min(C::kBlockM, reg.row_end - r0), 0};

@@ -459,7 +459,7 @@ __device__ __forceinline__ void add_dq_part(const DqRecord& rec, const AttnArgs&
 //   4. dv_dk_products   dV += P^T dO (and dK += dS^T Q where dK's product does not follow dQ's)
 //   5. store_ds         dS^T (or dS) into shared memory for dQ's product
 //   6. dq_product       dQ's part = dS K (or its transpose), issued
-//   7. store_dq_part    the part, times the softmax scale, into shared memory for the reducer
+//   7. store_dq_part    the part (times the softmax scale, unless dS^T holds it) into shared memory
 // and at the end of the key tile store_dkdv (FP8 products: after unscale_dv_rows); end_reducer once
 // the tiles are done.
 // Each step takes what it reads as arguments (arrays by reference), not through a structure of the
@@ -760,7 +760,7 @@ template <class C> __device__ __forceinline__ void unscale_dv_rows(GradTiles<C>&
 }
 
 // 3. dS^T = P^T (dP^T - delta) (pt: P^T in fp32; delta: the step's StepRecord::delta), as A
-// fragments dsa. (FP8 products: dP^T times dp_scale first.)
+// fragments dsa. (FP8 products and kScaleInDs: dP^T times dp_scale first.)
 template <class C, class T>
 __device__ __forceinline__ void score_grads(FragTiles<C>& dsa, ScoreTiles<C>& dpt, const ScoreTiles<C>& pt,
                                             const float* delta, float dp_scale, int lane) {
@@ -893,7 +893,7 @@ __device__ __forceinline__ void dq_product(DqTiles<C>& dq, DqHiTiles<C>& dq_hi, 
   wgmma_commit();
 }
 
-// 7. The part, times the softmax scale, into shared memory for the reducer (the kernel waits for
+// 7. The part, times `scale`, into shared memory for the reducer (the kernel waits for
 // the reducer to be done with the last parts first). dq_lane0, dq_unit, dq_rot, dqt_lane: this
 // lane's addresses (dq_part_addresses); rotate_tiles reorders dq.
 template <class C>
