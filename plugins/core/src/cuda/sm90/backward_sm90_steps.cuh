@@ -604,7 +604,7 @@ __device__ __forceinline__ void dq_part_addresses(uint32_t& dq_lane0, uint32_t (
   dq_rot = stage_rotation(lane);
 #pragma unroll
   for (int q = 0; q < 4; ++q) dq_unit[q] = uint32_t(stage_unit(lane, q) << 4);
-  if constexpr (C::kDqByStmatrix) {
+  if constexpr (C::kDqByStmatrix) { // (in place of the rotated order's: an if-else compiled differently, untimed)
     // Lanes 8m .. 8m + 7 give the rows of matrix m: floats e = m of the n8 tile, rows 16 w + 8 (m / 2)
     // + lane % 8, 16-byte unit 2 (j % 4) + m % 2 of tile j's 32-column chunk.
     const int m = lane >> 3, row = 16 * warp_in_wg + 8 * (m >> 1) + (lane & 7);
