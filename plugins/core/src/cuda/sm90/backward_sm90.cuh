@@ -143,12 +143,13 @@ __global__ void __launch_bounds__(BackwardConfig<T, D, kBlockM, kFp8>::kThreads,
       probabilities<C, T>(pa, st, a, rec.lse2, reg, needs_mask, active, masked, r0, n0, key0, lane); // 2.
       if constexpr (C::kFp8) scale_p_rows<C>(pa, dv, p_rows, st); // 2'.
       uint32_t dsa[C::kMTiles / 2][4];
-      score_grads<C, T>(dsa, dpt, st, rec.delta, a.dp_scale, lane); // 3.
-
-      // dV += P^T dO, dK += dS^T Q (here, or after dQ's product: kDkAfterDq).
+      // dV += P^T dO, dK += dS^T Q (here, or after dQ's product: kDkAfterDq). Where dK's product
+      // follows dQ's, dV's does not need dS^T and runs under its arithmetic (kDvUnderDs).
       const auto dk_product = [&] { issue_dk_product<C, T>(dk, dsa, qb_desc, s); };
       const auto release_stage = [&] { release_q_stage<C>(dk, dsa, &q_empty[s], lane); };
-      dv_dk_products<C, T>(dv, pa, dob_desc, s, dk_product); // 4.
+      if constexpr (C::kDvUnderDs) dv_dk_products<C, T>(dv, pa, dob_desc, s, dk_product); // 4.
+      score_grads<C, T>(dsa, dpt, st, rec.delta, a.dp_scale, lane); // 3.
+      if constexpr (!C::kDvUnderDs) dv_dk_products<C, T>(dv, pa, dob_desc, s, dk_product); // 4.
       const uint32_t ds_buf = C::kDsShared ? (round & 1) : 0;
       store_ds<C>(dsa, sdS, ds_row0, ds_buf, wg, warp_in_wg, lane); // 5.
       if constexpr (!C::kDkAfterDq) { // one stage of Q and dO: free it for the next step's load now

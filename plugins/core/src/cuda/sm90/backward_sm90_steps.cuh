@@ -65,6 +65,11 @@ template <class T, int D, int kBlockM_ = 64, bool kFp8_ = false> struct Backward
   // (FlashAttention-3's order): dS^T stays in registers through dQ's product, which at d256 (dQ's
   // 128 columns beside dK's and dV's) does not fit and serializes every product.
   static constexpr bool kDkAfterDq = !kSharedKeys;
+  // dV's product issued before dS^T's arithmetic, which waits for dP^T alone, where dK's product
+  // follows dQ's (so that dV's is the only one issued there). With FP8 products only (-1.0% bwd at
+  // B=4 H=32 S=16384 full); the bf16 kernels spilled more so (docs/KERNELS.md, "dV's product under
+  // dS^T's arithmetic").
+  static constexpr bool kDvUnderDs = kDkAfterDq && kFp8_;
   // Shared-memory bandwidth bounds a step (docs/KERNELS.md, "Shared memory bounds the backward step"). S^T = K Q^T and dP^T = V dO^T take
   // their first kKeyRegSteps / kValueRegSteps k-steps (16 columns each) of this consumer's K and V
   // from registers, A fragments loaded once a key tile, so those steps read only Q or dO there. As
@@ -456,7 +461,8 @@ __device__ __forceinline__ void add_dq_part(const DqRecord& rec, const AttnArgs&
 //   2. probabilities    P^T = exp2(S^T c - LSE2), 0 outside the mask, as A fragments pa
 //   2'. scale_p_rows    (FP8 products) P^T in e4m3, a scale a key row, as A fragments pa
 //   3. score_grads      dS^T = P^T (dP^T - delta), as A fragments dsa
-//   4. dv_dk_products   dV += P^T dO (and dK += dS^T Q where dK's product does not follow dQ's)
+//   4. dv_dk_products   dV += P^T dO (and dK += dS^T Q where dK's product does not follow dQ's);
+//                       with FP8 products issued before 3 (kDvUnderDs)
 //   5. store_ds         dS^T (or dS) into shared memory for dQ's product
 //   6. dq_product       dQ's part = dS K (or its transpose), issued
 //   7. store_dq_part    the part (times the softmax scale, unless dS^T holds it) into shared memory
@@ -764,7 +770,7 @@ template <class C> __device__ __forceinline__ void unscale_dv_rows(GradTiles<C>&
 template <class C, class T>
 __device__ __forceinline__ void score_grads(FragTiles<C>& dsa, ScoreTiles<C>& dpt, const ScoreTiles<C>& pt,
                                             const float* delta, float dp_scale, int lane) {
-  wgmma_wait<0>();
+  wgmma_wait<C::kDvUnderDs ? 1 : 0>(); // dP^T (dV's product, issued after it, may run on)
   fence_registers(dpt);
 #pragma unroll
   for (int j = 0; j < C::kMTiles; ++j) {
