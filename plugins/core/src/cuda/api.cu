@@ -547,7 +547,7 @@ void backward_cuda(const BackwardParams& params, void* stream) {
   if (!p.lse.data || !p.delta.data) fail("lse or delta is null");
   const auto s = static_cast<cudaStream_t>(stream);
 #if ATTNCORE_HAVE_SM90
-  // e4m3 products where they serve (Q and K widened for the two bf16 products, dO^T in dO's slot).
+  // e4m3 products where they serve (Q widened for the two bf16 products, K in the kernel, dO^T in dO's slot).
   if (is_fp8(p.dtype) && sm90::hopper_path_enabled() && sm90::fp8_products_serve(p))
     return sm90::launch_backward_sm90_fp8<128>(p, widened_backward(p, s, WidenFor::fp8_products), s);
 #endif

@@ -29,7 +29,8 @@
 // walking the same sequence of tiles.
 // An FP8 call (launch_backward_sm90_fp8, where fp8_products_serve) runs S^T, dP^T and dV's products
 // in e4m3 on Q, K, V and dO as given and on dO^T, P^T a scale a key row (scale_p_rows), and dK's
-// and dQ's in bf16 on Q and K widened (BackwardConfig::kFp8).
+// and dQ's in bf16 on Q widened once a call and K widened a key tile by the consumers
+// (widen_k_block; BackwardConfig::kFp8).
 #pragma once
 
 #include <cuda.h>
@@ -116,6 +117,7 @@ __global__ void __launch_bounds__(BackwardConfig<T, D, kBlockM, kFp8>::kThreads,
     const int list = C::kBlockLists && a.blocks.heads > 0 && (n0 + keys0) / a.blocks.block_kv != n0 / a.blocks.block_kv ? 1 : 0;
     barrier_wait(kv_full, i & 1);
     clean_kv<C, D>(sK, sV, a, reg, n0, tid);
+    if constexpr (C::kFp8) widen_k_block<C>(sK, sV, f8.descale_k, wg, tid % 128);
     // This warp's 16 keys of K and V as A fragments of S^T and dP^T (kKeyRegSteps, kValueRegSteps).
     uint32_t ka[a_steps(C::kKeyRegSteps)][4], va[a_steps(C::kValueRegSteps)][4];
     load_a_fragments<W, C::kBlockN, C::kKeyRegSteps>(ka, sK, key0, lane);
@@ -243,8 +245,8 @@ struct Fp8Operands {
   Fp8Transposed dot;
 };
 
-// p: the call (bf16 or fp16); or, with FP8 products, the call with Q and K widened to bf16 (f8:
-// the e4m3 operands).
+// p: the call (bf16 or fp16); or, with FP8 products, the call with Q widened to bf16 (f8: the e4m3
+// operands; p's K, a slot left unwritten, is read by no copy of that kernel).
 template <class T, int D, int kBlockM, bool kFp8 = false>
 void launch_backward_config(const BackwardParams& p, cudaStream_t stream, const Fp8Operands* f8 = nullptr) {
   using C = BackwardConfig<T, D, kBlockM, kFp8>;
@@ -267,6 +269,7 @@ void launch_backward_config(const BackwardParams& p, cudaStream_t stream, const 
     v_map = make_tile_map(e.v, e4m3, p.batch, p.seqlen_kv, p.heads_kv, D, C::kBlockN, 2 * C::W8, sw8);
     f8_maps.dot = make_tile_map(f8->dot.ref, e4m3, p.batch, D, p.heads_q, int32_t(f8->dot.tokens), D, 2 * C::WT,
                                 tma_swizzle(C::WT));
+    f8_maps.descale_k = e.descale_k;
     a.scale_log2 *= e.descale_q * e.descale_k;
     a.dp_scale = e.descale_v * e.descale_do;
     a.dv_scale = e.descale_do;
@@ -327,7 +330,7 @@ template <class T, int D> void launch_backward_sm90(const BackwardParams& p, cud
 }
 
 // The backward of an FP8 call with e4m3 products (BackwardConfig::kFp8), where it serves
-// (fp8_products_serve): widened holds Q and K in bf16 (widen_fp8_inputs), and dO's slot of the
+// (fp8_products_serve): widened holds Q in bf16 (widen_fp8_inputs), and dO's slot of the
 // workspace takes dO^T. Measured against the bf16 kernels on all four inputs widened in
 // docs/KERNELS.md, "FP8 backward".
 template <int D> void launch_backward_sm90_fp8(const BackwardParams& fp8, const BackwardParams& widened, cudaStream_t stream) {

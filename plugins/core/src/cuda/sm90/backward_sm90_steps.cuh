@@ -107,8 +107,8 @@ template <class T, int D, int kBlockM_ = 64, bool kFp8_ = false> struct Backward
   // only, so three of the five products take them as they lie: S^T = K Q^T and dP^T = V dO^T read
   // Q, K, V and dO as given, and dV += P^T dO reads dO^T (queries contiguous, in v_key_at order
   // within each 32-query group, so that P^T packs from the score registers as the FP8 forward's P
-  // does). dK += dS^T Q and dQ = dS K stay bf16 products on Q and K widened once per call, with
-  // dS in bf16. Shared memory: K8 and V8 take V's region (V itself is read by no bf16 product),
+  // does). dK += dS^T Q and dQ = dS K stay bf16 products, on Q widened once per call and K widened
+  // from K8 a key tile (widen_k_block), with dS in bf16. Shared memory: K8 and V8 take V's region (V itself is read by no bf16 product),
   // each stage's dO8 and dO^T take dO's, and Q8 has a region of its own.
   static constexpr bool kFp8 = kFp8_;
   static constexpr int W8 = swizzle_cols(D / 2);          // Q8's, K8's, V8's and dO8's rows, in 16-bit columns
@@ -121,8 +121,8 @@ template <class T, int D, int kBlockM_ = 64, bool kFp8_ = false> struct Backward
   static_assert(!kFp8 || (2 * kKV8Bytes == kKVBytes && 2 * kQ8Bytes == kQBytes), "K8, V8 in V's place; dO8, dO^T in dO's");
   static_assert(!kFp8 || (kKeyRegSteps == 0 && kValueRegSteps == 0), "FP8 products read K8 and V8 from shared memory");
   // With FP8 products dQ's part is stored by stmatrix, four floats a lane an instruction, no selects
-  // (docs/KERNELS.md, "dQ parts by stmatrix"): the widening pass interleaves K's columns within each
-  // eight (widen_fp8_inputs), so that a lane's two floats of an n8 tile are columns c and c + 4,
+  // (docs/KERNELS.md, "dQ parts by stmatrix"): K's widening interleaves its columns within each
+  // eight (widen_k_block), so that a lane's two floats of an n8 tile are columns c and c + 4,
   // which stmatrix's 16-bit matrices then place in their natural order.
   static constexpr bool kDqByStmatrix = kFp8;
   // The softmax scale folded into dS^T (scale dP^T - scale delta, the producer's record holding delta
@@ -268,10 +268,12 @@ __device__ __forceinline__ bool key_tile(const AttnArgs& a, const TilePiece* pie
 }
 
 // The e4m3 operands of a backward with FP8 products (BackwardConfig::kFp8), beside the kernel's
-// bf16 Q and K (widened) and its v_map and do_map (then V and dO as given): Q and K as given, and
-// dO^T ([batch][head][dim][queries rounded to 32], transpose_v_fp8's layout). Zeros elsewhere.
+// bf16 Q (widened) and its v_map and do_map (then V and dO as given): Q and K as given, and dO^T
+// ([batch][head][dim][queries rounded to 32], transpose_v_fp8's layout); and K's descale, for the
+// consumers' widening of K (widen_k_block). Zeros elsewhere.
 struct BackwardFp8Maps {
   CUtensorMap q8, k8, dot;
+  float descale_k;
 };
 
 // With FP8 products each key row of P^T rounds to e4m3 times a power of two of its own (scale_p_rows),
@@ -282,21 +284,24 @@ constexpr uint32_t kPRowScaleMax = 127 + 100;
 
 // The producer's steps (warp 0 of warpgroup 0): K and V once a key tile; per step Q and dO into a
 // stage of the ring, and the step's record beside them (produce_steps).
-// (Lane 0.) K and V of the key tile at n0 (FP8 products: K, and K8 and V8 in V's place).
+// (Lane 0.) K and V of the key tile at n0 (FP8 products: K8 and V8 in V's place, K's bf16 copy
+// made from K8 by the consumers, widen_k_block).
 template <class C, int D, class T>
 __device__ __forceinline__ void load_kv(T* sK, T* sV, const CUtensorMap& k_map, const CUtensorMap& v_map,
                                         const BackwardFp8Maps& f8, uint64_t* kv_full, int32_t n0, int kv_head,
                                         int batch) {
   constexpr int W = C::W;
-  barrier_expect_bytes(kv_full, 2 * C::kKVBytes);
-  for (int cb = 0; cb < D / W; ++cb) {
-    tma_load_4d(sK + cb * C::kBlockN * W, &k_map, kv_full, cb * W, n0, kv_head, batch);
-    if constexpr (!C::kFp8) tma_load_4d(sV + cb * C::kBlockN * W, &v_map, kv_full, cb * W, n0, kv_head, batch);
-  }
   if constexpr (C::kFp8) {
     uint8_t* k8 = reinterpret_cast<uint8_t*>(sV);
+    barrier_expect_bytes(kv_full, 2 * C::kKV8Bytes);
     tma_load_4d(k8, &f8.k8, kv_full, 0, n0, kv_head, batch);
     tma_load_4d(k8 + C::kKV8Bytes, &v_map, kv_full, 0, n0, kv_head, batch);
+  } else {
+    barrier_expect_bytes(kv_full, 2 * C::kKVBytes);
+    for (int cb = 0; cb < D / W; ++cb) {
+      tma_load_4d(sK + cb * C::kBlockN * W, &k_map, kv_full, cb * W, n0, kv_head, batch);
+      tma_load_4d(sV + cb * C::kBlockN * W, &v_map, kv_full, cb * W, n0, kv_head, batch);
+    }
   }
 }
 
@@ -507,6 +512,30 @@ __device__ __forceinline__ void clean_kv(T* sK, T* sV, const AttnArgs& a, const 
     zero_rows_past<C::W, D, C::kBlockN>(sK, reg.col_end - n0, tid - 128, C::kConsumers * 128);
     zero_rows_past<C::W, D, C::kBlockN>(sV, reg.col_end - n0, tid - 128, C::kConsumers * 128);
     named_barrier_sync(3, C::kConsumers * 128);
+  }
+}
+
+// FP8 products: K's bf16 copy for dQ's product, widened from K8 (times K's descale, columns in
+// interleaved_column's order) by the consumer that reads it: each consumer's dQ columns are one
+// W-column block of sK over every key of the tile (kSplitDq), so a thread widens its key row's
+// four 16-byte units of K8 there. A pass over the whole of K before the call cost 0.25 ms at
+// B=4 H=32 S=16384 (docs/KERNELS.md, "K widened in the kernel"). The first step's store_ds fences
+// the stores for the async proxy and meets both consumers at a barrier before any dQ product reads
+// them; the last tile's dQ products are done (each step waits for its products).
+template <class C, class T>
+__device__ __forceinline__ void widen_k_block(T* sK, const T* sV, float descale_k, int wg, int tid_in_wg) {
+  static_assert(C::kFp8 && C::kSplitDq && !C::kSharedKeys && C::kDqCols == C::W && C::kBlockN == 128,
+                "a consumer's dQ columns: one block of sK, a key row a thread");
+  const int row = tid_in_wg;
+  const unsigned char* k8 = reinterpret_cast<const unsigned char*>(sV) + row * 128;  // 128 e4m3 a row
+  unsigned char* kb = reinterpret_cast<unsigned char*>(sK + wg * C::kBlockN * C::W) + row * 128;  // 64 bf16 a row
+#pragma unroll
+  for (int h = 0; h < 4; ++h) {  // K8's unit 4 wg + h: columns 64 wg + 16 h .. + 15, 128-byte swizzled rows
+    const uint4 raw = *reinterpret_cast<const uint4*>(k8 + (((4 * wg + h) ^ (row & 7)) << 4));
+    uint4 out[2];
+    widen_fp8_unit<true>(raw, true, descale_k, out);
+    *reinterpret_cast<uint4*>(kb + (((2 * h) ^ (row & 7)) << 4)) = out[0];
+    *reinterpret_cast<uint4*>(kb + (((2 * h + 1) ^ (row & 7)) << 4)) = out[1];
   }
 }
 
