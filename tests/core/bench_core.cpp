@@ -20,11 +20,12 @@
 //                                   the delta pass that clears dQ (DeltaParams::zero)
 //   BENCH_SEGMENTS=L                native: each sequence as segments of L rows (a device list, as
 //                                   varlen and dilated call the core), not L-row batches
+//   BENCH_DQ_PASS=1                 native: also "bwd write" with dQ rounded by the pass after the call
 //   bench_core --probe [B H S D...] which cuDNN graphs build for each shape (no timing)
 // Native backward = zeroing the fp32 accumulators (dQ's in the delta pass) + compute_delta + backward: the
 // core's contract (gradients added into fp32), what a ring step costs. "bwd write" is what frameworks do and
 // what PyTorch's line times: dQ's accumulator cleared in the delta pass, dK and dV written in bf16
-// (write_dkdv), dQ converted to bf16 after.
+// (write_dkdv), dQ rounded to bf16 by the call (dq_out: in the kernel where it can, else a pass after).
 // cuDNN: "bwd write" writes bf16 gradients (what frameworks do); "bwd add" is the core's contract (zeroing the fp32
 // accumulators + cuDNN into scratch + the add kernels), what a ring step costs. FP8 on cuDNN: the forward
 // includes the kernel that turns cuDNN's FP8 O into bf16; the backward (the bf16 O to FP8 first, the
@@ -241,7 +242,9 @@ struct Bench {
     g.dk = kvt(dk);
     g.dv = kvt(dv);
     g.mask = f.mask;
-    if (const size_t n = backward_workspace_bytes(g)) {
+    BackwardParams writing_dq = g;  // (the workspace of "bwd write", which writes dq_out, serves both)
+    writing_dq.dq_out = qt(o32);
+    if (const size_t n = backward_workspace_bytes(writing_dq)) {
       CUDA_CHECK(cudaMalloc(&bwd_ws, n));
       g.workspace = bwd_ws;
       g.workspace_bytes = n;
@@ -315,27 +318,28 @@ std::string native_backward(Bench& x, int runs) {
   const float t_det = median_ms([&] { backward(true); }, 1, std::max(3, runs / 2));
   x.g.deterministic = false;
   // dK, dV and dQ in the output dtype into the (larger) fp32 buffers' memory, same element strides: dK
-  // and dV over their accumulators, dQ over the fp32 O of the partial forward, unused here.
+  // and dV over their accumulators, dQ (dq_out, rounded by the call) over the fp32 O of the partial
+  // forward, unused here.
   BackwardParams w = x.g;
   w.write_dkdv = true;
-  ConvertParams dq_out;
-  dq_out.dtype = output_dtype(x.dtype);
-  dq_out.batch = x.s.B;
-  dq_out.heads = x.s.Hq;
-  dq_out.head_dim = x.s.D;
-  dq_out.seqlen = x.s.S;
-  dq_out.src = x.g.dq;
-  dq_out.dst = TensorRef{x.o32, x.g.dq.batch_stride, x.g.dq.token_stride, x.g.dq.head_stride};
-  const float t_write = median_ms(
-      [&] {
-        compute_delta_cuda(delta_clearing_dq, nullptr);
-        backward_cuda(w, nullptr);
-        convert_cuda(dq_out, nullptr);
-      },
-      2, runs);
+  w.dq_out = TensorRef{x.o32, x.g.dq.batch_stride, x.g.dq.token_stride, x.g.dq.head_stride};
+  const auto write = [&](const BackwardParams& call, bool pass) {
+    compute_delta_cuda(delta_clearing_dq, nullptr);
+    backward_cuda(call, nullptr);
+    if (pass) convert_cuda(dq_out_conversion(w), nullptr);
+  };
+  const float t_write = median_ms([&] { write(w, false); }, 2, runs);
+  std::string figures = " | bwd " + x.figure(t_bwd, 2.5 * x.flops()) + " | bwd deterministic " +
+                        x.figure(t_det, 2.5 * x.flops()) + " | bwd write " + x.figure(t_write, 2.5 * x.flops());
+  // BENCH_DQ_PASS=1: also with dQ rounded by the conversion pass after the call.
+  if (const char* e = std::getenv("BENCH_DQ_PASS"); e && e[0] == '1') {
+    BackwardParams adds_only = w;
+    adds_only.dq_out = {};
+    const float t_pass = median_ms([&] { write(adds_only, true); }, 2, runs);
+    figures += " | bwd write, dQ pass " + x.figure(t_pass, 2.5 * x.flops());
+  }
   CUDA_CHECK(cudaDeviceSynchronize());
-  return " | bwd " + x.figure(t_bwd, 2.5 * x.flops()) + " | bwd deterministic " + x.figure(t_det, 2.5 * x.flops()) +
-         " | bwd write " + x.figure(t_write, 2.5 * x.flops());
+  return figures;
 }
 
 void bench_native(Bench& x) {

@@ -539,6 +539,36 @@ TEST_CASE("cpu: write_dkdv writes dK and dV in dtype, the accumulators rounded o
   }
 }
 
+// dq_out: after the call's adds (into an accumulator that held values of its own), the accumulator
+// rounded, bit for bit; with no keys, what it held. FP8 calls write bf16.
+TEST_CASE("cpu: dq_out holds the accumulator rounded after the call's adds") {
+  for (DType dt : {DType::bf16, DType::fp16, DType::fp8_e4m3})
+    for (int64_t skv : {int64_t{90}, int64_t{0}}) {
+      Problem p = make({"dq_out", dt, 2, 4, 2, 64, 70, skv, true, -1, -1, 0, 0}, 651);
+      Outputs want = run<float>(p, true);
+      std::mt19937_64 rng(7);
+      Tensor dq(DType::fp32, p.B, p.Sq, p.Hq, p.D), dk(DType::fp32, p.B, p.Skv, p.Hkv, p.D), dv = dk;
+      dq.fill_normal(rng, 1.0);
+      Tensor out(output_dtype(dt), p.B, p.Sq, p.Hq, p.D);
+      out.fill(kPoison);
+      BackwardParams g = p.backward_params(want.lse32, want.delta, dq, dk, dv);
+      g.dq_out = out.ref();
+      cpu::backward<float>(g);
+      CAPTURE(int(dt));
+      CAPTURE(skv);
+      Tensor one(out.dtype, 1, 1, 1, 1);
+      int64_t differ = 0;
+      for (int64_t b = 0; b < p.B; ++b)
+        for (int64_t i = 0; i < p.Sq; ++i)
+          for (int32_t h = 0; h < p.Hq; ++h)
+            for (int32_t d = 0; d < p.D; ++d) {
+              one.set(0, 0, 0, 0, dq.get(b, i, h, d));
+              differ += !(out.get(b, i, h, d) == one.get(0, 0, 0, 0));
+            }
+      CHECK(differ == 0);
+    }
+}
+
 // dk_add and dv_add (a ring's owner adding the other ranks' shares of its keys in the call that
 // writes them): on keys [begin, end) the fp32 sum of the accumulators and the share, rounded once;
 // elsewhere as without. Without write_dkdv, or past the call's keys, one line says why.

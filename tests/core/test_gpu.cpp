@@ -54,13 +54,19 @@ struct Shares {
 };
 
 // The backward on the device into host tensors dq, dk, dv (fp32 accumulators starting from their
-// contents; written dk and dv, in the problem's dtype or in fp32, over NaN poison). The call gets
-// the workspace it asks for, unless `workspace` is false.
+// contents; written dk and dv, in the problem's dtype or in fp32, over NaN poison), and dq_out
+// (BackwardParams::dq_out, over poison) where given. The call gets the workspace it asks for,
+// unless `workspace` is false.
 void backward_gpu(Problem& p, Stats lse, Stats delta, Tensor& dq, Tensor& dk, Tensor& dv, bool deterministic,
-                  Dkdv out, bool workspace = true, Shares shares = {}) {
+                  Dkdv out, bool workspace = true, Shares shares = {}, Tensor* dq_out = nullptr) {
   DeviceProblem dp(p);
   DeviceStats lse_d(lse), delta_d(delta);
   DeviceTensor dq_d(dq), dk_d(dk), dv_d(dv);
+  std::unique_ptr<DeviceTensor> dq_out_d;
+  if (dq_out) {
+    dq_out_d = std::make_unique<DeviceTensor>(*dq_out);
+    dq_out_d->buf->poison();
+  }
   std::unique_ptr<DeviceTensor> dk_add, dv_add;
   if (shares.dk) {
     dk_add = std::make_unique<DeviceTensor>(*shares.dk);
@@ -80,6 +86,7 @@ void backward_gpu(Problem& p, Stats lse, Stats delta, Tensor& dq, Tensor& dk, Te
   g.deterministic = deterministic;
   g.write_dkdv = out != Dkdv::add;
   g.write_dkdv_fp32 = out == Dkdv::write_fp32;
+  if (dq_out_d) g.dq_out = dq_out_d->ref;
   if (dk_add) {
     g.dk_add = dk_add->ref;
     g.dv_add = dv_add->ref;
@@ -100,6 +107,7 @@ void backward_gpu(Problem& p, Stats lse, Stats delta, Tensor& dq, Tensor& dk, Te
   dq_d.download(dq);
   dk_d.download(dk);
   dv_d.download(dv);
+  if (dq_out_d) dq_out_d->download(*dq_out);
 }
 
 // The same on the GPU. The backward takes the CPU's LSE and delta so that its check isolates it.
@@ -1117,6 +1125,64 @@ TEST_CASE("gpu: unsupported calls throw attncore::Error with a one-line reason")
   f.dtype = DType::bf16;
   f.q.token_stride += 1;
   CHECK_THROWS_AS(forward_cuda(f, nullptr), Error);
+}
+
+TEST_CASE("gpu: dq_out holds the accumulator rounded, by the last CTA of a head and by the pass") {
+  // Bit for bit what the accumulator holds after the call (which started from values of its own),
+  // rounded: a head's rows rounded before its last adds were in would differ. In the kernel with
+  // FP8 products (causal and full, 9 to 64 CTAs a head); by the pass after the call elsewhere (bf16
+  // and fp16 at d128, d96 and d64, up to 64 CTAs a head, GQA, no workspace for the counters).
+  REQUIRE(device_count() > 0);
+  std::mt19937_64 rng(33);
+  struct Case {
+    DType dtype;
+    int32_t D, Hq, Hkv;
+    int64_t S;
+    bool causal, workspace;
+  };
+  const Case cases[] = {{DType::bf16, 128, 2, 2, 700, true, true},       {DType::bf16, 128, 2, 2, 1100, false, true},
+                        {DType::bf16, 128, 1, 1, 8192, false, true},     {DType::fp8_e4m3, 128, 2, 2, 1100, false, true},
+                        {DType::fp8_e4m3, 128, 2, 2, 1500, true, true},  {DType::fp8_e4m3, 128, 1, 1, 8192, false, true},
+                        {DType::fp16, 96, 2, 2, 500, false, true},
+                        {DType::bf16, 64, 2, 2, 700, true, true},        {DType::bf16, 128, 4, 2, 700, false, true},
+                        {DType::bf16, 128, 2, 2, 700, true, false}};
+  for (const Case& c : cases) {
+    Problem p = random_problem(rng, c.dtype, c.D, 1, 10);
+    p.B = 2;
+    p.Hq = c.Hq;
+    p.Hkv = c.Hkv;
+    p.Sq = p.Skv = c.S;
+    std::mt19937_64 data(rng());
+    p.randomize(data);
+    p.mask.causal = c.causal;
+    if (is_fp8(c.dtype) && std::string(native_kernels()) != "wgmma") continue; // (FP8 runs on Hopper)
+    const int dtype = int(c.dtype);
+    CAPTURE(dtype);
+    CAPTURE(c.D);
+    CAPTURE(c.Hq);
+    CAPTURE(c.S);
+    CAPTURE(c.causal);
+    CAPTURE(c.workspace);
+    const Outputs ref = run_gpu(p, false, false, nullptr);
+    Stats delta(p.B, p.Hq, p.Sq);
+    for (int64_t b = 0; b < p.B; ++b)  // (any delta serves: the check is the rounding, not the gradient)
+      for (int64_t h = 0; h < p.Hq; ++h)
+        for (int64_t i = 0; i < p.Sq; ++i) delta.at(b, h, i) = float(int64_t(data() % 2001) - 1000) / 1000.f;
+    Tensor dq(DType::fp32, p.B, p.Sq, p.Hq, p.D), dk(DType::fp32, p.B, p.Skv, p.Hkv, p.D), dv = dk;
+    dq.fill_normal(data, 1.0);
+    Tensor dq_out(output_dtype(c.dtype), p.B, p.Sq, p.Hq, p.D);
+    backward_gpu(p, ref.lse, delta, dq, dk, dv, false, Dkdv::add, c.workspace, {}, &dq_out);
+    Tensor one(dq_out.dtype, 1, 1, 1, 1);
+    int64_t differ = 0;
+    for (int64_t b = 0; b < p.B; ++b)
+      for (int64_t i = 0; i < p.Sq; ++i)
+        for (int64_t h = 0; h < p.Hq; ++h)
+          for (int64_t d = 0; d < p.D; ++d) {
+            one.set(0, 0, 0, 0, dq.get(b, i, h, d));
+            differ += !(dq_out.get(b, i, h, d) == one.get(0, 0, 0, 0));
+          }
+    CHECK(differ == 0);
+  }
 }
 
 TEST_CASE("gpu: write_dkdv writes dK and dV in dtype, the accumulators rounded, zeros for unseen keys") {

@@ -120,7 +120,8 @@ size_t backward_workspace_bytes(const BackwardParams& p) {
   if (p.write_dkdv && p.blocks && p.blocks->num_split_groups > 0)
     sums = 2 * size_t(p.blocks->num_split_groups) * size_t(p.batch) * size_t(p.heads_kv) * kPieceKeys *
            size_t(p.head_dim) * sizeof(float);
-  return is_fp8(p.dtype) ? workspace_align(sums) + widened_inputs_bytes(p) : sums;
+  if (!is_fp8(p.dtype) && !p.dq_out.data) return sums;
+  return workspace_align(sums) + widened_inputs_bytes(p) + dq_counters_bytes(p);
 }
 
 BlockListData block_list_from_mask(const Mask& m, int64_t seqlen_q, int64_t seqlen_kv,

@@ -1,7 +1,8 @@
 // How a backward call's workspace (BackwardParams::workspace) is laid out: the fp32 sums of a block
 // list's split key groups first (cuda/pieces.cu), then, for FP8 inputs on CUDA, Q, dO, K and V
-// widened to bf16 (cuda/fp8_inputs.cu), each tensor packed and on a 256-byte boundary. (The backward
-// with e4m3 products widens Q and K only and writes dO^T, one byte an element, in dO's slot.)
+// widened to bf16 (cuda/fp8_inputs.cu), each tensor packed and on a 256-byte boundary, then, for a
+// call that writes dq_out, a counter a (batch, query head) (the Hopper backward's). (The backward
+// with e4m3 products widens Q only and writes dO^T, one byte an element, in dO's slot.)
 #pragma once
 
 #include <cstddef>
@@ -22,6 +23,17 @@ inline size_t widened_tensor_bytes(const BackwardParams& p, int64_t tokens, int3
 inline size_t widened_inputs_bytes(const BackwardParams& p) {
   if (!is_fp8(p.dtype)) return 0;
   return 2 * widened_tensor_bytes(p, p.seqlen_q, p.heads_q) + 2 * widened_tensor_bytes(p, p.seqlen_kv, p.heads_kv);
+}
+
+// The counters of a call that writes dq_out: an int32 a (batch, query head), last in the workspace.
+inline size_t dq_counters_bytes(const BackwardParams& p) {
+  return p.dq_out.data ? size_t(p.batch) * size_t(p.heads_q) * sizeof(int32_t) : 0;
+}
+// Where they lie in p's workspace; null where it has not backward_workspace_bytes(p) bytes.
+inline int32_t* dq_counters(const BackwardParams& p) {
+  const size_t need = backward_workspace_bytes(p);
+  if (!p.dq_out.data || !p.workspace || p.workspace_bytes < need) return nullptr;
+  return reinterpret_cast<int32_t*>(static_cast<char*>(p.workspace) + (need - dq_counters_bytes(p)));
 }
 
 } // namespace attncore

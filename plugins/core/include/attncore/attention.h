@@ -194,6 +194,15 @@ struct BackwardParams {
   // block writes once the other ranks' shares of it are home. Null data: nothing added.
   TensorRef dk_add, dv_add;
   int64_t add_begin = 0, add_end = 0;
+  // Appended (11.0). Where data is set, the call also writes dQ, rounded to output_dtype(dtype),
+  // into dq_out ([batch, seqlen_q, heads_q, head_dim], laid out as its strides say): what the fp32
+  // accumulator dq holds once the call's adds are in (with whatever it held before), as
+  // convert_cuda / cpu::convert would write it (dq_out_conversion). For the call that ends a backward, as frameworks
+  // take dQ. The Hopper FP8 backward with e4m3 products rounds each query head's rows in the CTA
+  // that adds last into them, while the others still run, where each CTA adds into one query head
+  // and the workspace has backward_workspace_bytes(*this) bytes (its counters); elsewhere a pass
+  // after the call does it.
+  TensorRef dq_out;
 };
 // The type dO is read in.
 inline DType do_dtype(const BackwardParams& p) { return p.dtype_do == DType::invalid ? p.dtype : p.dtype_do; }
@@ -205,7 +214,8 @@ std::string check_supported_do(DType dtype, DType dtype_do);
 std::string check_grad_addend(const BackwardParams& p);
 
 // The workspace a backward call can use (BackwardParams::workspace): 0 unless it writes dK and dV
-// under a block list with split key groups, or its inputs are FP8.
+// under a block list with split key groups, its inputs are FP8, or it writes dq_out (11.0: a
+// counter a query head).
 size_t backward_workspace_bytes(const BackwardParams& p);
 
 // Empty when the core's CUDA kernels support the configuration, forward and backward, else one line
@@ -282,6 +292,19 @@ struct ConvertParams {
   TensorRef src, dst;
   TensorRef add;
 };
+
+// The pass that writes a backward's dq_out (11.0) from its dq, where its kernels do not.
+inline ConvertParams dq_out_conversion(const BackwardParams& p) {
+  ConvertParams c;
+  c.dtype = output_dtype(p.dtype);
+  c.batch = p.batch;
+  c.heads = p.heads_q;
+  c.head_dim = p.head_dim;
+  c.seqlen = p.seqlen_q;
+  c.src = p.dq;
+  c.dst = p.dq_out;
+  return c;
+}
 
 // Appended (3.1). *amax = max |x| over a [batch, seqlen, heads, head_dim] tensor in dtype (bf16,
 // fp16 or fp32): an FP8 step's output statistic (attnhost_fp8_amax). NaN elements are skipped (rows

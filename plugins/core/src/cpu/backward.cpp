@@ -49,7 +49,10 @@ template <class Acc> void add_into(float* dst, const Acc* src, int n, Acc factor
 
 } // namespace
 
-template <class Acc> void backward(const BackwardParams& p) {
+namespace {
+
+// The call's adds into dq, dk and dv (or dK and dV written, write_dkdv).
+template <class Acc> void add_gradients(const BackwardParams& p) {
   check_call(p.dtype, p.batch, p.heads_q, p.heads_kv, p.head_dim, p.seqlen_q, p.seqlen_kv,
              p.segments, p.num_segments, p.blocks);
   if (p.softmax_scale < 0.f) fail("softmax_scale must be positive (0 means 1/sqrt(head_dim))");
@@ -186,6 +189,13 @@ template <class Acc> void backward(const BackwardParams& p) {
       }
     }
   }
+}
+
+} // namespace
+
+template <class Acc> void backward(const BackwardParams& p) {
+  add_gradients<Acc>(p);
+  if (p.dq_out.data && p.seqlen_q > 0) convert(dq_out_conversion(p));
 }
 
 template void compute_delta<float>(const DeltaParams&);

@@ -149,6 +149,7 @@ BackwardParams widened_backward(const BackwardParams& p, cudaStream_t s, WidenFo
          "widened to bf16)");
   BackwardParams bf16 = p;
   bf16.dtype = DType::bf16;
+  bf16.dq_out = {};  // (its counters lie after the widened inputs)
   const size_t sums = workspace_align(backward_workspace_bytes(bf16));
   BackwardParams w = widen_fp8_inputs(p, static_cast<char*>(p.workspace) + sums, s, use);
   w.workspace = sums > 0 ? p.workspace : nullptr;
@@ -156,7 +157,8 @@ BackwardParams widened_backward(const BackwardParams& p, cudaStream_t s, WidenFo
   return w;
 }
 
-template <class T> void dispatch_backward(const BackwardParams& p, cudaStream_t s) {
+// True where the kernel wrote dq_out itself (else backward_cuda's pass does).
+template <class T> bool dispatch_backward(const BackwardParams& p, cudaStream_t s) {
 #if ATTNCORE_HAVE_SM90
   // The Hopper backward adds dQ with atomics: deterministic calls stay on the mma.sync kernels.
   if (!p.deterministic && sm90::hopper_path_enabled() && sm90::tma_readable(p.q) &&
@@ -171,12 +173,13 @@ template <class T> void dispatch_backward(const BackwardParams& p, cudaStream_t 
   }
 #endif
   switch (p.head_dim) {
-  case 64: return launch_backward<T, 64>(p, s);
-  case 80: return launch_backward<T, 80>(p, s);
-  case 96: return launch_backward<T, 96>(p, s);
-  case 128: return launch_backward<T, 128>(p, s);
-  case 256: return launch_backward<T, 256>(p, s);
+  case 64: launch_backward<T, 64>(p, s); break;
+  case 80: launch_backward<T, 80>(p, s); break;
+  case 96: launch_backward<T, 96>(p, s); break;
+  case 128: launch_backward<T, 128>(p, s); break;
+  case 256: launch_backward<T, 256>(p, s); break;
   }
+  return false;
 }
 
 // ---- row-wise kernels: a warp per (batch, token, head) row, or per kWarpRows of them ----------------
@@ -531,7 +534,11 @@ void backward_cuda(const BackwardParams& params, void* stream) {
   if (p.write_dkdv_fp32 && !p.write_dkdv) fail("backward: write_dkdv_fp32 goes with write_dkdv");
   if (std::string why = check_supported_do(p.dtype, p.dtype_do); !why.empty()) throw Error(why);  // (prefixed)
   if (std::string why = check_grad_addend(p); !why.empty()) throw Error(why);
-  if (p.seqlen_q == 0 || p.seqlen_kv == 0) return;
+  if (p.seqlen_q == 0) return;
+  if (p.seqlen_kv == 0) { // no adds: dq_out is dq as it was
+    if (p.dq_out.data) convert_cuda(dq_out_conversion(p), stream);
+    return;
+  }
   if (is_fp8(p.dtype)) check_fp8_inputs({&p.q, &p.k, &p.v, &p.d_o}, "FP8 q, k, v and d_o");
   if (p.dk_add.data) {
     check_tensor(p.dk_add, true, "dk_add");
@@ -542,18 +549,22 @@ void backward_cuda(const BackwardParams& params, void* stream) {
   check_tensor(p.v, false, "v");
   check_tensor(p.d_o, false, "d_o");
   check_tensor(p.dq, true, "dq");
+  if (p.dq_out.data) check_tensor(p.dq_out, false, "dq_out");
   check_tensor(p.dk, !p.write_dkdv || p.write_dkdv_fp32, "dk");
   check_tensor(p.dv, !p.write_dkdv || p.write_dkdv_fp32, "dv");
   if (!p.lse.data || !p.delta.data) fail("lse or delta is null");
   const auto s = static_cast<cudaStream_t>(stream);
+  bool dq_written = false;
 #if ATTNCORE_HAVE_SM90
   // e4m3 products where they serve (Q widened for the two bf16 products, K in the kernel, dO^T in dO's slot).
   if (is_fp8(p.dtype) && sm90::hopper_path_enabled() && sm90::fp8_products_serve(p))
-    return sm90::launch_backward_sm90_fp8<128>(p, widened_backward(p, s, WidenFor::fp8_products), s);
+    dq_written = sm90::launch_backward_sm90_fp8<128>(p, widened_backward(p, s, WidenFor::fp8_products), s);
+  else
 #endif
-  if (is_fp8(p.dtype)) dispatch_backward<__nv_bfloat16>(widened_backward(p, s), s);
-  else if (p.dtype == DType::bf16) dispatch_backward<__nv_bfloat16>(p, s);
-  else dispatch_backward<__half>(p, s);
+  if (is_fp8(p.dtype)) dq_written = dispatch_backward<__nv_bfloat16>(widened_backward(p, s), s);
+  else if (p.dtype == DType::bf16) dq_written = dispatch_backward<__nv_bfloat16>(p, s);
+  else dq_written = dispatch_backward<__half>(p, s);
+  if (p.dq_out.data && !dq_written) convert_cuda(dq_out_conversion(p), stream);
 }
 
 const char* native_kernels() {

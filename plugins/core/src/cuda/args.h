@@ -45,6 +45,11 @@ struct AttnArgs {
   // dV's product in units of descale_do (S^T's descales ride in scale_log2); dp_scale also carries the
   // softmax scale where dS^T holds it (BackwardConfig::kScaleInDs).
   float dp_scale = 1.f, dv_scale = 1.f;
+  // The Hopper backward that writes dQ rounded (BackwardParams::dq_out): each CTA counts in at
+  // dq_done[batch x heads_q + its query head] as it ends, and the last of a head's CTAs, which one
+  // call has gridDim.x of, rounds its rows into dq_out. Null dq_done: a pass after the call does it.
+  TensorRef dq_out;
+  int32_t* dq_done = nullptr;
 };
 
 // Slot `slot` of a split group's sums (AttnArgs::split_dk, split_dv).

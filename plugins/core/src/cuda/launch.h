@@ -47,8 +47,9 @@ ATTNCORE_DECLARE_HDIM(256)
 // The Hopper path (sm90/): launched only where sm90::hopper_path_enabled() says it runs.
 namespace sm90 {
 template <class T, int D> void launch_forward_sm90(const ForwardParams& p, cudaStream_t stream);
-// Not deterministic (dQ is added with atomics).
-template <class T, int D> void launch_backward_sm90(const BackwardParams& p, cudaStream_t stream);
+// Not deterministic (dQ is added with atomics). True where the kernel wrote dq_out itself
+// (BackwardParams::dq_out; else the caller's pass).
+template <class T, int D> bool launch_backward_sm90(const BackwardParams& p, cudaStream_t stream);
 #define ATTNCORE_DECLARE_SM90_HDIM(D)                                                              \
   extern template void launch_forward_sm90<__nv_bfloat16, D>(const ForwardParams&, cudaStream_t); \
   extern template void launch_forward_sm90<__half, D>(const ForwardParams&, cudaStream_t);
@@ -64,8 +65,8 @@ extern template void launch_forward_sm90_fp8<64>(const ForwardParams&, cudaStrea
 extern template void launch_forward_sm90_fp8<128>(const ForwardParams&, cudaStream_t);
 extern template void launch_forward_sm90_fp8<256>(const ForwardParams&, cudaStream_t);
 #define ATTNCORE_DECLARE_SM90_BWD_HDIM(D)                                                          \
-  extern template void launch_backward_sm90<__nv_bfloat16, D>(const BackwardParams&, cudaStream_t); \
-  extern template void launch_backward_sm90<__half, D>(const BackwardParams&, cudaStream_t);
+  extern template bool launch_backward_sm90<__nv_bfloat16, D>(const BackwardParams&, cudaStream_t); \
+  extern template bool launch_backward_sm90<__half, D>(const BackwardParams&, cudaStream_t);
 ATTNCORE_DECLARE_SM90_BWD_HDIM(64)
 ATTNCORE_DECLARE_SM90_BWD_HDIM(80)
 ATTNCORE_DECLARE_SM90_BWD_HDIM(96)
@@ -77,8 +78,8 @@ ATTNCORE_DECLARE_SM90_BWD_HDIM(256)
 // kFp8ProductRows rows, not deterministic, its FP8 tensors mappable by the copy engine, and not on
 // ATTNCORE_FP8_PRODUCTS=0; else the bf16 kernels on widened inputs.
 bool fp8_products_serve(const BackwardParams& p);
-template <int D> void launch_backward_sm90_fp8(const BackwardParams& fp8, const BackwardParams& widened, cudaStream_t stream);
-extern template void launch_backward_sm90_fp8<128>(const BackwardParams&, const BackwardParams&, cudaStream_t);
+template <int D> bool launch_backward_sm90_fp8(const BackwardParams& fp8, const BackwardParams& widened, cudaStream_t stream);
+extern template bool launch_backward_sm90_fp8<128>(const BackwardParams&, const BackwardParams&, cudaStream_t);
 } // namespace sm90
 #endif
 

@@ -318,6 +318,7 @@ Resolved resolve(const BackwardParams& p) {
   if (p.deterministic) return no("cuDNN engine: deterministic backward (cuDNN adds dQ with atomics)");
   if (p.write_dkdv) return no("cuDNN engine: write_dkdv (dK, dV in dtype beside an fp32 dQ) is the native kernels' mode");
   if (p.dk_add.data) return no("cuDNN engine: dk_add (other calls' shares added before dK and dV are written) is the native kernels' mode");
+  if (p.dq_out.data) return no("cuDNN engine: dq_out (dQ rounded beside its fp32 accumulator) is the native kernels' mode");
   if (cudnn_version() < kBackwardMinVersion)
     return no("cuDNN engine: backward needs cuDNN 9.6 or later (loaded: " + cudnn_version_string() + ")");
   if (!p.o.data) return no("cuDNN engine: the final output O is not given (BackwardParams::o)");

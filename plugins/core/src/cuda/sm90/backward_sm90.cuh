@@ -44,6 +44,7 @@
 #include "../pieces.h"
 #include "backward_sm90_steps.cuh"
 #include "tensor_map.h"
+#include "../../workspace_bytes.h"
 
 namespace attncore::cuda::sm90 {
 
@@ -58,6 +59,8 @@ __global__ void __launch_bounds__(BackwardConfig<T, D, kBlockM, kFp8>::kThreads,
   using L = BackwardSmem<T, D, kBlockM, kFp8>;
   using Record = StepRecord<kBlockM>;
   constexpr int W = C::W;
+  // The consumers wait at this barrier for the reducer's count (AttnArgs::dq_done).
+  constexpr int kDqDoneBarrier = 4, kDqDoneThreads = C::kConsumers * 128 + 32;
   // 1. Shared memory (BackwardSmem::Regions), this thread's role, the barriers.
   extern __shared__ unsigned char smem_raw[];
   unsigned char* smem = align_smem<1024>(smem_raw);
@@ -85,7 +88,13 @@ __global__ void __launch_bounds__(BackwardConfig<T, D, kBlockM, kFp8>::kThreads,
         if (lane == 0) barrier_arrive(dq_empty);
       }
       // No wait for the last adds to land: each round waited for its part's reads, and a grid's
-      // bulk copies are complete when the grid is, so the CTA's end does not wait on L2.
+      // bulk copies are complete when the grid is, so the CTA's end does not wait on L2. Unless dQ
+      // is written rounded (dq_done, copy-engine adds only): then the CTA counts in once they are.
+      if (C::kDqOutInKernel && a.dq_done) {
+        if (lane == 0) count_dq_adds(a, dq_rec, batch, piece->run);
+        __syncwarp();
+        named_barrier_arrive(kDqDoneBarrier, kDqDoneThreads);
+      }
     }
     return;
   }
@@ -196,6 +205,11 @@ __global__ void __launch_bounds__(BackwardConfig<T, D, kBlockM, kFp8>::kThreads,
     store_dkdv<C, T>(dk, dv, a, piece, kv_empty, reg, n0, key0, col0, piece->kv_head, batch, lane);
   }
   end_reducer(dq_rec, dq_full, dq_empty, round, wg == 0 && warp_in_wg == 0 && lane == 0, lane);
+  // 5. dQ written rounded: the CTA whose adds were its query head's last rounds the head's rows.
+  if (C::kDqOutInKernel && a.dq_done) {
+    named_barrier_sync(kDqDoneBarrier, kDqDoneThreads);
+    if (dq_rec->last) write_dq_out<C, D, T>(a, batch, piece->run, tid - 128);
+  }
 #endif
 }
 
@@ -248,7 +262,7 @@ struct Fp8Operands {
 // p: the call (bf16 or fp16); or, with FP8 products, the call with Q widened to bf16 (f8: the e4m3
 // operands; p's K, a slot left unwritten, is read by no copy of that kernel).
 template <class T, int D, int kBlockM, bool kFp8 = false>
-void launch_backward_config(const BackwardParams& p, cudaStream_t stream, const Fp8Operands* f8 = nullptr) {
+bool launch_backward_config(const BackwardParams& p, cudaStream_t stream, const Fp8Operands* f8 = nullptr) {
   using C = BackwardConfig<T, D, kBlockM, kFp8>;
   AttnArgs a = backward_args(p);
   const bool by_pieces = share_out_pieces(p, a, stream);
@@ -302,10 +316,27 @@ void launch_backward_config(const BackwardParams& p, cudaStream_t stream, const 
     }
     a.dkdv_out = GradOut::add_fp32;
   }
+  // dQ rounded into dq_out by each query head's last CTA (kDqOutInKernel), where the CTAs add by the
+  // copy engine (the count waits for their bulk groups), each into one query head, with the counters
+  // in the call's workspace (the FP8 call's as given). Else the caller's pass does it (false).
+  const auto rows_of_4 = [](const TensorRef& t) {
+    return reinterpret_cast<uintptr_t>(t.data) % 8 == 0 && t.batch_stride % 4 == 0 && t.token_stride % 4 == 0 &&
+           t.head_stride % 4 == 0;
+  };
+  if (C::kDqOutInKernel && p.dq_out.data && dq_add == DqAdd::copy_engine && plain && a.group / a.head_splits == 1 && rows_of_4(p.dq_out)) {
+    const BackwardParams& given = kFp8 ? f8->fp8 : p;
+    a.dq_done = dq_counters(given);
+    a.dq_out = p.dq_out;
+    if (a.dq_done) {
+      cudaMemsetAsync(a.dq_done, 0, dq_counters_bytes(given), stream);
+      check_launch("clearing the dQ counters (sm90)");
+    }
+  }
   const dim3 grid(unsigned(tiles), unsigned(p.heads_kv * a.head_splits), unsigned(p.batch));
   kernel<<<grid, C::kThreads, smem, stream>>>(q_map, k_map, v_map, do_map, dq_map, f8_maps, a, dq_add);
   check_launch("flash backward (sm90)");
   write_split_sums(p, a, stream);
+  return a.dq_done != nullptr;
 }
 
 // Tall steps (128 queries) at d64, for rows of at least 4096 queries and without block lists (a
@@ -317,7 +348,7 @@ void launch_backward_config(const BackwardParams& p, cudaStream_t stream, const 
 // least 1024 rows (4096 causal), where the dQ part can be added by the copy engine: measured
 // (docs/KERNELS.md, "80-query steps at d128") +5% at the reference shape full and +4% causal, +5-14% at 4096-8192 rows
 // full, +1-2.5% causal there; causal at 1024 rows -1.5%, 2048 mixed. Segments keep 64-row steps (untried).
-template <class T, int D> void launch_backward_sm90(const BackwardParams& p, cudaStream_t stream) {
+template <class T, int D> bool launch_backward_sm90(const BackwardParams& p, cudaStream_t stream) {
   if constexpr (D == 64) {
     if (!p.blocks && p.seqlen_q >= 4096) return launch_backward_config<T, D, 128>(p, stream);
   }
@@ -326,21 +357,21 @@ template <class T, int D> void launch_backward_sm90(const BackwardParams& p, cud
     if (plain_call(p) && p.seqlen_q >= min_rows && tma_readable(p.dq, 4))
       return launch_backward_config<T, D, 80>(p, stream);
   }
-  launch_backward_config<T, D, 64>(p, stream);
+  return launch_backward_config<T, D, 64>(p, stream);
 }
 
 // The backward of an FP8 call with e4m3 products (BackwardConfig::kFp8), where it serves
 // (fp8_products_serve): widened holds Q in bf16 (widen_fp8_inputs), and dO's slot of the
 // workspace takes dO^T. Measured against the bf16 kernels on all four inputs widened in
 // docs/KERNELS.md, "FP8 backward".
-template <int D> void launch_backward_sm90_fp8(const BackwardParams& fp8, const BackwardParams& widened, cudaStream_t stream) {
+template <int D> bool launch_backward_sm90_fp8(const BackwardParams& fp8, const BackwardParams& widened, cudaStream_t stream) {
   // What the kernel takes for granted (fp8_products_serve routes only such calls): no segment, block
   // list or window (its tiles skip the cleaning of rows past a segment's end), dO^T within dO's slot.
   if (!plain_call(fp8) || fp8.seqlen_q < 32 || fp8.deterministic)
     throw Error("attncore: the FP8 backward's e4m3 products take plain calls of at least 32 rows, not deterministic");
   const Fp8Operands f8{fp8, transpose_fp8<D>(fp8.d_o, static_cast<uint8_t*>(widened.d_o.data), fp8.seqlen_q,
                                              fp8.heads_q, fp8.batch, stream, "dO^T (FP8 backward)")};
-  launch_backward_config<__nv_bfloat16, D, 64, true>(widened, stream, &f8);
+  return launch_backward_config<__nv_bfloat16, D, 64, true>(widened, stream, &f8);
 }
 
 } // namespace attncore::cuda::sm90

@@ -129,6 +129,11 @@ template <class T, int D, int kBlockM_ = 64, bool kFp8_ = false> struct Backward
   // times the scale): dQ's part goes to shared memory and dK to its store without a multiply
   // (docs/KERNELS.md, "The softmax scale in dS^T at d128": level in bf16, -1.5% with FP8 products).
   static constexpr bool kScaleInDs = D == 128;
+  // dQ rounded into BackwardParams::dq_out by each query head's last CTA (AttnArgs::dq_done), not by
+  // a pass after the call: with FP8 products only. FP8 bwd write at B=4 H=32 S=16384 full, 65.15 /
+  // 64.66 ms against 65.62 / 65.06 with the pass; bf16 d128 was slower so, 42.18 / 80.07 against
+  // 41.73 / 78.61 ms causal / full (docs/KERNELS.md, "dQ rounded by the last CTA of a head").
+  static constexpr bool kDqOutInKernel = kFp8_;
 };
 
 // What the producer tells the consumers about a step, beside its Q and dO. head < 0: the key tile
@@ -158,8 +163,10 @@ enum class DqAdd : int { pairs, quads, copy_engine };
 
 // What the consumers tell the reducer about a dQ part: rows [r0, r0 + rows) of query head `head`.
 // head < 0: nothing more.
+// last: at the CTA's end, with dQ written rounded (AttnArgs::dq_done), the reducer's word to the
+// consumers that this CTA's adds were the last into its query head.
 struct DqRecord {
-  int32_t head, r0, rows, pad;
+  int32_t head, r0, rows, last;
 };
 
 template <class T, int D, int kBlockM, bool kFp8 = false> struct BackwardSmem {
@@ -1004,6 +1011,47 @@ __device__ __forceinline__ void store_dkdv(GradTiles<C>& dk, GradTiles<C>& dv, c
     add_grad_tile(a.dv_add, batch, kv_head, key, a.add_begin, a.add_end, col, dv);
     put_grad_tile<T>(a.dk, batch, kv_head, key, reg.col_end, col, dk, a.dkdv_out);
     put_grad_tile<T>(a.dv, batch, kv_head, key, reg.col_end, col, dv, a.dkdv_out);
+  }
+}
+
+// dQ written rounded (AttnArgs::dq_done). (The reducer's lane 0, after its last adds were issued.)
+// Once the CTA's adds into its query head are in, it counts in; the count says whether it was the
+// last of the head's gridDim.x CTAs, for the consumers (dq_rec->last). The adds are in where their
+// bulk group completes; the fence then orders them, and every earlier CTA's through its count,
+// before this one (release and acquire at the device's scope: the consumers read dQ after it).
+__device__ __forceinline__ void count_dq_adds(const AttnArgs& a, DqRecord* dq_rec, int batch, int head) {
+  bulk_wait_all();
+  asm volatile("fence.proxy.async.global;\n" ::: "memory"); // (the copy engine's writes, for generic reads)
+  __threadfence();
+  const int32_t before = atomicAdd(a.dq_done + int64_t(batch) * a.heads_q + head, 1);
+  __threadfence();
+  dq_rec->last = before == int32_t(gridDim.x) - 1;
+}
+
+// The last CTA's rounding of its query head's dQ (all seqlen_q rows) from the fp32 accumulator into
+// dq_out, by the consumers' threads (t of kConsumers x 128), a float4 a thread a row unit, four in
+// flight; read at L2 (.cg), where the head's adds landed, past this SM's L1.
+template <class C, int D, class T>
+__device__ __forceinline__ void write_dq_out(const AttnArgs& a, int batch, int head, int t) {
+  constexpr int kUnits = D / 4, kThreads = C::kConsumers * 128, kInFlight = 4;
+  const float* dq = static_cast<const float*>(a.dq.data) + batch * a.dq.batch_stride + head * a.dq.head_stride;
+  T* out = static_cast<T*>(a.dq_out.data) + batch * a.dq_out.batch_stride + head * a.dq_out.head_stride;
+  const int64_t units = int64_t(a.seqlen_q) * kUnits;
+  for (int64_t u0 = t; u0 < units; u0 += kInFlight * kThreads) {
+    float4 x[kInFlight];
+#pragma unroll
+    for (int k = 0; k < kInFlight; ++k) {
+      const int64_t u = u0 + k * kThreads, row = u / kUnits;
+      if (u < units) x[k] = __ldcg(reinterpret_cast<const float4*>(dq + row * a.dq.token_stride + (u % kUnits) * 4));
+    }
+#pragma unroll
+    for (int k = 0; k < kInFlight; ++k) {
+      const int64_t u = u0 + k * kThreads, row = u / kUnits;
+      if (u < units) {
+        *reinterpret_cast<uint2*>(out + row * a.dq_out.token_stride + (u % kUnits) * 4) =
+            make_uint2(pack2<T>(x[k].x, x[k].y), pack2<T>(x[k].z, x[k].w));
+      }
+    }
   }
 }
 

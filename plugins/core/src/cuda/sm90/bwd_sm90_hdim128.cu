@@ -6,9 +6,9 @@
 #include "backward_sm90.cuh"
 
 namespace attncore::cuda::sm90 {
-template void launch_backward_sm90<__nv_bfloat16, 128>(const BackwardParams&, cudaStream_t);
-template void launch_backward_sm90<__half, 128>(const BackwardParams&, cudaStream_t);
-template void launch_backward_sm90_fp8<128>(const BackwardParams&, const BackwardParams&, cudaStream_t);
+template bool launch_backward_sm90<__nv_bfloat16, 128>(const BackwardParams&, cudaStream_t);
+template bool launch_backward_sm90<__half, 128>(const BackwardParams&, cudaStream_t);
+template bool launch_backward_sm90_fp8<128>(const BackwardParams&, const BackwardParams&, cudaStream_t);
 
 // Rows a call needs for the FP8 products (docs/KERNELS.md, "FP8 backward"). ATTNCORE_FP8_PRODUCTS=0
 // keeps every FP8 call on widened inputs: dV's rel L2 there is about 0.0024 against the products'

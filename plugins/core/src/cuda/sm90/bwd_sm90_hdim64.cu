@@ -2,6 +2,6 @@
 #include "backward_sm90.cuh"
 
 namespace attncore::cuda::sm90 {
-template void launch_backward_sm90<__nv_bfloat16, 64>(const BackwardParams&, cudaStream_t);
-template void launch_backward_sm90<__half, 64>(const BackwardParams&, cudaStream_t);
+template bool launch_backward_sm90<__nv_bfloat16, 64>(const BackwardParams&, cudaStream_t);
+template bool launch_backward_sm90<__half, 64>(const BackwardParams&, cudaStream_t);
 } // namespace attncore::cuda::sm90

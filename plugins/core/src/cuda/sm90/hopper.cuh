@@ -333,6 +333,11 @@ __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
+// Arrives at barrier `id` of `threads` threads without waiting for it (its waiters are the others).
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
 // The same barrier, and whether `x` holds on every one of its threads (one reduction, no vote).
 __device__ __forceinline__ bool named_barrier_all(int id, int threads, bool x) {
   uint32_t all;
