@@ -335,6 +335,21 @@ inline void fill_normal(Tensor& t, std::mt19937_64& rng, float sigma) {
         for (int64_t d = 0; d < t.D; ++d) t.set(b, i, h, d, normal(rng));
 }
 
+// Elements where `out` (a dtype) differs from the fp32 tensor `acc` rounded into it (NaN differs):
+// dq_out against the accumulator after the call (BackwardParams::dq_out).
+inline int64_t differ_from_rounded(const Tensor& out, const Tensor& acc) {
+  Tensor one(out.dtype, 1, 1, 1, 1);
+  int64_t differ = 0;
+  for (int64_t b = 0; b < out.B; ++b)
+    for (int64_t i = 0; i < out.S; ++i)
+      for (int64_t h = 0; h < out.H; ++h)
+        for (int64_t d = 0; d < out.D; ++d) {
+          one.set(0, 0, 0, 0, acc.get(b, i, h, d));
+          differ += !(out.get(b, i, h, d) == one.get(0, 0, 0, 0));
+        }
+  return differ;
+}
+
 // Elements where dK or dV, written in their dtype by a call given other calls' shares of keys
 // [begin, end) (BackwardParams::dk_add), differ from the call's own fp32 gradients `grad_k`,
 // `grad_v` plus those shares, rounded once (NaN differs).

@@ -556,16 +556,7 @@ TEST_CASE("cpu: dq_out holds the accumulator rounded after the call's adds") {
       cpu::backward<float>(g);
       CAPTURE(int(dt));
       CAPTURE(skv);
-      Tensor one(out.dtype, 1, 1, 1, 1);
-      int64_t differ = 0;
-      for (int64_t b = 0; b < p.B; ++b)
-        for (int64_t i = 0; i < p.Sq; ++i)
-          for (int32_t h = 0; h < p.Hq; ++h)
-            for (int32_t d = 0; d < p.D; ++d) {
-              one.set(0, 0, 0, 0, dq.get(b, i, h, d));
-              differ += !(out.get(b, i, h, d) == one.get(0, 0, 0, 0));
-            }
-      CHECK(differ == 0);
+      CHECK(differ_from_rounded(out, dq) == 0);
     }
 }
 

@@ -1173,16 +1173,7 @@ TEST_CASE("gpu: dq_out holds the accumulator rounded, by the last CTA of a head 
     dq.fill_normal(data, 1.0);
     Tensor dq_out(output_dtype(c.dtype), p.B, p.Sq, p.Hq, p.D);
     backward_gpu(p, ref.lse, delta, dq, dk, dv, false, Dkdv::add, c.workspace, {}, &dq_out);
-    Tensor one(dq_out.dtype, 1, 1, 1, 1);
-    int64_t differ = 0;
-    for (int64_t b = 0; b < p.B; ++b)
-      for (int64_t i = 0; i < p.Sq; ++i)
-        for (int64_t h = 0; h < p.Hq; ++h)
-          for (int64_t d = 0; d < p.D; ++d) {
-            one.set(0, 0, 0, 0, dq.get(b, i, h, d));
-            differ += !(dq_out.get(b, i, h, d) == one.get(0, 0, 0, 0));
-          }
-    CHECK(differ == 0);
+    CHECK(differ_from_rounded(dq_out, dq) == 0);
   }
 }
 
