@@ -323,14 +323,14 @@ bool launch_backward_config(const BackwardParams& p, cudaStream_t stream, const 
     return reinterpret_cast<uintptr_t>(t.data) % 8 == 0 && t.batch_stride % 4 == 0 && t.token_stride % 4 == 0 &&
            t.head_stride % 4 == 0;
   };
-  if (C::kDqOutInKernel && p.dq_out.data && dq_add == DqAdd::copy_engine && plain && a.group / a.head_splits == 1 && rows_of_4(p.dq_out)) {
-    const BackwardParams& given = kFp8 ? f8->fp8 : p;
-    a.dq_done = dq_counters(given);
+  const BackwardParams& given = kFp8 ? f8->fp8 : p;
+  const bool rounds_dq = C::kDqOutInKernel && p.dq_out.data && dq_add == DqAdd::copy_engine && plain &&
+                         a.group / a.head_splits == 1 && rows_of_4(p.dq_out);
+  a.dq_done = rounds_dq ? dq_counters(given) : nullptr;
+  if (a.dq_done) {
     a.dq_out = p.dq_out;
-    if (a.dq_done) {
-      cudaMemsetAsync(a.dq_done, 0, dq_counters_bytes(given), stream);
-      check_launch("clearing the dQ counters (sm90)");
-    }
+    cudaMemsetAsync(a.dq_done, 0, dq_counters_bytes(given), stream);
+    check_launch("clearing the dQ counters (sm90)");
   }
   const dim3 grid(unsigned(tiles), unsigned(p.heads_kv * a.head_splits), unsigned(p.batch));
   kernel<<<grid, C::kThreads, smem, stream>>>(q_map, k_map, v_map, do_map, dq_map, f8_maps, a, dq_add);
