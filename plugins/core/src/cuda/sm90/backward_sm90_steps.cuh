@@ -108,8 +108,9 @@ template <class T, int D, int kBlockM_ = 64, bool kFp8_ = false> struct Backward
   // Q, K, V and dO as given, and dV += P^T dO reads dO^T (queries contiguous, in v_key_at order
   // within each 32-query group, so that P^T packs from the score registers as the FP8 forward's P
   // does). dK += dS^T Q and dQ = dS K stay bf16 products, on Q widened once per call and K widened
-  // from K8 a key tile (widen_k_block), with dS in bf16. Shared memory: K8 and V8 take V's region (V itself is read by no bf16 product),
-  // each stage's dO8 and dO^T take dO's, and Q8 has a region of its own.
+  // from K8 a key tile (widen_k_block), with dS in bf16. Shared memory: K8 and V8 take V's region
+  // (V itself is read by no bf16 product), each stage's dO8 and dO^T take dO's, and Q8 has a region
+  // of its own.
   static constexpr bool kFp8 = kFp8_;
   static constexpr int W8 = swizzle_cols(D / 2);          // Q8's, K8's, V8's and dO8's rows, in 16-bit columns
   static constexpr int WT = swizzle_cols(kBlockM / 2);    // dO^T's rows (a step's queries)
