@@ -7,7 +7,9 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstdlib>
 #include <memory>
 #include <optional>
@@ -1173,6 +1175,83 @@ TEST_CASE("gpu: dq_out holds the accumulator rounded, by the last CTA of a head 
     Tensor dq_out(output_dtype(c.dtype), p.B, p.Sq, p.Hq, p.D);
     backward_gpu(p, ref.lse, delta, dq, dk, dv, false, Dkdv::add, c.workspace, {}, &dq_out);
     CHECK(differ_from_rounded(dq_out, dq) == 0);
+  }
+}
+
+TEST_CASE("gpu: the last wave in parts: dK and dV summed over the parts, dQ rounded after the last part") {
+  // The Hopper backward's tail tiles cut by rows (ATTNCORE_TAIL_SPLIT forces T tiles in P parts,
+  // the tail spanning two (batch, head) lines where T passes a line's tiles), against the same call
+  // whole: the sums differ only in the order of fp32 adds. Every way dK and dV go out, every head
+  // dim's steps (64-, 80- and 128-query), GQA, the FP8 products with dQ rounded by the last CTA of
+  // a head (which counts the parts); bf16 accumulators against the CPU too.
+  REQUIRE(device_count() > 0);
+  if (std::string(native_kernels()) != "wgmma") return;  // (the mma.sync kernels do not split)
+  std::mt19937_64 rng(41);
+  struct Case {
+    DType dtype;
+    int32_t D, Hq, Hkv;
+    int64_t S;
+    const char* split;
+  };
+  const Case cases[] = {{DType::bf16, 128, 3, 3, 700, "8,3"},  {DType::bf16, 64, 4, 2, 700, "8,2"},
+                        {DType::fp16, 96, 2, 2, 500, "5,4"},   {DType::bf16, 256, 2, 2, 300, "6,2"},
+                        {DType::bf16, 80, 2, 2, 400, "3,2"},   {DType::bf16, 128, 2, 2, 1100, "10,4"},
+                        {DType::fp8_e4m3, 128, 2, 2, 1100, "10,3"}, {DType::bf16, 64, 1, 1, 4100, "40,5"}};
+  const auto gap = [](const Tensor& a, const Tensor& b) {  // largest |a - b| over the largest |b|
+    double most = 0, worst = 0;
+    for (int64_t b0 = 0; b0 < b.B; ++b0)
+      for (int64_t i = 0; i < b.S; ++i)
+        for (int64_t h = 0; h < b.H; ++h)
+          for (int64_t d = 0; d < b.D; ++d) {
+            most = std::max(most, std::abs(b.get(b0, i, h, d)));
+            const double x = std::abs(a.get(b0, i, h, d) - b.get(b0, i, h, d));
+            worst = std::isfinite(x) ? std::max(worst, x) : INFINITY;
+          }
+    return most > 0 ? worst / most : worst;
+  };
+  for (const Case& c : cases) {
+    Problem p = random_problem(rng, c.dtype, c.D, 1, 10);
+    p.B = 2;
+    p.Hq = c.Hq;
+    p.Hkv = c.Hkv;
+    p.Sq = p.Skv = c.S;
+    std::mt19937_64 data(rng());
+    p.randomize(data);
+    const int dtype = int(c.dtype);
+    CAPTURE(dtype);
+    CAPTURE(c.D);
+    CAPTURE(c.S);
+    CAPTURE(c.split);
+    const bool fp8 = is_fp8(c.dtype), cpu = !fp8 && c.S < 4096;
+    const Outputs want = cpu ? run_cpu(p, true) : run_gpu(p, true, false, nullptr);
+    for (const Dkdv out : {Dkdv::add, Dkdv::write, Dkdv::write_fp32}) {
+      const int mode = int(out);
+      CAPTURE(mode);
+      const DType grads = out == Dkdv::write ? output_dtype(c.dtype) : DType::fp32;
+      Tensor dk[2], dv[2], dq[2], dq_out[2];
+      for (int split = 0; split < 2; ++split) {
+        ScopedEnv forced("ATTNCORE_TAIL_SPLIT");
+        forced.set(split ? c.split : "0");
+        dq[split] = Tensor(DType::fp32, p.B, p.Sq, p.Hq, p.D);
+        dk[split] = dv[split] = Tensor(grads, p.B, p.Skv, p.Hkv, p.D);
+        dq_out[split] = Tensor(output_dtype(c.dtype), p.B, p.Sq, p.Hq, p.D);
+        backward_gpu(p, want.lse, want.delta, dq[split], dk[split], dv[split], false, out, true, {}, &dq_out[split]);
+        CHECK(differ_from_rounded(dq_out[split], dq[split]) == 0);
+      }
+      // A rounding's last bit, or the order of fp32 adds; with FP8 products a part scales P^T by the
+      // largest P of its own rows (scale_p_rows), so dV differs at e4m3's rounding (8e-4 measured).
+      const double tol = out == Dkdv::write ? 1e-2 : 1e-5;
+      CHECK(gap(dk[1], dk[0]) < tol);
+      CHECK(gap(dv[1], dv[0]) < (fp8 ? 1e-2 : tol));
+      CHECK(gap(dq[1], dq[0]) < 1e-5);
+      if (cpu && out == Dkdv::add) {
+        Outputs got = want;
+        got.dq = dq[1];
+        got.dk = dk[1];
+        got.dv = dv[1];
+        check_backward(p, want, got);
+      }
+    }
   }
 }
 

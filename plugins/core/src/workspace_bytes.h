@@ -1,5 +1,6 @@
 // How a backward call's workspace (BackwardParams::workspace) is laid out: the fp32 sums of a block
-// list's split key groups first (cuda/pieces.cu), then, for FP8 inputs on CUDA, Q, dO, K and V
+// list's split key groups first (cuda/pieces.cu), or those of the Hopper backward's last wave in
+// parts (cuda/cta_order.h; plain calls without a causal mask), then, for FP8 inputs on CUDA, Q, dO, K and V
 // widened to bf16 (cuda/fp8_inputs.cu), each tensor packed and on a 256-byte boundary, then, for a
 // call that writes dq_out, a counter a (batch, query head) (the Hopper backward's). (The backward
 // with e4m3 products widens Q only and writes dO^T, one byte an element, in dO's slot.)
@@ -9,10 +10,36 @@
 #include <cstdint>
 
 #include "attncore/attention.h"
+#include "cuda/cta_order.h"
 
 namespace attncore {
 
 inline size_t workspace_align(size_t n) { return (n + 255) / 256 * 256; }
+
+// The last wave's parts (cuda/cta_order.h, TailSplit): a tail tile's slot holds its eight consumer
+// warps' dK and dV fragments in fp32, at most 128 floats a lane, then kMaxTailTiles x 8 counters.
+// For plain calls without a causal mask (whose CTAs are alike: a causal call orders its tiles
+// heaviest first instead).
+constexpr size_t kTailWarps = 8, kTailSlotFloats = kTailWarps * 32 * 128;
+inline bool tail_call(const BackwardParams& p) {
+  return !p.blocks && p.num_segments == 0 && !p.mask.causal && p.mask.window_left < 0 && p.mask.window_right < 0;
+}
+inline size_t tail_sums_bytes(const BackwardParams& p) {
+  return tail_call(p) ? size_t(cuda::kMaxTailTiles) * (kTailSlotFloats * sizeof(float) + kTailWarps * sizeof(int32_t))
+                      : 0;
+}
+// The split key groups' fp32 sums (block lists cut in pieces, written dK and dV).
+inline size_t split_sums_bytes(const BackwardParams& p) {
+  if (!p.write_dkdv || !p.blocks || p.blocks->num_split_groups <= 0) return 0;
+  return 2 * size_t(p.blocks->num_split_groups) * size_t(p.batch) * size_t(p.heads_kv) * kPieceKeys *
+         size_t(p.head_dim) * sizeof(float);
+}
+// Where the tail's sums lie in p's workspace (its counters after them); null where it has no room.
+inline float* tail_sums(const BackwardParams& p) {
+  const size_t at = workspace_align(split_sums_bytes(p)), bytes = tail_sums_bytes(p);
+  if (bytes == 0 || !p.workspace || p.workspace_bytes < at + bytes) return nullptr;
+  return reinterpret_cast<float*>(static_cast<char*>(p.workspace) + at);
+}
 
 // One widened tensor: [batch, tokens, heads, head_dim] bf16.
 inline size_t widened_tensor_bytes(const BackwardParams& p, int64_t tokens, int32_t heads) {

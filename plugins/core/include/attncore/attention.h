@@ -179,7 +179,8 @@ struct BackwardParams {
   // call writes them. At least backward_workspace_bytes(*this) bytes, or the call walks whole
   // columns instead. The call clears what it uses; nothing is kept between calls. An FP8 call on
   // CUDA (3.1) needs it: its Q, K, V and dO are widened to bf16 here first (with e4m3 products, Q
-  // and K, beside dO transposed).
+  // alone, beside dO transposed). A plain call without a causal mask (11.1) sums the parts of its
+  // last wave's key tiles here where it has room.
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
   // Appended. FP8 inputs: what an element of Q, K, V and dO stands for per unit (1: not FP8). The
@@ -214,8 +215,10 @@ std::string check_supported_do(DType dtype, DType dtype_do);
 std::string check_grad_addend(const BackwardParams& p);
 
 // The workspace a backward call can use (BackwardParams::workspace): 0 unless it writes dK and dV
-// under a block list with split key groups, its inputs are FP8, or it writes dq_out (11.0: a
-// counter a query head).
+// under a block list with split key groups, its inputs are FP8, it writes dq_out (11.0: a
+// counter a query head), or (11.1) it is a plain call without a causal mask or window, whose
+// Hopper backward may cut its last wave's key tiles in parts and sum their dK and dV there (8 MiB;
+// with less, the tiles stay whole).
 size_t backward_workspace_bytes(const BackwardParams& p);
 
 // Empty when the core's CUDA kernels support the configuration, forward and backward, else one line

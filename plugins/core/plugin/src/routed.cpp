@@ -32,6 +32,7 @@ RoutedAttention::RoutedAttention(const RingShape& shape, const RoutedPlan& plan,
   }
   size_t split_sums = 0;  // a sole call's workspace, where its block list has split key groups
   for (const BlockCall& c : rounds_[0].calls) {
+    if (!c.blocks) continue;  // (a call without one takes the engine's workspace: the last wave's sums)
     BackwardParams p;
     p.batch = s_.batch;
     p.heads_kv = s_.heads_kv;

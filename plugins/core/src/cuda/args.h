@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "attncore/attention.h"
+#include "cta_order.h"
 #include "tiles.cuh"
 
 namespace attncore::cuda {
@@ -47,9 +48,18 @@ struct AttnArgs {
   float dp_scale = 1.f, dv_scale = 1.f;
   // The Hopper backward that writes dQ rounded (BackwardParams::dq_out): each CTA counts in at
   // dq_done[batch x heads_q + its query head] as it ends, and the last of a head's CTAs, which one
-  // call has gridDim.x of, rounds its rows into dq_out. Null dq_done: a pass after the call does it.
+  // call has gridDim.x of (ctas_of_line with a tail), rounds its rows into dq_out. Null dq_done: a
+  // pass after the call does it.
   TensorRef dq_out;
   int32_t* dq_done = nullptr;
+  // The Hopper backward's last wave in parts (cta_order.h, TailSplit; tail.parts 1: none): a
+  // one-dimensional grid of tail.whole CTAs, then the tail's parts. Each part's warps add their
+  // dK and dV into tail_sums (a tile's slot of its consumer warps' fragments, in fp32) and count
+  // in at tail_done (a counter a warp of a slot); the last to count writes the sums (sm90
+  // sum_tail_parts).
+  TailSplit tail;
+  float* tail_sums = nullptr;
+  int32_t* tail_done = nullptr;
 };
 
 // Slot `slot` of a split group's sums (AttnArgs::split_dk, split_dv).

@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "attncore/attention.h"
+#include "cta_order.h"
 #include "device.cuh"
 
 namespace attncore::cuda {
@@ -271,6 +272,9 @@ struct QStep {
 struct TilePiece {
   int32_t n0, slot;
   int32_t run = 0, kv_head = 0;  // the Hopper backward CTA's run of query heads and its kv head (cta_place)
+  // With the last wave in parts (AttnArgs::tail): the CTA's batch, and its part of tail tile `tail`
+  // (-1: a whole tile).
+  int32_t batch = 0, part = 0, tail = -1;
 };
 template <int kN> __device__ __forceinline__ TilePiece tile_piece(const int32_t* pieces, int32_t x) {
   constexpr int32_t kTiles = kPieceKeys / kN; // key tiles a group
@@ -314,6 +318,13 @@ template <int kM, int kN> struct QWalk {
         kb1 += shift;
       }
       start_head(bl);
+    }
+  }
+  // Only share `part` of `parts` of each head's query tiles (the last wave in parts, cta_order.h).
+  __device__ void keep_part(int32_t part, int32_t parts) {
+    if (head < head_end) {
+      part_of_rows(t_begin, end[0], part, parts);
+      e[0] = t_begin;
     }
   }
   // The query tiles (kM rows from reg.row_begin) whose every row sees every key of [c0, c0 + kN):

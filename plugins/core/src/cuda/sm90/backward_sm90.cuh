@@ -36,6 +36,7 @@
 #include <cuda.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
@@ -68,10 +69,10 @@ __global__ void __launch_bounds__(BackwardConfig<T, D, kBlockM, kFp8>::kThreads,
               sQ8] = L::regions(smem);
 
   const int tid = threadIdx.x, warp = warp_uniform(int(tid / 32)), lane = tid % 32, group = warp / 4;
-  const int batch = blockIdx.z;
 
   if (tid == 0) init_barriers<C>(kv_full, kv_empty, dq_full, dq_empty, q_full, q_empty, piece, a, dq_add);
   __syncthreads();
+  const int batch = a.tail.parts > 1 ? piece->batch : int(blockIdx.z);
 
   if (group == 0) {
     regs_dealloc<C::kProducerRegs>();
@@ -252,6 +253,37 @@ inline int32_t backward_head_splits(const BackwardParams& p, const AttnArgs& a, 
   return splits;
 }
 
+// The last wave in parts (cta_order.h, TailSplit): where a full call's equal CTAs leave the last
+// wave at most half full, its tiles are cut by rows so that every SM takes a share, their dK and dV
+// summed in the workspace (tail_sums; without room there, none). At B=4 H=32 S=16384 D=128 the
+// backward's 16384 CTAs are 124 waves of 132 and 16 over (docs/KERNELS.md, "The last wave in
+// parts"). ATTNCORE_TAIL_SPLIT=T,P forces T tiles in P parts where the call allows a split, "0"
+// none, for tests.
+inline void split_last_wave(const BackwardParams& p, AttnArgs& a, dim3& grid, int32_t rows_a_step, cudaStream_t stream) {
+  float* sums = tail_sums(p);
+  if (!sums) return;
+  int device = 0, sms = 0;
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  const int64_t steps = (p.seqlen_q + rows_a_step - 1) / rows_a_step * (a.group / a.head_splits);
+  TailSplit s = tail_split(int32_t(grid.x), int32_t(grid.y), int32_t(grid.z), steps, sms);
+  if (const char* forced = std::getenv("ATTNCORE_TAIL_SPLIT")) {
+    const int64_t ctas = int64_t(grid.x) * grid.y * grid.z;
+    int32_t tail = 0, parts = 1;
+    if (std::sscanf(forced, "%d,%d", &tail, &parts) != 2 || tail < 1 || tail > std::min<int64_t>(kMaxTailTiles, ctas) ||
+        parts < 2 || parts > steps)
+      tail = 0, parts = 1;
+    s = TailSplit{int32_t(grid.x), int32_t(grid.y), ctas - tail, tail, parts};
+  }
+  if (s.parts < 2) return;
+  a.tail = s;
+  a.tail_done = reinterpret_cast<int32_t*>(sums);
+  a.tail_sums = sums + kMaxTailTiles * kTailWarps;  // (the counters first, 2 KiB)
+  cudaMemsetAsync(sums, 0, (kMaxTailTiles * kTailWarps + size_t(s.tail) * kTailSlotFloats) * sizeof(float), stream);
+  check_launch("clearing the last wave's sums (sm90)");
+  grid = dim3(unsigned(s.whole + int64_t(s.tail) * s.parts), 1, 1);
+}
+
 // An FP8 call's e4m3 operands for the backward with FP8 products: the call as given (Q, K, V, dO
 // and their descales) and dO^T (transpose_fp8).
 struct Fp8Operands {
@@ -332,7 +364,8 @@ bool launch_backward_config(const BackwardParams& p, cudaStream_t stream, const 
     cudaMemsetAsync(a.dq_done, 0, dq_counters_bytes(given), stream);
     check_launch("clearing the dQ counters (sm90)");
   }
-  const dim3 grid(unsigned(tiles), unsigned(p.heads_kv * a.head_splits), unsigned(p.batch));
+  dim3 grid(unsigned(tiles), unsigned(p.heads_kv * a.head_splits), unsigned(p.batch));
+  if (plain && !p.mask.causal && a.head_splits == 1) split_last_wave(p, a, grid, C::kBlockM, stream);
   kernel<<<grid, C::kThreads, smem, stream>>>(q_map, k_map, v_map, do_map, dq_map, f8_maps, a, dq_add);
   check_launch("flash backward (sm90)");
   write_split_sums(p, a, stream);

@@ -13,6 +13,7 @@
 #include "../device.cuh"
 #include "../fp8_inputs.h"
 #include "../tiles.cuh"
+#include "../../workspace_bytes.h"
 #include "fp8_operands.cuh"
 #include "hopper.cuh"
 #include "wgmma_ops.cuh"
@@ -251,11 +252,18 @@ __device__ __forceinline__ void init_barriers(uint64_t* kv_full, uint64_t* kv_em
     barrier_init(&q_empty[s], C::kConsumers * 4);
   }
   barrier_init_fence();
+  if (a.tail.parts > 1) { // a one-dimensional grid, its last CTAs the tail's parts
+    const TailPlace t = place_with_tail(blockIdx.x, a.tail);
+    *piece = TilePiece{t.tile * C::kBlockN, -1, t.run, t.run / a.head_splits, t.batch, t.part, t.slot};
+    return;
+  }
   if (a.blocks.pieces) *piece = tile_piece<C::kBlockN>(a.blocks.pieces, int32_t(blockIdx.x));
   const CtaPlace place = cta_place(a);
   if (a.tile_groups) piece->n0 = place.tile * C::kBlockN;
   piece->run = place.run;
   piece->kv_head = place.run / a.head_splits;
+  piece->batch = int32_t(blockIdx.z);
+  piece->tail = -1;
 }
 
 // The key tiles of this CTA, in the same order for every role: one (the i == 0 call), or a stride
@@ -265,7 +273,7 @@ __device__ __forceinline__ bool key_tile(const AttnArgs& a, const TilePiece* pie
   const int32_t x = int32_t(blockIdx.x) + i * int32_t(gridDim.x);
   if (a.nseg == 0) {
     reg = whole_call(a.mask, a.seqlen_q, a.seqlen_kv);
-    n0 = a.blocks.pieces || a.tile_groups ? piece->n0 : x * C::kBlockN;
+    n0 = a.blocks.pieces || a.tile_groups || a.tail.parts > 1 ? piece->n0 : x * C::kBlockN;
     return i == 0 && n0 < a.seqlen_kv;
   }
   int32_t seg, tile;
@@ -369,6 +377,7 @@ __device__ __forceinline__ void produce_steps(unsigned char* smem, const CUtenso
     const BlockArgs& blocks = C::kBlockLists ? a.blocks : no_list;
     const int32_t heads = a.group / a.head_splits;  // this CTA's query heads: its run of them
     walk.init(a.mask, reg, blocks, piece->run * heads, heads, n0);
+    if (piece->tail >= 0) walk.keep_part(piece->part, a.tail.parts);
     for (;; ++step) {
       const uint32_t s = step % C::kStages;
       QStep q;
@@ -982,6 +991,35 @@ __device__ __forceinline__ void store_dq_part(DqTiles<C>& dq, DqHiTiles<C>& dq_h
   }
 }
 
+// The last wave in parts (AttnArgs::tail): this warp's dK and dV fragments added into its slot of
+// the tail tile's sums, [warp][float4 of the lane][lane], then counted in; true for the warp that
+// counts last, its fragments then the sums of every part's (read at L2, where the adds landed). Each
+// lane's fence orders its adds before lane 0's count (release), and the count before the reads.
+template <class C>
+__device__ __forceinline__ bool sum_tail_parts(GradTiles<C>& dk, GradTiles<C>& dv, const AttnArgs& a, int32_t tile,
+                                               int warp, int lane) {
+  static_assert(C::kConsumers * 4 <= int(kTailWarps) && 2 * C::kOTiles * 4 <= 128, "a slot's warps and floats");
+  float4* sums = reinterpret_cast<float4*>(a.tail_sums) + (int64_t(tile) * kTailWarps + warp) * 32 * 32 + lane;
+#pragma unroll
+  for (int j = 0; j < C::kOTiles; ++j) {
+    atomicAdd(sums + 32 * j, make_float4(dk[j][0], dk[j][1], dk[j][2], dk[j][3]));
+    atomicAdd(sums + 32 * (C::kOTiles + j), make_float4(dv[j][0], dv[j][1], dv[j][2], dv[j][3]));
+  }
+  __threadfence();
+  __syncwarp();
+  int32_t before = 0;
+  if (lane == 0) before = atomicAdd(a.tail_done + tile * int32_t(kTailWarps) + warp, 1);
+  if (__shfl_sync(0xffffffffu, before, 0) != a.tail.parts - 1) return false;
+  __threadfence();
+#pragma unroll
+  for (int j = 0; j < C::kOTiles; ++j) {
+    const float4 k = __ldcg(sums + 32 * j), v = __ldcg(sums + 32 * (C::kOTiles + j));
+    dk[j][0] = k.x, dk[j][1] = k.y, dk[j][2] = k.z, dk[j][3] = k.w;
+    dv[j][0] = v.x, dv[j][1] = v.y, dv[j][2] = v.z, dv[j][3] = v.w;
+  }
+  return true;
+}
+
 // dK (times scale) and dV into the fp32 accumulators, atomic since segments may share keys; or
 // written (write_dkdv: this CTA alone makes these keys' gradients); or, for a piece of a split
 // key group in such a call, added into the group's sums, which write_split_sums writes.
@@ -998,6 +1036,8 @@ __device__ __forceinline__ void store_dkdv(GradTiles<C>& dk, GradTiles<C>& dv, c
       if constexpr (!C::kScaleInDs) dk[j][e] *= a.scale;
       if constexpr (C::kFp8) dv[j][e] *= a.dv_scale;
     }
+  if (piece->tail >= 0 && !sum_tail_parts<C>(dk, dv, a, piece->tail, warp_uniform(int(threadIdx.x / 32)) - 4, lane))
+    return; // another part writes the tile
   const int32_t key = n0 + key0 + (lane >> 2);
   const int col = col0 + (lane & 3) * 2;
   const int32_t slot = a.split_dk.data ? piece->slot : -1;
@@ -1017,16 +1057,17 @@ __device__ __forceinline__ void store_dkdv(GradTiles<C>& dk, GradTiles<C>& dv, c
 
 // dQ written rounded (AttnArgs::dq_done). (The reducer's lane 0, after its last adds were issued.)
 // Once the CTA's adds into its query head are in, it counts in; the count says whether it was the
-// last of the head's gridDim.x CTAs, for the consumers (dq_rec->last). The adds are in where their
-// bulk group completes; the fence then orders them, and every earlier CTA's through its count,
-// before this one (release and acquire at the device's scope: the consumers read dQ after it).
+// last of the head's CTAs (gridDim.x, or ctas_of_line's with the last wave in parts), for the
+// consumers (dq_rec->last). The adds are in where their bulk group completes; the fence then orders
+// them, and every earlier CTA's through its count, before this one (release and acquire at the device's scope: the consumers read dQ after it).
 __device__ __forceinline__ void count_dq_adds(const AttnArgs& a, DqRecord* dq_rec, int batch, int head) {
   bulk_wait_all();
   asm volatile("fence.proxy.async.global;\n" ::: "memory"); // (the copy engine's writes, for generic reads)
   __threadfence();
-  const int32_t before = atomicAdd(a.dq_done + int64_t(batch) * a.heads_q + head, 1);
+  const int64_t line = int64_t(batch) * a.heads_q + head;
+  const int32_t before = atomicAdd(a.dq_done + line, 1);
   __threadfence();
-  dq_rec->last = before == int32_t(gridDim.x) - 1;
+  dq_rec->last = before == (a.tail.parts > 1 ? ctas_of_line(line, a.tail) : int32_t(gridDim.x)) - 1;
 }
 
 // The last CTA's rounding of its query head's dQ (all seqlen_q rows) from the fp32 accumulator into
