@@ -191,6 +191,19 @@ Problem two_heads_problem(std::mt19937_64& rng, DType dtype, int32_t D, int64_t 
   return p;
 }
 
+// Two batches of `S` tokens, the given heads, random data drawn from `data`.
+Problem two_batches_problem(std::mt19937_64& data, DType dtype, int32_t D, int32_t Hq, int32_t Hkv, int64_t S) {
+  Problem p;
+  p.dtype = dtype;
+  p.D = D;
+  p.B = 2;
+  p.Hq = Hq;
+  p.Hkv = Hkv;
+  p.Sq = p.Skv = S;
+  p.randomize(data);
+  return p;
+}
+
 // Causal, a random window (causal or not), or no mask; and random query and key offsets.
 enum class MaskKind { causal, window, full };
 void random_mask(std::mt19937_64& rng, Problem& p, MaskKind kind) {
@@ -1149,13 +1162,8 @@ TEST_CASE("gpu: dq_out holds the accumulator rounded, by the last CTA of a head 
                         {DType::bf16, 64, 2, 2, 700, true, true},        {DType::bf16, 128, 4, 2, 700, false, true},
                         {DType::bf16, 128, 2, 2, 700, true, false}};
   for (const Case& c : cases) {
-    Problem p = random_problem(rng, c.dtype, c.D, 1, 10);
-    p.B = 2;
-    p.Hq = c.Hq;
-    p.Hkv = c.Hkv;
-    p.Sq = p.Skv = c.S;
     std::mt19937_64 data(rng());
-    p.randomize(data);
+    Problem p = two_batches_problem(data, c.dtype, c.D, c.Hq, c.Hkv, c.S);
     p.mask.causal = c.causal;
     if (is_fp8(c.dtype) && std::string(native_kernels()) != "wgmma") continue; // (FP8 runs on Hopper)
     const int dtype = int(c.dtype);
@@ -1210,13 +1218,8 @@ TEST_CASE("gpu: the last wave in parts: dK and dV summed over the parts, dQ roun
     return most > 0 ? worst / most : worst;
   };
   for (const Case& c : cases) {
-    Problem p = random_problem(rng, c.dtype, c.D, 1, 10);
-    p.B = 2;
-    p.Hq = c.Hq;
-    p.Hkv = c.Hkv;
-    p.Sq = p.Skv = c.S;
     std::mt19937_64 data(rng());
-    p.randomize(data);
+    Problem p = two_batches_problem(data, c.dtype, c.D, c.Hq, c.Hkv, c.S);
     const int dtype = int(c.dtype);
     CAPTURE(dtype);
     CAPTURE(c.D);
