@@ -262,8 +262,7 @@ __device__ __forceinline__ void init_barriers(uint64_t* kv_full, uint64_t* kv_em
   if (a.tile_groups) piece->n0 = place.tile * C::kBlockN;
   piece->run = place.run;
   piece->kv_head = place.run / a.head_splits;
-  piece->batch = int32_t(blockIdx.z);
-  piece->tail = -1;
+  piece->tail = -1;  // (the batch is blockIdx.z)
 }
 
 // The key tiles of this CTA, in the same order for every role: one (the i == 0 call), or a stride
