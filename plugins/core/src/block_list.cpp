@@ -116,8 +116,7 @@ BlockListData make_block_list(int32_t block_q, int32_t block_kv, int32_t num_q_b
 }
 
 size_t backward_workspace_bytes(const BackwardParams& p) {
-  size_t sums = split_sums_bytes(p);
-  if (const size_t tail = tail_sums_bytes(p)) sums = workspace_align(sums) + tail;  // (one or the other)
+  const size_t sums = split_sums_bytes(p) + tail_sums_bytes(p);  // (one or the other)
   if (!is_fp8(p.dtype) && !p.dq_out.data) return sums;
   return workspace_align(sums) + widened_inputs_bytes(p) + dq_counters_bytes(p);
 }

@@ -1,7 +1,7 @@
 // How a backward call's workspace (BackwardParams::workspace) is laid out: the fp32 sums of a block
 // list's split key groups first (cuda/pieces.cu), or those of the Hopper backward's last wave in
-// parts (cuda/cta_order.h; plain calls without a causal mask), then, for FP8 inputs on CUDA, Q, dO, K and V
-// widened to bf16 (cuda/fp8_inputs.cu), each tensor packed and on a 256-byte boundary, then, for a
+// parts (cuda/cta_order.h; plain calls without a causal mask), then, for FP8 inputs on CUDA, Q, dO,
+// K and V widened to bf16 (cuda/fp8_inputs.cu), each tensor packed and on a 256-byte boundary, then, for a
 // call that writes dq_out, a counter a (batch, query head) (the Hopper backward's). (The backward
 // with e4m3 products widens Q only and writes dO^T, one byte an element, in dO's slot.)
 #pragma once
@@ -16,8 +16,9 @@ namespace attncore {
 
 inline size_t workspace_align(size_t n) { return (n + 255) / 256 * 256; }
 
-// The last wave's parts (cuda/cta_order.h, TailSplit): a tail tile's slot holds its eight consumer
-// warps' dK and dV fragments in fp32, at most 128 floats a lane, then kMaxTailTiles x 8 counters.
+// The last wave's parts (cuda/cta_order.h, TailSplit): kMaxTailTiles x 8 counters (2 KiB), then a
+// slot a tail tile holding its eight consumer warps' dK and dV fragments in fp32, at most 128
+// floats a lane.
 // For plain calls without a causal mask (whose CTAs are alike: a causal call orders its tiles
 // heaviest first instead).
 constexpr size_t kTailWarps = 8, kTailSlotFloats = kTailWarps * 32 * 128;
@@ -34,11 +35,12 @@ inline size_t split_sums_bytes(const BackwardParams& p) {
   return 2 * size_t(p.blocks->num_split_groups) * size_t(p.batch) * size_t(p.heads_kv) * kPieceKeys *
          size_t(p.head_dim) * sizeof(float);
 }
-// Where the tail's sums lie in p's workspace (its counters after them); null where it has no room.
+// Where the tail's counters and sums lie in p's workspace: its start (a call with a tail has no
+// block list, so no split groups); null where it has no room.
 inline float* tail_sums(const BackwardParams& p) {
-  const size_t at = workspace_align(split_sums_bytes(p)), bytes = tail_sums_bytes(p);
-  if (bytes == 0 || !p.workspace || p.workspace_bytes < at + bytes) return nullptr;
-  return reinterpret_cast<float*>(static_cast<char*>(p.workspace) + at);
+  const size_t bytes = tail_sums_bytes(p);
+  if (bytes == 0 || !p.workspace || p.workspace_bytes < bytes) return nullptr;
+  return static_cast<float*>(p.workspace);
 }
 
 // One widened tensor: [batch, tokens, heads, head_dim] bf16.

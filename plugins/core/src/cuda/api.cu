@@ -140,9 +140,9 @@ void dispatch_forward_fp8(const ForwardParams& p, cudaStream_t s) {
 #endif
   fail(kFp8NeedsHopper);
 }
-// The FP8 backward's inputs widened to bf16 in the workspace, after the split key groups' or the last wave's sums
-// (workspace_bytes.h): all four for the bf16 kernels, or Q alone for the e4m3 products
-// (docs/KERNELS.md, "FP8 backward").
+// The FP8 backward's inputs widened to bf16 in the workspace, after the split key groups' or the
+// last wave's sums (workspace_bytes.h): all four for the bf16 kernels, or Q alone for the e4m3
+// products (docs/KERNELS.md, "FP8 backward").
 BackwardParams widened_backward(const BackwardParams& p, cudaStream_t s, WidenFor use = WidenFor::bf16_kernels) {
   if (!p.workspace || p.workspace_bytes < backward_workspace_bytes(p) || reinterpret_cast<uintptr_t>(p.workspace) % 256)
     fail("an FP8 backward needs backward_workspace_bytes(params) bytes of workspace, 256-byte aligned (its inputs "

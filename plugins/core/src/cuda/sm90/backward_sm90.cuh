@@ -255,7 +255,7 @@ inline int32_t backward_head_splits(const BackwardParams& p, const AttnArgs& a, 
 
 // The last wave in parts (cta_order.h, TailSplit): where a full call's equal CTAs leave the last
 // wave at most half full, its tiles are cut by rows so that every SM takes a share, their dK and dV
-// summed in the workspace (tail_sums; without room there, none). At B=4 H=32 S=16384 D=128 the
+// summed in the workspace (tail_sums: which calls, tail_call; without room there, none). At B=4 H=32 S=16384 D=128 the
 // backward's 16384 CTAs are 124 waves of 132 and 16 over (docs/KERNELS.md, "The last wave in
 // parts"). ATTNCORE_TAIL_SPLIT=T,P forces T tiles in P parts where the call allows a split, "0"
 // none, for tests.
@@ -365,7 +365,7 @@ bool launch_backward_config(const BackwardParams& p, cudaStream_t stream, const 
     check_launch("clearing the dQ counters (sm90)");
   }
   dim3 grid(unsigned(tiles), unsigned(p.heads_kv * a.head_splits), unsigned(p.batch));
-  if (plain && !p.mask.causal && a.head_splits == 1) split_last_wave(p, a, grid, C::kBlockM, stream);
+  if (a.head_splits == 1) split_last_wave(p, a, grid, C::kBlockM, stream);
   kernel<<<grid, C::kThreads, smem, stream>>>(q_map, k_map, v_map, do_map, dq_map, f8_maps, a, dq_add);
   check_launch("flash backward (sm90)");
   write_split_sums(p, a, stream);
